@@ -1,0 +1,3 @@
+from aivedio.cli import main
+
+raise SystemExit(main())

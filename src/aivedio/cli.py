@@ -1,0 +1,256 @@
+"""The ``aivedio`` command. Each subcommand decodes its configuration before doing anything.
+
+Exit status: 0 done, 1 a runtime failure (database unreachable…), 2 bad usage or bad
+configuration (the message names the key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import date, datetime
+from typing import Any
+
+import anyio
+import msgspec
+
+from aivedio import logs
+from aivedio.config import Config, load_config, masked
+from aivedio.errors import AivedioError, ConfigError, DatabaseError
+from aivedio.pipeline.kinds import default_registry
+from aivedio.store import migrations
+from aivedio.store.database import map_db_errors, open_connection, open_pool
+from aivedio.store.queue import Queue
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    raise TypeError(type(value).__name__)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, default=_json_default, sort_keys=False))
+
+
+def _run(fn: Callable[[], Awaitable[int]]) -> int:
+    return anyio.run(fn, backend="asyncio", backend_options={"use_uvloop": True})
+
+
+# -- commands -------------------------------------------------------------------------------
+
+
+def cmd_config_check(config: Config, _args: argparse.Namespace) -> int:
+    print(msgspec.json.format(msgspec.json.encode(masked(config))).decode())
+    return EXIT_OK
+
+
+def cmd_migrate(config: Config, _args: argparse.Namespace) -> int:
+    async def main() -> int:
+        async with open_connection(config.database) as conn:
+            with map_db_errors("migrating"):
+                applied = await migrations.migrate(conn)
+        log = logs.get_logger("aivedio.migrate")
+        log.info(
+            "migrations_applied",
+            applied=[m.name for m in applied],
+            current=migrations.available()[-1].name,
+        )
+        return EXIT_OK
+
+    return _run(main)
+
+
+def cmd_worker(config: Config, args: argparse.Namespace) -> int:
+    from aivedio.worker import Worker
+
+    if args.http_port is not None:
+        config = msgspec.structs.replace(
+            config, worker=msgspec.structs.replace(config.worker, http_port=args.http_port)
+        )
+
+    async def main() -> int:
+        total_slots = sum(lane.slots for lane in config.worker.lanes.values())
+        async with open_pool(
+            config.database, max_size=max(4, min(total_slots // 4 + 4, 32))
+        ) as pool:
+            async with pool.acquire() as conn:
+                with map_db_errors("checking migrations"):
+                    pending = await migrations.pending(conn)
+            if pending:
+                raise ConfigError(
+                    "database schema is not current (pending: "
+                    + ", ".join(m.name for m in pending)
+                    + "); run `aivedio migrate` first"
+                )
+            registry = default_registry()
+            from aivedio.pipeline.diagnostics import Journal
+
+            journal = Journal(config.diagnostics.execution_journal_dir)
+            try:
+                worker = Worker(config, pool, registry, services={"journal": journal})
+                await worker.run()
+            finally:
+                journal.close()
+        return EXIT_OK
+
+    return _run(main)
+
+
+def cmd_jobs_list(config: Config, args: argparse.Namespace) -> int:
+    async def main() -> int:
+        async with open_pool(config.database, min_size=1, max_size=1) as pool:
+            rows = await Queue(pool).list(status=args.status, kind=args.kind, limit=args.limit)
+        for row in rows:
+            _print_json(row)
+        return EXIT_OK
+
+    return _run(main)
+
+
+def cmd_jobs_retry(config: Config, args: argparse.Namespace) -> int:
+    async def main() -> int:
+        async with open_pool(config.database, min_size=1, max_size=1) as pool:
+            queue = Queue(pool)
+            if await queue.replay(args.job_id):
+                _print_json({"job_id": args.job_id, "outcome": "requeued"})
+                return EXIT_OK
+            job = await queue.get(args.job_id)
+        if job is None:
+            print(f"aivedio: job {args.job_id} does not exist", file=sys.stderr)
+        else:
+            print(
+                f"aivedio: job {args.job_id} is {job['status']}; only dead, cancelled or "
+                "waiting jobs can be retried",
+                file=sys.stderr,
+            )
+        return EXIT_FAILED
+
+    return _run(main)
+
+
+def cmd_jobs_enqueue(config: Config, args: argparse.Namespace) -> int:
+    registry = default_registry()
+    if registry.get(args.kind) is None or not args.kind.startswith("diag."):
+        raise ConfigError(
+            f"jobs enqueue takes a diagnostic kind: "
+            f"{sorted(k.name for k in registry if k.name.startswith('diag.'))}"
+        )
+    payload = json.loads(args.payload) if args.payload else {}
+
+    async def main() -> int:
+        async with open_pool(config.database, min_size=1, max_size=1) as pool:
+            queue = Queue(
+                pool, default_start_within_seconds=config.queue.default_start_within_seconds
+            )
+            prefix = args.key_prefix or f"{args.kind}:{datetime.now().isoformat()}"
+            specs = [
+                registry.spec(args.kind, f"{prefix}:{i}", tenant_id=args.tenant_id, payload=payload)
+                for i in range(args.count)
+            ]
+            created = 0
+            for start in range(0, len(specs), 1000):
+                async with pool.acquire() as conn, conn.transaction():
+                    results = await queue.enqueue(conn, specs[start : start + 1000])
+                created += sum(r.created for r in results)
+        _print_json({"kind": args.kind, "requested": args.count, "created": created})
+        return EXIT_OK
+
+    return _run(main)
+
+
+def cmd_tenants_create(config: Config, args: argparse.Namespace) -> int:
+    from aivedio.store.tenants import create_tenant
+
+    async def main() -> int:
+        async with open_connection(config.database) as conn:
+            tenant_id, created = await create_tenant(conn, args.name)
+        _print_json({"tenant": args.name, "id": tenant_id, "created": created})
+        return EXIT_OK
+
+    return _run(main)
+
+
+# -- parsing --------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="aivedio", description=__doc__.splitlines()[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="TOML file (default: $AIVEDIO_CONFIG, else built-ins)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser(
+        "migrate", parents=[common], help="apply pending schema migrations"
+    ).set_defaults(fn=cmd_migrate)
+
+    worker = sub.add_parser("worker", parents=[common], help="run the worker daemon")
+    worker.add_argument("--http-port", type=int, help="health/metrics port (0: any free port)")
+    worker.set_defaults(fn=cmd_worker)
+
+    config = sub.add_parser("config", help="configuration")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    config_sub.add_parser(
+        "check", parents=[common], help="print the effective configuration, secrets masked"
+    ).set_defaults(fn=cmd_config_check)
+
+    jobs = sub.add_parser("jobs", help="inspect and replay jobs")
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
+    jobs_list = jobs_sub.add_parser("list", parents=[common], help="list jobs, newest first")
+    jobs_list.add_argument(
+        "--status", choices=["queued", "waiting", "running", "succeeded", "dead", "cancelled"]
+    )
+    jobs_list.add_argument("--kind")
+    jobs_list.add_argument("--limit", type=int, default=100)
+    jobs_list.set_defaults(fn=cmd_jobs_list)
+    jobs_retry = jobs_sub.add_parser(
+        "retry", parents=[common], help="requeue a dead job with a fresh budget"
+    )
+    jobs_retry.add_argument("job_id", type=int)
+    jobs_retry.set_defaults(fn=cmd_jobs_retry)
+    enqueue = jobs_sub.add_parser(
+        "enqueue",
+        parents=[common],
+        help="enqueue diagnostic jobs (diag.noop, diag.sleep, diag.fail)",
+    )
+    enqueue.add_argument("kind")
+    enqueue.add_argument("--count", type=int, default=1)
+    enqueue.add_argument("--payload", help="JSON object")
+    enqueue.add_argument("--tenant-id", type=int, default=0)
+    enqueue.add_argument("--key-prefix", help="idempotency key prefix (default: kind and time)")
+    enqueue.set_defaults(fn=cmd_jobs_enqueue)
+
+    tenants = sub.add_parser("tenants", help="tenants")
+    tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True)
+    create = tenants_sub.add_parser("create", parents=[common], help="create a tenant")
+    create.add_argument("name")
+    create.set_defaults(fn=cmd_tenants_create)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"aivedio: {exc.detail}", file=sys.stderr)
+        return EXIT_USAGE
+    logs.configure(config.log.level, config.log.format)
+    try:
+        code: int = args.fn(config, args)
+    except ConfigError as exc:
+        print(f"aivedio: {exc.detail}", file=sys.stderr)
+        return EXIT_USAGE
+    except DatabaseError as exc:
+        print(f"aivedio: database error: {logs.redact_text(exc.detail)}", file=sys.stderr)
+        return EXIT_FAILED
+    except AivedioError as exc:
+        print(f"aivedio: {exc.error_class}: {logs.redact_text(exc.detail)}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_FAILED
+    return code

@@ -1,0 +1,287 @@
+"""Configuration: one TOML file, decoded once into frozen structs, then the environment.
+
+Precedence, lowest first: the defaults written here, the TOML file (``--config`` or
+``AIVEDIO_CONFIG``), then environment variables. Two kinds of variable are read:
+
+* the documented aliases in ``ENV_ALIASES`` (``AIVEDIO_DATABASE_URL`` and friends), and
+* ``AIVEDIO_<SECTION>__<KEY>`` for any key, nested sections joined by ``__``
+  (``AIVEDIO_WORKER__DRAIN_TIMEOUT_SECONDS=10``). Values are parsed as TOML values when they
+  parse (numbers, booleans, arrays) and taken as strings otherwise.
+
+Every problem is a ``ConfigError`` whose message names the key, so an operator never has to
+guess which line of which file was wrong. Nothing starts on a bad configuration.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+from aivedio.errors import ConfigError
+
+ENV_PREFIX = "AIVEDIO_"
+ENV_CONFIG_PATH = "AIVEDIO_CONFIG"
+ENV_ALIASES: Mapping[str, tuple[str, ...]] = {
+    "AIVEDIO_DATABASE_URL": ("database", "url"),
+    "AIVEDIO_STORAGE_URL": ("storage", "url"),
+    "AIVEDIO_S3_ENDPOINT_URL": ("storage", "s3_endpoint_url"),
+    "AIVEDIO_URL_ENCRYPTION_KEY": ("security", "url_encryption_key"),
+}
+# Keys whose values are secrets: masked by ``config check`` and never logged.
+SECRET_KEYS = frozenset({"url_encryption_key", "s3_secret_access_key", "password"})
+
+
+class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class DatabaseConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    url: str = "postgresql://postgres@127.0.0.1:5432/aivedio"
+    pool_min_size: int = 2
+    pool_max_size: int = 8
+    statement_timeout_seconds: float = 30.0
+    idle_in_transaction_timeout_seconds: float = 60.0
+    connect_timeout_seconds: float = 10.0
+
+
+class StorageConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    url: str = "file:///var/tmp/aivedio/objects"
+    s3_endpoint_url: str = ""
+    s3_region: str = "us-east-1"
+    s3_access_key_id: str = ""
+    s3_secret_access_key: str = ""
+
+
+class LaneConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    slots: int
+
+
+def _default_lanes() -> dict[str, LaneConfig]:
+    return {
+        "fetch": LaneConfig(slots=16),
+        "media": LaneConfig(slots=2),
+        "control": LaneConfig(slots=8),
+    }
+
+
+class WorkerConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    http_host: str = "127.0.0.1"
+    http_port: int = 9464
+    drain_timeout_seconds: float = 30.0
+    lease_seconds: float = 30.0
+    heartbeat_interval_seconds: float = 5.0
+    poll_interval_seconds: float = 1.0
+    claim_batch_max: int = 32
+    ack_batch_max: int = 64
+    ack_flush_seconds: float = 0.002
+    lanes: dict[str, LaneConfig] = msgspec.field(default_factory=_default_lanes)
+
+
+class QueueConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    max_attempts: int = 8
+    backoff_base_seconds: float = 2.0
+    backoff_max_seconds: float = 600.0
+    # A job without an expiry should start within this long; it ages into the order as if
+    # this were its deadline, so deadline-bearing jobs cannot starve it.
+    default_start_within_seconds: float = 3600.0
+    retry_penalty_seconds: float = 30.0
+    max_tenants_per_claim: int = 64
+
+
+class SecurityConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    url_encryption_key: str = ""
+    url_encryption_key_id: str = "k1"
+
+
+class LogConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    level: str = "info"
+    format: str = "json"
+
+
+class DiagnosticsConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    # When set, diagnostic jobs append their executions here (one file per process).
+    execution_journal_dir: str = ""
+
+
+class Config(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    database: DatabaseConfig = msgspec.field(default_factory=DatabaseConfig)
+    storage: StorageConfig = msgspec.field(default_factory=StorageConfig)
+    worker: WorkerConfig = msgspec.field(default_factory=WorkerConfig)
+    queue: QueueConfig = msgspec.field(default_factory=QueueConfig)
+    security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)
+    log: LogConfig = msgspec.field(default_factory=LogConfig)
+    diagnostics: DiagnosticsConfig = msgspec.field(default_factory=DiagnosticsConfig)
+
+    @property
+    def url_encryption_key_bytes(self) -> bytes:
+        return base64.b64decode(self.security.url_encryption_key)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Read the file (if any), apply the environment, decode and validate. Raises ConfigError."""
+    env = os.environ if environ is None else environ
+    if path is None:
+        path = env.get(ENV_CONFIG_PATH) or None
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_toml(Path(path))
+    _apply_env(raw, env)
+    try:
+        config = msgspec.convert(raw, Config, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_describe_validation_error(str(exc))) from None
+    validate(config)
+    return config
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read ({exc.strerror})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML ({exc})") from None
+
+
+def _parse_env_value(value: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {value}")["v"]
+    except tomllib.TOMLDecodeError:
+        return value
+
+
+def _set_path(raw: dict[str, Any], keys: tuple[str, ...], value: Any, origin: str) -> None:
+    node = raw
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{origin}: {'.'.join(keys)}: {key} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    for name, value in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_PATH:
+            continue
+        if name in ENV_ALIASES:
+            _set_path(raw, ENV_ALIASES[name], value, name)
+        elif "__" in name:
+            keys = tuple(part.lower() for part in name[len(ENV_PREFIX) :].split("__"))
+            if not all(keys):
+                raise ConfigError(f"{name}: malformed variable name")
+            _set_path(raw, keys, _parse_env_value(value), name)
+
+
+def _describe_validation_error(message: str) -> str:
+    # msgspec says e.g. "Object contains unknown field `x` - at `$.worker`"; we say "worker.x".
+    text, _, where = message.partition(" - at `")
+    where = where.rstrip("`").removeprefix("$").lstrip(".")
+    if "unknown field `" in text:
+        field = text.split("`")[1]
+        key = f"{where}.{field}" if where else field
+        return f"config error: {key}: unknown key"
+    return f"config error: {where or '(top level)'}: {text}"
+
+
+def validate(config: Config) -> None:
+    """Semantic checks that types alone cannot express. Each names the key it is about."""
+    db = urlsplit(config.database.url)
+    if db.scheme not in {"postgresql", "postgres"}:
+        raise ConfigError("config error: database.url: must be a postgresql:// URL")
+    if not 1 <= config.database.pool_min_size <= config.database.pool_max_size:
+        raise ConfigError("config error: database.pool_min_size: must be 1..pool_max_size")
+    storage = urlsplit(config.storage.url)
+    if storage.scheme == "file":
+        if not storage.path.startswith("/") or storage.netloc:
+            raise ConfigError("config error: storage.url: file URLs must be file:///absolute/dir")
+    elif storage.scheme == "s3":
+        if not storage.netloc:
+            raise ConfigError("config error: storage.url: s3 URLs must be s3://bucket[/prefix]")
+    else:
+        raise ConfigError("config error: storage.url: scheme must be file or s3")
+    worker = config.worker
+    if not 0 <= worker.http_port <= 65535:
+        raise ConfigError("config error: worker.http_port: must be 0..65535")
+    if worker.heartbeat_interval_seconds * 2 > worker.lease_seconds:
+        raise ConfigError(
+            "config error: worker.heartbeat_interval_seconds: must be at most half of "
+            "worker.lease_seconds, or leases expire between heartbeats"
+        )
+    for name, positive in (
+        ("worker.drain_timeout_seconds", worker.drain_timeout_seconds),
+        ("worker.poll_interval_seconds", worker.poll_interval_seconds),
+        ("worker.claim_batch_max", worker.claim_batch_max),
+        ("worker.ack_batch_max", worker.ack_batch_max),
+        ("queue.max_attempts", config.queue.max_attempts),
+        ("queue.backoff_base_seconds", config.queue.backoff_base_seconds),
+        ("queue.max_tenants_per_claim", config.queue.max_tenants_per_claim),
+    ):
+        if positive <= 0:
+            raise ConfigError(f"config error: {name}: must be positive")
+    if not worker.lanes:
+        raise ConfigError("config error: worker.lanes: at least one lane is needed")
+    for lane, lane_config in worker.lanes.items():
+        if lane_config.slots < 0:
+            raise ConfigError(f"config error: worker.lanes.{lane}.slots: must be >= 0")
+    if config.log.level.lower() not in {"debug", "info", "warning", "error"}:
+        raise ConfigError("config error: log.level: one of debug, info, warning, error")
+    if config.log.format not in {"json", "console"}:
+        raise ConfigError("config error: log.format: one of json, console")
+    _validate_key(config.security.url_encryption_key)
+
+
+def _validate_key(value: str) -> None:
+    name = "security.url_encryption_key (or AIVEDIO_URL_ENCRYPTION_KEY)"
+    if not value:
+        raise ConfigError(
+            f"config error: {name}: missing secret; set it to base64 of 32 random bytes "
+            "(for example: openssl rand -base64 32)"
+        )
+    try:
+        key = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise ConfigError(f"config error: {name}: not valid base64") from None
+    if len(key) != 32:
+        raise ConfigError(f"config error: {name}: must decode to 32 bytes, got {len(key)}")
+
+
+def masked(config: Config) -> dict[str, Any]:
+    """The effective configuration as plain data, with every secret replaced by a mask."""
+    data: dict[str, Any] = _mask(msgspec.to_builtins(config))
+    return data
+
+
+def _mask(node: Any) -> Any:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in SECRET_KEYS and value:
+                out[key] = "***"
+            elif key == "url" and isinstance(value, str):
+                out[key] = _mask_url(value)
+            else:
+                out[key] = _mask(value)
+        return out
+    return node
+
+
+def _mask_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return parts._replace(netloc=netloc).geturl()
+    return url

@@ -1,0 +1,145 @@
+"""The error taxonomy: one root, a few categories, each carrying its retry class.
+
+Pipeline code raises only these. Foreign exceptions (asyncpg, aiohttp, botocore) are
+translated at their seam with ``raise … from exc``. The queue reads ``retry`` to decide
+what happens to a failed job, so the decision lives here and nowhere else (seed §11.9.4).
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Retry(enum.Enum):
+    """What the queue does with a job that failed with this error."""
+
+    BACKOFF = "backoff"  # retry with exponential backoff and full jitter, within the budget
+    NEVER = "never"  # deterministic: straight to the dead state
+    LIMITED = "limited"  # retry, but only a few times (checksum mismatch)
+
+
+class AivedioError(Exception):
+    """Root of every error aivedio raises on purpose."""
+
+    error_class: str = "internal"
+    retry: Retry = Retry.BACKOFF
+
+    def __init__(self, detail: str = "", *, retry_after_seconds: float | None = None) -> None:
+        super().__init__(detail or self.__doc__ or self.error_class)
+        self.detail = detail or (self.__doc__ or self.error_class)
+        self.retry_after_seconds = retry_after_seconds
+
+
+class ConfigError(AivedioError):
+    """The configuration is invalid; nothing may start."""
+
+    error_class = "config"
+    retry = Retry.NEVER
+
+
+class DatabaseError(AivedioError):
+    """PostgreSQL failed or could not be reached."""
+
+    error_class = "database"
+
+
+class StaleStateError(AivedioError):
+    """A compare-and-set found another state or version: someone else won; do not overwrite."""
+
+    error_class = "stale_state"
+    retry = Retry.NEVER
+
+
+class TransitionError(AivedioError):
+    """A state change that the transition table does not allow."""
+
+    error_class = "illegal_transition"
+    retry = Retry.NEVER
+
+
+class LeaseLostError(AivedioError):
+    """The job's lease expired or was taken over; its fencing token no longer matches."""
+
+    error_class = "lease_lost"
+    retry = Retry.NEVER
+
+
+class NotFoundError(AivedioError):
+    """A named record does not exist."""
+
+    error_class = "not_found"
+    retry = Retry.NEVER
+
+
+class TransientError(AivedioError):
+    """A transient network or service failure: retry with backoff."""
+
+    error_class = "transient"
+
+
+class ThrottledError(AivedioError):
+    """The remote side asked us to slow down (429); honour Retry-After."""
+
+    error_class = "throttled"
+
+
+class ProviderServerError(AivedioError):
+    """The provider answered 5xx."""
+
+    error_class = "provider_5xx"
+
+
+class NotYetAvailableError(AivedioError):
+    """The output is not there yet (a short 404 window after success)."""
+
+    error_class = "not_yet_available"
+    retry = Retry.LIMITED
+
+
+class UrlExpiredError(AivedioError):
+    """The signed URL expired (403 or past its expiry): refresh it, never retry it."""
+
+    error_class = "url_expired"
+    retry = Retry.NEVER
+
+
+class TooLargeError(AivedioError):
+    """The body exceeds the configured cap."""
+
+    error_class = "too_large"
+    retry = Retry.NEVER
+
+
+class ChecksumMismatchError(AivedioError):
+    """Size or SHA-256 differs from what was expected."""
+
+    error_class = "checksum_mismatch"
+    retry = Retry.LIMITED
+
+
+class InvalidMediaError(AivedioError):
+    """The bytes are not a valid video by our rules; deterministic."""
+
+    error_class = "invalid_media"
+    retry = Retry.NEVER
+
+
+class ResourceExhaustedError(AivedioError):
+    """A process ran out of memory, time, disk or another bounded resource."""
+
+    error_class = "resource_exhausted"
+    retry = Retry.LIMITED
+
+
+class PolicyBlockedError(AivedioError):
+    """The network policy refused the target (SSRF defence); never retried, always alerted."""
+
+    error_class = "policy_blocked"
+    retry = Retry.NEVER
+
+
+class ModerationRejectedError(AivedioError):
+    """The moderator rejected the output."""
+
+    error_class = "moderation_rejected"
+    retry = Retry.NEVER

@@ -1,0 +1,111 @@
+"""Logs are JSON events with stable snake_case names, never a secret.
+
+The redaction processor is the net under everything else: whatever a caller passes, any
+value that looks like a signed URL's query string, a bearer token, an API key or a private
+key is masked before it is rendered. Callers still log ``url_for_log(url)`` (scheme, host
+and a hash of the path) rather than rely on it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import structlog
+
+MASK = "***"
+
+_PATTERNS = [
+    # Query strings of URLs (signatures, tokens, expiries live there).
+    (re.compile(r"(?i)\b((?:https?|s3|wss?)://[^\s?#'\"]*)\?[^\s#'\"]*"), r"\1?" + MASK),
+    # Authorization values.
+    (re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + MASK),
+    # key=value pairs whose name says secret.
+    (
+        re.compile(
+            r"(?i)\b([\w-]*(?:secret|token|password|passwd|api[_-]?key|signature|sig|"
+            r"credential|x-amz-[\w-]+|key)[\w-]*)(\s*[=:]\s*)(\"?)[^\s&,;\"']{4,}"
+        ),
+        r"\1\2\3" + MASK,
+    ),
+    # Our own API keys and long opaque base64/hex blobs (keys, tokens).
+    (re.compile(r"\bav_[A-Za-z0-9_-]{16,}"), "av_" + MASK),
+    (
+        re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
+        MASK,
+    ),
+]
+
+SECRET_FIELD = re.compile(
+    r"(?i)(secret|token|password|authorization|api_key|signature|cookie|"
+    r"encryption_key|credential)"
+)
+
+
+def redact_text(text: str) -> str:
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, Mapping):
+        return {k: (MASK if SECRET_FIELD.search(str(k)) else _redact(v)) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redact(v) for v in value]
+    return value
+
+
+def redact_processor(
+    _logger: Any, _name: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    for key in list(event_dict):
+        if SECRET_FIELD.search(key):
+            event_dict[key] = MASK
+        else:
+            event_dict[key] = _redact(event_dict[key])
+    return event_dict
+
+
+def url_for_log(url: str) -> str:
+    """What may be logged of a URL: scheme, host, port and a short hash of the path+query."""
+    parts = urlsplit(url)
+    digest = hashlib.sha256(f"{parts.path}?{parts.query}".encode()).hexdigest()[:12]
+    host = parts.hostname or "?"
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}/#{digest}"
+
+
+def configure(level: str = "info", fmt: str = "json", stream: Any = None) -> None:
+    """Set up structlog once per process."""
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            redact_processor,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(name: str = "aivedio") -> Any:
+    return structlog.get_logger(name)

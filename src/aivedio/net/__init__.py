@@ -1,0 +1,1 @@
+"""Network: the fetch policy, the pinning resolver and the guarded fetch."""

@@ -1,0 +1,12 @@
+"""Every job kind this build knows, registered in one place."""
+
+from __future__ import annotations
+
+from aivedio.pipeline import diagnostics
+from aivedio.pipeline.registry import Registry
+
+
+def default_registry() -> Registry:
+    registry = Registry()
+    diagnostics.register(registry)
+    return registry

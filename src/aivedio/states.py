@@ -1,0 +1,116 @@
+"""The state machines of seed 002 §11.5, in one table.
+
+Every status column is changed only through ``store.records.transition``, which consults
+``allowed`` and then runs a compare-and-set (``WHERE status = expected AND version = v``).
+Anything not listed here is refused, so a late event can never move a record backwards.
+
+Additions to the seed's diagrams, each because a real path needs it:
+
+* provider outputs: ``FETCHING → FETCH_PENDING`` (a drained worker releases its lease),
+  ``RETRY_WAIT → FETCHING``, ``NEED_URL_REFRESH → FETCH_PENDING`` (a fresh URL arrived),
+  and ``→ OUTPUT_LOST`` from every waiting state (the expiry passed or the provider says gone);
+* assets: ``PROCESSING → PROCESSING`` is not allowed, but ``PLAYABLE → PROCESSING`` is not
+  needed either: enrichment publishes a new revision while the asset stays PLAYABLE, then
+  moves it to ENRICHED. ``DELETED`` is reachable from every live state (the tombstone);
+* generation tasks and revisions are not drawn in the seed; their states follow §11.2.1 and
+  §11.7.10.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+
+class Entity(enum.Enum):
+    GENERATION_TASK = "generation_task"
+    PROVIDER_OUTPUT = "provider_output"
+    ASSET = "asset"
+    REVISION = "revision"
+    VARIANT = "variant"
+
+
+# entity -> (table, status column, key columns)
+TABLES: Mapping[Entity, tuple[str, str, tuple[str, ...]]] = {
+    Entity.GENERATION_TASK: ("generation_tasks", "provider_status", ("id",)),
+    Entity.PROVIDER_OUTPUT: ("provider_outputs", "fetch_status", ("id",)),
+    Entity.ASSET: ("assets", "status", ("id",)),
+    Entity.REVISION: ("asset_revisions", "status", ("asset_id", "revision")),
+    Entity.VARIANT: ("asset_variants", "status", ("id",)),
+}
+
+_ASSET_LIVE = ("QUARANTINED", "PROBING", "PROCESSING", "PLAYABLE", "ENRICHED")
+
+TRANSITIONS: Mapping[Entity, Mapping[str, frozenset[str]]] = {
+    Entity.GENERATION_TASK: {
+        "SUBMITTED": frozenset(
+            {"PROVIDER_RUNNING", "PROVIDER_SUCCEEDED", "PROVIDER_FAILED", "CANCELLED"}
+        ),
+        "PROVIDER_RUNNING": frozenset({"PROVIDER_SUCCEEDED", "PROVIDER_FAILED", "CANCELLED"}),
+        "PROVIDER_SUCCEEDED": frozenset({"CANCELLED"}),
+        "PROVIDER_FAILED": frozenset(),
+        "CANCELLED": frozenset(),
+    },
+    Entity.PROVIDER_OUTPUT: {
+        "DISCOVERED": frozenset({"FETCH_PENDING", "OUTPUT_LOST"}),
+        "FETCH_PENDING": frozenset({"FETCHING", "OUTPUT_LOST"}),
+        "FETCHING": frozenset(
+            {
+                "STORED",
+                "RETRY_WAIT",
+                "NEED_URL_REFRESH",
+                "INVALID_RESPONSE",
+                "OUTPUT_LOST",
+                "FETCH_PENDING",
+            }
+        ),
+        "RETRY_WAIT": frozenset({"FETCHING", "NEED_URL_REFRESH", "OUTPUT_LOST"}),
+        "NEED_URL_REFRESH": frozenset({"FETCH_PENDING", "OUTPUT_LOST"}),
+        "STORED": frozenset(),
+        "INVALID_RESPONSE": frozenset(),
+        "OUTPUT_LOST": frozenset(),
+    },
+    Entity.ASSET: {
+        "QUARANTINED": frozenset({"PROBING", "DELETED"}),
+        "PROBING": frozenset({"PROCESSING", "INVALID_MEDIA", "DELETED"}),
+        "PROCESSING": frozenset({"PLAYABLE", "REJECTED", "PROCESSING_FAILED", "DELETED"}),
+        "PLAYABLE": frozenset({"ENRICHED", "DELETED"}),
+        "ENRICHED": frozenset({"DELETED"}),
+        "REJECTED": frozenset({"DELETED"}),
+        "PROCESSING_FAILED": frozenset({"DELETED"}),
+        "INVALID_MEDIA": frozenset({"DELETED"}),
+        "DELETED": frozenset(),
+    },
+    Entity.REVISION: {
+        "BUILDING": frozenset({"READY", "FAILED", "ABANDONED"}),
+        "READY": frozenset({"SUPERSEDED"}),
+        "SUPERSEDED": frozenset(),
+        "FAILED": frozenset(),
+        "ABANDONED": frozenset(),
+    },
+    Entity.VARIANT: {
+        "PENDING": frozenset({"SUCCEEDED", "FAILED"}),
+        "SUCCEEDED": frozenset(),
+        "FAILED": frozenset(),
+    },
+}
+
+INITIAL: Mapping[Entity, frozenset[str]] = {
+    Entity.GENERATION_TASK: frozenset({"SUBMITTED", "PROVIDER_SUCCEEDED"}),
+    Entity.PROVIDER_OUTPUT: frozenset({"DISCOVERED", "FETCH_PENDING"}),
+    Entity.ASSET: frozenset({"QUARANTINED"}),
+    Entity.REVISION: frozenset({"BUILDING"}),
+    Entity.VARIANT: frozenset({"PENDING", "SUCCEEDED"}),
+}
+
+TERMINAL_OUTPUT_STATES = frozenset({"STORED", "INVALID_RESPONSE", "OUTPUT_LOST"})
+LIVE_ASSET_STATES = frozenset(_ASSET_LIVE)
+
+
+def states(entity: Entity) -> frozenset[str]:
+    return frozenset(TRANSITIONS[entity])
+
+
+def allowed(entity: Entity, current: str, new: str) -> bool:
+    """Whether ``current → new`` is a legal change for ``entity``."""
+    return new in TRANSITIONS[entity].get(current, frozenset())

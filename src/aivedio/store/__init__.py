@@ -1,0 +1,1 @@
+"""Persistence: PostgreSQL (records, migrations, the job queue) and object storage."""

@@ -1,0 +1,96 @@
+"""The PostgreSQL seam: opening pools and connections, and translating asyncpg's errors.
+
+Every session sets ``statement_timeout`` and ``idle_in_transaction_session_timeout`` so that a
+stuck query or a forgotten transaction cannot hold locks on the job queue forever.
+asyncpg's exceptions never leave this package: ``map_db_errors`` turns them into
+``DatabaseError`` (retryable) at the edge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import asyncpg
+import msgspec
+
+from aivedio.config import DatabaseConfig
+from aivedio.errors import DatabaseError
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+    Pool: TypeAlias = asyncpg.Pool[asyncpg.Record]
+    # A connection of our own or one borrowed from a pool: both answer the same verbs.
+    Connection: TypeAlias = asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]
+else:
+    Pool = asyncpg.Pool
+    Connection = asyncpg.Connection
+
+
+def _server_settings(config: DatabaseConfig) -> dict[str, str]:
+    return {
+        "statement_timeout": str(int(config.statement_timeout_seconds * 1000)),
+        "idle_in_transaction_session_timeout": str(
+            int(config.idle_in_transaction_timeout_seconds * 1000)
+        ),
+        "application_name": "aivedio",
+    }
+
+
+async def _init_connection(conn: Connection) -> None:
+    # jsonb in and out as Python objects, through msgspec (fast, strict).
+    await conn.set_type_codec(
+        "jsonb",
+        encoder=lambda v: msgspec.json.encode(v).decode(),
+        decoder=msgspec.json.decode,
+        schema="pg_catalog",
+    )
+
+
+@contextmanager
+def map_db_errors(action: str) -> Iterator[None]:
+    """Translate driver and socket errors into DatabaseError, naming what we were doing."""
+    try:
+        yield
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+        raise DatabaseError(f"{action}: {type(exc).__name__}: {exc}") from exc
+
+
+@asynccontextmanager
+async def open_pool(
+    config: DatabaseConfig, *, min_size: int | None = None, max_size: int | None = None
+) -> AsyncIterator[Pool]:
+    with map_db_errors("connecting to PostgreSQL"):
+        pool = await asyncpg.create_pool(
+            config.url,
+            min_size=config.pool_min_size if min_size is None else min_size,
+            max_size=config.pool_max_size if max_size is None else max_size,
+            server_settings=_server_settings(config),
+            init=_init_connection,
+            timeout=config.connect_timeout_seconds,
+        )
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@asynccontextmanager
+async def open_connection(config: DatabaseConfig) -> AsyncIterator[Connection]:
+    with map_db_errors("connecting to PostgreSQL"):
+        conn = await asyncpg.connect(
+            config.url,
+            server_settings=_server_settings(config),
+            timeout=config.connect_timeout_seconds,
+        )
+        await _init_connection(conn)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+def row_dict(record: Any) -> dict[str, Any]:
+    return dict(record.items())

@@ -1,0 +1,255 @@
+"""The job queue: rows in PostgreSQL instead of a message broker.
+
+Why rows: the state change that makes work necessary and the job that does it commit in one
+transaction (``enqueue`` takes the caller's connection), so there is no outbox-to-broker hop
+to lose. The costs of a table as a queue are paid down the way the queues before us learned:
+
+* claims and acknowledgements are batched (one statement each per round, with a per-row CAS
+  on lease owner and fencing token, so batching never weakens exactly-once commit);
+* every hot statement is an index range scan over a precomputed ``sort_at`` in a partial
+  index of queued rows: nothing sorts all ready rows;
+* the hot table holds only live jobs: finishing moves a row to ``job_history`` in the same
+  statement, so dead tuples stay few and autovacuum (tuned in the schema) keeps up;
+* one heartbeat statement per worker extends all of its leases.
+
+Leases carry a fencing token incremented at every claim. A worker whose lease expired and
+was re-claimed cannot complete, retry, bury or release the job: its token no longer matches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from aivedio.scheduling import sort_at
+from aivedio.store.database import Connection, Pool, map_db_errors
+from aivedio.store.queries import query
+
+NOTIFY_CHANNEL = "aivedio_jobs"
+
+
+class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A job to enqueue. The payload carries ids only, never a URL or a secret."""
+
+    kind: str
+    lane: str
+    idempotency_key: str
+    tenant_id: int = 0
+    payload: dict[str, Any] = msgspec.field(default_factory=dict)
+    priority: int = 0
+    expires_at: datetime | None = None
+    estimated_seconds: float = 0.0
+    max_attempts: int = 8
+    timeout_seconds: float = 300.0
+
+
+class Job(msgspec.Struct, frozen=True, kw_only=True):
+    """A claimed job, with the lease token that every later change of it must present."""
+
+    id: int
+    kind: str
+    lane: str
+    tenant_id: int
+    payload: dict[str, Any]
+    attempts: int
+    max_attempts: int
+    lease_token: int
+    timeout_seconds: float
+    expires_at: datetime | None
+    idempotency_key: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    idempotency_key: str
+    job_id: int
+    created: bool
+
+
+class Queue:
+    """Verbs over the ``jobs`` tables. Stateless; safe to share across tasks."""
+
+    def __init__(self, pool: Pool, *, default_start_within_seconds: float = 3600.0) -> None:
+        self._pool = pool
+        self._default_start_within = default_start_within_seconds
+
+    # -- producing -------------------------------------------------------------------------
+
+    async def enqueue(
+        self, conn: Connection, specs: Sequence[JobSpec], *, now: datetime | None = None
+    ) -> list[Enqueued]:
+        """Enqueue inside the caller's transaction. A known idempotency key is a no-op that
+        returns the existing job id. Returns one result per distinct key, in input order."""
+        unique: dict[str, JobSpec] = {}
+        for spec in specs:
+            unique.setdefault(spec.idempotency_key, spec)
+        if not unique:
+            return []
+        now = now or datetime.now(UTC)
+        items = list(unique.values())
+        with map_db_errors("enqueueing jobs"):
+            rows = await conn.fetch(
+                query("enqueue"),
+                [s.kind for s in items],
+                [s.lane for s in items],
+                [s.idempotency_key for s in items],
+                [s.tenant_id for s in items],
+                [s.payload for s in items],
+                [s.priority for s in items],
+                [s.expires_at for s in items],
+                [s.estimated_seconds for s in items],
+                [
+                    sort_at(
+                        now=now,
+                        expires_at=s.expires_at,
+                        estimated_seconds=s.estimated_seconds,
+                        default_start_within_seconds=self._default_start_within,
+                    )
+                    for s in items
+                ],
+                [s.max_attempts for s in items],
+                [s.timeout_seconds for s in items],
+            )
+            created = {r["idempotency_key"]: r["id"] for r in rows}
+            missing = [k for k in unique if k not in created]
+            existing: dict[str, int] = {}
+            if missing:
+                # The conflicting key may have committed after this statement's snapshot;
+                # a fresh statement sees it.
+                found = await conn.fetch(query("existing_keys"), missing)
+                existing = {r["idempotency_key"]: r["job_id"] for r in found}
+            if created:
+                await conn.execute(query("notify"), sorted({r["lane"] for r in rows}))
+        results = []
+        for key in unique:
+            if key in created:
+                results.append(Enqueued(key, created[key], True))
+            else:
+                results.append(Enqueued(key, existing[key], False))
+        return results
+
+    async def enqueue_one(self, conn: Connection, spec: JobSpec) -> Enqueued:
+        (result,) = await self.enqueue(conn, [spec])
+        return result
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    async def claim(
+        self, lane: str, limit: int, owner: str, lease_seconds: float, max_tenants: int = 64
+    ) -> list[Job]:
+        with map_db_errors("claiming jobs"):
+            rows = await self._pool.fetch(
+                query("claim"), lane, limit, owner, lease_seconds, max_tenants
+            )
+        return [Job(**dict(r.items())) for r in rows]
+
+    async def complete(self, owner: str, done: Sequence[tuple[int, int, Any]]) -> set[int]:
+        """Acknowledge (id, lease_token, result) triples in one statement. Returns the ids
+        accepted; an id missing from the answer had lost its lease (fencing)."""
+        if not done:
+            return set()
+        with map_db_errors("completing jobs"):
+            rows = await self._pool.fetch(
+                query("complete"),
+                [d[0] for d in done],
+                [d[1] for d in done],
+                owner,
+                [d[2] for d in done],
+            )
+        return {r["id"] for r in rows}
+
+    async def retry_later(
+        self,
+        job: Job,
+        owner: str,
+        *,
+        delay_seconds: float,
+        penalty_seconds: float,
+        error_class: str,
+        detail: str,
+    ) -> bool:
+        with map_db_errors("scheduling a retry"):
+            row = await self._pool.fetchval(
+                query("retry_later"),
+                job.id,
+                job.lease_token,
+                owner,
+                delay_seconds,
+                penalty_seconds,
+                error_class,
+                detail[:2000],
+            )
+        return row is not None
+
+    async def bury(self, job: Job, owner: str, *, error_class: str, detail: str) -> bool:
+        with map_db_errors("moving a job to the dead state"):
+            row = await self._pool.fetchval(
+                query("bury"), job.id, job.lease_token, owner, error_class, detail[:2000]
+            )
+        return row is not None
+
+    async def release(self, owner: str, leases: Sequence[tuple[int, int]]) -> list[int]:
+        if not leases:
+            return []
+        with map_db_errors("releasing leases"):
+            rows = await self._pool.fetch(
+                query("release"), [x[0] for x in leases], [x[1] for x in leases], owner
+            )
+            if rows:
+                await self._pool.execute(query("notify"), sorted({r["lane"] for r in rows}))
+        return [r["id"] for r in rows]
+
+    async def heartbeat(self, owner: str, lease_seconds: float) -> dict[int, int]:
+        with map_db_errors("extending leases"):
+            rows = await self._pool.fetch(query("heartbeat"), owner, lease_seconds)
+        return {r["id"]: r["lease_token"] for r in rows}
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    async def reap(self) -> list[tuple[int, str, str, str]]:
+        """Expired leases back to the queue (or dead). Returns (id, lane, kind, outcome)."""
+        with map_db_errors("reaping expired leases"):
+            rows = await self._pool.fetch(query("reap"))
+            lanes = sorted({r["lane"] for r in rows if r["outcome"] == "queued"})
+            if lanes:
+                await self._pool.execute(query("notify"), lanes)
+        return [(r["id"], r["lane"], r["kind"], r["outcome"]) for r in rows]
+
+    async def promote(self, limit: int = 1000) -> int:
+        with map_db_errors("promoting due retries"):
+            rows = await self._pool.fetch(query("promote"), limit)
+            lanes = sorted({r["lane"] for r in rows})
+            if lanes:
+                await self._pool.execute(query("notify"), lanes)
+        return len(rows)
+
+    async def replay(self, job_id: int) -> bool:
+        with map_db_errors("replaying a job"):
+            async with self._pool.acquire() as conn, conn.transaction():
+                rows = await conn.fetch(query("replay"), job_id)
+                if rows:
+                    await conn.execute(query("notify"), sorted({r["lane"] for r in rows}))
+        return bool(rows)
+
+    async def get(self, job_id: int) -> dict[str, Any] | None:
+        with map_db_errors("reading a job"):
+            row = await self._pool.fetchrow(query("get_job"), job_id)
+        return dict(row.items()) if row else None
+
+    async def list(
+        self, *, status: str | None = None, kind: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        with map_db_errors("listing jobs"):
+            rows = await self._pool.fetch(query("list_jobs"), status, kind, limit)
+        return [dict(r.items()) for r in rows]
+
+    async def stats(self) -> dict[str, tuple[int, float]]:
+        """Queued depth and the age in seconds of the oldest ready job, by kind."""
+        with map_db_errors("reading queue statistics"):
+            rows = await self._pool.fetch(query("queue_stats"))
+        return {r["kind"]: (r["depth"], float(r["oldest_seconds"] or 0.0)) for r in rows}

@@ -1,0 +1,115 @@
+"""State changes of records: the only way a status column changes.
+
+``transition`` checks the move against the table in ``aivedio.states`` and then runs a
+compare-and-set: ``UPDATE … WHERE key = $k AND status = $expected AND version = $v``. Zero
+rows updated means someone else won the race: ``StaleStateError``, and the caller stops
+instead of overwriting. Table and column names come from the fixed map in ``states.TABLES``,
+never from input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aivedio.errors import StaleStateError, TransitionError
+from aivedio.states import TABLES, TRANSITIONS, Entity, allowed
+from aivedio.store.database import Connection, map_db_errors
+
+# Columns a transition may set besides the status; anything else is a programming error.
+SETTABLE: Mapping[Entity, frozenset[str]] = {
+    Entity.GENERATION_TASK: frozenset({"output_asset_id"}),
+    Entity.PROVIDER_OUTPUT: frozenset(
+        {
+            "last_error_class",
+            "last_error_detail",
+            "source_url_ciphertext",
+            "source_url_key_id",
+            "source_url_expires_at",
+            "descriptor_version",
+        }
+    ),
+    Entity.ASSET: frozenset(
+        {
+            "last_error_class",
+            "last_error_detail",
+            "current_revision",
+            "moderation_status",
+            "probe",
+            "media_type",
+            "duration_us",
+            "width",
+            "height",
+            "video_codec",
+            "audio_codec",
+            "frame_rate_num",
+            "frame_rate_den",
+            "source_size_bytes",
+            "source_sha256",
+            "source_object_key",
+            "delete_version",
+        }
+    ),
+    Entity.REVISION: frozenset(
+        {"moderation_verdict", "moderation_version", "moderation_reasons", "published_at", "plan"}
+    ),
+    Entity.VARIANT: frozenset(),
+}
+
+
+def check_transition(entity: Entity, current: str, new: str) -> None:
+    if current not in TRANSITIONS[entity]:
+        raise TransitionError(f"{entity.value}: unknown state {current!r}")
+    if not allowed(entity, current, new):
+        raise TransitionError(f"{entity.value}: {current} -> {new} is not allowed")
+
+
+async def transition(
+    conn: Connection,
+    entity: Entity,
+    key: Sequence[Any],
+    *,
+    expected: str,
+    new: str,
+    version: int | None = None,
+    values: Mapping[str, Any] | None = None,
+) -> int:
+    """Move one record from ``expected`` to ``new``; return its new version.
+
+    ``version`` makes the CAS exact; without it the expected state alone guards the change
+    (enough where the state itself cannot return, as the table has no cycles).
+    """
+    check_transition(entity, expected, new)
+    table, status_column, key_columns = TABLES[entity]
+    values = dict(values or {})
+    unknown = set(values) - SETTABLE[entity]
+    if unknown:
+        raise TransitionError(f"{entity.value}: cannot set {sorted(unknown)} in a transition")
+    has_version = entity is not Entity.VARIANT  # variants are insert-once rows
+    params: list[Any] = [new, *key, expected]
+    sets = [f"{status_column} = $1"]
+    if has_version:
+        sets.append("version = version + 1")
+    if has_version:
+        sets.append("updated_at = now()")
+    for column, value in values.items():
+        params.append(value)
+        sets.append(f"{column} = ${len(params)}")
+    where = [f"{col} = ${i + 2}" for i, col in enumerate(key_columns)]
+    where.append(f"{status_column} = ${len(key_columns) + 2}")
+    if version is not None:
+        if not has_version:
+            raise TransitionError(f"{entity.value} has no version column")
+        params.append(version)
+        where.append(f"version = ${len(params)}")
+    returning = "version" if has_version else "1"
+    sql = f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING {returning}"
+    with map_db_errors(f"changing {entity.value} state"):
+        result = await conn.fetchval(sql, *params)
+    if result is None:
+        raise StaleStateError(
+            f"{entity.value} {'/'.join(map(str, key))}: expected {expected}"
+            + (f" at version {version}" if version is not None else "")
+            + f", found something else; not moving to {new}"
+        )
+    return int(result)

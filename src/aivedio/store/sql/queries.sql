@@ -1,0 +1,248 @@
+-- Every statement the job queue runs, by name. Loaded once by store/queries.py.
+-- Hot paths (claim, complete, heartbeat) are one statement each and touch only the
+-- partial indexes over live jobs.
+
+-- name: enqueue
+-- Insert jobs whose idempotency key is new; a known key is a no-op. job_keys is the arbiter
+-- across live and finished jobs.
+WITH input AS (
+    SELECT *
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::jsonb[], $6::int[],
+                $7::timestamptz[], $8::float8[], $9::timestamptz[], $10::int[], $11::float8[])
+        AS t(kind, lane, idempotency_key, tenant_id, payload, priority, expires_at,
+             estimated_seconds, sort_at, max_attempts, timeout_seconds)
+), keys AS (
+    INSERT INTO job_keys (idempotency_key, job_id)
+    SELECT idempotency_key, nextval('jobs_id_seq') FROM input
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING idempotency_key, job_id
+), inserted AS (
+    INSERT INTO jobs (id, kind, lane, idempotency_key, tenant_id, payload, status, priority,
+                      expires_at, estimated_seconds, sort_at, max_attempts, timeout_seconds)
+    SELECT k.job_id, i.kind, i.lane, i.idempotency_key, i.tenant_id, i.payload, 'queued',
+           i.priority, i.expires_at, i.estimated_seconds, i.sort_at, i.max_attempts,
+           i.timeout_seconds
+    FROM keys k JOIN input i USING (idempotency_key)
+    RETURNING id, idempotency_key, lane
+)
+SELECT idempotency_key, id, lane FROM inserted;
+
+-- name: existing_keys
+SELECT idempotency_key, job_id FROM job_keys WHERE idempotency_key = ANY($1::text[]);
+
+-- name: notify
+SELECT pg_notify('aivedio_jobs', lane) FROM unnest($1::text[]) AS l(lane);
+
+-- name: claim
+-- Fair, deadline-aware claim. Walk the distinct tenants with queued jobs in this lane (a
+-- loose index scan: one index probe per tenant), take each tenant's most urgent jobs from
+-- the same partial index with SKIP LOCKED, then hand out turns round-robin: every tenant's
+-- first job before any tenant's second. So a tenant with 10,000 queued jobs delays another
+-- tenant's job by at most one claim round.
+WITH RECURSIVE tenants AS (
+    (SELECT j.tenant_id FROM jobs j
+     WHERE j.lane = $1 AND j.status = 'queued'
+     ORDER BY j.tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.tenant_id FROM jobs j
+            WHERE j.lane = $1 AND j.status = 'queued' AND j.tenant_id > t.tenant_id
+            ORDER BY j.tenant_id LIMIT 1)
+    FROM tenants t
+    WHERE t.tenant_id IS NOT NULL
+), locked AS (
+    SELECT c.id, c.tenant_id, c.sort_at, c.priority
+    FROM (SELECT tenant_id FROM tenants WHERE tenant_id IS NOT NULL LIMIT $5) t
+    CROSS JOIN LATERAL (
+        SELECT j.id, j.tenant_id, j.sort_at, j.priority
+        FROM jobs j
+        WHERE j.lane = $1 AND j.status = 'queued' AND j.tenant_id = t.tenant_id
+        ORDER BY j.sort_at, j.priority DESC, j.id
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    ) c
+), chosen AS (
+    SELECT id FROM (
+        SELECT id, sort_at, priority,
+               row_number() OVER (PARTITION BY tenant_id
+                                  ORDER BY sort_at, priority DESC, id) AS turn
+        FROM locked
+    ) r
+    ORDER BY turn, sort_at, priority DESC, id
+    LIMIT $2
+)
+UPDATE jobs j
+SET status = 'running',
+    lease_owner = $3,
+    lease_token = j.lease_token + 1,
+    lease_until = now() + make_interval(secs => $4),
+    attempts = j.attempts + 1,
+    started_at = now()
+FROM chosen
+WHERE j.id = chosen.id
+RETURNING j.id, j.kind, j.lane, j.tenant_id, j.payload, j.attempts, j.max_attempts,
+          j.lease_token, j.timeout_seconds, j.expires_at, j.idempotency_key, j.created_at;
+
+-- name: complete
+-- Batched acknowledgement with a per-row CAS on owner and fencing token: a row whose lease
+-- was re-claimed (token moved on) is not touched, and its id is absent from the result.
+WITH done AS (
+    DELETE FROM jobs j
+    USING unnest($1::bigint[], $2::bigint[], $4::jsonb[]) AS c(id, token, result)
+    WHERE j.id = c.id AND j.lease_token = c.token AND j.lease_owner = $3
+      AND j.status = 'running'
+    RETURNING j.*, c.result
+)
+INSERT INTO job_history (id, kind, lane, idempotency_key, tenant_id, payload, status, priority,
+                         expires_at, attempts, max_attempts, timeout_seconds, lease_owner,
+                         lease_token, last_error_class, last_error_detail, result, created_at,
+                         started_at)
+SELECT id, kind, lane, idempotency_key, tenant_id, payload, 'succeeded', priority, expires_at,
+       attempts, max_attempts, timeout_seconds, lease_owner, lease_token, last_error_class,
+       last_error_detail, result, created_at, started_at
+FROM done
+RETURNING id;
+
+-- name: retry_later
+UPDATE jobs
+SET status = 'waiting',
+    run_after = now() + make_interval(secs => $4),
+    sort_at = sort_at + make_interval(secs => $5),
+    lease_owner = NULL,
+    lease_until = NULL,
+    last_error_class = $6,
+    last_error_detail = $7
+WHERE id = $1 AND lease_token = $2 AND lease_owner = $3 AND status = 'running'
+RETURNING id;
+
+-- name: bury
+WITH done AS (
+    DELETE FROM jobs
+    WHERE id = $1 AND lease_token = $2 AND lease_owner = $3 AND status = 'running'
+    RETURNING *
+)
+INSERT INTO job_history (id, kind, lane, idempotency_key, tenant_id, payload, status, priority,
+                         expires_at, attempts, max_attempts, timeout_seconds, lease_owner,
+                         lease_token, last_error_class, last_error_detail, created_at,
+                         started_at)
+SELECT id, kind, lane, idempotency_key, tenant_id, payload, 'dead', priority, expires_at,
+       attempts, max_attempts, timeout_seconds, lease_owner, lease_token, $4, $5, created_at,
+       started_at
+FROM done
+RETURNING id;
+
+-- name: release
+-- Give leases back without spending the attempt the claim counted (graceful drain).
+UPDATE jobs
+SET status = 'queued',
+    attempts = greatest(attempts - 1, 0),
+    lease_owner = NULL,
+    lease_until = NULL,
+    run_after = now()
+FROM unnest($1::bigint[], $2::bigint[]) AS c(id, token)
+WHERE jobs.id = c.id AND jobs.lease_token = c.token AND jobs.lease_owner = $3
+  AND jobs.status = 'running'
+RETURNING jobs.id, jobs.lane;
+
+-- name: heartbeat
+-- One statement per worker extends every lease it still holds; the ids it returns are the
+-- leases this worker still owns.
+UPDATE jobs
+SET lease_until = now() + make_interval(secs => $2)
+WHERE lease_owner = $1 AND status = 'running'
+RETURNING id, lease_token;
+
+-- name: reap
+-- Expired leases (the holder died or stalled): back to the queue, or dead when the claim
+-- that expired was the last attempt.
+WITH expired AS (
+    SELECT id FROM jobs
+    WHERE status = 'running' AND lease_until < now()
+    FOR UPDATE SKIP LOCKED
+), requeued AS (
+    UPDATE jobs j
+    SET status = 'queued', lease_owner = NULL, lease_until = NULL, run_after = now(),
+        last_error_class = 'lease_expired',
+        last_error_detail = 'lease expired while ' || coalesce(j.lease_owner, '?') || ' held it'
+    FROM expired e
+    WHERE j.id = e.id AND j.attempts < j.max_attempts
+    RETURNING j.id, j.lane, j.kind
+), buried AS (
+    DELETE FROM jobs j USING expired e
+    WHERE j.id = e.id AND j.attempts >= j.max_attempts
+    RETURNING j.*
+), history AS (
+    INSERT INTO job_history (id, kind, lane, idempotency_key, tenant_id, payload, status,
+                             priority, expires_at, attempts, max_attempts, timeout_seconds,
+                             lease_owner, lease_token, last_error_class, last_error_detail,
+                             created_at, started_at)
+    SELECT id, kind, lane, idempotency_key, tenant_id, payload, 'dead', priority, expires_at,
+           attempts, max_attempts, timeout_seconds, lease_owner, lease_token, 'lease_expired',
+           'lease expired on the last attempt', created_at, started_at
+    FROM buried
+    RETURNING id, lane, kind
+)
+SELECT id, lane, kind, 'queued' AS outcome FROM requeued
+UNION ALL
+SELECT id, lane, kind, 'dead' AS outcome FROM history;
+
+-- name: promote
+-- Retry waits that are due become claimable.
+UPDATE jobs j
+SET status = 'queued'
+FROM (SELECT id FROM jobs WHERE status = 'waiting' AND run_after <= now()
+      ORDER BY run_after LIMIT $1 FOR UPDATE SKIP LOCKED) due
+WHERE j.id = due.id
+RETURNING j.lane;
+
+-- name: replay
+-- An operator's retry: a dead or cancelled job comes back with a fresh budget; a waiting
+-- job becomes due now.
+WITH revived AS (
+    DELETE FROM job_history WHERE id = $1 AND status IN ('dead', 'cancelled')
+    RETURNING *
+), reinserted AS (
+    INSERT INTO jobs (id, kind, lane, idempotency_key, tenant_id, payload, status, priority,
+                      expires_at, estimated_seconds, sort_at, max_attempts, timeout_seconds,
+                      lease_token, last_error_class, last_error_detail, created_at)
+    SELECT id, kind, lane, idempotency_key, tenant_id, payload, 'queued', priority,
+           expires_at, 0, now(), max_attempts, timeout_seconds, lease_token,
+           last_error_class, last_error_detail, created_at
+    FROM revived
+    RETURNING id, lane
+), hurried AS (
+    UPDATE jobs SET status = 'queued', run_after = now()
+    WHERE id = $1 AND status = 'waiting'
+    RETURNING id, lane
+)
+SELECT id, lane FROM reinserted UNION ALL SELECT id, lane FROM hurried;
+
+-- name: get_job
+SELECT id, kind, lane, idempotency_key, tenant_id, payload, status, priority, expires_at,
+       attempts, max_attempts, lease_owner, lease_token, lease_until, last_error_class,
+       last_error_detail, created_at, NULL::timestamptz AS finished_at
+FROM jobs WHERE id = $1
+UNION ALL
+SELECT id, kind, lane, idempotency_key, tenant_id, payload, status, priority, expires_at,
+       attempts, max_attempts, lease_owner, lease_token, NULL, last_error_class,
+       last_error_detail, created_at, finished_at
+FROM job_history WHERE id = $1;
+
+-- name: list_jobs
+SELECT * FROM (
+    SELECT id, kind, lane, tenant_id, status, attempts, max_attempts, last_error_class,
+           last_error_detail, created_at, NULL::timestamptz AS finished_at
+    FROM jobs
+    WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR kind = $2)
+    UNION ALL
+    SELECT id, kind, lane, tenant_id, status, attempts, max_attempts, last_error_class,
+           last_error_detail, created_at, finished_at
+    FROM job_history
+    WHERE ($1::text IS NULL OR status = $1) AND ($2::text IS NULL OR kind = $2)
+) all_jobs
+ORDER BY id DESC
+LIMIT $3;
+
+-- name: queue_stats
+SELECT kind, count(*) AS depth, extract(epoch FROM now() - min(run_after)) AS oldest_seconds
+FROM jobs WHERE status = 'queued'
+GROUP BY kind;

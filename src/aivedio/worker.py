@@ -1,0 +1,442 @@
+"""The worker daemon: lanes of slots, one claimer per lane, every job under its own deadline.
+
+Shape. One anyio task group owns everything: the signal watcher, the health server, the
+LISTEN connection, the heartbeat, the maintenance loop (due retries, expired leases, queue
+gauges), the acknowledgement flusher, and a nested group that owns the job tasks. A lane's
+claimer claims at most its free slots (never more: a claimed job holds a lease, and a lease
+held by a job that is not running is a delay for nobody's benefit), starts one task per job,
+and sleeps until a NOTIFY for its lane, a freed slot, or the poll interval.
+
+Completions are acknowledged in batches by one flusher: while one batch is in flight the
+next accumulates, so the statement count falls as load rises. The per-row fencing check in
+the ``complete`` statement keeps this exactly-once.
+
+Leases. One heartbeat statement extends every lease this worker holds and returns what it
+still owns; a running job missing from that answer was taken over (its lease expired while
+we stalled), so its task is cancelled: its results could not be committed anyway.
+
+Drain. SIGTERM or SIGINT: stop claiming at once; let running jobs finish for up to
+``drain_timeout_seconds``; then cancel what is left and release those leases without
+spending their attempt; flush acknowledgements; exit 0. A second signal skips the wait.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import asyncpg
+from anyio.abc import TaskStatus
+
+from aivedio.config import Config
+from aivedio.errors import AivedioError, DatabaseError, TransientError
+from aivedio.logs import get_logger, redact_text
+from aivedio.metrics import WorkerMetrics
+from aivedio.pipeline.registry import JobContext, Registry
+from aivedio.scheduling import backoff_seconds, decide_retry
+from aivedio.store.database import Pool, open_connection
+from aivedio.store.queue import NOTIFY_CHANNEL, Job, Queue
+
+log = get_logger("aivedio.worker")
+
+
+@dataclass
+class _Running:
+    job: Job
+    scope: anyio.CancelScope
+    claimed_at: float
+    released: bool = False
+    lease_lost: bool = False
+
+
+@dataclass
+class _Lane:
+    name: str
+    slots: int
+    busy: int = 0
+    wake: anyio.Event = field(default_factory=anyio.Event)
+
+    def poke(self) -> None:
+        self.wake.set()
+
+    async def sleep(self, at_most_seconds: float | None) -> None:
+        with anyio.move_on_after(at_most_seconds):
+            await self.wake.wait()
+        self.wake = anyio.Event()
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Worker:
+    def __init__(
+        self,
+        config: Config,
+        pool: Pool,
+        registry: Registry,
+        *,
+        services: dict[str, Any] | None = None,
+        owner: str | None = None,
+        readiness: Callable[[], Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.registry = registry
+        self.owner = owner or default_owner()
+        self.queue = Queue(
+            pool, default_start_within_seconds=config.queue.default_start_within_seconds
+        )
+        self.metrics = WorkerMetrics()
+        self.context = JobContext(owner=self.owner, services=services or {})
+        self.draining = False
+        self.http_port: int | None = None
+        self._lanes = {
+            name: _Lane(name, lane.slots)
+            for name, lane in config.worker.lanes.items()
+            if lane.slots > 0
+        }
+        self._running: dict[int, _Running] = {}
+        self._acks: list[tuple[Job, Any]] = []
+        self._ack_wake = anyio.Event()
+        self._to_release: list[Job] = []
+        self._drain_requested = anyio.Event()
+        self._force = anyio.Event()
+        self._idle = anyio.Event()
+        self._idle.set()
+        for lane in self._lanes.values():
+            self.metrics.slots_total.labels(lane.name).set(lane.slots)
+            self.metrics.slots_busy.labels(lane.name).set(0)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def run(self, *, install_signal_handlers: bool = True) -> None:
+        from aivedio.health import serve_health
+
+        wc = self.config.worker
+        log.info(
+            "worker_starting",
+            owner=self.owner,
+            lanes={n: lane.slots for n, lane in self._lanes.items()},
+        )
+        async with anyio.create_task_group() as tg:
+            if install_signal_handlers:
+                tg.start_soon(self._watch_signals)
+            self.http_port = await tg.start(serve_health, self, wc.http_host, wc.http_port)
+            tg.start_soon(self._listen)
+            tg.start_soon(self._heartbeat_loop)
+            tg.start_soon(self._maintenance_loop)
+            tg.start_soon(self._ack_loop)
+            async with anyio.create_task_group() as jobs_tg:
+                async with anyio.create_task_group() as claim_tg:
+                    for lane in self._lanes.values():
+                        claim_tg.start_soon(self._lane_loop, lane, jobs_tg)
+                    await self._drain_requested.wait()
+                    claim_tg.cancel_scope.cancel()
+                await self._wait_for_running()
+            with anyio.CancelScope(shield=True), anyio.move_on_after(15):
+                await self._flush_acks(final=True)
+                await self._release_leases()
+            tg.cancel_scope.cancel()
+        log.info("worker_stopped", owner=self.owner)
+
+    def request_drain(self, *, force: bool = False) -> None:
+        if not self.draining:
+            log.info(
+                "worker_draining",
+                owner=self.owner,
+                running=len(self._running),
+                drain_timeout_seconds=self.config.worker.drain_timeout_seconds,
+            )
+        self.draining = True
+        self.metrics.draining.set(1)
+        self._drain_requested.set()
+        for lane in self._lanes.values():
+            lane.poke()
+        if force:
+            self._force.set()
+
+    async def _watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("worker_signal", signal=signal.Signals(signum).name)
+                self.request_drain(force=self.draining)
+
+    async def _wait_for_running(self) -> None:
+        with anyio.move_on_after(self.config.worker.drain_timeout_seconds):
+            async with anyio.create_task_group() as tg:
+
+                async def forced() -> None:
+                    await self._force.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(forced)
+                await self._idle.wait()
+                tg.cancel_scope.cancel()
+        unfinished = list(self._running.values())
+        if unfinished:
+            log.warning(
+                "worker_drain_timeout", owner=self.owner, cancelling=[r.job.id for r in unfinished]
+            )
+        for running in unfinished:
+            running.released = True
+            running.scope.cancel()
+
+    # -- claiming and running --------------------------------------------------------------
+
+    async def _lane_loop(self, lane: _Lane, jobs_tg: anyio.abc.TaskGroup) -> None:
+        wc = self.config.worker
+        failures = 0
+        while not self.draining:
+            free = lane.slots - lane.busy
+            if free <= 0:
+                await lane.sleep(None)
+                continue
+            want = min(free, wc.claim_batch_max)
+            try:
+                jobs = await self.queue.claim(
+                    lane.name,
+                    want,
+                    self.owner,
+                    wc.lease_seconds,
+                    self.config.queue.max_tenants_per_claim,
+                )
+                failures = 0
+            except DatabaseError as exc:
+                failures += 1
+                log.warning("claim_failed", lane=lane.name, error=str(exc))
+                await anyio.sleep(backoff_seconds(failures, 0.2, 5.0))
+                continue
+            if self.draining and jobs:
+                # The claim raced the signal: hand these back untouched.
+                await self.queue.release(self.owner, [(j.id, j.lease_token) for j in jobs])
+                return
+            now = time.monotonic()
+            for job in jobs:
+                lane.busy += 1
+                scope = anyio.CancelScope(deadline=anyio.current_time() + job.timeout_seconds)
+                self._running[job.id] = _Running(job, scope, now)
+                self._idle = anyio.Event()
+                self.metrics.claimed.labels(job.kind).inc()
+                jobs_tg.start_soon(self._run_job, lane, self._running[job.id])
+            self.metrics.slots_busy.labels(lane.name).set(lane.busy)
+            if len(jobs) < want:
+                await lane.sleep(wc.poll_interval_seconds)
+
+    async def _run_job(self, lane: _Lane, running: _Running) -> None:
+        job = running.job
+        kind = self.registry.get(job.kind)
+        error: AivedioError | None = None
+        result: Any = None
+        finished = False
+        try:
+            if kind is None:
+                error = TransientError(f"no handler for job kind {job.kind!r} in this worker")
+                error.error_class = "unknown_kind"
+            else:
+                with running.scope:
+                    result = await kind.handler(self.context, job)
+                    finished = True
+                if not finished and not running.released and not running.lease_lost:
+                    error = TransientError(f"deadline of {job.timeout_seconds:g}s exceeded")
+                    error.error_class = "deadline_exceeded"
+        except AivedioError as exc:
+            error = exc
+        except Exception as exc:
+            error = TransientError(redact_text(f"{type(exc).__name__}: {exc}"))
+            error.error_class = "internal"
+            log.exception("job_crashed", job_id=job.id, kind=job.kind)
+        finally:
+            del self._running[job.id]
+            lane.busy -= 1
+            self.metrics.slots_busy.labels(lane.name).set(lane.busy)
+            lane.poke()
+            if not self._running:
+                self._idle.set()
+        if running.released:
+            self._to_release.append(job)
+        elif running.lease_lost:
+            self.metrics.completion_refused.labels(job.kind).inc()
+            log.warning("job_lease_lost", job_id=job.id, kind=job.kind)
+        elif error is None:
+            self._acks.append((job, result))
+            self._ack_wake.set()
+        else:
+            await self._fail(job, error)
+
+    async def _fail(self, job: Job, error: AivedioError) -> None:
+        qc = self.config.queue
+        self.metrics.failed.labels(job.kind, error.error_class).inc()
+        decision = decide_retry(
+            retry_class=error.retry,
+            attempts=job.attempts,
+            max_attempts=job.max_attempts,
+            base_seconds=qc.backoff_base_seconds,
+            max_seconds=qc.backoff_max_seconds,
+            retry_after_seconds=error.retry_after_seconds,
+        )
+        detail = redact_text(error.detail)
+        try:
+            with anyio.CancelScope(shield=True), anyio.fail_after(10):
+                if decision.retry:
+                    ok = await self.queue.retry_later(
+                        job,
+                        self.owner,
+                        delay_seconds=decision.delay_seconds,
+                        penalty_seconds=qc.retry_penalty_seconds * job.attempts,
+                        error_class=error.error_class,
+                        detail=detail,
+                    )
+                    self.metrics.retried.labels(job.kind).inc()
+                else:
+                    ok = await self.queue.bury(
+                        job, self.owner, error_class=error.error_class, detail=detail
+                    )
+                    self.metrics.dead.labels(job.kind).inc()
+        except (DatabaseError, TimeoutError) as exc:
+            log.error("job_failure_not_recorded", job_id=job.id, kind=job.kind, error=str(exc))
+            return
+        event = "job_retry_scheduled" if decision.retry else "job_dead"
+        log.warning(
+            event,
+            job_id=job.id,
+            kind=job.kind,
+            tenant_id=job.tenant_id,
+            attempt=job.attempts,
+            error_class=error.error_class,
+            detail=detail,
+            delay_seconds=round(decision.delay_seconds, 3),
+            reason=decision.reason,
+            recorded=ok,
+        )
+
+    # -- acknowledgements and leases -------------------------------------------------------
+
+    async def _ack_loop(self) -> None:
+        while True:
+            await self._ack_wake.wait()
+            self._ack_wake = anyio.Event()
+            if self.config.worker.ack_flush_seconds > 0:
+                await anyio.sleep(self.config.worker.ack_flush_seconds)
+            await self._flush_acks()
+
+    async def _flush_acks(self, *, final: bool = False) -> None:
+        batch_max = self.config.worker.ack_batch_max
+        attempts = 0
+        while self._acks:
+            batch, self._acks = self._acks[:batch_max], self._acks[batch_max:]
+            try:
+                accepted = await self.queue.complete(
+                    self.owner, [(j.id, j.lease_token, r) for j, r in batch]
+                )
+            except DatabaseError as exc:
+                self._acks[:0] = batch
+                attempts += 1
+                log.warning("ack_failed", jobs=len(batch), error=str(exc))
+                if final and attempts >= 5:
+                    return
+                await anyio.sleep(backoff_seconds(attempts, 0.2, 5.0))
+                continue
+            for job, _ in batch:
+                if job.id in accepted:
+                    self.metrics.succeeded.labels(job.kind).inc()
+                else:
+                    self.metrics.completion_refused.labels(job.kind).inc()
+                    log.warning(
+                        "job_completion_refused",
+                        job_id=job.id,
+                        kind=job.kind,
+                        lease_token=job.lease_token,
+                    )
+
+    async def _release_leases(self) -> None:
+        jobs, self._to_release = self._to_release, []
+        if not jobs:
+            return
+        try:
+            released = await self.queue.release(self.owner, [(j.id, j.lease_token) for j in jobs])
+        except DatabaseError as exc:
+            log.error("release_failed", jobs=[j.id for j in jobs], error=str(exc))
+            return
+        for job in jobs:
+            self.metrics.released.labels(job.kind).inc()
+        log.info("leases_released", jobs=released)
+
+    async def _heartbeat_loop(self) -> None:
+        wc = self.config.worker
+        while True:
+            await anyio.sleep(wc.heartbeat_interval_seconds)
+            started = time.monotonic()
+            try:
+                owned = await self.queue.heartbeat(self.owner, wc.lease_seconds)
+            except DatabaseError as exc:
+                log.warning("heartbeat_failed", error=str(exc))
+                continue
+            for running in list(self._running.values()):
+                if running.claimed_at >= started or running.released:
+                    continue
+                if owned.get(running.job.id) != running.job.lease_token:
+                    running.lease_lost = True
+                    running.scope.cancel()
+
+    async def _maintenance_loop(self) -> None:
+        wc = self.config.worker
+        last_reap = last_stats = 0.0
+        while True:
+            try:
+                await self.queue.promote()
+                now = time.monotonic()
+                if now - last_reap >= min(wc.lease_seconds / 4, 5.0):
+                    last_reap = now
+                    for job_id, _lane, kind, outcome in await self.queue.reap():
+                        self.metrics.lease_expiries.labels(kind).inc()
+                        log.warning("lease_expired", job_id=job_id, kind=kind, outcome=outcome)
+                if now - last_stats >= 5.0:
+                    last_stats = now
+                    await self._refresh_queue_gauges()
+            except DatabaseError as exc:
+                log.warning("maintenance_failed", error=str(exc))
+            await anyio.sleep(wc.poll_interval_seconds)
+
+    async def _refresh_queue_gauges(self) -> None:
+        stats = await self.queue.stats()
+        for kind in self.registry:
+            depth, oldest = stats.get(kind.name, (0, 0.0))
+            self.metrics.queue_depth.labels(kind.name).set(depth)
+            self.metrics.queue_oldest.labels(kind.name).set(oldest)
+
+    async def _listen(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """LISTEN for enqueues; the poll interval covers any gap while reconnecting."""
+        failures = 0
+        while True:
+            try:
+                async with open_connection(self.config.database) as conn:
+                    lost = anyio.Event()
+
+                    def on_notify(_c: object, _pid: int, _channel: str, lane: object) -> None:
+                        if isinstance(lane, str) and lane in self._lanes:
+                            self._lanes[lane].poke()
+
+                    def on_lost(_c: object, event: anyio.Event = lost) -> None:
+                        event.set()
+
+                    conn.add_termination_listener(on_lost)
+                    await conn.add_listener(NOTIFY_CHANNEL, on_notify)
+                    failures = 0
+                    while not lost.is_set():
+                        with anyio.move_on_after(5):
+                            await lost.wait()
+                        if conn.is_closed():
+                            break
+                        await conn.execute("SELECT 1")
+            except (DatabaseError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+                failures += 1
+                log.warning("listen_connection_lost", error=str(exc))
+            await anyio.sleep(backoff_seconds(failures + 1, 0.5, 10.0))
