@@ -1,6 +1,7 @@
 """Diagnostic job kinds for operators and checks: prove a fleet claims, runs and retries.
 
-``diag.noop`` does nothing; ``diag.sleep`` sleeps ``payload["seconds"]``; ``diag.fail`` raises
+``diag.noop`` does nothing; ``diag.sleep`` sleeps ``payload["seconds"]`` (on later attempts
+``payload["retry_seconds"]`` when given: a job that hangs once); ``diag.fail`` raises
 the error class named in its payload (with an optional ``retry_after``). When
 ``[diagnostics] execution_journal_dir`` is set, every execution appends ``job_id token``
 to a per-process journal there, so a check can count executions per job id.
@@ -54,10 +55,13 @@ async def noop(ctx: JobContext, job: Job) -> dict[str, Any] | None:
 
 
 async def sleep(ctx: JobContext, job: Job) -> dict[str, Any] | None:
-    await anyio.sleep(float(job.payload.get("seconds", 1.0)))
+    seconds = job.payload.get("seconds", 1.0)
+    if job.attempts > 1:
+        seconds = job.payload.get("retry_seconds", seconds)
+    await anyio.sleep(float(seconds))
     if journal := _journal(ctx):
         journal.record(job)
-    return {"slept": job.payload.get("seconds", 1.0)}
+    return {"slept": seconds}
 
 
 _FAILURES: dict[str, type[errors.AivedioError]] = {

@@ -1,0 +1,103 @@
+# Shared bootstrap for scripts/test, scripts/demo and the benchmarks. Source it; do not run it.
+# Everything here is idempotent: a second run on a prepared machine does nothing but check.
+
+AIVEDIO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+VENV="$AIVEDIO_ROOT/.venv"
+PY="$VENV/bin/python"
+
+say() { printf '[aivedio] %s\n' "$*" >&2; }
+die() { printf '[aivedio] error: %s\n' "$*" >&2; exit 1; }
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo -n "$@"; else return 1; fi
+}
+
+apt_install() {
+    # apt_install PACKAGE...: install Debian packages, updating the lists once per run.
+    command -v apt-get >/dev/null || return 1
+    if [ -z "${_AIVEDIO_APT_UPDATED:-}" ]; then
+        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null || return 1
+        _AIVEDIO_APT_UPDATED=1
+    fi
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+ensure_python() {
+    local py="${PYTHON:-python3}"
+    command -v "$py" >/dev/null || die "python3 (3.11 or newer) is required"
+    "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+        || die "Python 3.11 or newer is required; found $("$py" --version 2>&1)"
+    if [ ! -x "$PY" ]; then
+        say "creating $VENV"
+        "$py" -m venv "$VENV" 2>/dev/null || { apt_install python3-venv && "$py" -m venv "$VENV"; } \
+            || die "cannot create a virtualenv (install python3-venv)"
+    fi
+    local stamp="$VENV/.aivedio-installed" want
+    want="$(cat "$AIVEDIO_ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+    if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+        say "installing aivedio and its development dependencies into .venv"
+        "$PY" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+        "$PY" -m pip install -q -e "$AIVEDIO_ROOT[dev]" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+        "$PY" -c 'import aivedio, asyncpg, anyio, aiohttp, pytest' \
+            || die "pip install of aivedio failed (see the messages above)"
+        echo "$want" >"$stamp"
+    fi
+}
+
+ensure_ffmpeg() {
+    if command -v ffmpeg >/dev/null && command -v ffprobe >/dev/null; then return 0; fi
+    say "ffmpeg is missing: installing Debian's ffmpeg"
+    apt_install ffmpeg || die "ffmpeg is required and could not be installed here: install it (apt-get install ffmpeg) and run again"
+}
+
+pg_bindir() {
+    local d
+    for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+        [ -x "$d/initdb" ] && [ -x "$d/pg_ctl" ] && { echo "$d"; return 0; }
+    done
+    return 1
+}
+
+pg_answers() {  # pg_answers DSN
+    "$PY" - "$1" <<'PYEOF' >/dev/null 2>&1
+import asyncio, sys, asyncpg
+async def main():
+    conn = await asyncpg.connect(sys.argv[1], timeout=3)
+    await conn.close()
+asyncio.run(main())
+PYEOF
+}
+
+ensure_postgres() {
+    # Sets AIVEDIO_TEST_DSN to a server that answers: the given one, the local one on 5432,
+    # or a throwaway cluster started here and stopped when the calling script exits.
+    if [ -n "${AIVEDIO_TEST_DSN:-}" ]; then
+        pg_answers "$AIVEDIO_TEST_DSN" || die "AIVEDIO_TEST_DSN does not answer"
+        return 0
+    fi
+    local local_dsn="postgresql://postgres@127.0.0.1:5432/postgres"
+    if pg_answers "$local_dsn"; then
+        export AIVEDIO_TEST_DSN="$local_dsn"
+        return 0
+    fi
+    local bindir
+    bindir="$(pg_bindir)" || { say "installing Debian's postgresql for a throwaway cluster"; apt_install postgresql; bindir="$(pg_bindir)"; } \
+        || die "no PostgreSQL answers on 127.0.0.1:5432 and none could be installed; set AIVEDIO_TEST_DSN"
+    local dir port=55432 runas=()
+    dir="$(mktemp -d /tmp/aivedio-pg.XXXXXX)"
+    if [ "$(id -u)" = 0 ]; then
+        id postgres >/dev/null 2>&1 || useradd --system --no-create-home postgres
+        chown postgres "$dir"
+        runas=(runuser -u postgres --)
+    fi
+    while (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null; do port=$((port + 1)); done
+    say "starting a throwaway PostgreSQL in $dir on 127.0.0.1:$port"
+    "${runas[@]}" "$bindir/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 >/dev/null \
+        || die "initdb failed"
+    "${runas[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/log" -w \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=off -c max_connections=200" start >/dev/null \
+        || { cat "$dir/log" >&2; die "pg_ctl start failed"; }
+    _AIVEDIO_PG_STOP=("${runas[@]}" "$bindir/pg_ctl" -D "$dir/data" -m fast stop)
+    trap '"${_AIVEDIO_PG_STOP[@]}" >/dev/null 2>&1; rm -rf "'"$dir"'"' EXIT
+    export AIVEDIO_TEST_DSN="postgresql://postgres@127.0.0.1:$port/postgres"
+}

@@ -1,0 +1,109 @@
+"""Test rig: real PostgreSQL, one migrated template database cloned per test.
+
+``AIVEDIO_TEST_DSN`` names the server (scripts/test sets it, starting a throwaway cluster
+when none answers); the default is the local one on 127.0.0.1:5432.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import msgspec
+import pytest
+
+from aivedio.config import Config, LaneConfig, load_config
+from aivedio.store import migrations
+from aivedio.store.database import Pool, open_pool
+
+TEST_KEY = base64.b64encode(b"k" * 32).decode()
+SERVER_DSN = os.environ.get("AIVEDIO_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+def dsn_for(database: str) -> str:
+    parts = urlsplit(SERVER_DSN)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> tuple[str, dict[str, bool]]:
+    return ("asyncio", {"debug": True})
+
+
+async def _admin(sql: str) -> None:
+    conn = await asyncpg.connect(SERVER_DSN)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(scope="session")
+def template_db() -> Iterator[str]:
+    import asyncio
+
+    name = f"aivedio_tmpl_{os.getpid()}"
+
+    async def create() -> None:
+        await _admin(f"DROP DATABASE IF EXISTS {name}")
+        await _admin(f"CREATE DATABASE {name}")
+        conn = await asyncpg.connect(dsn_for(name))
+        try:
+            await migrations.migrate(conn)
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    yield name
+    asyncio.run(_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture
+def database(template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for one test: its DSN."""
+    import asyncio
+
+    name = f"aivedio_t_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(f"CREATE DATABASE {name} TEMPLATE {template_db}"))
+    yield dsn_for(name)
+    asyncio.run(_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+@pytest.fixture
+def empty_database() -> Iterator[str]:
+    """A database with no schema at all, for migration tests."""
+    import asyncio
+
+    name = f"aivedio_e_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_admin(f"CREATE DATABASE {name}"))
+    yield dsn_for(name)
+    asyncio.run(_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
+
+def make_config(dsn: str, **worker: object) -> Config:
+    base = load_config(
+        environ={"AIVEDIO_URL_ENCRYPTION_KEY": TEST_KEY, "AIVEDIO_DATABASE_URL": dsn}
+    )
+    lanes = {
+        "control": LaneConfig(slots=16),
+        "fetch": LaneConfig(slots=4),
+        "media": LaneConfig(slots=2),
+    }
+    settings: dict[str, object] = {"lanes": lanes, "http_port": 0, "poll_interval_seconds": 0.2}
+    settings.update(worker)
+    return msgspec.structs.replace(base, worker=msgspec.structs.replace(base.worker, **settings))
+
+
+@pytest.fixture
+def config(database: str) -> Config:
+    return make_config(database)
+
+
+@pytest.fixture
+async def pool(config: Config) -> AsyncIterator[Pool]:
+    async with open_pool(config.database, min_size=1, max_size=8) as p:
+        yield p
