@@ -69,15 +69,17 @@ PYEOF
 }
 
 ensure_postgres() {
-    # Sets AIVEDIO_TEST_DSN to a server that answers: the given one, the local one on 5432,
-    # or a throwaway cluster started here and stopped when the calling script exits.
+    # Sets PG_SERVER_DSN to a server that answers: AIVEDIO_TEST_DSN when given, the local one
+    # on 127.0.0.1:5432, or a throwaway cluster started here and stopped when the calling
+    # script exits. Callers create their own databases on it.
     if [ -n "${AIVEDIO_TEST_DSN:-}" ]; then
         pg_answers "$AIVEDIO_TEST_DSN" || die "AIVEDIO_TEST_DSN does not answer"
+        PG_SERVER_DSN="$AIVEDIO_TEST_DSN"
         return 0
     fi
     local local_dsn="postgresql://postgres@127.0.0.1:5432/postgres"
     if pg_answers "$local_dsn"; then
-        export AIVEDIO_TEST_DSN="$local_dsn"
+        PG_SERVER_DSN="$local_dsn"
         return 0
     fi
     local bindir
@@ -99,5 +101,23 @@ ensure_postgres() {
         || { cat "$dir/log" >&2; die "pg_ctl start failed"; }
     _AIVEDIO_PG_STOP=("${runas[@]}" "$bindir/pg_ctl" -D "$dir/data" -m fast stop)
     trap '"${_AIVEDIO_PG_STOP[@]}" >/dev/null 2>&1; rm -rf "'"$dir"'"' EXIT
-    export AIVEDIO_TEST_DSN="postgresql://postgres@127.0.0.1:$port/postgres"
+    PG_SERVER_DSN="postgresql://postgres@127.0.0.1:$port/postgres"
+}
+
+ensure_database() {  # ensure_database NAME: create it on PG_SERVER_DSN if missing; print its DSN
+    "$PY" - "$PG_SERVER_DSN" "$1" <<'PYEOF'
+import asyncio, sys
+from urllib.parse import urlsplit, urlunsplit
+import asyncpg
+server, name = sys.argv[1], sys.argv[2]
+async def main():
+    conn = await asyncpg.connect(server)
+    try:
+        if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
+            await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+asyncio.run(main())
+print(urlunsplit(urlsplit(server)._replace(path=f"/{name}")))
+PYEOF
 }

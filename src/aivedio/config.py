@@ -137,6 +137,7 @@ def load_config(
     if path is not None:
         raw = _read_toml(Path(path))
     _apply_env(raw, env)
+    _check_unknown_keys(raw, Config, "")
     try:
         config = msgspec.convert(raw, Config, strict=False)
     except msgspec.ValidationError as exc:
@@ -154,6 +155,26 @@ def _read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: not valid TOML ({exc})") from None
+
+
+def _check_unknown_keys(raw: Any, struct: type[msgspec.Struct], where: str) -> None:
+    """Name unknown keys by their full dotted path, dictionary keys included (msgspec's own
+    message says ``lanes[...]`` and loses which lane)."""
+    if not isinstance(raw, dict):
+        return
+    fields = {f.name: f.type for f in msgspec.structs.fields(struct)}
+    for key, value in raw.items():
+        path = f"{where}.{key}" if where else key
+        if key not in fields:
+            raise ConfigError(f"config error: {path}: unknown key")
+        kind = fields[key]
+        if isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+            _check_unknown_keys(value, kind, path)
+        elif getattr(kind, "__origin__", None) is dict and isinstance(value, dict):
+            item = kind.__args__[1]
+            if isinstance(item, type) and issubclass(item, msgspec.Struct):
+                for name, entry in value.items():
+                    _check_unknown_keys(entry, item, f"{path}.{name}")
 
 
 def _parse_env_value(value: str) -> Any:
@@ -174,6 +195,12 @@ def _set_path(raw: dict[str, Any], keys: tuple[str, ...], value: Any, origin: st
 
 
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    lane_prefix = f"{ENV_PREFIX}WORKER__LANES__"
+    if any(name.startswith(lane_prefix) for name in env):
+        # Overriding one lane must not drop the default lanes the file did not list.
+        worker = raw.setdefault("worker", {})
+        if isinstance(worker, dict) and "lanes" not in worker:
+            worker["lanes"] = msgspec.to_builtins(_default_lanes())
     for name, value in sorted(env.items()):
         if not name.startswith(ENV_PREFIX) or name == ENV_CONFIG_PATH:
             continue
@@ -271,7 +298,7 @@ def _mask(node: Any) -> Any:
         for key, value in node.items():
             if key in SECRET_KEYS and value:
                 out[key] = "***"
-            elif key == "url" and isinstance(value, str):
+            elif (key == "url" or key.endswith("_url")) and isinstance(value, str):
                 out[key] = _mask_url(value)
             else:
                 out[key] = _mask(value)

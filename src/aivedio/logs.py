@@ -20,25 +20,26 @@ import structlog
 
 MASK = "***"
 
+# Names that say "the value is a secret" (a pattern over names, not a password).
+_SECRET_WORDS = "secret|token|password|passwd|api[_-]?key|signature|credential|x-amz-[\\w-]+"  # noqa: S105
+_SECRET_NAME = rf"(?:[\w-]*(?:{_SECRET_WORDS})[\w-]*|(?:[\w-]*[_-])?key|sig)"
+
+# Order matters: whole private keys first, so no later pattern can break their markers.
 _PATTERNS = [
-    # Query strings of URLs (signatures, tokens, expiries live there).
-    (re.compile(r"(?i)\b((?:https?|s3|wss?)://[^\s?#'\"]*)\?[^\s#'\"]*"), r"\1?" + MASK),
-    # Authorization values.
-    (re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 " + MASK),
-    # key=value pairs whose name says secret.
-    (
-        re.compile(
-            r"(?i)\b([\w-]*(?:secret|token|password|passwd|api[_-]?key|signature|sig|"
-            r"credential|x-amz-[\w-]+|key)[\w-]*)(\s*[=:]\s*)(\"?)[^\s&,;\"']{4,}"
-        ),
-        r"\1\2\3" + MASK,
-    ),
-    # Our own API keys and long opaque base64/hex blobs (keys, tokens).
-    (re.compile(r"\bav_[A-Za-z0-9_-]{16,}"), "av_" + MASK),
     (
         re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
         MASK,
     ),
+    # Query strings of URLs (signatures, tokens, expiries live there).
+    (re.compile(r"(?i)\b((?:https?|s3|wss?)://[^\s?#'\"]*)\?[^\s#'\"]*"), r"\1?" + MASK),
+    # Authorization values: a scheme followed by something credential-shaped (long, no space).
+    (re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{16,}"), r"\1 " + MASK),
+    # "name": "value" in JSON text whose name says secret.
+    (re.compile(rf"(?i)(\"{_SECRET_NAME}\"\s*:\s*\")[^\"]{{4,}}\""), r"\1" + MASK + '"'),
+    # name=value or name: value whose name says secret.
+    (re.compile(rf"(?i)\b({_SECRET_NAME})(\s*[=:]\s*)(\"?)[^\s&,;\"']{{4,}}"), r"\1\2\3" + MASK),
+    # Our own API keys.
+    (re.compile(r"\bav_[A-Za-z0-9_-]{16,}"), "av_" + MASK),
 ]
 
 SECRET_FIELD = re.compile(
@@ -79,6 +80,8 @@ def url_for_log(url: str) -> str:
     parts = urlsplit(url)
     digest = hashlib.sha256(f"{parts.path}?{parts.query}".encode()).hexdigest()[:12]
     host = parts.hostname or "?"
+    if ":" in host:
+        host = f"[{host}]"
     port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{host}{port}/#{digest}"
 

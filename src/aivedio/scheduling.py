@@ -15,7 +15,8 @@ which the property tests compare with what PostgreSQL returns.
 
 Backoff is exponential with full jitter (delay uniform in ``[0, min(max, base·2^(n-1))]``),
 so a fleet that failed together does not retry together. A ``Retry-After`` from the remote
-side replaces the computed delay.
+side replaces the computed delay (bounded by ``RETRY_AFTER_MAX_SECONDS``, not by the
+backoff ceiling: the remote side knows better than our schedule when it can serve again).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from datetime import datetime, timedelta
 from aivedio.errors import Retry
 
 LIMITED_RETRY_ATTEMPTS = 3
+# A Retry-After is the remote side's explicit request and beats our schedule, including our
+# backoff ceiling; this bound only protects against absurd values.
+RETRY_AFTER_MAX_SECONDS = 3600.0
 
 
 def sort_at(
@@ -97,7 +101,7 @@ def decide_retry(
     if attempts >= budget:
         return RetryDecision(False, reason=f"retry budget spent ({attempts}/{budget})")
     if retry_after_seconds is not None and retry_after_seconds >= 0:
-        return RetryDecision(True, min(retry_after_seconds, max_seconds), "retry-after")
+        return RetryDecision(True, min(retry_after_seconds, RETRY_AFTER_MAX_SECONDS), "retry-after")
     return RetryDecision(True, backoff_seconds(attempts, base_seconds, max_seconds, rand))
 
 

@@ -76,8 +76,9 @@ async def transition(
 ) -> int:
     """Move one record from ``expected`` to ``new``; return its new version.
 
-    ``version`` makes the CAS exact; without it the expected state alone guards the change
-    (enough where the state itself cannot return, as the table has no cycles).
+    ``version`` makes the CAS exact. Without it the expected state alone guards the change,
+    which is enough only where a state cannot recur; provider outputs cycle through FETCHING
+    (retries, refreshes), so their updates must pass ``version``.
     """
     check_transition(entity, expected, new)
     table, status_column, key_columns = TABLES[entity]

@@ -1,0 +1,186 @@
+"""The worker in-process: failure classes, Retry-After, deadlines, health and metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import anyio
+import msgspec
+import pytest
+
+from aivedio.config import Config
+from aivedio.pipeline.kinds import default_registry
+from aivedio.store.database import Pool
+from aivedio.store.queue import Queue
+from aivedio.worker import Worker
+
+pytestmark = pytest.mark.anyio
+
+REGISTRY = default_registry()
+
+
+@asynccontextmanager
+async def running_worker(config: Config, pool: Pool) -> AsyncIterator[Worker]:
+    worker = Worker(config, pool, REGISTRY)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: worker.run(install_signal_handlers=False))
+        while worker.http_port is None:
+            await anyio.sleep(0.01)
+        try:
+            yield worker
+        finally:
+            worker.request_drain(force=True)
+
+
+async def enqueue(
+    pool: Pool, kind: str, key: str, payload: dict[str, Any], max_attempts: int | None = None
+) -> int:
+    async with pool.acquire() as conn:
+        result = await Queue(pool).enqueue_one(
+            conn, REGISTRY.spec(kind, key, payload=payload, max_attempts=max_attempts)
+        )
+    return result.job_id
+
+
+async def wait_for(pool: Pool, sql: str, *args: object, timeout: float = 15) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = await pool.fetchrow(sql, *args)
+        if row is not None:
+            return row
+        await anyio.sleep(0.05)
+    raise AssertionError(f"nothing for {sql!r} within {timeout}s")
+
+
+def quick(config: Config, **queue: object) -> Config:
+    return msgspec.structs.replace(config, queue=msgspec.structs.replace(config.queue, **queue))
+
+
+async def test_deterministic_error_goes_dead_on_the_first_attempt(
+    config: Config, pool: Pool
+) -> None:
+    job_id = await enqueue(pool, "diag.fail", "bad", {"error_class": "invalid_media"})
+    async with running_worker(config, pool):
+        row = await wait_for(pool, "SELECT * FROM job_history WHERE id = $1", job_id)
+    assert row["status"] == "dead"
+    assert row["attempts"] == 1
+    assert row["last_error_class"] == "invalid_media"
+
+
+async def test_transient_errors_retry_until_the_budget_then_go_dead(
+    config: Config, pool: Pool
+) -> None:
+    config = quick(config, backoff_base_seconds=0.05, backoff_max_seconds=0.1)
+    job_id = await enqueue(pool, "diag.fail", "flaky", {"error_class": "transient"}, max_attempts=3)
+    async with running_worker(config, pool):
+        row = await wait_for(pool, "SELECT * FROM job_history WHERE id = $1", job_id)
+    assert row["status"] == "dead"
+    assert row["attempts"] == 3
+    assert row["last_error_class"] == "transient"
+
+
+async def test_a_job_that_recovers_succeeds_after_retries(config: Config, pool: Pool) -> None:
+    config = quick(config, backoff_base_seconds=0.05, backoff_max_seconds=0.1)
+    job_id = await enqueue(
+        pool, "diag.fail", "recovers", {"error_class": "provider_5xx", "fail_attempts": 2}
+    )
+    async with running_worker(config, pool):
+        row = await wait_for(pool, "SELECT * FROM job_history WHERE id = $1", job_id)
+    assert row["status"] == "succeeded"
+    assert row["attempts"] == 3
+    assert row["result"] == {"recovered_at_attempt": 3}
+
+
+async def test_retry_after_overrides_the_backoff_schedule(config: Config, pool: Pool) -> None:
+    # Backoff would retry within 50 ms; Retry-After says 1.5 s.
+    config = quick(config, backoff_base_seconds=0.05, backoff_max_seconds=0.05)
+    job_id = await enqueue(
+        pool,
+        "diag.fail",
+        "throttled",
+        {"error_class": "throttled", "retry_after": 1.5, "fail_attempts": 1},
+    )
+    async with running_worker(config, pool):
+        waiting = await wait_for(
+            pool,
+            "SELECT run_after - now() AS wait FROM jobs WHERE id = $1 AND status = 'waiting'",
+            job_id,
+        )
+        assert waiting["wait"].total_seconds() > 1.0
+        started = time.monotonic()
+        row = await wait_for(pool, "SELECT * FROM job_history WHERE id = $1", job_id)
+        assert time.monotonic() - started > 0.9
+    assert row["status"] == "succeeded"
+    assert row["attempts"] == 2
+
+
+async def test_a_job_past_its_deadline_is_cancelled_and_retried(config: Config, pool: Pool) -> None:
+    config = quick(config, backoff_base_seconds=0.05, backoff_max_seconds=0.05)
+    async with pool.acquire() as conn:
+        spec = msgspec.structs.replace(
+            REGISTRY.spec("diag.sleep", "slow", payload={"seconds": 30, "retry_seconds": 0}),
+            timeout_seconds=0.3,
+        )
+        job_id = (await Queue(pool).enqueue_one(conn, spec)).job_id
+    async with running_worker(config, pool):
+        row = await wait_for(pool, "SELECT * FROM job_history WHERE id = $1", job_id)
+    assert row["status"] == "succeeded"
+    assert row["attempts"] == 2
+    assert row["last_error_class"] == "deadline_exceeded"
+
+
+async def test_unknown_kind_is_not_lost(config: Config, pool: Pool) -> None:
+    async with pool.acquire() as conn:
+        spec = msgspec.structs.replace(REGISTRY.spec("diag.noop", "future"), kind="from.future")
+        job_id = (await Queue(pool).enqueue_one(conn, spec)).job_id
+    async with running_worker(config, pool):
+        row = await wait_for(
+            pool, "SELECT * FROM jobs WHERE id = $1 AND status = 'waiting'", job_id
+        )
+    assert row["last_error_class"] == "unknown_kind"
+
+
+async def test_health_ready_and_metrics_endpoints(config: Config, pool: Pool) -> None:
+    job_id = await enqueue(pool, "diag.noop", "counted", {})
+    async with running_worker(config, pool) as worker, aiohttp.ClientSession() as http:
+        base = f"http://127.0.0.1:{worker.http_port}"
+        await wait_for(pool, "SELECT 1 FROM job_history WHERE id = $1", job_id)
+        async with http.get(f"{base}/healthz") as resp:
+            assert resp.status == 200
+        async with http.get(f"{base}/readyz") as resp:
+            assert resp.status == 200
+            assert (await resp.json())["status"] == "ready"
+        deadline = time.monotonic() + 5
+        text = ""
+        while (
+            time.monotonic() < deadline
+            and 'aivedio_jobs_succeeded_total{kind="diag.noop"} 1.0' not in text
+        ):
+            async with http.get(f"{base}/metrics") as resp:
+                text = await resp.text()
+            await anyio.sleep(0.05)
+        assert 'aivedio_jobs_claimed_total{kind="diag.noop"} 1.0' in text
+        assert 'aivedio_jobs_succeeded_total{kind="diag.noop"} 1.0' in text
+        assert 'aivedio_lane_slots{lane="control"} 16.0' in text
+        assert "aivedio_queue_depth" in text
+        assert "aivedio_queue_oldest_age_seconds" in text
+        worker.request_drain()
+        async with http.get(f"{base}/readyz") as resp:
+            assert resp.status == 503
+            assert "draining" in (await resp.json())["reasons"]
+
+
+async def test_readiness_reports_pending_migrations(config: Config, pool: Pool) -> None:
+    await pool.execute("DELETE FROM schema_migrations")
+    async with (
+        running_worker(config, pool) as worker,
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{worker.http_port}/readyz") as resp,
+    ):
+        body = await resp.json()
+    assert resp.status == 503
+    assert any("migrations pending" in reason for reason in body["reasons"])
