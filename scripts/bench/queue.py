@@ -1,0 +1,479 @@
+"""Queue benchmark: aivedio's job queue against procrastinate and the raw SQL ceiling.
+
+All in one run, on one PostgreSQL server:
+
+1. enqueue rate: N no-op jobs through ``Queue.enqueue`` in transactions of 1,000, and a
+   sample enqueued one job per transaction (one callback, one transaction);
+2. drain rate through real ``aivedio worker`` processes, 1 and then 2 of them, measured in
+   the database from the first claim to the last acknowledgement; every execution is
+   journalled and counted per job id (duplicates must be zero);
+3. enqueue-to-start latency while the queue is not saturated (NOTIFY wake-up): jobs enqueued
+   one per transaction at a steady rate into idle workers; p50/p99 of started_at - created_at;
+4. procrastinate draining the same N no-op jobs (``procrastinate_drain.py``, run from its own
+   virtualenv so it never becomes a dependency of aivedio);
+5. the SQL path's ceiling: a raw asyncpg loop claiming 32 rows with SKIP LOCKED and
+   acknowledging them with one CAS statement, and the same loop one row per round trip.
+
+Usage: .venv/bin/python scripts/bench/queue.py [--jobs 20000] [--server-dsn DSN]
+Prints a Markdown table (for docs/benchmarks.md) and a JSON line with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from aivedio.config import DatabaseConfig
+from aivedio.pipeline.kinds import default_registry
+from aivedio.store import migrations
+from aivedio.store.database import open_pool
+from aivedio.store.queue import Queue
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH_VENV = ROOT / "var" / "bench-venv"
+REGISTRY = default_registry()
+KEY = base64.b64encode(os.urandom(32)).decode()
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def dsn_for(server: str, name: str) -> str:
+    return urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
+
+
+async def recreate_database(server: str, name: str) -> str:
+    conn = await asyncpg.connect(server)
+    try:
+        await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await conn.execute(f"CREATE DATABASE {name}")
+    finally:
+        await conn.close()
+    return dsn_for(server, name)
+
+
+# -- aivedio ----------------------------------------------------------------------------------
+
+
+async def enqueue_batched(dsn: str, count: int, prefix: str) -> float:
+    async with open_pool(DatabaseConfig(url=dsn), min_size=1, max_size=2) as pool:
+        queue = Queue(pool)
+        specs = [REGISTRY.spec("diag.noop", f"{prefix}-{i}") for i in range(count)]
+        started = time.perf_counter()
+        for start in range(0, count, 1000):
+            async with pool.acquire() as conn, conn.transaction():
+                await queue.enqueue(conn, specs[start : start + 1000])
+        return time.perf_counter() - started
+
+
+async def enqueue_singly(dsn: str, count: int, prefix: str, rate: float | None = None) -> float:
+    async with open_pool(DatabaseConfig(url=dsn), min_size=1, max_size=2) as pool:
+        queue = Queue(pool)
+        started = time.perf_counter()
+        async with pool.acquire() as conn:
+            for i in range(count):
+                if rate:
+                    await asyncio.sleep(max(0.0, started + i / rate - time.perf_counter()))
+                await queue.enqueue_one(conn, REGISTRY.spec("diag.noop", f"{prefix}-{i}"))
+        return time.perf_counter() - started
+
+
+def write_worker_config(path: Path, dsn: str, journal: Path, slots: int) -> None:
+    path.write_text(
+        f"""
+[database]
+url = "{dsn}"
+pool_max_size = 8
+[worker]
+http_port = 0
+claim_batch_max = {slots}
+[worker.lanes.control]
+slots = {slots}
+[worker.lanes.fetch]
+slots = 0
+[worker.lanes.media]
+slots = 0
+[log]
+level = "warning"
+[diagnostics]
+execution_journal_dir = "{journal}"
+"""
+    )
+
+
+def start_workers(config: Path, count: int) -> list[subprocess.Popen[bytes]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
+    env.update(AIVEDIO_CONFIG=str(config), AIVEDIO_URL_ENCRYPTION_KEY=KEY)
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "aivedio", "worker"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(count)
+    ]
+
+
+def stop_workers(procs: list[subprocess.Popen[bytes]]) -> list[int]:
+    for proc in procs:
+        proc.send_signal(signal.SIGTERM)
+    return [proc.wait(60) for proc in procs]
+
+
+async def wait_for_history(dsn: str, count: int, limit_seconds: float = 600) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        deadline = time.monotonic() + limit_seconds
+        while time.monotonic() < deadline:
+            if await conn.fetchval("SELECT count(*) FROM job_history") >= count:
+                return
+            await asyncio.sleep(0.05)
+        raise SystemExit(f"jobs not drained within {limit_seconds}s")
+    finally:
+        await conn.close()
+
+
+def journal_duplicates(journal: Path) -> tuple[int, int]:
+    counts: Counter[str] = Counter()
+    for file in journal.glob("executions-*.log"):
+        counts.update(line.split()[0] for line in file.read_text().splitlines())
+    return len(counts), sum(1 for c in counts.values() if c > 1)
+
+
+async def aivedio_drain(
+    server: str, jobs: int, processes: int, slots: int, workdir: Path
+) -> dict[str, Any]:
+    dsn = await recreate_database(server, "aivedio_bench")
+    conn = await asyncpg.connect(dsn)
+    await migrations.migrate(conn)
+    await conn.close()
+    enqueue_seconds = await enqueue_batched(dsn, jobs, f"p{processes}")
+    journal = workdir / f"journal-{processes}"
+    config = workdir / f"worker-{processes}.toml"
+    write_worker_config(config, dsn, journal, slots)
+    procs = start_workers(config, processes)
+    try:
+        await wait_for_history(dsn, jobs)
+    finally:
+        codes = stop_workers(procs)
+    conn = await asyncpg.connect(dsn)
+    row = await conn.fetchrow(
+        "SELECT count(*) AS n, count(*) FILTER (WHERE status = 'succeeded') AS ok,"
+        " extract(epoch FROM max(finished_at) - min(started_at)) AS seconds"
+        " FROM job_history"
+    )
+    await conn.close()
+    executed, duplicates = journal_duplicates(journal)
+    seconds = float(row["seconds"])
+    return {
+        "processes": processes,
+        "slots": slots,
+        "jobs": jobs,
+        "succeeded": row["ok"],
+        "enqueue_seconds": enqueue_seconds,
+        "enqueue_jobs_per_second": jobs / enqueue_seconds,
+        "drain_seconds": seconds,
+        "drain_jobs_per_second": jobs / seconds,
+        "executed": executed,
+        "duplicate_executions": duplicates,
+        "exit_codes": codes,
+    }
+
+
+async def aivedio_latency(server: str, jobs: int, rate: float, workdir: Path) -> dict[str, Any]:
+    dsn = await recreate_database(server, "aivedio_bench")
+    conn = await asyncpg.connect(dsn)
+    await migrations.migrate(conn)
+    await conn.close()
+    config = workdir / "worker-latency.toml"
+    write_worker_config(config, dsn, workdir / "journal-latency", 16)
+    procs = start_workers(config, 2)
+    try:
+        await asyncio.sleep(2)  # both idle and listening
+        single_seconds = await enqueue_singly(dsn, jobs, "lat", rate=rate)
+        await wait_for_history(dsn, jobs)
+    finally:
+        stop_workers(procs)
+    conn = await asyncpg.connect(dsn)
+    rows = await conn.fetch(
+        "SELECT extract(epoch FROM started_at - created_at) * 1000 AS ms FROM job_history"
+    )
+    await conn.close()
+    latencies = sorted(float(r["ms"]) for r in rows)
+    q = statistics.quantiles(latencies, n=100)
+    return {
+        "jobs": jobs,
+        "rate_per_second": rate,
+        "p50_ms": q[49],
+        "p99_ms": q[98],
+        "max_ms": latencies[-1],
+        "single_enqueue_seconds": single_seconds,
+    }
+
+
+async def single_enqueue_rate(server: str, jobs: int) -> float:
+    dsn = await recreate_database(server, "aivedio_bench")
+    conn = await asyncpg.connect(dsn)
+    await migrations.migrate(conn)
+    await conn.close()
+    return jobs / await enqueue_singly(dsn, jobs, "one")
+
+
+# -- the raw SQL ceiling -------------------------------------------------------------------
+
+RAW_SCHEMA = """
+CREATE TABLE raw_jobs (
+    id bigserial PRIMARY KEY,
+    status text NOT NULL DEFAULT 'queued',
+    owner text,
+    token bigint NOT NULL DEFAULT 0
+);
+CREATE INDEX raw_jobs_queued ON raw_jobs (id) WHERE status = 'queued';
+"""
+RAW_CLAIM = """
+UPDATE raw_jobs j SET status = 'running', owner = $2, token = j.token + 1
+FROM (SELECT id FROM raw_jobs WHERE status = 'queued' ORDER BY id LIMIT $1
+      FOR UPDATE SKIP LOCKED) c
+WHERE j.id = c.id
+RETURNING j.id, j.token
+"""
+RAW_ACK = """
+UPDATE raw_jobs j SET status = 'succeeded'
+FROM unnest($1::bigint[], $2::bigint[]) AS a(id, token)
+WHERE j.id = a.id AND j.token = a.token AND j.owner = $3 AND j.status = 'running'
+"""
+
+
+async def raw_loop(server: str, jobs: int, batch: int) -> float:
+    dsn = await recreate_database(server, "aivedio_bench_raw")
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(RAW_SCHEMA)
+        await conn.execute(
+            "INSERT INTO raw_jobs (status) SELECT 'queued' FROM generate_series(1, $1)", jobs
+        )
+        await conn.execute("VACUUM ANALYZE raw_jobs")
+        done = 0
+        started = time.perf_counter()
+        while True:
+            rows = await conn.fetch(RAW_CLAIM, batch, "raw")
+            if not rows:
+                break
+            await conn.execute(RAW_ACK, [r["id"] for r in rows], [r["token"] for r in rows], "raw")
+            done += len(rows)
+        seconds = time.perf_counter() - started
+        assert done == jobs, (done, jobs)
+        return jobs / seconds
+    finally:
+        await conn.close()
+
+
+# -- procrastinate ----------------------------------------------------------------------------
+
+
+def bench_python() -> Path:
+    python = BENCH_VENV / "bin" / "python"
+    if not python.exists():
+        log(f"creating {BENCH_VENV} with procrastinate (benchmark only)")
+        subprocess.run([sys.executable, "-m", "venv", str(BENCH_VENV)], check=True)
+    probe = subprocess.run(
+        [str(python), "-c", "import procrastinate, psycopg"], capture_output=True
+    )
+    if probe.returncode != 0:
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "procrastinate", "psycopg[binary]"],
+            check=True,
+        )
+    return python
+
+
+async def procrastinate_drain(
+    server: str, jobs: int, concurrency: int, processes: int
+) -> dict[str, Any]:
+    dsn = await recreate_database(server, "aivedio_bench_pq")
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [
+            str(bench_python()),
+            str(ROOT / "scripts" / "bench" / "procrastinate_drain.py"),
+            "--dsn",
+            dsn,
+            "--jobs",
+            str(jobs),
+            "--concurrency",
+            str(concurrency),
+            "--processes",
+            str(processes),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"procrastinate run failed: {result.stderr[-2000:]}")
+    figures: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return figures
+
+
+# -- report -----------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {mem_gib:.0f} GiB, Python {platform.python_version()}"
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--slots", type=int, default=32, help="control-lane slots per worker")
+    parser.add_argument(
+        "--server-dsn",
+        default=os.environ.get("AIVEDIO_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"),
+    )
+    parser.add_argument("--latency-jobs", type=int, default=1000)
+    parser.add_argument("--latency-rate", type=float, default=200.0)
+    parser.add_argument("--skip-procrastinate", action="store_true")
+    args = parser.parse_args()
+    server = args.server_dsn
+    conn = await asyncpg.connect(server)
+    pg_version = await conn.fetchval("SHOW server_version")
+    await conn.close()
+
+    results: dict[str, Any] = {"machine": machine(), "postgresql": pg_version, "jobs": args.jobs}
+    with tempfile.TemporaryDirectory(prefix="aivedio-bench-") as tmp:
+        work = Path(tmp)
+        log("raw SQL ceiling: batched (32) and one per round trip")
+        results["raw_batched_jobs_per_second"] = await raw_loop(server, args.jobs, 32)
+        results["raw_single_jobs_per_second"] = await raw_loop(server, args.jobs, 1)
+        for processes in (1, 2):
+            log(f"aivedio: enqueue {args.jobs}, drain with {processes} worker process(es)")
+            results[f"aivedio_{processes}"] = await aivedio_drain(
+                server, args.jobs, processes, args.slots, work
+            )
+        log("aivedio: one job per enqueue transaction")
+        results["aivedio_single_enqueue_jobs_per_second"] = await single_enqueue_rate(
+            server, min(args.jobs, 5000)
+        )
+        log(f"aivedio: enqueue-to-start latency at {args.latency_rate:g} jobs/s")
+        results["aivedio_latency"] = await aivedio_latency(
+            server, args.latency_jobs, args.latency_rate, work
+        )
+        if not args.skip_procrastinate:
+            for processes in (1, 2):
+                log(f"procrastinate: {args.jobs} jobs, {processes} process(es), concurrency 16")
+                results[f"procrastinate_{processes}"] = await procrastinate_drain(
+                    server, args.jobs, 16, processes
+                )
+    for name in ("aivedio_bench", "aivedio_bench_raw", "aivedio_bench_pq"):
+        conn = await asyncpg.connect(server)
+        await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await conn.close()
+
+    print(report(results))
+    print(json.dumps(results, default=str))
+    return 0 if targets(results)[1] else 1
+
+
+def targets(r: dict[str, Any]) -> tuple[list[str], bool]:
+    best = max(r["aivedio_1"]["drain_jobs_per_second"], r["aivedio_2"]["drain_jobs_per_second"])
+    lines = []
+    ok = True
+
+    def check(name: str, passed: bool, detail: str) -> None:
+        nonlocal ok
+        ok = ok and passed
+        lines.append(f"| {name} | {detail} | {'met' if passed else 'NOT MET'} |")
+
+    if "procrastinate_1" in r:
+        pq = max(
+            r["procrastinate_1"]["drain_jobs_per_second"],
+            r["procrastinate_2"]["drain_jobs_per_second"],
+        )
+        check("≥ 15x procrastinate's drain", best >= 15 * pq, f"{best / pq:.1f}x")
+    check("≥ 5,000 jobs/s", best >= 5000, f"{best:,.0f} jobs/s")
+    ceiling = r["raw_batched_jobs_per_second"]
+    check("≥ 25% of the raw batched ceiling", best >= 0.25 * ceiling, f"{best / ceiling:.0%}")
+    dups = r["aivedio_1"]["duplicate_executions"] + r["aivedio_2"]["duplicate_executions"]
+    check("zero duplicate executions", dups == 0, f"{dups} duplicates")
+    p99 = r["aivedio_latency"]["p99_ms"]
+    check("p99 enqueue-to-start < 50 ms (not saturated)", p99 < 50, f"{p99:.1f} ms")
+    return lines, ok
+
+
+def report(r: dict[str, Any]) -> str:
+    rows = [
+        "| what | enqueue (jobs/s) | drain (jobs/s) | notes |",
+        "|---|---:|---:|---|",
+    ]
+    for p in (1, 2):
+        a = r[f"aivedio_{p}"]
+        rows.append(
+            f"| aivedio worker x {p} ({a['slots']} slots each) | "
+            f"{a['enqueue_jobs_per_second']:,.0f} (batches of 1,000) | "
+            f"{a['drain_jobs_per_second']:,.0f} | {a['succeeded']} succeeded, "
+            f"{a['executed']} executed, {a['duplicate_executions']} duplicates |"
+        )
+    rows.append(
+        f"| aivedio, one job per enqueue transaction | "
+        f"{r['aivedio_single_enqueue_jobs_per_second']:,.0f} | | |"
+    )
+    for p in (1, 2):
+        if f"procrastinate_{p}" in r:
+            q = r[f"procrastinate_{p}"]
+            rows.append(
+                f"| procrastinate {q.get('version', '')} x {p} (concurrency "
+                f"{q.get('concurrency')}) | {q['enqueue_jobs_per_second']:,.0f} | "
+                f"{q['drain_jobs_per_second']:,.0f} | {q.get('succeeded')} succeeded |"
+            )
+    rows.append(
+        f"| raw asyncpg loop, claim 32 + one CAS ack | | "
+        f"{r['raw_batched_jobs_per_second']:,.0f} | the SQL path's ceiling |"
+    )
+    rows.append(
+        f"| raw asyncpg loop, one job per round trip | | {r['raw_single_jobs_per_second']:,.0f} | |"
+    )
+    lat = r["aivedio_latency"]
+    rows += [
+        "",
+        f"Enqueue-to-start latency, {lat['jobs']} jobs enqueued one per transaction at "
+        f"{lat['rate_per_second']:g}/s into 2 idle workers: p50 {lat['p50_ms']:.1f} ms, "
+        f"p99 {lat['p99_ms']:.1f} ms, max {lat['max_ms']:.1f} ms.",
+        "",
+        "| target | measured | |",
+        "|---|---|---|",
+        *targets(r)[0],
+        "",
+        f"Machine: {r['machine']}; PostgreSQL {r['postgresql']}.",
+    ]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    raise SystemExit(asyncio.run(main()))
