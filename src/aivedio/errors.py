@@ -23,6 +23,7 @@ class AivedioError(Exception):
 
     error_class: str = "internal"
     retry: Retry = Retry.BACKOFF
+    http_status: int | None = None  # the remote status that caused it, when one did
 
     def __init__(self, detail: str = "", *, retry_after_seconds: float | None = None) -> None:
         super().__init__(detail or self.__doc__ or self.error_class)
@@ -142,4 +143,18 @@ class ModerationRejectedError(AivedioError):
     """The moderator rejected the output."""
 
     error_class = "moderation_rejected"
+    retry = Retry.NEVER
+
+
+class InvalidResponseError(AivedioError):
+    """The remote answered something we will not accept (an encoded body, a 4xx, a bad header)."""
+
+    error_class = "invalid_response"
+    retry = Retry.NEVER
+
+
+class OutputLostError(AivedioError):
+    """The provider confirms the output can no longer be downloaded."""
+
+    error_class = "output_lost"
     retry = Retry.NEVER
