@@ -20,6 +20,13 @@ Prints a Markdown table (for docs/benchmarks.md) and a JSON line with every figu
 
 from __future__ import annotations
 
+import sys
+
+# This file is named queue.py (the issue names it); run as a script, its folder would shadow
+# the standard library's queue module for every import below. Drop the folder from the path.
+if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
+    sys.path.pop(0)
+
 import argparse
 import asyncio
 import base64
@@ -29,7 +36,6 @@ import platform
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
