@@ -89,11 +89,17 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                 )
             registry = default_registry()
             from aivedio.pipeline.diagnostics import Journal
+            from aivedio.pipeline.services import open_fetch_stage
 
             journal = Journal(config.diagnostics.execution_journal_dir)
+            queue = Queue(
+                pool, default_start_within_seconds=config.queue.default_start_within_seconds
+            )
             try:
-                worker = Worker(config, pool, registry, services={"journal": journal})
-                await worker.run()
+                async with open_fetch_stage(config, pool, queue) as fetch_stage:
+                    services = {"journal": journal, "fetch": fetch_stage}
+                    worker = Worker(config, pool, registry, services=services)
+                    await worker.run()
             finally:
                 journal.close()
         return EXIT_OK
@@ -175,6 +181,70 @@ def cmd_tenants_create(config: Config, args: argparse.Namespace) -> int:
     return _run(main)
 
 
+def cmd_ingest(config: Config, args: argparse.Namespace) -> int:
+    from aivedio.pipeline.intake import OutputDescriptor, record_provider_output
+    from aivedio.pipeline.services import url_cipher
+    from aivedio.store.tenants import tenant_id_by_name
+
+    descriptor = OutputDescriptor(
+        provider=args.provider,
+        provider_task_id=args.task_id,
+        output_index=args.output_index,
+        url=args.url,
+        expires_at=_parse_time(args.expires_at),
+        sha256=args.sha256.lower() if args.sha256 else None,
+        size=args.size,
+    )
+
+    provider_config = config.providers.get(args.provider)
+    ttl = provider_config.default_url_ttl_seconds if provider_config else 3600.0
+
+    async def main() -> int:
+        async with (
+            open_pool(config.database, min_size=1, max_size=2) as pool,
+            pool.acquire() as conn,
+        ):
+            queue = Queue(
+                pool, default_start_within_seconds=config.queue.default_start_within_seconds
+            )
+            recorded = await record_provider_output(
+                conn,
+                queue=queue,
+                registry=default_registry(),
+                cipher=url_cipher(config),
+                tenant_id=await tenant_id_by_name(conn, args.tenant),
+                descriptor=descriptor,
+                pipeline_version=config.fetch.pipeline_version,
+                default_ttl_seconds=ttl,
+            )
+        _print_json(msgspec.to_builtins(recorded))
+        return EXIT_OK
+
+    return _run(main)
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError(f"--expires-at: {value!r} is not an ISO 8601 time") from None
+    if parsed.tzinfo is None:
+        raise ConfigError("--expires-at: give a time zone (e.g. 2026-12-01T10:00:00Z)")
+    return parsed
+
+
+def cmd_fetch(config: Config, args: argparse.Namespace) -> int:
+    from aivedio.fetch_command import prepare, run_fetch_command
+
+    prepared = prepare(config, args)
+    if isinstance(prepared, int):
+        return prepared
+    urls, headers, net = prepared
+    return _run(lambda: run_fetch_command(urls, headers, net, args))
+
+
 # -- parsing --------------------------------------------------------------------------------
 
 
@@ -224,6 +294,46 @@ def build_parser() -> argparse.ArgumentParser:
     enqueue.add_argument("--key-prefix", help="idempotency key prefix (default: kind and time)")
     enqueue.set_defaults(fn=cmd_jobs_enqueue)
 
+    ingest = sub.add_parser(
+        "ingest",
+        parents=[common],
+        help="record a provider output as a verified callback would, and enqueue its fetch",
+    )
+    ingest.add_argument("--provider", required=True)
+    ingest.add_argument("--task-id", required=True)
+    ingest.add_argument("--output-index", type=int, default=0)
+    ingest.add_argument("--url", required=True, help="the provider's (signed) output URL")
+    ingest.add_argument("--expires-at", help="ISO 8601 time the URL expires")
+    ingest.add_argument("--sha256", help="the provider's SHA-256 of the output")
+    ingest.add_argument("--size", type=int, help="the provider's size of the output in bytes")
+    ingest.add_argument("--tenant", required=True, help="tenant name")
+    ingest.set_defaults(fn=cmd_ingest)
+
+    fetch = sub.add_parser(
+        "fetch",
+        parents=[common],
+        help="the guarded fetch as a standalone command: one JSON object a URL on stdout",
+    )
+    fetch.add_argument("urls", nargs="*", metavar="URL")
+    fetch.add_argument("--urls-from", help="file with one URL a line (with --dry-run)")
+    fetch.add_argument("--out", help="write the body here (default: discard)")
+    fetch.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate and resolve through the policy without connecting",
+    )
+    fetch.add_argument("--allow-host-suffix", action="append", default=None)
+    fetch.add_argument("--allow-scheme", action="append", default=None)
+    fetch.add_argument("--allow-port", action="append", type=int, default=None)
+    fetch.add_argument("--allow-cidr", action="append", default=None)
+    fetch.add_argument("--nameserver", action="append", default=None, metavar="HOST:PORT")
+    fetch.add_argument("--ca-file")
+    fetch.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'")
+    fetch.add_argument("--max-bytes", type=int)
+    fetch.add_argument("--expect-sha256")
+    fetch.add_argument("--expect-size", type=int)
+    fetch.set_defaults(fn=cmd_fetch, needs_secret=False)
+
     tenants = sub.add_parser("tenants", help="tenants")
     tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True)
     create = tenants_sub.add_parser("create", parents=[common], help="create a tenant")
@@ -235,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, require_secrets=getattr(args, "needs_secret", True))
     except ConfigError as exc:
         print(f"aivedio: {exc.detail}", file=sys.stderr)
         return EXIT_USAGE

@@ -36,7 +36,16 @@ ENV_ALIASES: Mapping[str, tuple[str, ...]] = {
     "AIVEDIO_URL_ENCRYPTION_KEY": ("security", "url_encryption_key"),
 }
 # Keys whose values are secrets: masked by ``config check`` and never logged.
-SECRET_KEYS = frozenset({"url_encryption_key", "s3_secret_access_key", "password"})
+SECRET_KEYS = frozenset(
+    {
+        "url_encryption_key",
+        "previous_url_encryption_keys",
+        "s3_secret_access_key",
+        "password",
+        "auth_header",
+        "callback_secret",
+    }
+)
 
 
 class _Section(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -99,6 +108,57 @@ class QueueConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=Tru
 class SecurityConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     url_encryption_key: str = ""
     url_encryption_key_id: str = "k1"
+    # Older keys by id, kept to decrypt what they encrypted (rotation).
+    previous_url_encryption_keys: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class NetConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The guarded fetch's policy and limits; [providers.NAME] sections may narrow them."""
+
+    allowed_schemes: list[str] = msgspec.field(default_factory=lambda: ["https"])
+    allowed_ports: list[int] = msgspec.field(default_factory=lambda: [443])
+    # Empty: any public host. Otherwise the host must equal a suffix or end with ".suffix".
+    allowed_host_suffixes: list[str] = msgspec.field(default_factory=list)
+    # The only exception to the deny table (for tests and labs): e.g. ["127.0.0.0/8"].
+    allow_cidrs: list[str] = msgspec.field(default_factory=list)
+    # DNS servers as "ip" or "ip:port"; empty: the system's resolv.conf.
+    nameservers: list[str] = msgspec.field(default_factory=list)
+    # Extra CA bundle (PEM) trusted for provider TLS, besides the system store.
+    ca_file: str = ""
+    max_bytes: int = 4 * 1024**3
+    max_redirects: int = 5
+    connect_timeout_seconds: float = 10.0
+    header_timeout_seconds: float = 30.0
+    idle_read_timeout_seconds: float = 30.0
+    total_timeout_seconds: float = 3600.0
+    per_host_connections: int = 8
+
+
+class ProviderConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One provider. Unset net keys fall back to [net]; set ones may only narrow it."""
+
+    api_base_url: str = ""
+    task_path: str = "/v1/tasks/{task_id}"
+    refresh_path: str = "/v1/tasks/{task_id}/outputs/{output_index}/refresh"
+    auth_header: str = ""  # secret, e.g. "Bearer …"; sent to this provider's hosts only
+    callback_secret: str = ""  # secret for HMAC-signed callbacks
+    default_url_ttl_seconds: float = 3600.0
+    allowed_host_suffixes: list[str] | None = None
+    allowed_ports: list[int] | None = None
+    max_bytes: int | None = None
+
+
+class FetchConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pipeline_version: int = 1
+    part_size_bytes: int = 8 * 1024**2
+    parts_in_flight: int = 4
+    # A 404 right after success may be a CDN not yet filled: retried this many times, then
+    # treated like an expired URL (refresh).
+    not_yet_available_attempts: int = 3
+    # Per-provider circuit breaker on 5xx and connection failures.
+    breaker_failures: int = 5
+    breaker_open_seconds: float = 30.0
+    estimated_bytes_per_second: float = 20 * 1024**2
 
 
 class LogConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -119,6 +179,9 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     security: SecurityConfig = msgspec.field(default_factory=SecurityConfig)
     log: LogConfig = msgspec.field(default_factory=LogConfig)
     diagnostics: DiagnosticsConfig = msgspec.field(default_factory=DiagnosticsConfig)
+    net: NetConfig = msgspec.field(default_factory=NetConfig)
+    fetch: FetchConfig = msgspec.field(default_factory=FetchConfig)
+    providers: dict[str, ProviderConfig] = msgspec.field(default_factory=dict)
 
     @property
     def url_encryption_key_bytes(self) -> bytes:
@@ -128,6 +191,8 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
 def load_config(
     path: str | os.PathLike[str] | None = None,
     environ: Mapping[str, str] | None = None,
+    *,
+    require_secrets: bool = True,
 ) -> Config:
     """Read the file (if any), apply the environment, decode and validate. Raises ConfigError."""
     env = os.environ if environ is None else environ
@@ -142,7 +207,7 @@ def load_config(
         config = msgspec.convert(raw, Config, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(_describe_validation_error(str(exc))) from None
-    validate(config)
+    validate(config, require_secrets=require_secrets)
     return config
 
 
@@ -224,7 +289,7 @@ def _describe_validation_error(message: str) -> str:
     return f"config error: {where or '(top level)'}: {text}"
 
 
-def validate(config: Config) -> None:
+def validate(config: Config, *, require_secrets: bool = True) -> None:
     """Semantic checks that types alone cannot express. Each names the key it is about."""
     db = urlsplit(config.database.url)
     if db.scheme not in {"postgresql", "postgres"}:
@@ -268,11 +333,54 @@ def validate(config: Config) -> None:
         raise ConfigError("config error: log.level: one of debug, info, warning, error")
     if config.log.format not in {"json", "console"}:
         raise ConfigError("config error: log.format: one of json, console")
-    _validate_key(config.security.url_encryption_key)
+    if require_secrets or config.security.url_encryption_key:
+        _validate_key(config.security.url_encryption_key)
+    for key_id, key in config.security.previous_url_encryption_keys.items():
+        _validate_key(key, f"security.previous_url_encryption_keys.{key_id}")
+    validate_net(config)
 
 
-def _validate_key(value: str) -> None:
-    name = "security.url_encryption_key (or AIVEDIO_URL_ENCRYPTION_KEY)"
+def validate_net(config: Config) -> None:
+    import ipaddress
+
+    net = config.net
+    for scheme in net.allowed_schemes:
+        if scheme not in {"https", "http"}:
+            raise ConfigError(f"config error: net.allowed_schemes: {scheme!r} is not http(s)")
+    for cidr in net.allow_cidrs:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ConfigError(f"config error: net.allow_cidrs: {cidr!r} is not a CIDR") from None
+    for name, positive in (
+        ("net.max_bytes", net.max_bytes),
+        ("net.connect_timeout_seconds", net.connect_timeout_seconds),
+        ("net.header_timeout_seconds", net.header_timeout_seconds),
+        ("net.idle_read_timeout_seconds", net.idle_read_timeout_seconds),
+        ("net.total_timeout_seconds", net.total_timeout_seconds),
+        ("net.per_host_connections", net.per_host_connections),
+        ("fetch.parts_in_flight", config.fetch.parts_in_flight),
+    ):
+        if positive <= 0:
+            raise ConfigError(f"config error: {name}: must be positive")
+    if config.fetch.part_size_bytes < 5 * 1024**2:
+        raise ConfigError("config error: fetch.part_size_bytes: S3 needs at least 5 MiB parts")
+    for provider, pc in config.providers.items():
+        where = f"providers.{provider}"
+        if pc.api_base_url and urlsplit(pc.api_base_url).scheme not in net.allowed_schemes:
+            raise ConfigError(
+                f"config error: {where}.api_base_url: scheme not in net.allowed_schemes"
+            )
+        if pc.allowed_ports is not None and not set(pc.allowed_ports) <= set(net.allowed_ports):
+            raise ConfigError(
+                f"config error: {where}.allowed_ports: may only narrow net.allowed_ports"
+            )
+        if pc.max_bytes is not None and not 0 < pc.max_bytes <= net.max_bytes:
+            raise ConfigError(f"config error: {where}.max_bytes: must be in 1..net.max_bytes")
+
+
+def _validate_key(value: str, name: str = "") -> None:
+    name = name or "security.url_encryption_key (or AIVEDIO_URL_ENCRYPTION_KEY)"
     if not value:
         raise ConfigError(
             f"config error: {name}: missing secret; set it to base64 of 32 random bytes "

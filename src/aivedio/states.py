@@ -7,6 +7,7 @@ Anything not listed here is refused, so a late event can never move a record bac
 Additions to the seed's diagrams, each because a real path needs it:
 
 * provider outputs: ``FETCHING → FETCH_PENDING`` (a drained worker releases its lease),
+  ``FETCH_PENDING → NEED_URL_REFRESH`` (the URL expired before any fetch began),
   ``RETRY_WAIT → FETCHING``, ``NEED_URL_REFRESH → FETCH_PENDING`` (a fresh URL arrived),
   and ``→ OUTPUT_LOST`` from every waiting state (the expiry passed or the provider says gone);
 * assets: ``PROCESSING → PROCESSING`` is not allowed, but ``PLAYABLE → PROCESSING`` is not
@@ -53,7 +54,7 @@ TRANSITIONS: Mapping[Entity, Mapping[str, frozenset[str]]] = {
     },
     Entity.PROVIDER_OUTPUT: {
         "DISCOVERED": frozenset({"FETCH_PENDING", "OUTPUT_LOST"}),
-        "FETCH_PENDING": frozenset({"FETCHING", "OUTPUT_LOST"}),
+        "FETCH_PENDING": frozenset({"FETCHING", "NEED_URL_REFRESH", "OUTPUT_LOST"}),
         "FETCHING": frozenset(
             {
                 "STORED",

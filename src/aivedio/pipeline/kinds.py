@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from aivedio.pipeline import diagnostics
+from aivedio.pipeline import diagnostics, fetch
 from aivedio.pipeline.registry import Registry
 
 
 def default_registry() -> Registry:
     registry = Registry()
     diagnostics.register(registry)
+    fetch.register(registry)
     return registry

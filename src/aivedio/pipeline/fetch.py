@@ -1,0 +1,560 @@
+"""The fetch stage: a provider output's temporary URL into quarantine storage, exactly once.
+
+One job per ``(provider_output_id, pipeline_version)``. Each attempt:
+
+1. reads the output row; a STORED or terminal output makes the job a no-op (duplicates);
+2. refreshes the URL through the provider adapter when it has expired or was refused
+   (never a new generation); an adapter that says "gone" ends in OUTPUT_LOST with an
+   outbox event;
+3. resumes from a verified object when the deterministic quarantine key already exists (the
+   previous attempt uploaded it but died before its transaction): an object exists only if
+   its upload completed, and an upload completes only after the size and checksum checks,
+   so the object is read back once for its SHA-256 instead of downloading again;
+4. otherwise aborts any multipart upload a dead attempt left on that key, streams the body
+   through the guarded fetcher into a new upload, checks size against Content-Length and the
+   provider's expected size, SHA-256 against the provider's checksum, then completes the
+   upload and HEADs it;
+5. in one transaction: output FETCHING → STORED, the QUARANTINED asset, the probe job.
+
+Failures leave the output in the state its error class calls for (seed §11.8, §11.9.4) and
+raise that error, so the queue retries, waits for Retry-After, or buries the job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import asyncpg
+import msgspec
+
+from aivedio.config import Config
+from aivedio.crypto import UrlCipher
+from aivedio.errors import (
+    AivedioError,
+    ChecksumMismatchError,
+    InvalidResponseError,
+    NotFoundError,
+    NotYetAvailableError,
+    OutputLostError,
+    PolicyBlockedError,
+    ProviderServerError,
+    Retry,
+    ThrottledError,
+    TooLargeError,
+    TransientError,
+    UrlExpiredError,
+)
+from aivedio.logs import get_logger, url_for_log
+from aivedio.net.fetch import Fetcher, FetchResult
+from aivedio.net.limits import CircuitBreaker, HostLimiter
+from aivedio.pipeline.providers import ProviderAdapter
+from aivedio.pipeline.registry import JobContext, JobKind, Registry
+from aivedio.scheduling import decide_retry
+from aivedio.states import Entity
+from aivedio.store import keys
+from aivedio.store.database import Pool, map_db_errors
+from aivedio.store.objects import ObjectInfo, ObjectStore
+from aivedio.store.queue import Job, JobSpec, Queue
+from aivedio.store.records import transition
+
+log = get_logger("aivedio.fetch")
+
+KIND = "fetch"
+LANE = "fetch"
+PROBE_KIND = "probe"
+PROBE_LANE = "media"
+PROBE_VERSION = 1
+
+_OUTPUT_COLUMNS = (
+    "id, tenant_id, generation_task_id, provider, provider_task_id, output_index, "
+    "source_url_ciphertext, source_url_key_id, source_url_expires_at, expected_size_bytes, "
+    "expected_checksum, content_type, fetch_status, version"
+)
+
+
+class _Output(msgspec.Struct, kw_only=True):
+    id: uuid.UUID
+    tenant_id: int
+    generation_task_id: uuid.UUID
+    provider: str
+    provider_task_id: str
+    output_index: int
+    source_url_ciphertext: bytes
+    source_url_key_id: str
+    source_url_expires_at: datetime | None
+    expected_size_bytes: int | None
+    expected_checksum: str | None
+    content_type: str | None
+    fetch_status: str
+    version: int
+
+
+@dataclass
+class FetchServices:
+    """What the stage needs; built once per worker."""
+
+    config: Config
+    pool: Pool
+    queue: Queue
+    store: ObjectStore
+    cipher: UrlCipher
+    fetchers: dict[str, Fetcher]  # by provider; "" is the default under [net]
+    adapters: dict[str, ProviderAdapter]
+    hosts: HostLimiter
+    breakers: dict[str, CircuitBreaker] = field(default_factory=dict)
+
+    def fetcher(self, provider: str) -> Fetcher:
+        return self.fetchers.get(provider) or self.fetchers[""]
+
+    def breaker(self, provider: str) -> CircuitBreaker:
+        if provider not in self.breakers:
+            fc = self.config.fetch
+            self.breakers[provider] = CircuitBreaker(fc.breaker_failures, fc.breaker_open_seconds)
+        return self.breakers[provider]
+
+
+class FetchStage:
+    def __init__(self, services: FetchServices) -> None:
+        self.s = services
+
+    async def handle(self, _ctx: JobContext, job: Job) -> dict[str, Any] | None:
+        output_id = uuid.UUID(str(job.payload["provider_output_id"]))
+        output = await self._load(output_id)
+        if output.fetch_status == "STORED":
+            return {"outcome": "already_stored"}
+        if output.fetch_status in ("OUTPUT_LOST", "INVALID_RESPONSE"):
+            return {"outcome": output.fetch_status.lower()}
+        key = keys.quarantine_source(output.tenant_id, output.id, job.id)
+        breaker = self.s.breaker(output.provider)
+        wait = breaker.blocked_for()
+        if wait > 0:
+            raise ProviderServerError(
+                f"circuit open for provider {output.provider}", retry_after_seconds=wait
+            )
+        url = self._url(output)
+        if output.fetch_status in ("NEED_URL_REFRESH",) or _expired(output):
+            refreshed = await self._refresh(output, "url expired before the fetch")
+            if refreshed is None:
+                return {"outcome": "output_lost"}
+            output, url = refreshed
+        if output.fetch_status != "FETCHING":
+            output = await self._move(output, "FETCHING")
+            url = self._url(output)
+        attempt_id = await self._begin_attempt(output, job)
+        refreshed_once = False
+        while True:
+            try:
+                info, result = await self._fetch_into_store(output, url, key)
+                breaker.success()
+                break
+            except (UrlExpiredError, NotYetAvailableError) as exc:
+                not_yet = isinstance(exc, NotYetAvailableError)
+                if not_yet and job.attempts < self.s.config.fetch.not_yet_available_attempts:
+                    await self._fail(output, job, exc, attempt_id, key)
+                    raise
+                if refreshed_once:
+                    await self._fail(output, job, exc, attempt_id, key)
+                    raise TransientError(f"a fresh URL was refused too: {exc.detail}") from None
+                output = await self._move(output, "NEED_URL_REFRESH", error=exc)
+                refreshed = await self._refresh(output, exc.detail)
+                if refreshed is None:
+                    await self._end_attempt(attempt_id, "output_lost", exc)
+                    return {"outcome": "output_lost"}
+                output, url = refreshed
+                output = await self._move(output, "FETCHING")
+                refreshed_once = True
+            except AivedioError as exc:
+                if isinstance(exc, ProviderServerError | TransientError):
+                    breaker.failure()
+                if isinstance(exc, ThrottledError):
+                    self.s.hosts.throttled(_host(url))
+                await self._fail(output, job, exc, attempt_id, key)
+                raise
+        asset_id = await self._stored(output, job, key, info, result, attempt_id)
+        return {
+            "outcome": "stored",
+            "asset_id": str(asset_id),
+            "bytes": info.size,
+            "sha256": result.sha256 if result else None,
+        }
+
+    # -- transfer ------------------------------------------------------------------------
+
+    async def _fetch_into_store(
+        self, output: _Output, url: str, key: str
+    ) -> tuple[ObjectInfo, FetchResult | _Resumed]:
+        existing = await self.s.store.head(key)
+        if existing is not None:
+            resumed = await self._verify_existing(output, key, existing)
+            if resumed is not None:
+                log.info(
+                    "fetch_resumed_from_store",
+                    provider_output_id=str(output.id),
+                    key=key,
+                    bytes=existing.size,
+                )
+                return existing, resumed
+        await self._abort_leftover_uploads(key)
+        host = _host(url)
+        fetcher = self.s.fetcher(output.provider)
+        async with self.s.hosts.slot(host):
+            upload = await self.s.store.start_upload(
+                key, content_type=output.content_type or "application/octet-stream"
+            )
+            try:
+                result = await fetcher.stream(
+                    url, upload.write, max_bytes=self._max_bytes(output.provider)
+                )
+                self._check_integrity(output, result)
+                info = await upload.complete()
+            except BaseException:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(30):
+                    await upload.abort()
+                raise
+        self.s.hosts.succeeded(host)
+        head = await self.s.store.head(key)
+        if head is None or head.size != result.bytes:
+            raise TransientError(
+                f"stored object {key} does not verify: HEAD says "
+                f"{head.size if head else 'missing'}, wrote {result.bytes}"
+            )
+        log.info(
+            "fetch_stored",
+            provider_output_id=str(output.id),
+            url=result.url,
+            bytes=result.bytes,
+            redirects=result.redirects,
+        )
+        return info, result
+
+    def _check_integrity(self, output: _Output, result: FetchResult) -> None:
+        if output.expected_size_bytes is not None and result.bytes != output.expected_size_bytes:
+            raise ChecksumMismatchError(
+                f"size {result.bytes} differs from the provider's {output.expected_size_bytes}"
+            )
+        if output.expected_checksum and result.sha256 != output.expected_checksum.lower():
+            raise ChecksumMismatchError(
+                f"sha256 {result.sha256} differs from the provider's {output.expected_checksum}"
+            )
+
+    async def _verify_existing(
+        self, output: _Output, key: str, existing: ObjectInfo
+    ) -> _Resumed | None:
+        hasher = hashlib.sha256()
+        async for chunk in self.s.store.get(key):
+            hasher.update(chunk)
+        resumed = _Resumed(sha256=hasher.hexdigest(), bytes=existing.size)
+        expected_size = output.expected_size_bytes
+        expected_sha = (output.expected_checksum or "").lower()
+        if (expected_size is not None and expected_size != resumed.bytes) or (
+            expected_sha and expected_sha != resumed.sha256
+        ):
+            log.warning("fetch_existing_object_rejected", key=key)
+            await self.s.store.delete(key)
+            return None
+        return resumed
+
+    async def _abort_leftover_uploads(self, key: str) -> None:
+        # We hold this job's lease: any upload open on its key belongs to a dead attempt.
+        for pending in await self.s.store.list_multipart_uploads(prefix=key):
+            if pending.key == key:
+                await self.s.store.abort_multipart_upload(pending.key, pending.upload_id)
+                log.info("fetch_aborted_leftover_upload", key=key)
+
+    def _max_bytes(self, provider: str) -> int:
+        pc = self.s.config.providers.get(provider)
+        if pc is not None and pc.max_bytes:
+            return pc.max_bytes
+        return self.s.config.net.max_bytes
+
+    # -- records ---------------------------------------------------------------------------
+
+    def _url(self, output: _Output) -> str:
+        return self.s.cipher.decrypt(
+            output.source_url_ciphertext, output.source_url_key_id, bound_to=str(output.id)
+        )
+
+    async def _load(self, output_id: uuid.UUID) -> _Output:
+        with map_db_errors("reading a provider output"):
+            row = await self.s.pool.fetchrow(
+                f"SELECT {_OUTPUT_COLUMNS} FROM provider_outputs WHERE id = $1", output_id
+            )
+        if row is None:
+            raise NotFoundError(f"provider output {output_id} does not exist")
+        return msgspec.convert(dict(row.items()), _Output)
+
+    async def _move(
+        self, output: _Output, new: str, *, error: AivedioError | None = None
+    ) -> _Output:
+        values: dict[str, Any] = {}
+        if error is not None:
+            values = {"last_error_class": error.error_class, "last_error_detail": error.detail}
+        async with self.s.pool.acquire() as conn:
+            version = await transition(
+                conn,
+                Entity.PROVIDER_OUTPUT,
+                (output.id,),
+                expected=output.fetch_status,
+                new=new,
+                version=output.version,
+                values=values,
+            )
+        return msgspec.structs.replace(output, fetch_status=new, version=version)
+
+    async def _refresh(self, output: _Output, why: str) -> tuple[_Output, str] | None:
+        """A fresh URL from the provider, or OUTPUT_LOST (returns None)."""
+        if output.fetch_status not in ("NEED_URL_REFRESH",):
+            output = await self._move(output, "NEED_URL_REFRESH", error=UrlExpiredError(why))
+        adapter = self.s.adapters.get(output.provider)
+        try:
+            if adapter is None:
+                raise OutputLostError(
+                    f"no adapter for provider {output.provider}: cannot refresh an expired URL"
+                )
+            fresh = await adapter.refresh_output_url(output.provider_task_id, output.output_index)
+        except OutputLostError as exc:
+            await self._lost(output, exc.detail)
+            return None
+        blob, key_id = self.s.cipher.encrypt(fresh.url, bound_to=str(output.id))
+        async with self.s.pool.acquire() as conn, conn.transaction():
+            version = await transition(
+                conn,
+                Entity.PROVIDER_OUTPUT,
+                (output.id,),
+                expected="NEED_URL_REFRESH",
+                new="FETCH_PENDING",
+                version=output.version,
+                values={
+                    "source_url_ciphertext": blob,
+                    "source_url_key_id": key_id,
+                    "source_url_expires_at": fresh.expires_at,
+                },
+            )
+            await conn.execute(
+                "UPDATE provider_outputs SET descriptor_version ="
+                " descriptor_version + 1 WHERE id = $1",
+                output.id,
+            )
+        log.info(
+            "fetch_url_refreshed", provider_output_id=str(output.id), url=url_for_log(fresh.url)
+        )
+        output = msgspec.structs.replace(
+            output,
+            fetch_status="FETCH_PENDING",
+            version=version,
+            source_url_ciphertext=blob,
+            source_url_key_id=key_id,
+            source_url_expires_at=fresh.expires_at,
+        )
+        return output, fresh.url
+
+    async def _lost(self, output: _Output, reason: str) -> None:
+        async with self.s.pool.acquire() as conn, conn.transaction():
+            await transition(
+                conn,
+                Entity.PROVIDER_OUTPUT,
+                (output.id,),
+                expected=output.fetch_status,
+                new="OUTPUT_LOST",
+                version=output.version,
+                values={"last_error_class": "output_lost", "last_error_detail": reason},
+            )
+            await _outbox(conn, "output.lost", output, {"reason": reason})
+        log.warning(
+            "output_lost",
+            provider_output_id=str(output.id),
+            provider=output.provider,
+            reason=reason,
+        )
+
+    async def _begin_attempt(self, output: _Output, job: Job) -> int:
+        with map_db_errors("recording a fetch attempt"):
+            attempt_id: int = await self.s.pool.fetchval(
+                "INSERT INTO fetch_attempts (provider_output_id, job_id, attempt)"
+                " VALUES ($1, $2, $3) RETURNING id",
+                output.id,
+                job.id,
+                job.attempts,
+            )
+        return attempt_id
+
+    async def _end_attempt(
+        self,
+        attempt_id: int,
+        outcome: str,
+        error: AivedioError | None,
+        result: FetchResult | _Resumed | None = None,
+        key: str | None = None,
+    ) -> None:
+        with map_db_errors("recording a fetch attempt"):
+            await self.s.pool.execute(
+                "UPDATE fetch_attempts SET finished_at = now(), outcome = $2, error_class = $3,"
+                " error_detail = $4, http_status = $5, bytes = $6, sha256 = $7, object_key = $8"
+                " WHERE id = $1",
+                attempt_id,
+                outcome,
+                error.error_class if error else None,
+                error.detail if error else None,
+                error.http_status if error else None,
+                result.bytes if result else None,
+                result.sha256 if result else None,
+                key,
+            )
+
+    async def _fail(
+        self, output: _Output, job: Job, error: AivedioError, attempt_id: int, key: str
+    ) -> None:
+        """Leave the output in the state the error calls for, as the queue will act on it."""
+        qc = self.s.config.queue
+        will_retry = decide_retry(
+            retry_class=error.retry,
+            attempts=job.attempts,
+            max_attempts=job.max_attempts,
+            base_seconds=1,
+            max_seconds=qc.backoff_max_seconds,
+        ).retry
+        if isinstance(error, TooLargeError | PolicyBlockedError | InvalidResponseError):
+            new = "INVALID_RESPONSE"
+        elif will_retry:
+            new = "RETRY_WAIT"
+        elif error.retry is Retry.LIMITED and isinstance(error, ChecksumMismatchError):
+            new = "INVALID_RESPONSE"
+        elif _expired(output):
+            new = "OUTPUT_LOST"
+        else:
+            new = "RETRY_WAIT"  # budget spent: the dead job waits for an operator's replay
+        with anyio.CancelScope(shield=True):
+            await self._end_attempt(attempt_id, "failed", error, key=key)
+            if new == "OUTPUT_LOST":
+                await self._lost(output, f"url expired after: {error.detail}")
+            elif output.fetch_status != new:
+                await self._move(output, new, error=error)
+        log.warning(
+            "fetch_failed",
+            provider_output_id=str(output.id),
+            job_id=job.id,
+            attempt=job.attempts,
+            error_class=error.error_class,
+            detail=error.detail,
+            output_status=new,
+        )
+
+    async def _stored(
+        self,
+        output: _Output,
+        job: Job,
+        key: str,
+        info: ObjectInfo,
+        result: FetchResult | _Resumed,
+        attempt_id: int,
+    ) -> uuid.UUID:
+        asset_id = uuid.uuid4()
+        try:
+            async with self.s.pool.acquire() as conn, conn.transaction():
+                await transition(
+                    conn,
+                    Entity.PROVIDER_OUTPUT,
+                    (output.id,),
+                    expected=output.fetch_status,
+                    new="STORED",
+                    version=output.version,
+                    values={"last_error_class": None, "last_error_detail": None},
+                )
+                inserted = await conn.fetchval(
+                    "INSERT INTO assets (id, tenant_id, source_type, source_provider_output_id,"
+                    " status, source_object_key, source_size_bytes, source_sha256)"
+                    " VALUES ($1, $2, 'PROVIDER_OUTPUT', $3, 'QUARANTINED', $4, $5, $6)"
+                    " ON CONFLICT (source_provider_output_id) DO NOTHING RETURNING id",
+                    asset_id,
+                    output.tenant_id,
+                    output.id,
+                    key,
+                    info.size,
+                    result.sha256,
+                )
+                if inserted is None:
+                    asset_id = uuid.UUID(
+                        str(
+                            await conn.fetchval(
+                                "SELECT id FROM assets WHERE source_provider_output_id = $1",
+                                output.id,
+                            )
+                        )
+                    )
+                await self.s.queue.enqueue_one(
+                    conn,
+                    JobSpec(
+                        kind=PROBE_KIND,
+                        lane=PROBE_LANE,
+                        tenant_id=output.tenant_id,
+                        idempotency_key=f"probe:{asset_id}:v{PROBE_VERSION}",
+                        payload={"asset_id": str(asset_id)},
+                        timeout_seconds=900,
+                    ),
+                )
+        except asyncpg.PostgresError as exc:
+            raise TransientError(f"recording the stored output failed: {exc}") from exc
+        await self._end_attempt(attempt_id, "stored", None, result, key)
+        log.info(
+            "output_stored",
+            provider_output_id=str(output.id),
+            asset_id=str(asset_id),
+            job_id=job.id,
+            bytes=info.size,
+        )
+        return asset_id
+
+
+class _Resumed(msgspec.Struct, frozen=True):
+    sha256: str
+    bytes: int
+
+
+def _expired(output: _Output) -> bool:
+    return (
+        output.source_url_expires_at is not None
+        and output.source_url_expires_at <= datetime.now(UTC)
+    )
+
+
+def _host(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    return (urlsplit(url).hostname or "").lower()
+
+
+async def _outbox(conn: Any, event_type: str, output: _Output, extra: dict[str, Any]) -> None:
+    payload = {
+        "provider": output.provider,
+        "provider_task_id": output.provider_task_id,
+        "output_index": output.output_index,
+        "provider_output_id": str(output.id),
+        **extra,
+    }
+    await conn.execute(
+        "INSERT INTO outbox_events (event_id, event_type, tenant_id, aggregate_id, payload)"
+        " VALUES ($1, $2, $3, $4, $5)",
+        uuid.uuid4(),
+        event_type,
+        output.tenant_id,
+        output.id,
+        payload,
+    )
+
+
+async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
+    stage = ctx.services.get("fetch")
+    if not isinstance(stage, FetchStage):
+        raise TransientError("this worker has no fetch stage configured")
+    return await stage.handle(ctx, job)
+
+
+def register(registry: Registry) -> None:
+    # The deadline covers a 4 GiB body at a slow 2 MiB/s; the fetcher's own total deadline
+    # (net.total_timeout_seconds) is the tighter bound in practice.
+    registry.register(JobKind(KIND, LANE, handle, timeout_seconds=3600, max_attempts=8))

@@ -1,0 +1,122 @@
+"""The provider seam: ask a provider about a task and for a fresh output URL.
+
+A refresh re-reads or re-signs an existing output; it never submits a generation (seed
+§11.9.5: retrying a download must not cost a second generation). ``OutputLostError`` is
+the adapter's word that the output is gone for good, which ends in OUTPUT_LOST instead of
+useless retries. Adapters talk to providers only through the guarded fetcher, so their API
+hosts obey the same network policy as downloads, and their credentials go to their own hosts.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import msgspec
+
+from aivedio.config import ProviderConfig
+from aivedio.errors import AivedioError, InvalidResponseError, OutputLostError
+from aivedio.net.fetch import Fetcher
+
+
+class ProviderOutput(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    url: str
+    expires_at: datetime | None = None
+    sha256: str | None = None
+    size: int | None = None
+    content_type: str | None = None
+
+
+class ProviderTask(msgspec.Struct, frozen=True, kw_only=True):
+    provider_task_id: str
+    status: str  # SUCCEEDED, RUNNING, FAILED, …, normalised upper case
+    outputs: list[ProviderOutput] = msgspec.field(default_factory=list)
+
+
+class RefreshedUrl(msgspec.Struct, frozen=True, kw_only=True):
+    url: str
+    expires_at: datetime | None
+
+
+class ProviderAdapter(Protocol):
+    name: str
+
+    async def get_task(self, task_id: str) -> ProviderTask:
+        """The task as the provider sees it now. Raises the classified network errors."""
+        ...
+
+    async def refresh_output_url(self, task_id: str, output_index: int) -> RefreshedUrl:
+        """A fresh download URL for an existing output; OutputLostError when none can be had."""
+        ...
+
+
+class _TaskDoc(msgspec.Struct):
+    id: str
+    status: str
+    outputs: list[dict[str, Any]] = msgspec.field(default_factory=list)
+
+
+class GenericAdapter:
+    """A provider with a task endpoint and a refresh endpoint, configured by paths.
+
+    ``GET {api_base_url}{task_path}`` → ``{"id", "status", "outputs": [{"index", "url",
+    "expires_at", "sha256", "size", "content_type"}]}``; ``POST {refresh_path}`` →
+    ``{"url", "expires_at"}``, 404 or 410 when the output is gone.
+    """
+
+    def __init__(self, name: str, config: ProviderConfig, fetcher: Fetcher) -> None:
+        self.name = name
+        self._config = config
+        self._fetcher = fetcher
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": self._config.auth_header} if self._config.auth_header else {}
+
+    def _url(self, path: str, **values: object) -> str:
+        if not self._config.api_base_url:
+            raise OutputLostError(f"provider {self.name} has no api_base_url: cannot ask it")
+        return self._config.api_base_url.rstrip("/") + path.format(**values)
+
+    def _expiry(self, value: Any) -> datetime | None:
+        if value is None:
+            return datetime.now(UTC) + timedelta(seconds=self._config.default_url_ttl_seconds)
+        try:
+            return msgspec.convert(value, datetime)
+        except msgspec.ValidationError:
+            raise InvalidResponseError(f"provider {self.name}: bad expires_at") from None
+
+    async def get_task(self, task_id: str) -> ProviderTask:
+        raw = await self._fetcher.fetch_json(
+            "GET", self._url(self._config.task_path, task_id=task_id), headers=self._headers()
+        )
+        try:
+            doc = msgspec.convert(raw, _TaskDoc)
+            outputs = [
+                ProviderOutput(
+                    index=int(o["index"]),
+                    url=str(o["url"]),
+                    expires_at=self._expiry(o.get("expires_at")),
+                    sha256=o.get("sha256"),
+                    size=o.get("size"),
+                    content_type=o.get("content_type"),
+                )
+                for o in doc.outputs
+            ]
+        except (msgspec.ValidationError, KeyError, TypeError, ValueError):
+            raise InvalidResponseError(f"provider {self.name}: malformed task document") from None
+        return ProviderTask(provider_task_id=doc.id, status=doc.status.upper(), outputs=outputs)
+
+    async def refresh_output_url(self, task_id: str, output_index: int) -> RefreshedUrl:
+        url = self._url(self._config.refresh_path, task_id=task_id, output_index=output_index)
+        try:
+            raw = await self._fetcher.fetch_json("POST", url, headers=self._headers(), json_body={})
+        except AivedioError as exc:
+            if exc.http_status in (404, 410):
+                raise OutputLostError(
+                    f"provider {self.name}: output is gone ({exc.http_status})"
+                ) from None
+            raise
+        if not isinstance(raw, dict) or not isinstance(raw.get("url"), str):
+            raise InvalidResponseError(f"provider {self.name}: malformed refresh answer")
+        return RefreshedUrl(url=raw["url"], expires_at=self._expiry(raw.get("expires_at")))

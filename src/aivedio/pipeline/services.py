@@ -1,0 +1,94 @@
+"""Building the stages' seams from configuration: one place, used by the worker and the CLI."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+from aivedio.config import Config, NetConfig, ProviderConfig
+from aivedio.crypto import UrlCipher
+from aivedio.net.fetch import Fetcher, FetchLimits
+from aivedio.net.limits import HostLimiter
+from aivedio.net.policy import FetchPolicy
+from aivedio.pipeline.fetch import FetchServices, FetchStage
+from aivedio.pipeline.providers import GenericAdapter, ProviderAdapter
+from aivedio.store.database import Pool
+from aivedio.store.objects import open_object_store
+from aivedio.store.queue import Queue
+
+
+def url_cipher(config: Config) -> UrlCipher:
+    sec = config.security
+    return UrlCipher.from_base64(
+        sec.url_encryption_key_id, sec.url_encryption_key, sec.previous_url_encryption_keys
+    )
+
+
+def fetch_policy(net: NetConfig, provider: ProviderConfig | None = None) -> FetchPolicy:
+    suffixes = list(net.allowed_host_suffixes)
+    ports = list(net.allowed_ports)
+    if provider is not None:
+        if provider.allowed_host_suffixes is not None:
+            suffixes = list(provider.allowed_host_suffixes)
+        if provider.allowed_ports is not None:
+            ports = list(provider.allowed_ports)
+    return FetchPolicy(
+        allowed_schemes=frozenset(net.allowed_schemes),
+        allowed_ports=frozenset(ports),
+        allowed_host_suffixes=tuple(suffixes),
+        allow_cidrs=tuple(net.allow_cidrs),
+        max_redirects=net.max_redirects,
+    )
+
+
+def fetch_limits(net: NetConfig, provider: ProviderConfig | None = None) -> FetchLimits:
+    return FetchLimits(
+        max_bytes=(provider.max_bytes if provider and provider.max_bytes else net.max_bytes),
+        connect_timeout_seconds=net.connect_timeout_seconds,
+        header_timeout_seconds=net.header_timeout_seconds,
+        idle_read_timeout_seconds=net.idle_read_timeout_seconds,
+        total_timeout_seconds=net.total_timeout_seconds,
+        per_host_connections=net.per_host_connections,
+    )
+
+
+def ssl_context(net: NetConfig) -> ssl.SSLContext:
+    context = ssl.create_default_context()
+    if net.ca_file:
+        context.load_verify_locations(cafile=net.ca_file)
+    return context
+
+
+def make_fetcher(net: NetConfig, provider: ProviderConfig | None = None) -> Fetcher:
+    return Fetcher(
+        fetch_policy(net, provider),
+        fetch_limits(net, provider),
+        nameservers=net.nameservers,
+        ssl_context=ssl_context(net),
+    )
+
+
+@asynccontextmanager
+async def open_fetch_stage(config: Config, pool: Pool, queue: Queue) -> AsyncIterator[FetchStage]:
+    async with AsyncExitStack() as stack:
+        store = await stack.enter_async_context(open_object_store(config.storage))
+        fetchers: dict[str, Fetcher] = {"": make_fetcher(config.net)}
+        adapters: dict[str, ProviderAdapter] = {}
+        for name, pc in config.providers.items():
+            fetchers[name] = make_fetcher(config.net, pc)
+            if pc.api_base_url:
+                adapters[name] = GenericAdapter(name, pc, fetchers[name])
+        for fetcher in fetchers.values():
+            stack.push_async_callback(fetcher.aclose)
+        services = FetchServices(
+            config=config,
+            pool=pool,
+            queue=queue,
+            store=store,
+            cipher=url_cipher(config),
+            fetchers=fetchers,
+            adapters=adapters,
+            hosts=HostLimiter(config.net.per_host_connections),
+        )
+        yield FetchStage(services)
