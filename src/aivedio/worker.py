@@ -106,6 +106,9 @@ class Worker:
         self._running: dict[int, _Running] = {}
         self._acks: list[tuple[Job, Any]] = []
         self._ack_wake = anyio.Event()
+        # One flush at a time: the final flush on drain must wait for one in flight, or
+        # cancelling the flusher would lose that batch's acknowledgement.
+        self._ack_lock = anyio.Lock()
         self._to_release: list[Job] = []
         self._drain_requested = anyio.Event()
         self._force = anyio.Event()
@@ -328,6 +331,10 @@ class Worker:
             await self._flush_acks()
 
     async def _flush_acks(self, *, final: bool = False) -> None:
+        async with self._ack_lock:
+            await self._flush_acks_locked(final=final)
+
+    async def _flush_acks_locked(self, *, final: bool) -> None:
         batch_max = self.config.worker.ack_batch_max
         attempts = 0
         while self._acks:
