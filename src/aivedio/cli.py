@@ -344,6 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in ("worker", "fetch"):
+        from aivedio.memory import tune_allocator
+
+        tune_allocator()
     try:
         config = load_config(args.config, require_secrets=getattr(args, "needs_secret", True))
     except ConfigError as exc:

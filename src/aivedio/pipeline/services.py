@@ -72,7 +72,13 @@ def make_fetcher(net: NetConfig, provider: ProviderConfig | None = None) -> Fetc
 @asynccontextmanager
 async def open_fetch_stage(config: Config, pool: Pool, queue: Queue) -> AsyncIterator[FetchStage]:
     async with AsyncExitStack() as stack:
-        store = await stack.enter_async_context(open_object_store(config.storage))
+        store = await stack.enter_async_context(
+            open_object_store(
+                config.storage,
+                part_size_bytes=config.fetch.part_size_bytes,
+                parts_in_flight=config.fetch.parts_in_flight,
+            )
+        )
         fetchers: dict[str, Fetcher] = {"": make_fetcher(config.net)}
         adapters: dict[str, ProviderAdapter] = {}
         for name, pc in config.providers.items():

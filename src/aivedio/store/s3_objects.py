@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import collections
 import functools
 import hashlib
 import weakref
@@ -163,6 +164,38 @@ def map_s3_errors(action: str) -> Iterator[None]:
         raise TransientError(f"{action}: {type(exc).__name__}: {exc}") from exc
 
 
+class _Chunks:
+    """Written chunks kept as they came (no copy on write); a part is joined once, on take."""
+
+    def __init__(self) -> None:
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def append(self, chunk: bytes) -> None:
+        if chunk:
+            self._chunks.append(chunk if type(chunk) is bytes else bytes(chunk))
+            self._size += len(chunk)
+
+    def take(self, size_bytes: int) -> bytes:
+        """The first ``size_bytes`` as one bytes object, removed from the buffer."""
+        parts: list[bytes] = []
+        wanted = size_bytes
+        while wanted and self._chunks:
+            head = self._chunks.popleft()
+            if len(head) > wanted:
+                parts.append(head[:wanted])
+                self._chunks.appendleft(head[wanted:])
+                wanted = 0
+            else:
+                parts.append(head)
+                wanted -= len(head)
+        self._size -= size_bytes - wanted
+        return b"".join(parts)
+
+
 def sha256_b64(data: bytes) -> str:
     return base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
 
@@ -202,7 +235,7 @@ class S3Upload(UploadContextMixin):
         self._content_type = content_type
         self._part_size_bytes = store.part_size_bytes
         self._slots = anyio.Semaphore(store.parts_in_flight)
-        self._buffer = bytearray()
+        self._buffer = _Chunks()
         self._bytes_written = 0
         self._buffered_bytes = 0  # accepted by write, not yet acknowledged by the store
         self._max_buffered_bytes = 0
@@ -252,7 +285,7 @@ class S3Upload(UploadContextMixin):
         self._require_open()
         try:
             self._raise_failure()
-            self._buffer += chunk
+            self._buffer.append(chunk)
             self._bytes_written += len(chunk)
             self._account(len(chunk))
             while len(self._buffer) >= self._part_size_bytes:
@@ -274,9 +307,7 @@ class S3Upload(UploadContextMixin):
             raise TransientError(f"upload of {self._key!r}: the object store was closed")
         number = self._next_part_number
         self._next_part_number += 1
-        with memoryview(self._buffer) as view, view[:size_bytes] as head:
-            data = bytes(head)  # one copy; the view is released before the buffer shrinks
-        del self._buffer[:size_bytes]
+        data = self._buffer.take(size_bytes)  # the part's one copy
         self._parts_group.start_soon(self._upload_part, number, data)
 
     async def _create(self) -> None:
@@ -368,7 +399,7 @@ class S3Upload(UploadContextMixin):
         return info
 
     async def _put_single(self) -> ObjectInfo:
-        data, self._buffer = bytes(self._buffer), bytearray()
+        data = self._buffer.take(len(self._buffer))
         checksum = await anyio.to_thread.run_sync(sha256_b64, data)
         with (
             map_s3_errors(f"putting {self._key!r}"),
@@ -426,7 +457,7 @@ class S3Upload(UploadContextMixin):
             return
         self._state = "aborted"
         self._store._live_uploads.discard(self)
-        self._buffer = bytearray()
+        self._buffer = _Chunks()
         with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_TIMEOUT_SECONDS):
             if self._parts_group is not None and not self._driver_done.is_set():
                 self._parts_group.cancel_scope.cancel()
@@ -490,7 +521,13 @@ class S3ObjectStore(ObjectStoreConveniences):
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
             # Custom endpoints (MinIO, Ceph, moto) rarely have wildcard DNS for buckets.
-            s3={"addressing_style": "path" if endpoint_url else "auto"},
+            # Every part and put carries our own ChecksumSHA256, which the store verifies, so
+            # SigV4 need not hash each payload once more (botocore does so on plain-HTTP
+            # endpoints, synchronously, on the event loop).
+            s3={
+                "addressing_style": "path" if endpoint_url else "auto",
+                "payload_signing_enabled": False,
+            },
         )
         self._stack: AsyncExitStack | None = None
         self._client: Any = None

@@ -1,0 +1,286 @@
+"""Fetch benchmark: a large body from a loopback HTTPS server into storage, against baselines.
+
+All in one run, for each body size (1 GiB and 4 GiB by default):
+
+(a)  the full guarded fetch (policy, pinned resolver, deadlines, cap, SHA-256) into the local
+     filesystem store (temp file, fsync, atomic rename), in a process of its own;
+(a') ``curl | tee FILE | sha256sum`` writing the same file;
+(b)  the same guarded fetch into moto's S3 server (multipart, per-part SHA-256, bounded parts
+     in flight);
+(b') boto3's ``upload_fileobj`` streaming the same HTTP body into the same S3 server.
+
+The server is the simulated provider in a process of its own (``serve_sim.py``); moto runs
+as its own process too. Peak RSS is each fetching process's ``ru_maxrss``.
+
+Usage: .venv/bin/python scripts/bench/fetch.py [--sizes-gib 1 4] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import sys
+
+if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
+    sys.path.pop(0)
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import boto3
+
+HERE = Path(__file__).resolve().parent
+BUCKET = "aivedio-bench"
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_moto(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log_file = open(workdir / "moto.log", "wb")  # noqa: SIM115 - lives with the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)  # noqa: S310 - loopback
+            break
+        except OSError:
+            time.sleep(0.1)
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    client.create_bucket(Bucket=BUCKET)
+    return proc, endpoint
+
+
+def start_server(size: int, workdir: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(HERE / "serve_sim.py"),
+            "--size",
+            str(size),
+            "--ca-dir",
+            str(workdir / "ca"),
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise SystemExit("the HTTPS server did not start")
+    return proc, json.loads(line)
+
+
+def run_json(argv: list[str]) -> dict[str, Any]:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"{argv[1]} failed: {result.stderr[-3000:]}")
+    figures: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    return figures
+
+
+TUNING: list[str] = []  # part size and parts in flight, from the command line
+
+
+def guarded(
+    server: dict[str, Any], storage_url: str, endpoint: str | None, key: str
+) -> dict[str, Any]:
+    argv = [
+        sys.executable,
+        str(HERE / "fetch_worker.py"),
+        *TUNING,
+        "--url",
+        server["url"],
+        "--port",
+        str(server["port"]),
+        "--ca-file",
+        server["ca_file"],
+        "--storage-url",
+        storage_url,
+        "--key",
+        key,
+    ]
+    if endpoint:
+        argv += ["--s3-endpoint", endpoint]
+    figures = run_json(argv)
+    if figures["sha256"] != server["sha256"]:
+        raise SystemExit("guarded fetch produced a wrong checksum")
+    return figures
+
+
+def curl_tee_sha(server: dict[str, Any], path: Path) -> dict[str, Any]:
+    script = (
+        f"set -o pipefail; curl -sS --fail --cacert {server['ca_file']} '{server['url']}'"
+        f" | tee {path} | sha256sum"
+    )
+    started = time.perf_counter()
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False)
+    seconds = time.perf_counter() - started
+    if result.returncode != 0:
+        raise SystemExit(f"curl baseline failed: {result.stderr}")
+    digest = result.stdout.split()[0]
+    if digest != server["sha256"]:
+        raise SystemExit("curl baseline produced a wrong checksum")
+    return {"bytes": path.stat().st_size, "seconds": seconds}
+
+
+def boto3_upload(server: dict[str, Any], endpoint: str, key: str) -> dict[str, Any]:
+    return run_json(
+        [
+            sys.executable,
+            str(HERE / "boto3_upload.py"),
+            "--url",
+            server["url"],
+            "--ca-file",
+            server["ca_file"],
+            "--endpoint",
+            endpoint,
+            "--bucket",
+            BUCKET,
+            "--key",
+            key,
+        ]
+    )
+
+
+def delete(endpoint: str, key: str) -> None:
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    client.delete_object(Bucket=BUCKET, Key=key)
+
+
+def mbps(figures: dict[str, Any]) -> float:
+    return float(figures["bytes"]) / MIB / float(figures["seconds"])
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-gib", type=float, nargs="+", default=[1.0, 4.0])
+    parser.add_argument("--workdir", help="scratch directory (default: a temp dir)")
+    parser.add_argument(
+        "--skip-s3-above-gib", type=float, default=99.0, help="run the S3 pair only up to this size"
+    )
+    parser.add_argument("--part-size-mib", type=int, default=8)
+    parser.add_argument("--parts-in-flight", type=int, default=2)
+    args = parser.parse_args()
+    TUNING.extend(
+        [
+            "--part-size-bytes",
+            str(args.part_size_mib * MIB),
+            "--parts-in-flight",
+            str(args.parts_in_flight),
+        ]
+    )
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="aivedio-fetch-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    moto, endpoint = start_moto(workdir)
+    rows: list[dict[str, Any]] = []
+    try:
+        for size_gib in args.sizes_gib:
+            size = int(size_gib * GIB)
+            log(f"{size_gib:g} GiB: starting the HTTPS server (hashing the body once)")
+            server_proc, server = start_server(size, workdir)
+            try:
+                store_dir = workdir / f"store-{size_gib:g}"
+                log(f"{size_gib:g} GiB: (a) guarded fetch into the local store")
+                a = guarded(server, f"file://{store_dir}", None, "quarantine/bench/source.bin")
+                shutil.rmtree(store_dir)
+                log(f"{size_gib:g} GiB: (a') curl | tee | sha256sum")
+                a_prime = curl_tee_sha(server, workdir / "curl.bin")
+                (workdir / "curl.bin").unlink()
+                row: dict[str, Any] = {"size_gib": size_gib, "a": a, "a_prime": a_prime}
+                if size_gib <= args.skip_s3_above_gib:
+                    log(f"{size_gib:g} GiB: (b) guarded fetch into moto's S3")
+                    key = f"bench/{size_gib:g}/guarded.bin"
+                    row["b"] = guarded(server, f"s3://{BUCKET}", endpoint, key)
+                    delete(endpoint, key)
+                    log(f"{size_gib:g} GiB: (b') boto3 upload_fileobj")
+                    key = f"bench/{size_gib:g}/boto3.bin"
+                    row["b_prime"] = boto3_upload(server, endpoint, key)
+                    delete(endpoint, key)
+                rows.append(row)
+            finally:
+                server_proc.kill()
+                server_proc.wait()
+    finally:
+        moto.kill()
+        moto.wait()
+        if not args.workdir:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(report(rows))
+    print(json.dumps(rows))
+    return 0
+
+
+def report(rows: list[dict[str, Any]]) -> str:
+    out = [
+        "| body | path | MiB/s | ratio | peak RSS of the fetching process |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        size = f"{r['size_gib']:g} GiB"
+        a, ap = r["a"], r["a_prime"]
+        out.append(
+            f"| {size} | (a) guarded fetch → local store | {mbps(a):,.0f} | "
+            f"{mbps(a) / mbps(ap):.2f}x (a') | {a['peak_rss_bytes'] / MIB:,.0f} MiB |"
+        )
+        out.append(f"| {size} | (a') curl \\| tee \\| sha256sum | {mbps(ap):,.0f} | | |")
+        if "b" in r:
+            b, bp = r["b"], r["b_prime"]
+            out.append(
+                f"| {size} | (b) guarded fetch → S3 (moto) | {mbps(b):,.0f} | "
+                f"{mbps(b) / mbps(bp):.2f}x (b') | {b['peak_rss_bytes'] / MIB:,.0f} MiB |"
+            )
+            out.append(
+                f"| {size} | (b') boto3 upload_fileobj → S3 (moto) | {mbps(bp):,.0f} | | "
+                f"{bp['peak_rss_bytes'] / MIB:,.0f} MiB |"
+            )
+    out.append("")
+    out.append(f"Machine: {machine()}.")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
