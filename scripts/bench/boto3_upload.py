@@ -32,6 +32,11 @@ def main() -> int:
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--bucket", required=True)
     parser.add_argument("--key", required=True)
+    parser.add_argument(
+        "--sha256",
+        action="store_true",
+        help="ask for SHA-256 checksums like aivedio does (default: boto3's)",
+    )
     args = parser.parse_args()
     client = boto3.client(
         "s3",
@@ -43,7 +48,8 @@ def main() -> int:
     context = ssl.create_default_context(cafile=args.ca_file)
     started = time.perf_counter()
     with urllib.request.urlopen(args.url, context=context) as response:  # noqa: S310 - loopback
-        client.upload_fileobj(response, args.bucket, args.key)
+        extra = {"ChecksumAlgorithm": "SHA256"} if args.sha256 else None
+        client.upload_fileobj(response, args.bucket, args.key, ExtraArgs=extra)
     seconds = time.perf_counter() - started
     size = client.head_object(Bucket=args.bucket, Key=args.key)["ContentLength"]
     print(

@@ -9,7 +9,7 @@ All in one run, for each body size (1 GiB and 4 GiB by default):
      in flight);
 (b') boto3's ``upload_fileobj`` streaming the same HTTP body into the same S3 server.
 
-The server is the simulated provider in a process of its own (``serve_sim.py``); moto runs
+The server is the simulated provider in a process of its own (``python -m aivedio.sim``); moto runs
 as its own process too. Peak RSS is each fetching process's ``ru_maxrss``.
 
 Usage: .venv/bin/python scripts/bench/fetch.py [--sizes-gib 1 4] [--workdir DIR]
@@ -84,11 +84,14 @@ def start_server(size: int, workdir: Path) -> tuple[subprocess.Popen[bytes], dic
     proc = subprocess.Popen(
         [
             sys.executable,
-            str(HERE / "serve_sim.py"),
-            "--size",
-            str(size),
+            "-m",
+            "aivedio.sim",
             "--ca-dir",
             str(workdir / "ca"),
+            "--url-ttl-seconds",
+            str(24 * 3600),
+            "--generate",
+            f"bench:0:{size}",
         ],
         stdout=subprocess.PIPE,
     )
@@ -96,7 +99,15 @@ def start_server(size: int, workdir: Path) -> tuple[subprocess.Popen[bytes], dic
     line = proc.stdout.readline()
     if not line:
         raise SystemExit("the HTTPS server did not start")
-    return proc, json.loads(line)
+    served = json.loads(line)
+    output = served["outputs"][0]
+    return proc, {
+        "port": served["port"],
+        "ca_file": served["ca_file"],
+        "url": output["url"],
+        "sha256": output["sha256"],
+        "size": output["size"],
+    }
 
 
 def run_json(argv: list[str]) -> dict[str, Any]:
@@ -152,7 +163,7 @@ def curl_tee_sha(server: dict[str, Any], path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "seconds": seconds}
 
 
-def boto3_upload(server: dict[str, Any], endpoint: str, key: str) -> dict[str, Any]:
+def boto3_upload(server: dict[str, Any], endpoint: str, key: str, *flags: str) -> dict[str, Any]:
     return run_json(
         [
             sys.executable,
@@ -167,6 +178,7 @@ def boto3_upload(server: dict[str, Any], endpoint: str, key: str) -> dict[str, A
             BUCKET,
             "--key",
             key,
+            *flags,
         ]
     )
 
@@ -240,6 +252,10 @@ def main() -> int:
                     key = f"bench/{size_gib:g}/boto3.bin"
                     row["b_prime"] = boto3_upload(server, endpoint, key)
                     delete(endpoint, key)
+                    log(f"{size_gib:g} GiB: (b'') boto3 upload_fileobj with SHA-256 checksums")
+                    key = f"bench/{size_gib:g}/boto3-sha256.bin"
+                    row["b_sha"] = boto3_upload(server, endpoint, key, "--sha256")
+                    delete(endpoint, key)
                 rows.append(row)
             finally:
                 server_proc.kill()
@@ -277,6 +293,13 @@ def report(rows: list[dict[str, Any]]) -> str:
                 f"| {size} | (b') boto3 upload_fileobj → S3 (moto) | {mbps(bp):,.0f} | | "
                 f"{bp['peak_rss_bytes'] / MIB:,.0f} MiB |"
             )
+            if "b_sha" in r:
+                bs = r["b_sha"]
+                out.append(
+                    f"| {size} | (b'') boto3 upload_fileobj, SHA-256 checksums | "
+                    f"{mbps(bs):,.0f} | (b) is {mbps(b) / mbps(bs):.2f}x | "
+                    f"{bs['peak_rss_bytes'] / MIB:,.0f} MiB |"
+                )
     out.append("")
     out.append(f"Machine: {machine()}.")
     return "\n".join(out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import date, datetime
 from typing import Any
@@ -245,6 +246,31 @@ def cmd_fetch(config: Config, args: argparse.Namespace) -> int:
     return _run(lambda: run_fetch_command(urls, headers, net, args))
 
 
+def cmd_outputs_list(config: Config, args: argparse.Namespace) -> int:
+    async def main() -> int:
+        async with open_pool(config.database, min_size=1, max_size=1) as pool:
+            with map_db_errors("listing provider outputs"):
+                rows = await pool.fetch(
+                    "SELECT o.id, o.provider, o.provider_task_id, o.output_index,"
+                    " o.fetch_status, o.last_error_class, o.last_error_detail,"
+                    " o.source_url_expires_at, a.id AS asset_id, a.status AS asset_status,"
+                    " a.source_object_key, a.source_size_bytes, a.source_sha256"
+                    " FROM provider_outputs o"
+                    " LEFT JOIN assets a ON a.source_provider_output_id = o.id"
+                    " WHERE ($1::text IS NULL OR o.fetch_status = $1)"
+                    " AND ($2::text IS NULL OR o.provider_task_id = $2)"
+                    " ORDER BY o.created_at DESC LIMIT $3",
+                    args.status,
+                    args.task_id,
+                    args.limit,
+                )
+        for row in rows:
+            _print_json({k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in row.items()})
+        return EXIT_OK
+
+    return _run(main)
+
+
 # -- parsing --------------------------------------------------------------------------------
 
 
@@ -333,6 +359,16 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--expect-sha256")
     fetch.add_argument("--expect-size", type=int)
     fetch.set_defaults(fn=cmd_fetch, needs_secret=False)
+
+    outputs = sub.add_parser("outputs", help="provider outputs and their fetch state")
+    outputs_sub = outputs.add_subparsers(dest="outputs_command", required=True)
+    outputs_list = outputs_sub.add_parser(
+        "list", parents=[common], help="provider outputs, newest first (never a URL)"
+    )
+    outputs_list.add_argument("--status", help="e.g. STORED, RETRY_WAIT, OUTPUT_LOST")
+    outputs_list.add_argument("--task-id")
+    outputs_list.add_argument("--limit", type=int, default=50)
+    outputs_list.set_defaults(fn=cmd_outputs_list)
 
     tenants = sub.add_parser("tenants", help="tenants")
     tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True)

@@ -377,6 +377,15 @@ def validate_net(config: Config) -> None:
             raise ConfigError(
                 f"config error: {where}.allowed_ports: may only narrow net.allowed_ports"
             )
+        if pc.allowed_host_suffixes is not None and net.allowed_host_suffixes:
+            wide = [x.strip(".").lower() for x in net.allowed_host_suffixes]
+            for suffix in pc.allowed_host_suffixes:
+                narrow = suffix.strip(".").lower()
+                if not any(narrow == w or narrow.endswith("." + w) for w in wide):
+                    raise ConfigError(
+                        f"config error: {where}.allowed_host_suffixes: {suffix!r} is not "
+                        "inside net.allowed_host_suffixes (a provider may only narrow it)"
+                    )
         if pc.max_bytes is not None and not 0 < pc.max_bytes <= net.max_bytes:
             raise ConfigError(f"config error: {where}.max_bytes: must be in 1..net.max_bytes")
 

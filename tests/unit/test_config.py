@@ -250,3 +250,29 @@ def test_masked_hides_passwords_in_any_url_key() -> None:
         "AIVEDIO_S3_ENDPOINT_URL": "https://ak:sekrit@minio:9000",
     }
     assert "sekrit" not in str(masked(load_config(None, environ=env)))
+
+
+def test_a_provider_may_only_narrow_the_host_suffixes(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[net]\nallowed_host_suffixes = ["cdn.example.com"]\n'
+        '[providers.acme]\nallowed_host_suffixes = ["evil.test"]\n'
+    )
+    with pytest.raises(ConfigError, match=r"providers\.acme\.allowed_host_suffixes"):
+        load_config(config, environ={"AIVEDIO_URL_ENCRYPTION_KEY": KEY})
+    config.write_text(
+        '[net]\nallowed_host_suffixes = ["example.com"]\n'
+        '[providers.acme]\nallowed_host_suffixes = ["cdn.example.com"]\n'
+    )
+    loaded = load_config(config, environ={"AIVEDIO_URL_ENCRYPTION_KEY": KEY})
+    assert loaded.providers["acme"].allowed_host_suffixes == ["cdn.example.com"]
+
+
+def test_a_provider_may_not_widen_ports_or_the_byte_cap(tmp_path: Path) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text("[providers.acme]\nallowed_ports = [8443]\n")
+    with pytest.raises(ConfigError, match=r"providers\.acme\.allowed_ports"):
+        load_config(config, environ={"AIVEDIO_URL_ENCRYPTION_KEY": KEY})
+    config.write_text("[providers.acme]\nmax_bytes = 99999999999999\n")
+    with pytest.raises(ConfigError, match=r"providers\.acme\.max_bytes"):
+        load_config(config, environ={"AIVEDIO_URL_ENCRYPTION_KEY": KEY})
