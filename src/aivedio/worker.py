@@ -46,6 +46,9 @@ from aivedio.store.queue import NOTIFY_CHANNEL, Job, Queue
 
 log = get_logger("aivedio.worker")
 
+# How soon a job of a kind this worker cannot run is offered again (to any worker).
+UNKNOWN_KIND_RETRY_SECONDS = 30.0
+
 
 @dataclass
 class _Running:
@@ -240,10 +243,7 @@ class Worker:
         result: Any = None
         finished = False
         try:
-            if kind is None:
-                error = TransientError(f"no handler for job kind {job.kind!r} in this worker")
-                error.error_class = "unknown_kind"
-            else:
+            if kind is not None:
                 with running.scope:
                     result = await kind.handler(self.context, job)
                     finished = True
@@ -263,7 +263,9 @@ class Worker:
             lane.poke()
             if not self._running:
                 self._idle.set()
-        if running.released:
+        if kind is None:
+            await self._defer_unknown_kind(job)
+        elif running.released:
             self._to_release.append(job)
         elif running.lease_lost:
             self.metrics.completion_refused.labels(job.kind).inc()
@@ -273,6 +275,31 @@ class Worker:
             self._ack_wake.set()
         else:
             await self._fail(job, error)
+
+    async def _defer_unknown_kind(self, job: Job) -> None:
+        """A kind this build does not know (a newer release enqueued it during a rolling
+        deploy): hand it back for a worker that does, without spending an attempt."""
+        detail = f"no handler for job kind {job.kind!r} in this worker"
+        try:
+            with anyio.CancelScope(shield=True), anyio.fail_after(10):
+                await self.queue.retry_later(
+                    job,
+                    self.owner,
+                    delay_seconds=UNKNOWN_KIND_RETRY_SECONDS,
+                    penalty_seconds=0,
+                    error_class="unknown_kind",
+                    detail=detail,
+                    refund_attempt=True,
+                )
+        except (DatabaseError, TimeoutError) as exc:
+            log.error("job_defer_failed", job_id=job.id, kind=job.kind, error=str(exc))
+            return
+        log.warning(
+            "job_kind_unknown",
+            job_id=job.id,
+            kind=job.kind,
+            retry_in_seconds=UNKNOWN_KIND_RETRY_SECONDS,
+        )
 
     async def _fail(self, job: Job, error: AivedioError) -> None:
         qc = self.config.queue

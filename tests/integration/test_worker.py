@@ -142,6 +142,7 @@ async def test_unknown_kind_is_not_lost(config: Config, pool: Pool) -> None:
             pool, "SELECT * FROM jobs WHERE id = $1 AND status = 'waiting'", job_id
         )
     assert row["last_error_class"] == "unknown_kind"
+    assert row["attempts"] == 0  # version skew never spends the retry budget
 
 
 async def test_health_ready_and_metrics_endpoints(config: Config, pool: Pool) -> None:

@@ -172,6 +172,7 @@ class Queue:
         penalty_seconds: float,
         error_class: str,
         detail: str,
+        refund_attempt: bool = False,
     ) -> bool:
         with map_db_errors("scheduling a retry"):
             row = await self._pool.fetchval(
@@ -183,6 +184,7 @@ class Queue:
                 penalty_seconds,
                 error_class,
                 detail[:2000],
+                refund_attempt,
             )
         return row is not None
 

@@ -103,8 +103,10 @@ FROM done
 RETURNING id;
 
 -- name: retry_later
+-- $8 refunds the attempt the claim counted (a job this worker cannot run at all).
 UPDATE jobs
 SET status = 'waiting',
+    attempts = attempts - CASE WHEN $8::boolean THEN 1 ELSE 0 END,
     run_after = now() + make_interval(secs => $4),
     sort_at = sort_at + make_interval(secs => $5),
     lease_owner = NULL,
