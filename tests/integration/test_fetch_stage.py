@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import anyio
 import msgspec
 import pytest
 
 from aivedio.config import Config, NetConfig, ProviderConfig
+from aivedio.errors import AivedioError
 from aivedio.pipeline.intake import OutputDescriptor, Recorded, record_provider_output
 from aivedio.pipeline.kinds import default_registry
 from aivedio.pipeline.services import open_fetch_stage, url_cipher
@@ -25,7 +27,7 @@ from aivedio.sim.tls import make_test_ca
 from aivedio.store import keys
 from aivedio.store.database import Pool
 from aivedio.store.objects import open_object_store
-from aivedio.store.queue import Queue
+from aivedio.store.queue import Job, Queue
 from aivedio.worker import Worker
 from tests.dns_server import dns_server
 
@@ -310,3 +312,50 @@ async def test_a_stored_object_from_a_lost_attempt_is_reused_not_downloaded(rig:
     assert output["fetch_status"] == "STORED"
     asset = await rig.pool.fetchrow("SELECT source_sha256 FROM assets")
     assert asset["source_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+async def test_a_run_whose_lease_was_taken_over_cannot_commit(rig: Rig) -> None:
+    # At-least-once: the first run's lease expires mid-download and a second worker claims
+    # the job. Whatever the first run does after that, only the second one's work counts.
+    body = b"twice" * 200_000
+    rig.sim.add_output("task-1", 0, body, faults=Faults(drip_bytes_per_second=2 << 20))
+    recorded = await rig.ingest("task-1")
+    queue = Queue(rig.pool)
+    (first,) = await queue.claim("fetch", 1, "first", 60)
+    outcomes: dict[str, object] = {}
+    async with open_fetch_stage(rig.config, rig.pool, queue) as stage:
+
+        async def run(name: str, job: Job) -> None:
+            try:
+                outcomes[name] = await stage.handle(None, job)  # type: ignore[arg-type]
+            except AivedioError as exc:
+                outcomes[name] = exc.error_class
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, "first", first)
+            while (await rig.output(recorded))["fetch_status"] != "FETCHING":
+                await anyio.sleep(0.02)
+            await rig.pool.execute("UPDATE jobs SET lease_until = now() - interval '1 s'")
+            await queue.reap()
+            (second,) = await queue.claim("fetch", 1, "second", 60)
+            assert second.lease_token == first.lease_token + 1
+            tg.start_soon(run, "second", second)
+    assert outcomes["second"] == {
+        "outcome": "stored",
+        "asset_id": ANY,
+        "bytes": len(body),
+        "sha256": hashlib.sha256(body).hexdigest(),
+    }
+    assert outcomes["first"] in ("transient", "lease_lost")
+    assert await rig.pool.fetchval("SELECT count(*) FROM assets") == 1
+    assert await rig.pool.fetchval("SELECT count(*) FROM jobs WHERE kind = 'probe'") == 1
+    assert (await rig.output(recorded))["fetch_status"] == "STORED"
+    assert (
+        await stored_bytes(
+            rig,
+            keys.quarantine_source(
+                rig.tenant_id, recorded.provider_output_id, recorded.fetch_job_id
+            ),
+        )
+        == body
+    )

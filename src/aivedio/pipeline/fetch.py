@@ -22,6 +22,7 @@ raise that error, so the queue retries, waits for Retry-After, or buries the job
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import uuid
 from dataclasses import dataclass, field
@@ -38,12 +39,14 @@ from aivedio.errors import (
     AivedioError,
     ChecksumMismatchError,
     InvalidResponseError,
+    LeaseLostError,
     NotFoundError,
     NotYetAvailableError,
     OutputLostError,
     PolicyBlockedError,
     ProviderServerError,
     Retry,
+    StaleStateError,
     ThrottledError,
     TooLargeError,
     TransientError,
@@ -118,11 +121,38 @@ class FetchServices:
         return self.breakers[provider]
 
 
+# The job (and so the lease) the current task works for: every state change of the output
+# checks, in its own transaction, that this lease is still the job's (fencing).
+_current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar(
+    "aivedio_fetch_job", default=None
+)
+
+
+async def _check_lease(conn: Any) -> None:
+    job = _current_job.get()
+    if job is None:
+        return
+    held = await conn.fetchval(
+        "SELECT 1 FROM jobs WHERE id = $1 AND lease_token = $2 AND status = 'running' FOR SHARE",
+        job.id,
+        job.lease_token,
+    )
+    if held is None:
+        raise LeaseLostError(f"job {job.id}: lease {job.lease_token} is no longer held")
+
+
 class FetchStage:
     def __init__(self, services: FetchServices) -> None:
         self.s = services
 
     async def handle(self, _ctx: JobContext, job: Job) -> dict[str, Any] | None:
+        token = _current_job.set(job)
+        try:
+            return await self._handle(job)
+        finally:
+            _current_job.reset(token)
+
+    async def _handle(self, job: Job) -> dict[str, Any] | None:
         output_id = uuid.UUID(str(job.payload["provider_output_id"]))
         output = await self._load(output_id)
         if output.fetch_status == "STORED":
@@ -211,7 +241,12 @@ class FetchStage:
                     url, upload.write, max_bytes=self._max_bytes(output.provider)
                 )
                 self._check_integrity(output, result)
-                info = await upload.complete()
+                try:
+                    info = await upload.complete()
+                except NotFoundError:
+                    # Another run of this job aborted our upload as a leftover (it held the
+                    # job after our lease lapsed): not a verdict on the bytes; try again.
+                    raise TransientError(f"upload of {key} was aborted by another run") from None
             except BaseException:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(30):
                     await upload.abort()
@@ -291,20 +326,32 @@ class FetchStage:
     async def _move(
         self, output: _Output, new: str, *, error: AivedioError | None = None
     ) -> _Output:
+        """CAS the output to ``new``. A concurrent descriptor update (a callback with a fresh
+        URL) bumps the version without changing the state: then re-read the row, taking its
+        newer URL, and try again. A changed state is a real conflict: StaleStateError."""
         values: dict[str, Any] = {}
         if error is not None:
             values = {"last_error_class": error.error_class, "last_error_detail": error.detail}
-        async with self.s.pool.acquire() as conn:
-            version = await transition(
-                conn,
-                Entity.PROVIDER_OUTPUT,
-                (output.id,),
-                expected=output.fetch_status,
-                new=new,
-                version=output.version,
-                values=values,
-            )
-        return msgspec.structs.replace(output, fetch_status=new, version=version)
+        for _ in range(3):
+            try:
+                async with self.s.pool.acquire() as conn, conn.transaction():
+                    await _check_lease(conn)
+                    version = await transition(
+                        conn,
+                        Entity.PROVIDER_OUTPUT,
+                        (output.id,),
+                        expected=output.fetch_status,
+                        new=new,
+                        version=output.version,
+                        values=values,
+                    )
+                return msgspec.structs.replace(output, fetch_status=new, version=version)
+            except StaleStateError:
+                fresh = await self._load(output.id)
+                if fresh.fetch_status != output.fetch_status:
+                    raise
+                output = fresh
+        raise StaleStateError(f"provider output {output.id} keeps changing; giving up")
 
     async def _refresh(self, output: _Output, why: str) -> tuple[_Output, str] | None:
         """A fresh URL from the provider, or OUTPUT_LOST (returns None)."""
@@ -322,6 +369,7 @@ class FetchStage:
             return None
         blob, key_id = self.s.cipher.encrypt(fresh.url, bound_to=str(output.id))
         async with self.s.pool.acquire() as conn, conn.transaction():
+            await _check_lease(conn)
             version = await transition(
                 conn,
                 Entity.PROVIDER_OUTPUT,
@@ -355,6 +403,7 @@ class FetchStage:
 
     async def _lost(self, output: _Output, reason: str) -> None:
         async with self.s.pool.acquire() as conn, conn.transaction():
+            await _check_lease(conn)
             await transition(
                 conn,
                 Entity.PROVIDER_OUTPUT,
@@ -430,10 +479,15 @@ class FetchStage:
             new = "RETRY_WAIT"  # budget spent: the dead job waits for an operator's replay
         with anyio.CancelScope(shield=True):
             await self._end_attempt(attempt_id, "failed", error, key=key)
-            if new == "OUTPUT_LOST":
-                await self._lost(output, f"url expired after: {error.detail}")
-            elif output.fetch_status != new:
-                await self._move(output, new, error=error)
+            try:
+                if new == "OUTPUT_LOST":
+                    await self._lost(output, f"url expired after: {error.detail}")
+                elif output.fetch_status != new:
+                    await self._move(output, new, error=error)
+            except (StaleStateError, LeaseLostError):
+                # Another run moved the output meanwhile (stored it, most likely), or holds
+                # the job now; its state stands. A retry of the job finds it and ends.
+                new = (await self._load(output.id)).fetch_status
         log.warning(
             "fetch_failed",
             provider_output_id=str(output.id),
@@ -455,7 +509,11 @@ class FetchStage:
     ) -> uuid.UUID:
         asset_id = uuid.uuid4()
         try:
-            async with self.s.pool.acquire() as conn, conn.transaction():
+            async with (
+                self.s.pool.acquire() as conn,
+                conn.transaction(),
+            ):
+                await _check_lease(conn)
                 await transition(
                     conn,
                     Entity.PROVIDER_OUTPUT,
@@ -497,6 +555,18 @@ class FetchStage:
                         timeout_seconds=900,
                     ),
                 )
+        except StaleStateError:
+            # Another run of this job (its lease expired while we worked, say) stored it
+            # first: same key, same verified bytes. One STORED, one asset: we are done too.
+            current = await self._load(output.id)
+            if current.fetch_status != "STORED":
+                raise
+            asset = await self.s.pool.fetchval(
+                "SELECT id FROM assets WHERE source_provider_output_id = $1", output.id
+            )
+            log.info("output_already_stored", provider_output_id=str(output.id), job_id=job.id)
+            await self._end_attempt(attempt_id, "already_stored", None, result, key)
+            return uuid.UUID(str(asset))
         except asyncpg.PostgresError as exc:
             raise TransientError(f"recording the stored output failed: {exc}") from exc
         await self._end_attempt(attempt_id, "stored", None, result, key)
