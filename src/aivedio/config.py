@@ -426,8 +426,10 @@ def _mask(node: Any) -> Any:
 
 
 def _mask_url(url: str) -> str:
+    """A URL's password and whole query string (libpq takes ?password=…) are masked."""
     parts = urlsplit(url)
     if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return parts._replace(netloc=netloc).geturl()
-    return url
+        parts = parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@"))
+    if parts.query:
+        parts = parts._replace(query="***")
+    return parts.geturl()

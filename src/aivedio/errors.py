@@ -158,3 +158,10 @@ class OutputLostError(AivedioError):
 
     error_class = "output_lost"
     retry = Retry.NEVER
+
+
+class DeferredError(AivedioError):
+    """Not attempted: the stage put the job off (a provider's circuit is open); the attempt
+    is refunded and the job comes back after ``retry_after_seconds``."""
+
+    error_class = "deferred"

@@ -36,7 +36,7 @@ import asyncpg
 from anyio.abc import TaskStatus
 
 from aivedio.config import Config
-from aivedio.errors import AivedioError, DatabaseError, TransientError
+from aivedio.errors import AivedioError, DatabaseError, DeferredError, TransientError
 from aivedio.logs import get_logger, redact_text
 from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.registry import JobContext, Registry
@@ -75,6 +75,11 @@ class _Lane:
         self.wake = anyio.Event()
 
 
+def _is_data_error(exc: BaseException) -> bool:
+    cause = exc.__cause__
+    return isinstance(cause, asyncpg.DataError | asyncpg.exceptions._base.DataError)
+
+
 def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -106,7 +111,9 @@ class Worker:
             for name, lane in config.worker.lanes.items()
             if lane.slots > 0
         }
-        self._running: dict[int, _Running] = {}
+        # Keyed by (job id, lease token): after a lease lapsed under us and we re-claimed the
+        # same job, the stale run and the new one are two entries, never one overwriting.
+        self._running: dict[tuple[int, int], _Running] = {}
         self._acks: list[tuple[Job, Any]] = []
         self._ack_wake = anyio.Event()
         # One flush at a time: the final flush on drain must wait for one in flight, or
@@ -147,9 +154,11 @@ class Worker:
                     await self._drain_requested.wait()
                     claim_tg.cancel_scope.cancel()
                 await self._wait_for_running()
-            with anyio.CancelScope(shield=True), anyio.move_on_after(15):
-                await self._flush_acks(final=True)
-                await self._release_leases()
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(15):
+                    await self._flush_acks(final=True)
+                with anyio.move_on_after(10):
+                    await self._release_leases()
             tg.cancel_scope.cancel()
         log.info("worker_stopped", owner=self.owner)
 
@@ -206,35 +215,46 @@ class Worker:
                 await lane.sleep(None)
                 continue
             want = min(free, wc.claim_batch_max)
-            try:
-                jobs = await self.queue.claim(
-                    lane.name,
-                    want,
-                    self.owner,
-                    wc.lease_seconds,
-                    self.config.queue.max_tenants_per_claim,
-                )
-                failures = 0
-            except DatabaseError as exc:
-                failures += 1
-                log.warning("claim_failed", lane=lane.name, error=str(exc))
+            # Shielded: a drain must not cancel a claim the server may already have
+            # committed, or those jobs would be held by nobody until their leases expire.
+            with anyio.CancelScope(shield=True):
+                try:
+                    jobs = await self.queue.claim(
+                        lane.name,
+                        want,
+                        self.owner,
+                        wc.lease_seconds,
+                        self.config.queue.max_tenants_per_claim,
+                    )
+                    failures = 0
+                except DatabaseError as exc:
+                    jobs = None
+                    failures += 1
+                    log.warning("claim_failed", lane=lane.name, error=str(exc))
+                if self.draining and jobs:
+                    await self._hand_back(jobs)
+                    return
+            if jobs is None:
                 await anyio.sleep(backoff_seconds(failures, 0.2, 5.0))
                 continue
-            if self.draining and jobs:
-                # The claim raced the signal: hand these back untouched.
-                await self.queue.release(self.owner, [(j.id, j.lease_token) for j in jobs])
-                return
             now = time.monotonic()
             for job in jobs:
                 lane.busy += 1
                 scope = anyio.CancelScope(deadline=anyio.current_time() + job.timeout_seconds)
-                self._running[job.id] = _Running(job, scope, now)
+                self._running[(job.id, job.lease_token)] = _Running(job, scope, now)
                 self._idle = anyio.Event()
                 self.metrics.claimed.labels(job.kind).inc()
-                jobs_tg.start_soon(self._run_job, lane, self._running[job.id])
+                jobs_tg.start_soon(self._run_job, lane, self._running[(job.id, job.lease_token)])
             self.metrics.slots_busy.labels(lane.name).set(lane.busy)
             if len(jobs) < want:
                 await lane.sleep(wc.poll_interval_seconds)
+
+    async def _hand_back(self, jobs: list[Job]) -> None:
+        """The claim raced the drain signal: release these untouched (attempts refunded)."""
+        try:
+            await self.queue.release(self.owner, [(j.id, j.lease_token) for j in jobs])
+        except DatabaseError as exc:
+            log.error("release_failed", jobs=[j.id for j in jobs], error=str(exc))
 
     async def _run_job(self, lane: _Lane, running: _Running) -> None:
         job = running.job
@@ -257,7 +277,7 @@ class Worker:
             error.error_class = "internal"
             log.exception("job_crashed", job_id=job.id, kind=job.kind)
         finally:
-            del self._running[job.id]
+            del self._running[(job.id, job.lease_token)]
             lane.busy -= 1
             self.metrics.slots_busy.labels(lane.name).set(lane.busy)
             lane.poke()
@@ -275,6 +295,30 @@ class Worker:
             self._ack_wake.set()
         else:
             await self._fail(job, error)
+
+    async def _defer(self, job: Job, error: DeferredError) -> None:
+        delay = error.retry_after_seconds or self.config.queue.backoff_base_seconds
+        try:
+            with anyio.CancelScope(shield=True), anyio.fail_after(10):
+                await self.queue.retry_later(
+                    job,
+                    self.owner,
+                    delay_seconds=delay,
+                    penalty_seconds=0,
+                    error_class=error.error_class,
+                    detail=redact_text(error.detail),
+                    refund_attempt=True,
+                )
+        except (DatabaseError, TimeoutError) as exc:
+            log.error("job_defer_failed", job_id=job.id, kind=job.kind, error=str(exc))
+            return
+        log.info(
+            "job_deferred",
+            job_id=job.id,
+            kind=job.kind,
+            detail=error.detail,
+            delay_seconds=round(delay, 3),
+        )
 
     async def _defer_unknown_kind(self, job: Job) -> None:
         """A kind this build does not know (a newer release enqueued it during a rolling
@@ -303,6 +347,9 @@ class Worker:
 
     async def _fail(self, job: Job, error: AivedioError) -> None:
         qc = self.config.queue
+        if isinstance(error, DeferredError):
+            await self._defer(job, error)
+            return
         self.metrics.failed.labels(job.kind, error.error_class).inc()
         decision = decide_retry(
             retry_class=error.retry,
@@ -371,6 +418,13 @@ class Worker:
                     self.owner, [(j.id, j.lease_token, r) for j, r in batch]
                 )
             except DatabaseError as exc:
+                if _is_data_error(exc) and any(r is not None for _, r in batch):
+                    # A result PostgreSQL will not store (not JSON, a NUL in text): the work
+                    # is done, so acknowledge it without its result rather than block the
+                    # acknowledgements behind it forever.
+                    log.error("job_results_dropped", jobs=[j.id for j, _ in batch], error=str(exc))
+                    self._acks[:0] = [(j, None) for j, _ in batch]
+                    continue
                 self._acks[:0] = batch
                 attempts += 1
                 log.warning("ack_failed", jobs=len(batch), error=str(exc))
@@ -408,8 +462,10 @@ class Worker:
         while True:
             await anyio.sleep(wc.heartbeat_interval_seconds)
             started = time.monotonic()
+            leases = [key for key, r in self._running.items() if not r.released]
+            leases += [(job.id, job.lease_token) for job, _ in self._acks]
             try:
-                owned = await self.queue.heartbeat(self.owner, wc.lease_seconds)
+                owned = await self.queue.heartbeat(self.owner, wc.lease_seconds, leases)
             except DatabaseError as exc:
                 log.warning("heartbeat_failed", error=str(exc))
                 continue

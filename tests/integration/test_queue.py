@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import anyio
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -242,12 +243,28 @@ async def test_heartbeat_extends_only_this_owners_leases(pool: Pool) -> None:
     await enqueue(pool, [spec("mine"), spec("theirs")])
     (mine,) = await queue.claim("control", 1, "me", 1)
     (theirs,) = await queue.claim("control", 1, "them", 1)
-    owned = await queue.heartbeat("me", 120)
+    named = [(mine.id, mine.lease_token), (theirs.id, theirs.lease_token)]
+    owned = await queue.heartbeat("me", 120, named)
     assert owned == {mine.id: mine.lease_token}
     rows = dict(
         await pool.fetch("SELECT id, lease_until - now() > interval '60 seconds' FROM jobs")
     )
     assert rows == {mine.id: True, theirs.id: False}
+
+
+async def test_heartbeat_leaves_unnamed_leases_to_expire(pool: Pool) -> None:
+    queue = Queue(pool)
+    await enqueue(pool, [spec("run"), spec("forgotten")])
+    jobs = await queue.claim("control", 2, "me", 1)
+    running = next(j for j in jobs if j.idempotency_key == "run")
+    assert await queue.heartbeat("me", 120, [(running.id, running.lease_token)]) == {
+        running.id: running.lease_token
+    }
+    await anyio.sleep(1.2)
+    reaped = await queue.reap()
+    assert [(r[0], r[3]) for r in reaped] == [
+        (next(j.id for j in jobs if j.idempotency_key == "forgotten"), "queued")
+    ]
 
 
 async def test_dead_job_replays_with_a_fresh_budget(pool: Pool) -> None:

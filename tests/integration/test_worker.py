@@ -185,3 +185,48 @@ async def test_readiness_reports_pending_migrations(config: Config, pool: Pool) 
         body = await resp.json()
     assert resp.status == 503
     assert any("migrations pending" in reason for reason in body["reasons"])
+
+
+async def test_a_result_postgres_cannot_store_does_not_block_acknowledgements(
+    config: Config, pool: Pool
+) -> None:
+    from aivedio.pipeline.registry import JobContext, JobKind, Registry
+    from aivedio.store.queue import Job
+
+    async def nul_result(_ctx: JobContext, _job: Job) -> dict[str, Any]:
+        return {"text": "a\u0000b"}  # jsonb refuses NUL characters
+
+    registry = Registry()
+    registry.register(JobKind("t.nul", "control", nul_result))
+    async with pool.acquire() as conn:
+        bad = (await Queue(pool).enqueue_one(conn, registry.spec("t.nul", "bad"))).job_id
+    worker = Worker(config, pool, registry)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: worker.run(install_signal_handlers=False))
+        row = await wait_for(pool, "SELECT * FROM job_history WHERE id = $1", bad)
+        worker.request_drain(force=True)
+    assert row["status"] == "succeeded"
+    assert row["result"] is None
+
+
+async def test_a_deferred_job_waits_without_spending_attempts(config: Config, pool: Pool) -> None:
+    job_id = await enqueue(
+        pool, "diag.fail", "deferred", {"error_class": "deferred", "retry_after": 0.2}
+    )
+    async with running_worker(config, pool):
+        deadline = time.monotonic() + 5
+        runs = 0
+        while time.monotonic() < deadline and runs < 3:
+            runs = (
+                await pool.fetchval("SELECT count(*) FROM job_history WHERE id = $1", job_id) or 0
+            )
+            row = await pool.fetchrow(
+                "SELECT attempts, last_error_class, lease_token FROM jobs WHERE id = $1", job_id
+            )
+            if row is not None and row["lease_token"] >= 3:
+                break
+            await anyio.sleep(0.05)
+    assert row is not None
+    assert row["lease_token"] >= 3  # claimed and deferred at least three times
+    assert row["attempts"] <= 1
+    assert row["last_error_class"] == "deferred"

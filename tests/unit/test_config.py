@@ -276,3 +276,11 @@ def test_a_provider_may_not_widen_ports_or_the_byte_cap(tmp_path: Path) -> None:
     config.write_text("[providers.acme]\nmax_bytes = 99999999999999\n")
     with pytest.raises(ConfigError, match=r"providers\.acme\.max_bytes"):
         load_config(config, environ={"AIVEDIO_URL_ENCRYPTION_KEY": KEY})
+
+
+def test_masked_hides_query_strings_in_urls() -> None:
+    env = {
+        "AIVEDIO_URL_ENCRYPTION_KEY": KEY,
+        "AIVEDIO_DATABASE_URL": "postgresql://u@h/db?password=hunter2",
+    }
+    assert "hunter2" not in str(masked(load_config(None, environ=env)))

@@ -204,3 +204,22 @@ def test_success_between_failures_resets_the_count() -> None:
     assert breaker.blocked_for() == 0.0
     breaker.failure()
     assert breaker.blocked_for() == pytest.approx(30.0)
+
+
+def test_after_the_open_window_exactly_one_probe_goes_through() -> None:
+    now = [0.0]
+    breaker = CircuitBreaker(failures=2, open_seconds=30, clock=lambda: now[0])
+    assert breaker.acquire() == 0.0
+    breaker.failure()
+    breaker.failure()
+    assert breaker.acquire() == 30.0
+    now[0] = 31.0
+    assert breaker.acquire() == 0.0  # the probe
+    assert breaker.acquire() > 0  # everyone else waits for the probe's verdict
+    breaker.failure()  # the probe failed: a full window again
+    assert breaker.acquire() == 30.0
+    now[0] = 62.0
+    assert breaker.acquire() == 0.0
+    breaker.success()
+    assert breaker.acquire() == 0.0
+    assert breaker.acquire() == 0.0

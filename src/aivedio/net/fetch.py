@@ -5,8 +5,9 @@ What each rule prevents:
 * The full policy (``check_url``) runs on the URL and on every redirect hop, and redirects are
   followed by hand: a public URL that 302s to ``http://169.254.169.254/`` is refused before a
   byte is sent. At most ``max_redirects`` hops.
-* Headers given by the caller (a provider's ``Authorization``) go to the first host only and
-  are dropped on any cross-host hop, so a redirect cannot exfiltrate a credential. Cookies are
+* Headers given by the caller (a provider's ``Authorization``, an API key under any name) go
+  to the first origin only and are all dropped on any cross-origin hop, so a redirect cannot
+  exfiltrate a credential. Cookies are
   never kept (``DummyCookieJar``) and the environment's proxies are ignored (``trust_env``).
 * ``Accept-Encoding: identity`` and a refusal of any encoded body: a byte cap and a checksum
   mean something only over the bytes on the wire; a gzip bomb is never inflated.
@@ -45,7 +46,6 @@ from aivedio.net.policy import FetchPolicy, Target, check_url
 from aivedio.net.resolver import PinningResolver, guarded_socket_factory
 
 Sink = Callable[[bytes], Awaitable[None]]
-SENSITIVE_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization", "x-api-key"})
 
 
 class FetchLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -215,9 +215,10 @@ class Fetcher:
                 target = check_url(current, self.policy)
                 state.redirects.append(target.host)
             send = {"Accept-Encoding": "identity", "User-Agent": self._user_agent}
-            for name, value in headers.items():
-                if _origin(target) == _origin(first) or name.lower() not in SENSITIVE_HEADERS:
-                    send[name] = value
+            if _origin(target) == _origin(first):
+                # The caller's headers (a provider's credentials, whatever their name) go to
+                # the first origin only; any other origin gets none of them.
+                send.update(headers)
             response = await self._request(current, send)
             state.addresses = (
                 [target.host] if target.ip_literal else self.resolver.answers.get(target.host, [])

@@ -62,6 +62,20 @@ class CircuitBreaker:
         self._clock = clock
         self._consecutive = 0
         self._opened_at: float | None = None
+        self._probing = False
+
+    def acquire(self) -> float:
+        """0 when this request may go, else seconds to wait. After the open window, exactly one
+        caller gets through (the half-open probe) until it reports success or failure."""
+        wait = self.blocked_for()
+        if wait > 0:
+            return wait
+        if self._opened_at is None:
+            return 0.0
+        if self._probing:
+            return max(1.0, self.open_seconds / 10)
+        self._probing = True
+        return 0.0
 
     def blocked_for(self) -> float:
         """Seconds left while open; 0 when a request may go (closed or half-open)."""
@@ -72,8 +86,10 @@ class CircuitBreaker:
     def success(self) -> None:
         self._consecutive = 0
         self._opened_at = None
+        self._probing = False
 
     def failure(self) -> None:
         self._consecutive += 1
+        self._probing = False
         if self._consecutive >= self.failures:
             self._opened_at = self._clock()

@@ -24,7 +24,7 @@ import aiodns
 import anyio
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from aivedio.errors import PolicyBlockedError, TransientError
+from aivedio.errors import AivedioError, PolicyBlockedError, TransientError
 from aivedio.net.policy import FetchPolicy, check_address, check_answers
 
 DNS_TIMEOUT_SECONDS = 5.0
@@ -69,10 +69,22 @@ class PinningResolver(AbstractResolver):
                 str(record.data.addr) for record in answer.answer if hasattr(record.data, "addr")
             ]
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(query, "A")
-            tg.start_soon(query, "AAAA")
-        addresses = check_answers(host, results.get("A", []) + results.get("AAAA", []), self.policy)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(query, "A")
+                tg.start_soon(query, "AAAA")
+        except BaseExceptionGroup as group:
+            # The task group wraps a child's error; callers expect our taxonomy, unwrapped.
+            first = group.exceptions[0]
+            if isinstance(first, AivedioError):
+                raise first from None
+            raise
+        answers = results.get("A", []) + results.get("AAAA", [])
+        if not answers:
+            # NXDOMAIN or no data: DNS may be catching up (a new CDN name) or failing; not a
+            # policy verdict. Retried with backoff like any transient failure.
+            raise TransientError(f"dns: {host} has no A or AAAA answer")
+        addresses = check_answers(host, answers, self.policy)
         self.answers[host.rstrip(".").lower()] = addresses
         return addresses
 

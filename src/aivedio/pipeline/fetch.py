@@ -38,6 +38,7 @@ from aivedio.crypto import UrlCipher
 from aivedio.errors import (
     AivedioError,
     ChecksumMismatchError,
+    DeferredError,
     InvalidResponseError,
     LeaseLostError,
     NotFoundError,
@@ -161,9 +162,9 @@ class FetchStage:
             return {"outcome": output.fetch_status.lower()}
         key = keys.quarantine_source(output.tenant_id, output.id, job.id)
         breaker = self.s.breaker(output.provider)
-        wait = breaker.blocked_for()
+        wait = breaker.acquire()
         if wait > 0:
-            raise ProviderServerError(
+            raise DeferredError(
                 f"circuit open for provider {output.provider}", retry_after_seconds=wait
             )
         url = self._url(output)
@@ -201,6 +202,8 @@ class FetchStage:
             except AivedioError as exc:
                 if isinstance(exc, ProviderServerError | TransientError):
                     breaker.failure()
+                else:
+                    breaker.success()  # the provider answered; its circuit is healthy
                 if isinstance(exc, ThrottledError):
                     self.s.hosts.throttled(_host(url))
                 await self._fail(output, job, exc, attempt_id, key)

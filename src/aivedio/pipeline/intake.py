@@ -185,7 +185,9 @@ async def _upsert_output(
     output_id = uuid.UUID(str(row["id"]))
     status = row["fetch_status"]
     same_url = _decrypts_to(cipher, row, d.url)
-    if status not in TERMINAL_OUTPUT_STATES and status != "FETCHING" and not same_url:
+    # Not while a fetch or a refresh holds the row: they would lose their CAS to us.
+    busy = status in ("FETCHING", "NEED_URL_REFRESH")
+    if status not in TERMINAL_OUTPUT_STATES and not busy and not same_url:
         # A newer descriptor for an output not yet stored: keep the identity, take the URL.
         blob, key_id = cipher.encrypt(d.url, bound_to=str(output_id))
         with map_db_errors("refreshing the provider output's URL"):
@@ -210,7 +212,7 @@ def _decrypts_to(cipher: UrlCipher, row: Any, url: str) -> bool:
         )
     except ConfigError:
         return False
-    return hmac.compare_digest(stored, url)
+    return hmac.compare_digest(stored.encode(), url.encode())
 
 
 async def tenant_exists(conn: Connection, tenant_id: int) -> bool:

@@ -206,9 +206,20 @@ class Queue:
                 await self._pool.execute(query("notify"), sorted({r["lane"] for r in rows}))
         return [r["id"] for r in rows]
 
-    async def heartbeat(self, owner: str, lease_seconds: float) -> dict[int, int]:
+    async def heartbeat(
+        self, owner: str, lease_seconds: float, leases: Sequence[tuple[int, int]]
+    ) -> dict[int, int]:
+        """Extend the named (id, lease_token) leases; return those still owned, id → token."""
+        if not leases:
+            return {}
         with map_db_errors("extending leases"):
-            rows = await self._pool.fetch(query("heartbeat"), owner, lease_seconds)
+            rows = await self._pool.fetch(
+                query("heartbeat"),
+                owner,
+                lease_seconds,
+                [x[0] for x in leases],
+                [x[1] for x in leases],
+            )
         return {r["id"]: r["lease_token"] for r in rows}
 
     # -- maintenance -----------------------------------------------------------------------

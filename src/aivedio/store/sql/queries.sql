@@ -146,12 +146,16 @@ WHERE jobs.id = c.id AND jobs.lease_token = c.token AND jobs.lease_owner = $3
 RETURNING jobs.id, jobs.lane;
 
 -- name: heartbeat
--- One statement per worker extends every lease it still holds; the ids it returns are the
--- leases this worker still owns.
+-- One statement per worker extends the leases it names (the jobs it runs and the ones whose
+-- acknowledgement is pending) and returns those it still owns. A lease the worker holds but
+-- no longer names (a claim cancelled mid-flight, a failure it could not record) is left to
+-- expire and be reaped.
 UPDATE jobs
 SET lease_until = now() + make_interval(secs => $2)
-WHERE lease_owner = $1 AND status = 'running'
-RETURNING id, lease_token;
+FROM unnest($3::bigint[], $4::bigint[]) AS h(id, token)
+WHERE jobs.id = h.id AND jobs.lease_token = h.token AND jobs.lease_owner = $1
+  AND jobs.status = 'running'
+RETURNING jobs.id, jobs.lease_token;
 
 -- name: reap
 -- Expired leases (the holder died or stalled): back to the queue, or dead when the claim
