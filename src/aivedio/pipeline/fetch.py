@@ -191,13 +191,20 @@ class FetchStage:
                 if refreshed_once:
                     await self._fail(output, job, exc, attempt_id, key)
                     raise TransientError(f"a fresh URL was refused too: {exc.detail}") from None
-                output = await self._move(output, "NEED_URL_REFRESH", error=exc)
-                refreshed = await self._refresh(output, exc.detail)
-                if refreshed is None:
-                    await self._end_attempt(attempt_id, "output_lost", exc)
-                    return {"outcome": "output_lost"}
-                output, url = refreshed
-                output = await self._move(output, "FETCHING")
+                try:
+                    output = await self._move(output, "NEED_URL_REFRESH", error=exc)
+                    refreshed = await self._refresh(output, exc.detail)
+                    if refreshed is None:
+                        await self._end_attempt(attempt_id, "output_lost", exc)
+                        return {"outcome": "output_lost"}
+                    output, url = refreshed
+                    output = await self._move(output, "FETCHING")
+                except AivedioError as refresh_error:
+                    # The refresh itself failed (the provider's API is down, throttling, a
+                    # conflict): record it like any failure; the next attempt refreshes again.
+                    output = await self._load(output.id)
+                    await self._fail(output, job, refresh_error, attempt_id, key)
+                    raise
                 refreshed_once = True
             except AivedioError as exc:
                 if isinstance(exc, ProviderServerError | TransientError):
@@ -370,6 +377,12 @@ class FetchStage:
         except OutputLostError as exc:
             await self._lost(output, exc.detail)
             return None
+        except UrlExpiredError as exc:
+            # 401/403 from the provider's own API is about our credentials, not the output:
+            # retry (and let the operator see it), never end the output on it.
+            raise TransientError(
+                f"provider {output.provider} refused our API credentials: {exc.detail}"
+            ) from None
         blob, key_id = self.s.cipher.encrypt(fresh.url, bound_to=str(output.id))
         async with self.s.pool.acquire() as conn, conn.transaction():
             await _check_lease(conn)
@@ -470,7 +483,11 @@ class FetchStage:
             base_seconds=1,
             max_seconds=qc.backoff_max_seconds,
         ).retry
-        if isinstance(error, TooLargeError | PolicyBlockedError | InvalidResponseError):
+        if output.fetch_status == "NEED_URL_REFRESH":
+            # A refresh failed: the output waits for the next attempt's refresh, unless the
+            # URL's expiry says it is lost.
+            new = "OUTPUT_LOST" if not will_retry and _expired(output) else "NEED_URL_REFRESH"
+        elif isinstance(error, TooLargeError | PolicyBlockedError | InvalidResponseError):
             new = "INVALID_RESPONSE"
         elif will_retry:
             new = "RETRY_WAIT"
@@ -628,6 +645,7 @@ async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
 
 
 def register(registry: Registry) -> None:
-    # The deadline covers a 4 GiB body at a slow 2 MiB/s; the fetcher's own total deadline
-    # (net.total_timeout_seconds) is the tighter bound in practice.
-    registry.register(JobKind(KIND, LANE, handle, timeout_seconds=3600, max_attempts=8))
+    # An outer bound only: the fetcher's own total deadline (net.total_timeout_seconds, an
+    # hour by default) ends a transfer first, and the stage then records the failure; the
+    # job's deadline must stay well above it or it would cancel the stage before it can.
+    registry.register(JobKind(KIND, LANE, handle, timeout_seconds=4 * 3600, max_attempts=8))
