@@ -10,7 +10,10 @@ expiring work cannot starve them. A retry adds a penalty to ``sort_at``. Ties br
 priority (higher first), then id (older first).
 
 Fairness is round-robin across tenants: every tenant's most urgent job is taken before any
-tenant's second one (see the ``claim`` query). ``reference_claim`` is the same rule in Python,
+tenant's second one (see the ``claim`` query). One round walks at most ``max_tenants``
+tenants, from a cursor the worker moves past the last tenant it served, so with more tenants
+than that every one is reached within a few rounds. ``reference_claim`` is the same rule
+in Python,
 which the property tests compare with what PostgreSQL returns.
 
 Backoff is exponential with full jitter (delay uniform in ``[0, min(max, base·2^(n-1))]``),
@@ -60,13 +63,18 @@ def _key(c: Candidate) -> tuple[datetime, int, int]:
     return (c.sort_at, -c.priority, c.id)
 
 
-def reference_claim(candidates: Iterable[Candidate], batch: int, max_tenants: int) -> list[int]:
-    """The ids one claim round takes, by the rule the ``claim`` query implements."""
+def reference_claim(
+    candidates: Iterable[Candidate], batch: int, max_tenants: int, start_tenant: int = 0
+) -> list[int]:
+    """The ids one claim round takes, by the rule the ``claim`` query implements: tenants
+    walked from ``start_tenant`` up, wrapping around, at most ``max_tenants`` of them."""
     by_tenant: dict[int, list[Candidate]] = defaultdict(list)
     for c in candidates:
         by_tenant[c.tenant_id].append(c)
+    ordered = sorted(by_tenant)
+    walk = [t for t in ordered if t >= start_tenant] + [t for t in ordered if t < start_tenant]
     turns: list[tuple[int, Candidate]] = []
-    for tenant in sorted(by_tenant)[:max_tenants]:
+    for tenant in walk[:max_tenants]:
         ranked = sorted(by_tenant[tenant], key=_key)[:batch]
         turns.extend((turn, c) for turn, c in enumerate(ranked))
     turns.sort(key=lambda tc: (tc[0], *_key(tc[1])))

@@ -64,6 +64,7 @@ class _Lane:
     name: str
     slots: int
     busy: int = 0
+    tenant_cursor: int = 0
     wake: anyio.Event = field(default_factory=anyio.Event)
 
     def poke(self) -> None:
@@ -225,8 +226,12 @@ class Worker:
                         self.owner,
                         wc.lease_seconds,
                         self.config.queue.max_tenants_per_claim,
+                        lane.tenant_cursor,
                     )
                     failures = 0
+                    # Next round starts past the last tenant served (wrapping), so a lane
+                    # with more tenants than one round walks leaves none of them out.
+                    lane.tenant_cursor = max((j.tenant_id for j in jobs), default=-1) + 1
                 except DatabaseError as exc:
                     jobs = None
                     failures += 1

@@ -120,6 +120,21 @@ async def test_a_busy_tenant_delays_another_by_at_most_one_round(pool: Pool) -> 
     assert "b-0" in {j.idempotency_key for j in first_round}
 
 
+async def test_tenants_past_one_rounds_walk_are_reached_by_the_rotating_cursor(
+    pool: Pool,
+) -> None:
+    # 10 tenants, 3 walked per round: the cursor past the last tenant served reaches all.
+    await enqueue(pool, [spec(f"t{t}-{i}", tenant_id=t) for t in range(10) for i in range(3)])
+    queue = Queue(pool)
+    served: list[int] = []
+    cursor = 0
+    for _ in range(4):
+        jobs = await queue.claim("control", 3, OWNER, 30, max_tenants=3, start_tenant=cursor)
+        served += [j.tenant_id for j in jobs]
+        cursor = max((j.tenant_id for j in jobs), default=-1) + 1
+    assert set(served) == set(range(10))
+
+
 async def test_claim_skips_rows_locked_by_a_concurrent_claimer(pool: Pool) -> None:
     await enqueue(pool, [spec(f"j{i}") for i in range(10)])
     async with pool.acquire() as conn, conn.transaction():
@@ -138,9 +153,14 @@ candidates = st.lists(
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(rows=candidates, batch=st.integers(1, 12))
+@given(
+    rows=candidates,
+    batch=st.integers(1, 12),
+    start=st.integers(0, 5),
+    max_tenants=st.integers(1, 5),
+)
 async def test_sql_claim_matches_the_reference_order(
-    pool: Pool, rows: list[tuple[int, int, int]], batch: int
+    pool: Pool, rows: list[tuple[int, int, int]], batch: int, start: int, max_tenants: int
 ) -> None:
     await pool.execute("TRUNCATE jobs, job_keys, job_history")
     base = datetime(2030, 1, 1, tzinfo=UTC)
@@ -160,9 +180,10 @@ async def test_sql_claim_matches_the_reference_order(
             for job_id, s in zip(ids, specs, strict=True)
         ],
         batch,
-        max_tenants=64,
+        max_tenants=max_tenants,
+        start_tenant=start,
     )
-    claimed = await Queue(pool).claim("control", batch, OWNER, 30)
+    claimed = await Queue(pool).claim("control", batch, OWNER, 30, max_tenants, start)
     assert sorted(j.id for j in claimed) == sorted(expected)
 
 

@@ -140,11 +140,18 @@ class Queue:
     # -- consuming ---------------------------------------------------------------------------
 
     async def claim(
-        self, lane: str, limit: int, owner: str, lease_seconds: float, max_tenants: int = 64
+        self,
+        lane: str,
+        limit: int,
+        owner: str,
+        lease_seconds: float,
+        max_tenants: int = 64,
+        start_tenant: int = 0,
     ) -> list[Job]:
+        """Claim up to ``limit`` jobs; tenants are walked from ``start_tenant`` up, wrapping."""
         with map_db_errors("claiming jobs"):
             rows = await self._pool.fetch(
-                query("claim"), lane, limit, owner, lease_seconds, max_tenants
+                query("claim"), lane, limit, owner, lease_seconds, max_tenants, start_tenant
             )
         return [Job(**dict(r.items())) for r in rows]
 

@@ -34,24 +34,43 @@ SELECT idempotency_key, job_id FROM job_keys WHERE idempotency_key = ANY($1::tex
 SELECT pg_notify('aivedio_jobs', lane) FROM unnest($1::text[]) AS l(lane);
 
 -- name: claim
--- Fair, deadline-aware claim. Walk the distinct tenants with queued jobs in this lane (a
--- loose index scan: one index probe per tenant), take each tenant's most urgent jobs from
+-- Fair, deadline-aware claim. Walk the distinct tenants with queued jobs in this lane from
+-- a rotating cursor (a loose index scan: one index probe per tenant, at most $5 tenants), take
+-- each tenant's most urgent jobs from
 -- the same partial index with SKIP LOCKED, then hand out turns round-robin: every tenant's
 -- first job before any tenant's second. So a tenant with 10,000 queued jobs delays another
 -- tenant's job by at most one claim round.
-WITH RECURSIVE tenants AS (
+WITH RECURSIVE hi AS (
     (SELECT j.tenant_id FROM jobs j
-     WHERE j.lane = $1 AND j.status = 'queued'
+     WHERE j.lane = $1 AND j.status = 'queued' AND j.tenant_id >= $6
      ORDER BY j.tenant_id LIMIT 1)
     UNION ALL
     SELECT (SELECT j.tenant_id FROM jobs j
             WHERE j.lane = $1 AND j.status = 'queued' AND j.tenant_id > t.tenant_id
             ORDER BY j.tenant_id LIMIT 1)
-    FROM tenants t
+    FROM hi t
     WHERE t.tenant_id IS NOT NULL
+), lo AS (
+    (SELECT j.tenant_id FROM jobs j
+     WHERE j.lane = $1 AND j.status = 'queued' AND j.tenant_id < $6
+     ORDER BY j.tenant_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.tenant_id FROM jobs j
+            WHERE j.lane = $1 AND j.status = 'queued' AND j.tenant_id > t.tenant_id
+              AND j.tenant_id < $6
+            ORDER BY j.tenant_id LIMIT 1)
+    FROM lo t
+    WHERE t.tenant_id IS NOT NULL
+), tenants AS (
+    -- From the cursor ($6) up, then wrapping around: with more tenants than one round
+    -- takes, the worker moves the cursor past the last one served, so none is left out.
+    SELECT tenant_id FROM hi WHERE tenant_id IS NOT NULL
+    UNION ALL
+    SELECT tenant_id FROM lo WHERE tenant_id IS NOT NULL
+    LIMIT $5
 ), locked AS (
     SELECT c.id, c.tenant_id, c.sort_at, c.priority
-    FROM (SELECT tenant_id FROM tenants WHERE tenant_id IS NOT NULL LIMIT $5) t
+    FROM tenants t
     CROSS JOIN LATERAL (
         SELECT j.id, j.tenant_id, j.sort_at, j.priority
         FROM jobs j
