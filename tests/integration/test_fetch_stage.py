@@ -359,3 +359,26 @@ async def test_a_run_whose_lease_was_taken_over_cannot_commit(rig: Rig) -> None:
         )
         == body
     )
+
+
+async def test_a_fresh_url_revives_a_fetch_job_that_gave_up(rig: Rig) -> None:
+    rig.config = msgspec.structs.replace(
+        rig.config, fetch=msgspec.structs.replace(rig.config.fetch, breaker_failures=1000)
+    )
+    rig.sim.add_output("task-1", 0, b"late" * 1000, faults=Faults(error_requests=1000))
+    recorded = await rig.ingest("task-1")
+    async with running_worker(rig):
+        output = await rig.wait_final(recorded, timeout=30)
+        assert output["fetch_status"] == "RETRY_WAIT"
+        job = await rig.pool.fetchrow(
+            "SELECT status FROM job_history WHERE id = $1", recorded.fetch_job_id
+        )
+        assert job["status"] == "dead"
+        # The provider recovers and calls back with a new URL.
+        rig.sim.add_output("task-1", 0, b"late" * 1000)
+        again = await rig.ingest("task-1", url=rig.sim.signed_url("task-1", 0, ttl_seconds=7200))
+        assert again.fetch_job_id == recorded.fetch_job_id
+        deadline = time.monotonic() + 20
+        while (await rig.output(recorded))["fetch_status"] != "STORED":
+            assert time.monotonic() < deadline, await rig.output(recorded)
+            await anyio.sleep(0.05)

@@ -77,7 +77,7 @@ async def record_provider_output(
         raise PolicyBlockedError("invalid_descriptor: sha256 must be 64 hex characters")
     async with conn.transaction():
         task_id = await _succeed_task(conn, tenant_id, descriptor)
-        output_id, created, status = await _upsert_output(
+        output_id, created, status, url_changed = await _upsert_output(
             conn, tenant_id, task_id, descriptor, expires_at, cipher
         )
         estimated = (descriptor.size or 0) / estimated_bytes_per_second
@@ -92,6 +92,10 @@ async def record_provider_output(
             spec, estimated_seconds=max(spec.estimated_seconds, estimated)
         )
         enqueued = await queue.enqueue_one(conn, spec)
+        if url_changed and not enqueued.created:
+            # A fresh URL for an output whose fetch job already gave up (or waits to retry):
+            # bring the job back now, with a fresh budget, rather than leave the URL unused.
+            await queue.replay_in(conn, enqueued.job_id)
     return Recorded(
         generation_task_id=task_id,
         provider_output_id=output_id,
@@ -145,7 +149,7 @@ async def _upsert_output(
     d: OutputDescriptor,
     expires_at: datetime,
     cipher: UrlCipher,
-) -> tuple[uuid.UUID, bool, str]:
+) -> tuple[uuid.UUID, bool, str, bool]:
     key = (d.provider, d.provider_task_id, d.output_index, d.output_revision)
     select = (
         "SELECT id, fetch_status, version, source_url_expires_at, source_url_ciphertext,"
@@ -178,7 +182,7 @@ async def _upsert_output(
                 d.content_type,
             )
             if inserted is not None:
-                return output_id, True, "FETCH_PENDING"
+                return output_id, True, "FETCH_PENDING", False
             row = await conn.fetchrow(select, *key)  # a concurrent duplicate won
     if row is None:
         raise NotFoundError("provider output vanished during intake")
@@ -201,7 +205,8 @@ async def _upsert_output(
                 expires_at,
                 row["version"],
             )
-    return output_id, False, status
+        return output_id, False, status, True
+    return output_id, False, status, False
 
 
 def _decrypts_to(cipher: UrlCipher, row: Any, url: str) -> bool:

@@ -249,11 +249,16 @@ class Queue:
         return len(rows)
 
     async def replay(self, job_id: int) -> bool:
+        async with self._pool.acquire() as conn, conn.transaction():
+            return await self.replay_in(conn, job_id)
+
+    async def replay_in(self, conn: Connection, job_id: int) -> bool:
+        """Replay inside the caller's transaction: a dead or cancelled job comes back with a
+        fresh budget, a waiting one becomes due now; False when the job is neither."""
         with map_db_errors("replaying a job"):
-            async with self._pool.acquire() as conn, conn.transaction():
-                rows = await conn.fetch(query("replay"), job_id)
-                if rows:
-                    await conn.execute(query("notify"), sorted({r["lane"] for r in rows}))
+            rows = await conn.fetch(query("replay"), job_id)
+            if rows:
+                await conn.execute(query("notify"), sorted({r["lane"] for r in rows}))
         return bool(rows)
 
     async def get(self, job_id: int) -> dict[str, Any] | None:
