@@ -289,7 +289,14 @@ class Worker:
             if not self._running:
                 self._idle.set()
         if kind is None:
-            await self._defer_unknown_kind(job)
+            # A kind this build does not know (a newer release enqueued it during a rolling
+            # deploy): hand it back for a worker that does, without spending an attempt.
+            unknown = DeferredError(
+                f"no handler for job kind {job.kind!r} in this worker",
+                retry_after_seconds=UNKNOWN_KIND_RETRY_SECONDS,
+            )
+            unknown.error_class = "unknown_kind"
+            await self._defer(job, unknown)
         elif running.released:
             self._to_release.append(job)
         elif running.lease_lost:
@@ -321,33 +328,9 @@ class Worker:
             "job_deferred",
             job_id=job.id,
             kind=job.kind,
+            error_class=error.error_class,
             detail=error.detail,
             delay_seconds=round(delay, 3),
-        )
-
-    async def _defer_unknown_kind(self, job: Job) -> None:
-        """A kind this build does not know (a newer release enqueued it during a rolling
-        deploy): hand it back for a worker that does, without spending an attempt."""
-        detail = f"no handler for job kind {job.kind!r} in this worker"
-        try:
-            with anyio.CancelScope(shield=True), anyio.fail_after(10):
-                await self.queue.retry_later(
-                    job,
-                    self.owner,
-                    delay_seconds=UNKNOWN_KIND_RETRY_SECONDS,
-                    penalty_seconds=0,
-                    error_class="unknown_kind",
-                    detail=detail,
-                    refund_attempt=True,
-                )
-        except (DatabaseError, TimeoutError) as exc:
-            log.error("job_defer_failed", job_id=job.id, kind=job.kind, error=str(exc))
-            return
-        log.warning(
-            "job_kind_unknown",
-            job_id=job.id,
-            kind=job.kind,
-            retry_in_seconds=UNKNOWN_KIND_RETRY_SECONDS,
         )
 
     async def _fail(self, job: Job, error: AivedioError) -> None:
