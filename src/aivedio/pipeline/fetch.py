@@ -22,11 +22,9 @@ raise that error, so the queue retries, waits for Retry-After, or buries the job
 
 from __future__ import annotations
 
-import contextvars
 import hashlib
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -56,12 +54,14 @@ from aivedio.errors import (
 from aivedio.logs import get_logger, url_for_log
 from aivedio.net.fetch import Fetcher, FetchResult
 from aivedio.net.limits import CircuitBreaker, HostLimiter
+from aivedio.pipeline import output_records as records
+from aivedio.pipeline.output_records import OutputRow
 from aivedio.pipeline.providers import ProviderAdapter
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
 from aivedio.store import keys
-from aivedio.store.database import Pool, map_db_errors
+from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectInfo, ObjectStore
 from aivedio.store.queue import Job, JobSpec, Queue
 from aivedio.store.records import transition
@@ -73,29 +73,6 @@ LANE = "fetch"
 PROBE_KIND = "probe"
 PROBE_LANE = "media"
 PROBE_VERSION = 1
-
-_OUTPUT_COLUMNS = (
-    "id, tenant_id, generation_task_id, provider, provider_task_id, output_index, "
-    "source_url_ciphertext, source_url_key_id, source_url_expires_at, expected_size_bytes, "
-    "expected_checksum, content_type, fetch_status, version"
-)
-
-
-class _Output(msgspec.Struct, kw_only=True):
-    id: uuid.UUID
-    tenant_id: int
-    generation_task_id: uuid.UUID
-    provider: str
-    provider_task_id: str
-    output_index: int
-    source_url_ciphertext: bytes
-    source_url_key_id: str
-    source_url_expires_at: datetime | None
-    expected_size_bytes: int | None
-    expected_checksum: str | None
-    content_type: str | None
-    fetch_status: str
-    version: int
 
 
 @dataclass
@@ -122,24 +99,9 @@ class FetchServices:
         return self.breakers[provider]
 
 
-# The job (and so the lease) the current task works for: every state change of the output
-# checks, in its own transaction, that this lease is still the job's (fencing).
-_current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar(
-    "aivedio_fetch_job", default=None
-)
-
-
-async def _check_lease(conn: Any) -> None:
-    job = _current_job.get()
-    if job is None:
-        return
-    held = await conn.fetchval(
-        "SELECT 1 FROM jobs WHERE id = $1 AND lease_token = $2 AND status = 'running' FOR SHARE",
-        job.id,
-        job.lease_token,
-    )
-    if held is None:
-        raise LeaseLostError(f"job {job.id}: lease {job.lease_token} is no longer held")
+class _Resumed(msgspec.Struct, frozen=True):
+    sha256: str
+    bytes: int
 
 
 class FetchStage:
@@ -147,15 +109,15 @@ class FetchStage:
         self.s = services
 
     async def handle(self, _ctx: JobContext, job: Job) -> dict[str, Any] | None:
-        token = _current_job.set(job)
+        token = records.current_job.set(job)
         try:
             return await self._handle(job)
         finally:
-            _current_job.reset(token)
+            records.current_job.reset(token)
 
     async def _handle(self, job: Job) -> dict[str, Any] | None:
         output_id = uuid.UUID(str(job.payload["provider_output_id"]))
-        output = await self._load(output_id)
+        output = await records.load(self.s.pool, output_id)
         if output.fetch_status == "STORED":
             return {"outcome": "already_stored"}
         if output.fetch_status in ("OUTPUT_LOST", "INVALID_RESPONSE"):
@@ -168,15 +130,15 @@ class FetchStage:
                 f"circuit open for provider {output.provider}", retry_after_seconds=wait
             )
         url = self._url(output)
-        if output.fetch_status in ("NEED_URL_REFRESH",) or _expired(output):
+        if output.fetch_status in ("NEED_URL_REFRESH",) or records.expired(output):
             refreshed = await self._refresh(output, "url expired before the fetch")
             if refreshed is None:
                 return {"outcome": "output_lost"}
             output, url = refreshed
         if output.fetch_status != "FETCHING":
-            output = await self._move(output, "FETCHING")
+            output = await records.move(self.s.pool, output, "FETCHING")
             url = self._url(output)
-        attempt_id = await self._begin_attempt(output, job)
+        attempt_id = await records.begin_attempt(self.s.pool, output, job)
         refreshed_once = False
         while True:
             try:
@@ -192,17 +154,17 @@ class FetchStage:
                     await self._fail(output, job, exc, attempt_id, key)
                     raise TransientError(f"a fresh URL was refused too: {exc.detail}") from None
                 try:
-                    output = await self._move(output, "NEED_URL_REFRESH", error=exc)
+                    output = await records.move(self.s.pool, output, "NEED_URL_REFRESH", error=exc)
                     refreshed = await self._refresh(output, exc.detail)
                     if refreshed is None:
-                        await self._end_attempt(attempt_id, "output_lost", exc)
+                        await records.end_attempt(self.s.pool, attempt_id, "output_lost", exc)
                         return {"outcome": "output_lost"}
                     output, url = refreshed
-                    output = await self._move(output, "FETCHING")
+                    output = await records.move(self.s.pool, output, "FETCHING")
                 except AivedioError as refresh_error:
                     # The refresh itself failed (the provider's API is down, throttling, a
                     # conflict): record it like any failure; the next attempt refreshes again.
-                    output = await self._load(output.id)
+                    output = await records.load(self.s.pool, output.id)
                     await self._fail(output, job, refresh_error, attempt_id, key)
                     raise
                 refreshed_once = True
@@ -226,7 +188,7 @@ class FetchStage:
     # -- transfer ------------------------------------------------------------------------
 
     async def _fetch_into_store(
-        self, output: _Output, url: str, key: str
+        self, output: OutputRow, url: str, key: str
     ) -> tuple[ObjectInfo, FetchResult | _Resumed]:
         existing = await self.s.store.head(key)
         if existing is not None:
@@ -277,7 +239,7 @@ class FetchStage:
         )
         return info, result
 
-    def _check_integrity(self, output: _Output, result: FetchResult) -> None:
+    def _check_integrity(self, output: OutputRow, result: FetchResult) -> None:
         if output.expected_size_bytes is not None and result.bytes != output.expected_size_bytes:
             raise ChecksumMismatchError(
                 f"size {result.bytes} differs from the provider's {output.expected_size_bytes}"
@@ -288,7 +250,7 @@ class FetchStage:
             )
 
     async def _verify_existing(
-        self, output: _Output, key: str, existing: ObjectInfo
+        self, output: OutputRow, key: str, existing: ObjectInfo
     ) -> _Resumed | None:
         hasher = hashlib.sha256()
         async for chunk in self.s.store.get(key):
@@ -319,54 +281,17 @@ class FetchStage:
 
     # -- records ---------------------------------------------------------------------------
 
-    def _url(self, output: _Output) -> str:
+    def _url(self, output: OutputRow) -> str:
         return self.s.cipher.decrypt(
             output.source_url_ciphertext, output.source_url_key_id, bound_to=str(output.id)
         )
 
-    async def _load(self, output_id: uuid.UUID) -> _Output:
-        with map_db_errors("reading a provider output"):
-            row = await self.s.pool.fetchrow(
-                f"SELECT {_OUTPUT_COLUMNS} FROM provider_outputs WHERE id = $1", output_id
-            )
-        if row is None:
-            raise NotFoundError(f"provider output {output_id} does not exist")
-        return msgspec.convert(dict(row.items()), _Output)
-
-    async def _move(
-        self, output: _Output, new: str, *, error: AivedioError | None = None
-    ) -> _Output:
-        """CAS the output to ``new``. A concurrent descriptor update (a callback with a fresh
-        URL) bumps the version without changing the state: then re-read the row, taking its
-        newer URL, and try again. A changed state is a real conflict: StaleStateError."""
-        values: dict[str, Any] = {}
-        if error is not None:
-            values = {"last_error_class": error.error_class, "last_error_detail": error.detail}
-        for _ in range(3):
-            try:
-                async with self.s.pool.acquire() as conn, conn.transaction():
-                    await _check_lease(conn)
-                    version = await transition(
-                        conn,
-                        Entity.PROVIDER_OUTPUT,
-                        (output.id,),
-                        expected=output.fetch_status,
-                        new=new,
-                        version=output.version,
-                        values=values,
-                    )
-                return msgspec.structs.replace(output, fetch_status=new, version=version)
-            except StaleStateError:
-                fresh = await self._load(output.id)
-                if fresh.fetch_status != output.fetch_status:
-                    raise
-                output = fresh
-        raise StaleStateError(f"provider output {output.id} keeps changing; giving up")
-
-    async def _refresh(self, output: _Output, why: str) -> tuple[_Output, str] | None:
+    async def _refresh(self, output: OutputRow, why: str) -> tuple[OutputRow, str] | None:
         """A fresh URL from the provider, or OUTPUT_LOST (returns None)."""
         if output.fetch_status not in ("NEED_URL_REFRESH",):
-            output = await self._move(output, "NEED_URL_REFRESH", error=UrlExpiredError(why))
+            output = await records.move(
+                self.s.pool, output, "NEED_URL_REFRESH", error=UrlExpiredError(why)
+            )
         adapter = self.s.adapters.get(output.provider)
         try:
             if adapter is None:
@@ -375,7 +300,7 @@ class FetchStage:
                 )
             fresh = await adapter.refresh_output_url(output.provider_task_id, output.output_index)
         except OutputLostError as exc:
-            await self._lost(output, exc.detail)
+            await records.mark_lost(self.s.pool, output, exc.detail)
             return None
         except UrlExpiredError as exc:
             # 401/403 from the provider's own API is about our credentials, not the output:
@@ -385,7 +310,7 @@ class FetchStage:
             ) from None
         blob, key_id = self.s.cipher.encrypt(fresh.url, bound_to=str(output.id))
         async with self.s.pool.acquire() as conn, conn.transaction():
-            await _check_lease(conn)
+            await records.check_lease(conn)
             version = await transition(
                 conn,
                 Entity.PROVIDER_OUTPUT,
@@ -417,62 +342,8 @@ class FetchStage:
         )
         return output, fresh.url
 
-    async def _lost(self, output: _Output, reason: str) -> None:
-        async with self.s.pool.acquire() as conn, conn.transaction():
-            await _check_lease(conn)
-            await transition(
-                conn,
-                Entity.PROVIDER_OUTPUT,
-                (output.id,),
-                expected=output.fetch_status,
-                new="OUTPUT_LOST",
-                version=output.version,
-                values={"last_error_class": "output_lost", "last_error_detail": reason},
-            )
-            await _outbox(conn, "output.lost", output, {"reason": reason})
-        log.warning(
-            "output_lost",
-            provider_output_id=str(output.id),
-            provider=output.provider,
-            reason=reason,
-        )
-
-    async def _begin_attempt(self, output: _Output, job: Job) -> int:
-        with map_db_errors("recording a fetch attempt"):
-            attempt_id: int = await self.s.pool.fetchval(
-                "INSERT INTO fetch_attempts (provider_output_id, job_id, attempt)"
-                " VALUES ($1, $2, $3) RETURNING id",
-                output.id,
-                job.id,
-                job.attempts,
-            )
-        return attempt_id
-
-    async def _end_attempt(
-        self,
-        attempt_id: int,
-        outcome: str,
-        error: AivedioError | None,
-        result: FetchResult | _Resumed | None = None,
-        key: str | None = None,
-    ) -> None:
-        with map_db_errors("recording a fetch attempt"):
-            await self.s.pool.execute(
-                "UPDATE fetch_attempts SET finished_at = now(), outcome = $2, error_class = $3,"
-                " error_detail = $4, http_status = $5, bytes = $6, sha256 = $7, object_key = $8"
-                " WHERE id = $1",
-                attempt_id,
-                outcome,
-                error.error_class if error else None,
-                error.detail if error else None,
-                error.http_status if error else None,
-                result.bytes if result else None,
-                result.sha256 if result else None,
-                key,
-            )
-
     async def _fail(
-        self, output: _Output, job: Job, error: AivedioError, attempt_id: int, key: str
+        self, output: OutputRow, job: Job, error: AivedioError, attempt_id: int, key: str
     ) -> None:
         """Leave the output in the state the error calls for, as the queue will act on it."""
         qc = self.s.config.queue
@@ -486,28 +357,32 @@ class FetchStage:
         if output.fetch_status == "NEED_URL_REFRESH":
             # A refresh failed: the output waits for the next attempt's refresh, unless the
             # URL's expiry says it is lost.
-            new = "OUTPUT_LOST" if not will_retry and _expired(output) else "NEED_URL_REFRESH"
+            new = (
+                "OUTPUT_LOST" if not will_retry and records.expired(output) else "NEED_URL_REFRESH"
+            )
         elif isinstance(error, TooLargeError | PolicyBlockedError | InvalidResponseError):
             new = "INVALID_RESPONSE"
         elif will_retry:
             new = "RETRY_WAIT"
         elif error.retry is Retry.LIMITED and isinstance(error, ChecksumMismatchError):
             new = "INVALID_RESPONSE"
-        elif _expired(output):
+        elif records.expired(output):
             new = "OUTPUT_LOST"
         else:
             new = "RETRY_WAIT"  # budget spent: the dead job waits for an operator's replay
         with anyio.CancelScope(shield=True):
-            await self._end_attempt(attempt_id, "failed", error, key=key)
+            await records.end_attempt(self.s.pool, attempt_id, "failed", error, key=key)
             try:
                 if new == "OUTPUT_LOST":
-                    await self._lost(output, f"url expired after: {error.detail}")
+                    await records.mark_lost(
+                        self.s.pool, output, f"url expired after: {error.detail}"
+                    )
                 elif output.fetch_status != new:
-                    await self._move(output, new, error=error)
+                    await records.move(self.s.pool, output, new, error=error)
             except (StaleStateError, LeaseLostError):
                 # Another run moved the output meanwhile (stored it, most likely), or holds
                 # the job now; its state stands. A retry of the job finds it and ends.
-                new = (await self._load(output.id)).fetch_status
+                new = (await records.load(self.s.pool, output.id)).fetch_status
         log.warning(
             "fetch_failed",
             provider_output_id=str(output.id),
@@ -520,7 +395,7 @@ class FetchStage:
 
     async def _stored(
         self,
-        output: _Output,
+        output: OutputRow,
         job: Job,
         key: str,
         info: ObjectInfo,
@@ -533,7 +408,7 @@ class FetchStage:
                 self.s.pool.acquire() as conn,
                 conn.transaction(),
             ):
-                await _check_lease(conn)
+                await records.check_lease(conn)
                 await transition(
                     conn,
                     Entity.PROVIDER_OUTPUT,
@@ -578,18 +453,18 @@ class FetchStage:
         except StaleStateError:
             # Another run of this job (its lease expired while we worked, say) stored it
             # first: same key, same verified bytes. One STORED, one asset: we are done too.
-            current = await self._load(output.id)
+            current = await records.load(self.s.pool, output.id)
             if current.fetch_status != "STORED":
                 raise
             asset = await self.s.pool.fetchval(
                 "SELECT id FROM assets WHERE source_provider_output_id = $1", output.id
             )
             log.info("output_already_stored", provider_output_id=str(output.id), job_id=job.id)
-            await self._end_attempt(attempt_id, "already_stored", None, result, key)
+            await records.end_attempt(self.s.pool, attempt_id, "already_stored", None, result, key)
             return uuid.UUID(str(asset))
         except asyncpg.PostgresError as exc:
             raise TransientError(f"recording the stored output failed: {exc}") from exc
-        await self._end_attempt(attempt_id, "stored", None, result, key)
+        await records.end_attempt(self.s.pool, attempt_id, "stored", None, result, key)
         log.info(
             "output_stored",
             provider_output_id=str(output.id),
@@ -600,41 +475,10 @@ class FetchStage:
         return asset_id
 
 
-class _Resumed(msgspec.Struct, frozen=True):
-    sha256: str
-    bytes: int
-
-
-def _expired(output: _Output) -> bool:
-    return (
-        output.source_url_expires_at is not None
-        and output.source_url_expires_at <= datetime.now(UTC)
-    )
-
-
 def _host(url: str) -> str:
     from urllib.parse import urlsplit
 
     return (urlsplit(url).hostname or "").lower()
-
-
-async def _outbox(conn: Any, event_type: str, output: _Output, extra: dict[str, Any]) -> None:
-    payload = {
-        "provider": output.provider,
-        "provider_task_id": output.provider_task_id,
-        "output_index": output.output_index,
-        "provider_output_id": str(output.id),
-        **extra,
-    }
-    await conn.execute(
-        "INSERT INTO outbox_events (event_id, event_type, tenant_id, aggregate_id, payload)"
-        " VALUES ($1, $2, $3, $4, $5)",
-        uuid.uuid4(),
-        event_type,
-        output.tenant_id,
-        output.id,
-        payload,
-    )
 
 
 async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:

@@ -1,0 +1,206 @@
+"""The provider output's records for the fetch stage: one row, its attempts, its events.
+
+Every state change of the output goes through ``move`` (a CAS on state and version that
+re-reads and retries when only the version moved, a concurrent URL refresh) and checks, in
+the same transaction, that the job's lease is still the one this run holds: a run whose lease
+was taken over cannot move the output (fencing). ``fetch_attempts`` keeps one row per
+attempt for operators and the status timeline; ``outbox`` writes events for consumers
+outside the system.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import msgspec
+
+from aivedio.errors import AivedioError, LeaseLostError, NotFoundError, StaleStateError
+from aivedio.logs import get_logger
+from aivedio.states import Entity
+from aivedio.store.database import Pool, map_db_errors
+from aivedio.store.queue import Job
+from aivedio.store.records import transition
+
+log = get_logger("aivedio.fetch")
+
+
+class Digest(Protocol):
+    """What an attempt records of the bytes it stored."""
+
+    @property
+    def bytes(self) -> int: ...
+
+    @property
+    def sha256(self) -> str: ...
+
+
+COLUMNS = (
+    "id, tenant_id, generation_task_id, provider, provider_task_id, output_index, "
+    "source_url_ciphertext, source_url_key_id, source_url_expires_at, expected_size_bytes, "
+    "expected_checksum, content_type, fetch_status, version"
+)
+
+
+class OutputRow(msgspec.Struct, kw_only=True):
+    id: uuid.UUID
+    tenant_id: int
+    generation_task_id: uuid.UUID
+    provider: str
+    provider_task_id: str
+    output_index: int
+    source_url_ciphertext: bytes
+    source_url_key_id: str
+    source_url_expires_at: datetime | None
+    expected_size_bytes: int | None
+    expected_checksum: str | None
+    content_type: str | None
+    fetch_status: str
+    version: int
+
+
+# The job (and so the lease) the current task works for: every state change of the output
+# checks, in its own transaction, that this lease is still the job's (fencing).
+current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar(
+    "aivedio_fetch_job", default=None
+)
+
+
+async def check_lease(conn: Any) -> None:
+    job = current_job.get()
+    if job is None:
+        return
+    held = await conn.fetchval(
+        "SELECT 1 FROM jobs WHERE id = $1 AND lease_token = $2 AND status = 'running' FOR SHARE",
+        job.id,
+        job.lease_token,
+    )
+    if held is None:
+        raise LeaseLostError(f"job {job.id}: lease {job.lease_token} is no longer held")
+
+
+async def load(pool: Pool, output_id: uuid.UUID) -> OutputRow:
+    with map_db_errors("reading a provider output"):
+        row = await pool.fetchrow(
+            f"SELECT {COLUMNS} FROM provider_outputs WHERE id = $1", output_id
+        )
+    if row is None:
+        raise NotFoundError(f"provider output {output_id} does not exist")
+    return msgspec.convert(dict(row.items()), OutputRow)
+
+
+async def move(
+    pool: Pool, output: OutputRow, new: str, *, error: AivedioError | None = None
+) -> OutputRow:
+    """CAS the output to ``new``. A concurrent descriptor update (a callback with a fresh
+    URL) bumps the version without changing the state: then re-read the row, taking its
+    newer URL, and try again. A changed state is a real conflict: StaleStateError."""
+    values: dict[str, Any] = {}
+    if error is not None:
+        values = {"last_error_class": error.error_class, "last_error_detail": error.detail}
+    for _ in range(3):
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                await check_lease(conn)
+                version = await transition(
+                    conn,
+                    Entity.PROVIDER_OUTPUT,
+                    (output.id,),
+                    expected=output.fetch_status,
+                    new=new,
+                    version=output.version,
+                    values=values,
+                )
+            return msgspec.structs.replace(output, fetch_status=new, version=version)
+        except StaleStateError:
+            fresh = await load(pool, output.id)
+            if fresh.fetch_status != output.fetch_status:
+                raise
+            output = fresh
+    raise StaleStateError(f"provider output {output.id} keeps changing; giving up")
+
+
+async def mark_lost(pool: Pool, output: OutputRow, reason: str) -> None:
+    """OUTPUT_LOST and the ``output.lost`` event, in one transaction."""
+    async with pool.acquire() as conn, conn.transaction():
+        await check_lease(conn)
+        await transition(
+            conn,
+            Entity.PROVIDER_OUTPUT,
+            (output.id,),
+            expected=output.fetch_status,
+            new="OUTPUT_LOST",
+            version=output.version,
+            values={"last_error_class": "output_lost", "last_error_detail": reason},
+        )
+        await outbox(conn, "output.lost", output, {"reason": reason})
+    log.warning(
+        "output_lost",
+        provider_output_id=str(output.id),
+        provider=output.provider,
+        reason=reason,
+    )
+
+
+async def begin_attempt(pool: Pool, output: OutputRow, job: Job) -> int:
+    with map_db_errors("recording a fetch attempt"):
+        attempt_id: int = await pool.fetchval(
+            "INSERT INTO fetch_attempts (provider_output_id, job_id, attempt)"
+            " VALUES ($1, $2, $3) RETURNING id",
+            output.id,
+            job.id,
+            job.attempts,
+        )
+    return attempt_id
+
+
+async def end_attempt(
+    pool: Pool,
+    attempt_id: int,
+    outcome: str,
+    error: AivedioError | None,
+    result: Digest | None = None,
+    key: str | None = None,
+) -> None:
+    with map_db_errors("recording a fetch attempt"):
+        await pool.execute(
+            "UPDATE fetch_attempts SET finished_at = now(), outcome = $2, error_class = $3,"
+            " error_detail = $4, http_status = $5, bytes = $6, sha256 = $7, object_key = $8"
+            " WHERE id = $1",
+            attempt_id,
+            outcome,
+            error.error_class if error else None,
+            error.detail if error else None,
+            error.http_status if error else None,
+            result.bytes if result else None,
+            result.sha256 if result else None,
+            key,
+        )
+
+
+def expired(output: OutputRow) -> bool:
+    return (
+        output.source_url_expires_at is not None
+        and output.source_url_expires_at <= datetime.now(UTC)
+    )
+
+
+async def outbox(conn: Any, event_type: str, output: OutputRow, extra: dict[str, Any]) -> None:
+    payload = {
+        "provider": output.provider,
+        "provider_task_id": output.provider_task_id,
+        "output_index": output.output_index,
+        "provider_output_id": str(output.id),
+        **extra,
+    }
+    await conn.execute(
+        "INSERT INTO outbox_events (event_id, event_type, tenant_id, aggregate_id, payload)"
+        " VALUES ($1, $2, $3, $4, $5)",
+        uuid.uuid4(),
+        event_type,
+        output.tenant_id,
+        output.id,
+        payload,
+    )
