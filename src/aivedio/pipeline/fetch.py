@@ -209,9 +209,7 @@ class FetchStage:
                 key, content_type=output.content_type or "application/octet-stream"
             )
             try:
-                result = await fetcher.stream(
-                    url, upload.write, max_bytes=self._max_bytes(output.provider)
-                )
+                result = await fetcher.stream(url, upload.write)
                 self._check_integrity(output, result)
                 try:
                     info = await upload.complete()
@@ -272,12 +270,6 @@ class FetchStage:
             if pending.key == key:
                 await self.s.store.abort_multipart_upload(pending.key, pending.upload_id)
                 log.info("fetch_aborted_leftover_upload", key=key)
-
-    def _max_bytes(self, provider: str) -> int:
-        pc = self.s.config.providers.get(provider)
-        if pc is not None and pc.max_bytes:
-            return pc.max_bytes
-        return self.s.config.net.max_bytes
 
     # -- records ---------------------------------------------------------------------------
 
