@@ -90,6 +90,7 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                 )
             registry = default_registry()
             from aivedio.pipeline.diagnostics import Journal
+            from aivedio.pipeline.media_stage import open_media_stage
             from aivedio.pipeline.services import open_fetch_stage
 
             journal = Journal(config.diagnostics.execution_journal_dir)
@@ -97,8 +98,11 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                 pool, default_start_within_seconds=config.queue.default_start_within_seconds
             )
             try:
-                async with open_fetch_stage(config, pool, queue) as fetch_stage:
-                    services = {"journal": journal, "fetch": fetch_stage}
+                async with (
+                    open_fetch_stage(config, pool, queue) as fetch_stage,
+                    open_media_stage(config, pool, queue, fetch_stage.s.store) as media_stage,
+                ):
+                    services = {"journal": journal, "fetch": fetch_stage, "media": media_stage}
                     worker = Worker(config, pool, registry, services=services)
                     await worker.run()
             finally:
@@ -375,6 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     create = tenants_sub.add_parser("create", parents=[common], help="create a tenant")
     create.add_argument("name")
     create.set_defaults(fn=cmd_tenants_create)
+
+    from aivedio.media_command import add_parsers as add_media_parsers
+
+    add_media_parsers(sub, common)
     return parser
 
 

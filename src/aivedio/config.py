@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from aivedio.errors import ConfigError
+from aivedio.media_config import MediaConfig, validate_media
 
 ENV_PREFIX = "AIVEDIO_"
 ENV_CONFIG_PATH = "AIVEDIO_CONFIG"
@@ -183,6 +184,7 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     diagnostics: DiagnosticsConfig = msgspec.field(default_factory=DiagnosticsConfig)
     net: NetConfig = msgspec.field(default_factory=NetConfig)
     fetch: FetchConfig = msgspec.field(default_factory=FetchConfig)
+    media: MediaConfig = msgspec.field(default_factory=MediaConfig)
     providers: dict[str, ProviderConfig] = msgspec.field(default_factory=dict)
 
     @property
@@ -340,6 +342,7 @@ def validate(config: Config, *, require_secrets: bool = True) -> None:
     for key_id, key in config.security.previous_url_encryption_keys.items():
         _validate_key(key, f"security.previous_url_encryption_keys.{key_id}")
     validate_net(config)
+    validate_media(config.media)
 
 
 def validate_net(config: Config) -> None:

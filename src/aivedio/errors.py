@@ -124,11 +124,24 @@ class InvalidMediaError(AivedioError):
     error_class = "invalid_media"
     retry = Retry.NEVER
 
+    def __init__(self, detail: str = "", *, reasons: list[str] | None = None) -> None:
+        super().__init__(detail)
+        # Reason codes (``too_many_streams``, ``decode_failed``…) for the verdict and metrics.
+        self.reasons: list[str] = list(reasons or [])
+
 
 class ResourceExhaustedError(AivedioError):
     """A process ran out of memory, time, disk or another bounded resource."""
 
     error_class = "resource_exhausted"
+    retry = Retry.LIMITED
+
+
+class RenderError(AivedioError):
+    """ffmpeg failed to render an output from a source that passed validation: probably
+    deterministic, so retried only a few times, alone."""
+
+    error_class = "render_failed"
     retry = Retry.LIMITED
 
 

@@ -55,6 +55,8 @@ from aivedio.logs import get_logger, url_for_log
 from aivedio.net.fetch import Fetcher, FetchResult
 from aivedio.net.limits import CircuitBreaker, HostLimiter
 from aivedio.pipeline import output_records as records
+from aivedio.pipeline.media_stage import LANE as PROBE_LANE
+from aivedio.pipeline.media_stage import PROBE_KIND, PROBE_VERSION
 from aivedio.pipeline.output_records import OutputRow
 from aivedio.pipeline.providers import ProviderAdapter
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
@@ -70,9 +72,6 @@ log = get_logger("aivedio.fetch")
 
 KIND = "fetch"
 LANE = "fetch"
-PROBE_KIND = "probe"
-PROBE_LANE = "media"
-PROBE_VERSION = 1
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aivedio.pipeline import diagnostics, fetch
+from aivedio.pipeline import diagnostics, fetch, media_stage
 from aivedio.pipeline.registry import Registry
 
 
@@ -10,4 +10,5 @@ def default_registry() -> Registry:
     registry = Registry()
     diagnostics.register(registry)
     fetch.register(registry)
+    media_stage.register(registry)
     return registry

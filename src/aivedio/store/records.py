@@ -53,7 +53,19 @@ SETTABLE: Mapping[Entity, frozenset[str]] = {
     Entity.REVISION: frozenset(
         {"moderation_verdict", "moderation_version", "moderation_reasons", "published_at", "plan"}
     ),
-    Entity.VARIANT: frozenset(),
+    Entity.VARIANT: frozenset(
+        {
+            "object_key",
+            "mime_type",
+            "size_bytes",
+            "checksum",
+            "width",
+            "height",
+            "bitrate",
+            "codec",
+            "extra",
+        }
+    ),
 }
 
 

@@ -1,0 +1,522 @@
+"""The media DAG on one machine: inspect, plan, render, package, finalize, verify.
+
+Nodes are outputs (``playback``, ``poster``, ``hls``, ``proxy``, ``sprite``, ``waveform``,
+``keyframes``). Where it pays, one ffmpeg decode feeds several nodes (``render.encode_args``);
+if such a shared pass fails, the required nodes are retried together without the optional
+ones, then each optional node alone, so a failed optional node never blocks the required
+set (seed 004) and a failed node is retried alone.
+
+Every node's files are verified (exist, non-empty, the right magic, faststart where it
+matters) and hashed before the node counts as done. ``aivedio process`` runs this directly;
+the worker's media stage runs it inside a job and uploads what it made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from aivedio.errors import AivedioError, InvalidMediaError, RenderError, ResourceExhaustedError
+from aivedio.media_config import MediaConfig, ToleranceConfig
+from aivedio.pipeline import hls, keyframes, thumbnails, waveform
+from aivedio.pipeline.inspect import Verdict, inspect_file
+from aivedio.pipeline.plan import Plan, make_plan
+from aivedio.pipeline.render import (
+    EncodeJob,
+    Layout,
+    encode_args,
+    encode_job,
+    package_args,
+    poster_seek_args,
+)
+from aivedio.pipeline.sandbox import RunResult, Sandbox, media_deadline
+from aivedio.pipeline.sniff import Sniff, input_args, sniff_file
+from aivedio.pipeline.validate import Declared, MediaSummary
+
+MIME = {
+    ".mp4": "video/mp4",
+    ".m4s": "video/iso.segment",
+    ".m3u8": "application/vnd.apple.mpegurl",
+    ".jpg": "image/jpeg",
+    ".vtt": "text/vtt",
+    ".json": "application/json",
+}
+# The file each output is addressed by (its variant's object key).
+PRIMARY = {
+    "playback": "playback.mp4",
+    "poster": "poster.jpg",
+    "hls": "hls/master.m3u8",
+    "proxy": "proxy.mp4",
+    "sprite": "sprites/thumbnails.vtt",
+    "waveform": "waveform/waveform_{zoom}.json",
+    "keyframes": "keyframes.json",
+}
+
+
+class OutputFile(msgspec.Struct, frozen=True, kw_only=True):
+    path: str  # relative to the revision prefix
+    size: int
+    sha256: str
+    mime: str
+
+
+class OutputRecord(msgspec.Struct, kw_only=True):
+    variant_type: str
+    primary: str
+    files: list[OutputFile]
+    required: bool
+    width: int | None = None
+    height: int | None = None
+    codec: str | None = None
+    bitrate: int | None = None
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def primary_file(self) -> OutputFile:
+        return next(f for f in self.files if f.path == self.primary)
+
+
+class ProcessRecord(msgspec.Struct, kw_only=True):
+    step: str
+    tool: str
+    wall_seconds: float
+    cpu_seconds: float | None
+    max_rss_bytes: int | None
+    returncode: int
+
+    @classmethod
+    def of(cls, step: str, result: RunResult) -> ProcessRecord:
+        return cls(
+            step=step,
+            tool=result.tool,
+            wall_seconds=round(result.wall_seconds, 4),
+            cpu_seconds=result.cpu_seconds,
+            max_rss_bytes=result.max_rss_bytes,
+            returncode=result.returncode,
+        )
+
+
+class NodeOutcome(msgspec.Struct, kw_only=True):
+    name: str
+    status: str  # done | failed
+    seconds: float
+    error_class: str | None = None
+    detail: str | None = None
+
+
+@dataclass
+class Report:
+    verdict: Verdict
+    plan: Plan | None = None
+    outputs: dict[str, OutputRecord] = field(default_factory=dict)
+    nodes: dict[str, NodeOutcome] = field(default_factory=dict)
+    processes: list[ProcessRecord] = field(default_factory=list)
+    steps: dict[str, float] = field(default_factory=dict)
+    wall_seconds: float = 0.0
+
+    @property
+    def required_done(self) -> bool:
+        if self.plan is None:
+            return False
+        return all(self.nodes.get(n) and self.nodes[n].status == "done" for n in self.plan.required)
+
+    def failed(self) -> list[NodeOutcome]:
+        return [n for n in self.nodes.values() if n.status == "failed"]
+
+    def to_json(self) -> dict[str, Any]:
+        ffmpeg_wall = sum(p.wall_seconds for p in self.processes)
+        rss = [p.max_rss_bytes for p in self.processes if p.max_rss_bytes is not None]
+        return {
+            "verdict": msgspec.to_builtins(self.verdict),
+            "plan": msgspec.to_builtins(self.plan) if self.plan else None,
+            "required_done": self.required_done,
+            "outputs": {k: msgspec.to_builtins(v) for k, v in self.outputs.items()},
+            "nodes": {k: msgspec.to_builtins(v) for k, v in self.nodes.items()},
+            "steps": {k: round(v, 4) for k, v in self.steps.items()},
+            "processes": [msgspec.to_builtins(p) for p in self.processes],
+            "wall_seconds": round(self.wall_seconds, 4),
+            "ffmpeg_wall_seconds": round(ffmpeg_wall, 4),
+            "overhead_seconds": round(self.wall_seconds - ffmpeg_wall, 4),
+            "peak_rss_bytes": max(rss) if rss else None,
+        }
+
+
+class MediaRun:
+    """One source through the DAG in a scratch directory. Not reusable."""
+
+    def __init__(self, sandbox: Sandbox, source: Path, root: Path) -> None:
+        self.sandbox = sandbox
+        self.media: MediaConfig = sandbox.media
+        self.source = source
+        self.layout = Layout(root)
+        self.report: Report | None = None
+        self._sniff: Sniff | None = None
+        self._summary: MediaSummary | None = None
+
+    # -- entry points ----------------------------------------------------------------------
+
+    def assume_valid(self, summary: MediaSummary) -> None:
+        """Skip the verdict: the probe job already passed this source (same bytes, checked
+        against the recorded SHA-256 on download)."""
+        self._sniff = sniff_file(self.source)
+        self._summary = summary
+        self.report = Report(
+            verdict=Verdict(verdict="valid", error_class=None, reasons=[],
+                            container=self._sniff.kind, media=summary,
+                            decode_check="skipped", network_isolated=None)
+        )  # fmt: skip
+
+    async def inspect(
+        self, *, declared: Declared | None = None, tolerance: ToleranceConfig | None = None
+    ) -> Report:
+        started = time.monotonic()
+        runs: list[RunResult] = []
+        verdict, _ = await inspect_file(
+            self.sandbox, self.source, declared=declared, tolerance=tolerance, record=runs
+        )
+        self.report = Report(verdict=verdict)
+        self.report.processes += [ProcessRecord.of(f"inspect:{r.tool}", r) for r in runs]
+        self.report.steps["inspect"] = time.monotonic() - started
+        self._sniff = sniff_file(self.source)
+        self._summary = verdict.media
+        return self.report
+
+    async def run(
+        self,
+        *,
+        wants: Iterable[str] | None = None,
+        declared: Declared | None = None,
+        tolerance: ToleranceConfig | None = None,
+        plan: Plan | None = None,
+    ) -> Report:
+        """Inspect (unless already done), plan, and produce ``wants`` (default: all)."""
+        started = time.monotonic()
+        report = self.report or await self.inspect(declared=declared, tolerance=tolerance)
+        if not report.verdict.valid:
+            report.wall_seconds = time.monotonic() - started
+            return report
+        summary = self._summary
+        assert summary is not None
+        self.layout.make_dirs()
+        if plan is None:
+            source_keys = await self._source_keyframes(summary)
+            plan = make_plan(summary, self.media, source_keyframes=source_keys)
+        report.plan = plan
+        want = set(plan.outputs if wants is None else wants) & set(plan.outputs)
+        await self._produce(plan, summary, want)
+        report.wall_seconds = time.monotonic() - started + report.steps.get("inspect", 0.0)
+        return report
+
+    # -- steps ---------------------------------------------------------------------------
+
+    async def _ffmpeg(self, step: str, args: list[str], duration: float) -> RunResult:
+        assert self.report is not None
+        result = await self.sandbox.run(
+            "ffmpeg",
+            args,
+            cwd=self.layout.work,
+            deadline_seconds=media_deadline(self.media, duration),
+        )
+        self.report.processes.append(ProcessRecord.of(step, result))
+        if not result.ok:
+            result.raise_if_exhausted()
+            raise RenderError(f"{step}: {result.error_detail()}")
+        return result
+
+    async def _ffprobe_csv(self, step: str, args: list[str]) -> str:
+        assert self.report is not None
+        result = await self.sandbox.run(
+            "ffprobe",
+            args,
+            cwd=self.layout.work,
+            deadline_seconds=self.media.probe_timeout_seconds,
+            capture_stdout=True,
+        )
+        self.report.processes.append(ProcessRecord.of(step, result))
+        if not result.ok:
+            result.raise_if_exhausted()
+            raise RenderError(f"{step}: {result.error_detail()}")
+        return result.stdout.decode("utf-8", "replace")
+
+    async def _source_keyframes(self, summary: MediaSummary) -> list[float]:
+        assert self._sniff is not None and self.report is not None
+        started = time.monotonic()
+        text = await self._ffprobe_csv("keyframe_scan", _packet_args(self._sniff, self.source))
+        self.report.steps["keyframe_scan"] = time.monotonic() - started
+        return [p.pts for p in keyframes.parse_packets(text) if p.key and p.pts is not None]
+
+    async def _produce(self, plan: Plan, summary: MediaSummary, want: set[str]) -> None:
+        required = [n for n in plan.required if n in want]
+        optional = [n for n in plan.optional if n in want]
+        if plan.mode == "remux":
+            # The required set needs no decode at all: copy and one seek.
+            for node in required:
+                await self._attempt([node], plan, summary)
+            await self._attempt([n for n in optional], plan, summary)
+        else:
+            await self._attempt(required + optional, plan, summary)
+
+    async def _attempt(self, nodes: list[str], plan: Plan, summary: MediaSummary) -> None:
+        """Run ``nodes`` together; on failure split them (required first, then one by one)."""
+        nodes = [n for n in nodes if n != "keyframes"] + (
+            ["keyframes"] if "keyframes" in nodes else []
+        )
+        if not nodes:
+            return
+        try:
+            await self._run_group(nodes, plan, summary)
+        except (RenderError, ResourceExhaustedError, InvalidMediaError, OSError) as exc:
+            if len(nodes) == 1:
+                self._fail(nodes[0], exc)
+                return
+            required = [n for n in nodes if n in plan.required]
+            optional = [n for n in nodes if n not in plan.required]
+            if required and optional:
+                await self._attempt_pending(required, plan, summary, exc)
+                for node in optional:
+                    await self._attempt_pending([node], plan, summary, exc)
+            else:
+                for node in nodes:
+                    await self._attempt_pending([node], plan, summary, exc)
+
+    async def _attempt_pending(
+        self, nodes: list[str], plan: Plan, summary: MediaSummary, cause: BaseException
+    ) -> None:
+        assert self.report is not None
+        pending = [n for n in nodes if n not in self.report.nodes]
+        if pending:
+            await self._attempt(pending, plan, summary)
+
+    def _fail(self, node: str, exc: BaseException) -> None:
+        assert self.report is not None
+        error_class = exc.error_class if isinstance(exc, AivedioError) else "render_failed"
+        self.report.nodes[node] = NodeOutcome(
+            name=node, status="failed", seconds=0.0, error_class=error_class,
+            detail=str(exc)[:500],
+        )  # fmt: skip
+
+    async def _run_group(self, nodes: list[str], plan: Plan, summary: MediaSummary) -> None:
+        assert self._sniff is not None and self.report is not None
+        wants = set(nodes)
+        has_audio = summary.audio_codec is not None
+        started = time.monotonic()
+        job = encode_job(plan, wants, has_audio=has_audio)
+        if not job.empty:
+            args = encode_args(
+                plan, job, self.media, self._sniff, self.source, self.layout,
+                audio_channels=summary.audio_channels, audio_rate=summary.audio_sample_rate,
+            )  # fmt: skip
+            await self._ffmpeg(f"encode[{','.join(sorted(wants))}]", args, plan.duration_seconds)
+        elif job.audio:
+            audio_only = EncodeJob(rungs=(), proxy=False, poster=False, sprite=False,
+                                   pcm=False, audio=True)  # fmt: skip
+            args = encode_args(
+                plan, audio_only, self.media, self._sniff, self.source, self.layout,
+                audio_channels=summary.audio_channels, audio_rate=summary.audio_sample_rate,
+            )  # fmt: skip
+            await self._ffmpeg("audio", args, plan.duration_seconds)
+        if "poster" in wants and not job.poster:
+            args = poster_seek_args(plan, self.media, self._sniff, self.source, self.layout)
+            await self._ffmpeg("poster_seek", args, plan.duration_seconds)
+        runs = package_args(
+            plan, wants, self.media, self._sniff, self.source, self.layout, has_audio=has_audio
+        )
+        for index, args in enumerate(runs):
+            await self._ffmpeg(f"package[{index}]", args, plan.duration_seconds)
+        shared = time.monotonic() - started
+        for node in nodes:
+            node_started = time.monotonic()
+            record = await self._finalize(node, plan, summary)
+            self.report.outputs[node] = record
+            self.report.nodes[node] = NodeOutcome(
+                name=node, status="done",
+                seconds=round(shared / len(nodes) + time.monotonic() - node_started, 4),
+            )  # fmt: skip
+
+    # -- finalize and verify ---------------------------------------------------------------
+
+    async def _finalize(self, node: str, plan: Plan, summary: MediaSummary) -> OutputRecord:
+        layout = self.layout
+        top = plan.top
+        required = node in plan.required
+        if node == "playback":
+            _require_faststart(layout.playback)
+            return await self._record(node, "playback.mp4", [layout.playback], required,
+                                      width=top.width, height=top.height, codec="h264")  # fmt: skip
+        if node == "poster":
+            _require_jpeg(layout.poster)
+            return await self._record(node, "poster.jpg", [layout.poster], required)
+        if node == "proxy":
+            _require_faststart(layout.proxy)
+            assert plan.proxy is not None
+            return await self._record(node, "proxy.mp4", [layout.proxy], required,
+                                      width=plan.proxy.width, height=plan.proxy.height,
+                                      codec="h264")  # fmt: skip
+        if node == "hls":
+            renditions = [
+                hls.Rendition(name=r.name, width=r.width, height=r.height,
+                              frame_rate=summary.frame_rate if r.copy else plan.frame_rate,
+                              has_audio=summary.audio_codec is not None)
+                for r in plan.rungs
+            ]  # fmt: skip
+            files: list[Path] = []
+            for rendition in renditions:
+                files += hls.files_of(layout.hls, rendition.name)
+            master = layout.hls / "master.m3u8"
+            master.write_text(hls.master_playlist(layout.hls, renditions))
+            return await self._record(node, "hls/master.m3u8", [master, *files], required,
+                                      width=top.width, height=top.height, codec="h264")  # fmt: skip
+        if node == "sprite":
+            return await self._finalize_sprite(plan, summary, required)
+        if node == "waveform":
+            return await self._finalize_waveform(plan, summary, required)
+        if node == "keyframes":
+            return await self._finalize_keyframes(plan, required)
+        raise ValueError(f"unknown output {node!r}")
+
+    async def _finalize_sprite(
+        self, plan: Plan, summary: MediaSummary, required: bool
+    ) -> OutputRecord:
+        layout = self.layout
+        sheet_layout = thumbnails.sprite_layout(
+            plan.duration_seconds,
+            interval=plan.sprite_interval,
+            columns=self.media.sprite_columns,
+            rows=self.media.sprite_rows,
+        )
+        sheets = sorted(layout.sprites.glob("sprite_*.jpg"))
+        if len(sheets) < sheet_layout.sheets:
+            raise RenderError(f"sprite: {len(sheets)} sheets made, {sheet_layout.sheets} expected")
+        sheets = sheets[: sheet_layout.sheets]
+        for sheet in sheets:
+            _require_jpeg(sheet)
+        width, height = thumbnails.jpeg_dimensions(sheets[0])
+        thumb_w = width // self.media.sprite_columns
+        thumb_h = height // self.media.sprite_rows
+        vtt = layout.sprites / "thumbnails.vtt"
+        vtt.write_text(thumbnails.webvtt_index(sheet_layout, thumb_width=thumb_w,
+                                               thumb_height=thumb_h))  # fmt: skip
+        return await self._record("sprite", "sprites/thumbnails.vtt", [vtt, *sheets], required,
+                                  width=thumb_w, height=thumb_h)  # fmt: skip
+
+    async def _finalize_waveform(
+        self, plan: Plan, summary: MediaSummary, required: bool
+    ) -> OutputRecord:
+        layout = self.layout
+        layout.waveform.mkdir(parents=True, exist_ok=True)
+        if summary.audio_codec is None:
+            peaks = waveform.silent_waveform(
+                plan.duration_seconds, plan.waveform_sample_rate, plan.waveform_zooms
+            )
+        else:
+            peaks = await anyio.to_thread.run_sync(
+                lambda: waveform.compute_peaks(
+                    layout.pcm, sample_rate=plan.waveform_sample_rate, zooms=plan.waveform_zooms
+                )
+            )
+        paths = waveform.write_waveforms(peaks, layout.waveform)
+        primary = f"waveform/waveform_{plan.waveform_zooms[0]}.json"
+        return await self._record("waveform", primary, paths, required)
+
+    async def _finalize_keyframes(self, plan: Plan, required: bool) -> OutputRecord:
+        layout = self.layout
+        if not layout.playback.exists():
+            raise RenderError("keyframes: the playback MP4 is not there (it failed)")
+        text = await self._ffprobe_csv("keyframes", _packet_args(None, layout.playback))
+        index = keyframes.keyframe_index(
+            keyframes.parse_packets(text), duration_seconds=plan.duration_seconds
+        )
+        layout.keyframes.write_bytes(msgspec.json.encode(index))
+        return await self._record("keyframes", "keyframes.json", [layout.keyframes], required)
+
+    async def _record(
+        self,
+        node: str,
+        primary: str,
+        paths: list[Path],
+        required: bool,
+        *,
+        width: int | None = None,
+        height: int | None = None,
+        codec: str | None = None,
+    ) -> OutputRecord:
+        out = self.layout.out
+        files = await anyio.to_thread.run_sync(lambda: [_describe(p, out) for p in paths])
+        record = OutputRecord(variant_type=node, primary=primary, files=files, required=required,
+                              width=width, height=height, codec=codec)  # fmt: skip
+        if node in ("playback", "proxy") and self.report and self.report.plan:
+            seconds = max(self.report.plan.duration_seconds, 0.001)
+            record.bitrate = int(record.primary_file().size * 8 / seconds)
+        return record
+
+
+def _packet_args(sniff: Sniff | None, path: Path) -> list[str]:
+    source = input_args(sniff, path) if sniff is not None else ["-i", f"file:{path.resolve()}"]
+    return [
+        *source,
+        "-select_streams",
+        "v:0",
+        "-show_entries",
+        "packet=pts_time,dts_time,pos,flags",
+        "-of",
+        "csv=p=0",
+    ]
+
+
+def _describe(path: Path, out: Path) -> OutputFile:
+    if not path.is_file() or path.stat().st_size == 0:
+        raise RenderError(f"output {path.relative_to(out)} is missing or empty")
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1024 * 1024):
+            digest.update(chunk)
+    name = path.relative_to(out).as_posix()
+    mime = MIME.get(path.suffix, "application/octet-stream")
+    return OutputFile(path=name, size=path.stat().st_size, sha256=digest.hexdigest(), mime=mime)
+
+
+def top_level_boxes(path: Path) -> list[str]:
+    """The ISO BMFF top-level box types in file order."""
+    boxes: list[str] = []
+    size_total = path.stat().st_size
+    with path.open("rb") as handle:
+        offset = 0
+        while offset + 8 <= size_total:
+            handle.seek(offset)
+            header = handle.read(16)
+            size = int.from_bytes(header[:4], "big")
+            kind = header[4:8].decode("latin-1")
+            if size == 1:
+                size = int.from_bytes(header[8:16], "big")
+            elif size == 0:
+                size = size_total - offset
+            if size < 8:
+                break
+            boxes.append(kind)
+            offset += size
+    return boxes
+
+
+def _require_faststart(path: Path) -> None:
+    if not path.is_file():
+        raise RenderError(f"{path.name} was not written")
+    boxes = top_level_boxes(path)
+    if "moov" not in boxes or "mdat" not in boxes or boxes.index("moov") > boxes.index("mdat"):
+        raise RenderError(f"{path.name}: moov is not before mdat ({boxes})")
+
+
+def _require_jpeg(path: Path) -> None:
+    if not path.is_file():
+        raise RenderError(f"{path.name} was not written")
+    with path.open("rb") as handle:
+        if handle.read(3) != b"\xff\xd8\xff":
+            raise RenderError(f"{path.name} is not a JPEG")

@@ -1,0 +1,107 @@
+"""The HLS master playlist, written by aivedio itself from what was actually produced.
+
+ffmpeg 5.1's own master omits ``CODECS`` for copied rungs, adds an audio-only variant and
+reports nominal bandwidth. Here every variant line carries ``CODECS`` read from the
+rendition's own init segment (the ``avcC`` box: profile, constraint flags, level),
+``RESOLUTION``, ``FRAME-RATE``, and ``BANDWIDTH``/``AVERAGE-BANDWIDTH`` measured from the
+segment sizes and durations. Only renditions whose files were all verified are listed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from aivedio.errors import InvalidMediaError
+
+AAC_LC = "mp4a.40.2"
+_EXTINF = re.compile(r"#EXTINF:([\d.]+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Rendition:
+    name: str  # directory under hls/
+    width: int
+    height: int
+    frame_rate: float
+    has_audio: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MediaPlaylist:
+    init: str
+    segments: list[tuple[str, float]]  # (uri, duration)
+
+
+def parse_media_playlist(path: Path) -> MediaPlaylist:
+    init = ""
+    segments: list[tuple[str, float]] = []
+    duration: float | None = None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("#EXT-X-MAP:"):
+            found = re.search(r'URI="([^"]+)"', line)
+            init = found.group(1) if found else ""
+        elif line.startswith("#EXTINF:"):
+            match = _EXTINF.match(line)
+            duration = float(match.group(1)) if match else 0.0
+        elif line and not line.startswith("#"):
+            segments.append((line, duration or 0.0))
+            duration = None
+    return MediaPlaylist(init=init, segments=segments)
+
+
+def avc_codec_string(init_segment: Path) -> str:
+    """``avc1.PPCCLL`` from the avcC box of an fMP4 init segment (RFC 6381)."""
+    data = init_segment.read_bytes()
+    at = data.find(b"avcC")
+    if at < 0 or len(data) < at + 8:
+        raise InvalidMediaError(f"no avcC box in {init_segment.name}", reasons=["hls_no_avcc"])
+    profile, constraints, level = data[at + 5], data[at + 6], data[at + 7]
+    return f"avc1.{profile:02X}{constraints:02X}{level:02X}"
+
+
+def measure(directory: Path, playlist: MediaPlaylist) -> tuple[int, int]:
+    """(peak, average) bits per second over the segments, init segment counted in each."""
+    init_bytes = (directory / playlist.init).stat().st_size if playlist.init else 0
+    total_bits = 0.0
+    total_seconds = 0.0
+    peak = 0.0
+    for uri, seconds in playlist.segments:
+        bits = ((directory / uri).stat().st_size) * 8.0
+        total_bits += bits
+        total_seconds += seconds
+        if seconds > 0:
+            peak = max(peak, (bits + init_bytes * 8.0) / seconds)
+    average = total_bits / total_seconds if total_seconds else 0.0
+    return max(math.ceil(peak), 1), max(math.ceil(average), 1)
+
+
+def master_playlist(hls_dir: Path, renditions: list[Rendition]) -> str:
+    """The master playlist text for ``renditions`` (top first), all under ``hls_dir``."""
+    lines = ["#EXTM3U", "#EXT-X-VERSION:7", "#EXT-X-INDEPENDENT-SEGMENTS"]
+    for rendition in renditions:
+        directory = hls_dir / rendition.name
+        playlist = parse_media_playlist(directory / "index.m3u8")
+        codecs = avc_codec_string(directory / playlist.init)
+        if rendition.has_audio:
+            codecs += f",{AAC_LC}"
+        peak, average = measure(directory, playlist)
+        lines.append(
+            f"#EXT-X-STREAM-INF:BANDWIDTH={peak},AVERAGE-BANDWIDTH={average},"
+            f'CODECS="{codecs}",RESOLUTION={rendition.width}x{rendition.height},'
+            f"FRAME-RATE={rendition.frame_rate:.3f}"
+        )
+        lines.append(f"{rendition.name}/index.m3u8")
+    return "\n".join(lines) + "\n"
+
+
+def files_of(hls_dir: Path, rendition: str) -> list[Path]:
+    """Every file a rendition's playlist references, plus the playlist (all must exist)."""
+    directory = hls_dir / rendition
+    playlist = parse_media_playlist(directory / "index.m3u8")
+    names = [playlist.init] if playlist.init else []
+    names += [uri for uri, _ in playlist.segments]
+    return [directory / "index.m3u8", *(directory / name for name in names)]

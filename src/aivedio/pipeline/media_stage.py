@@ -1,0 +1,471 @@
+"""The media stage in the worker: the ``probe`` job and one ``render`` job per output.
+
+``probe`` (one per asset): fetch the quarantined source into a scratch directory, check it
+against the checksum recorded at fetch, run the verdict (sniff, probe, validate, decode
+check). Invalid media moves the asset to INVALID_MEDIA with its reason codes and the job
+ends (never retried). Valid media gets, in one transaction: the media columns, the plan, a
+BUILDING revision, one PENDING variant per output and one render job per variant, keyed
+``render:{asset}:{revision}:{variant_type}:v{pipeline_version}``.
+
+``render`` (one per variant): under a per-revision advisory lock (held on its own
+connection, so a crashed worker releases it), the first job to run renders every output
+still pending in one DAG run (one decode feeds many outputs); the jobs of outputs it made
+find them done and end at once. A job retried after a failure renders its own output alone.
+Each output's files are uploaded under the revision prefix, read back and verified (size
+and SHA-256) before its variant becomes SUCCEEDED. An output that exhausts its retries
+becomes FAILED: a required one fails the revision (PROCESSING_FAILED); an optional one never
+blocks the required set. When every required variant has succeeded the revision's required
+set is complete and the publish stage takes over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+import zlib
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import msgspec
+
+from aivedio.config import Config
+from aivedio.errors import (
+    ChecksumMismatchError,
+    DeferredError,
+    NotFoundError,
+    RenderError,
+    StaleStateError,
+    TransientError,
+)
+from aivedio.logs import get_logger
+from aivedio.pipeline.dag import MIME, PRIMARY, MediaRun, OutputRecord
+from aivedio.pipeline.inspect import verdict_json
+from aivedio.pipeline.plan import Plan
+from aivedio.pipeline.registry import JobContext, JobKind, Registry
+from aivedio.pipeline.sandbox import Sandbox
+from aivedio.pipeline.validate import MediaSummary
+from aivedio.states import Entity
+from aivedio.store import keys
+from aivedio.store.database import Pool, map_db_errors
+from aivedio.store.objects import ObjectStore, open_object_store
+from aivedio.store.queue import Job, JobSpec, Queue
+from aivedio.store.records import transition
+
+log = get_logger("aivedio.media")
+
+PROBE_KIND = "probe"
+PROBE_VERSION = 1
+RENDER_KIND = "render"
+LANE = "media"
+LOCK_BUSY_RETRY_SECONDS = 5.0
+
+
+@dataclass
+class MediaServices:
+    config: Config
+    pool: Pool
+    queue: Queue
+    store: ObjectStore
+    sandbox: Sandbox
+
+
+class MediaStage:
+    def __init__(self, services: MediaServices) -> None:
+        self.s = services
+
+    # -- probe -----------------------------------------------------------------------------
+
+    async def probe(self, job: Job) -> dict[str, Any]:
+        asset_id = uuid.UUID(str(job.payload["asset_id"]))
+        asset = await self._asset(asset_id)
+        if asset["status"] not in ("QUARANTINED", "PROBING"):
+            return {"outcome": "already_probed", "status": asset["status"]}
+        if asset["status"] == "QUARANTINED":
+            async with self.s.pool.acquire() as conn:
+                await transition(conn, Entity.ASSET, (asset_id,), expected="QUARANTINED",
+                                 new="PROBING")  # fmt: skip
+        media = self.s.config.media
+        with self.s.sandbox.scratch() as root:
+            source = root / "source.bin"
+            await self._download_source(asset, source)
+            run = MediaRun(self.s.sandbox, source, root)
+            report = await run.run(wants=[])
+            verdict = verdict_json(report.verdict)
+            if not report.verdict.valid:
+                return await self._invalid(asset_id, verdict)
+            assert report.plan is not None and report.verdict.media is not None
+            return await self._start_revision(
+                asset, report.verdict.media, report.plan, verdict, job, media.pipeline_version
+            )
+
+    async def _invalid(self, asset_id: uuid.UUID, verdict: dict[str, Any]) -> dict[str, Any]:
+        detail = ", ".join(verdict["reasons"]) + (
+            f" ({verdict['detail']})" if verdict.get("detail") else ""
+        )
+        async with self.s.pool.acquire() as conn:
+            await transition(
+                conn, Entity.ASSET, (asset_id,), expected="PROBING", new="INVALID_MEDIA",
+                values={"probe": verdict, "last_error_class": "invalid_media",
+                        "last_error_detail": detail[:1000]},
+            )  # fmt: skip
+        log.warning("asset_invalid_media", asset_id=str(asset_id), reasons=verdict["reasons"])
+        return {"outcome": "invalid_media", "reasons": verdict["reasons"]}
+
+    async def _start_revision(
+        self,
+        asset: asyncpg.Record,
+        summary: MediaSummary,
+        plan: Plan,
+        verdict: dict[str, Any],
+        job: Job,
+        pipeline_version: int,
+    ) -> dict[str, Any]:
+        asset_id: uuid.UUID = asset["id"]
+        tenant_id: int = asset["tenant_id"]
+        num, den = _rate_fraction(summary.frame_rate)
+        async with self.s.pool.acquire() as conn, conn.transaction():
+            revision = int(
+                await conn.fetchval(
+                    "SELECT coalesce(max(revision), 0) + 1 FROM asset_revisions"
+                    " WHERE asset_id = $1",
+                    asset_id,
+                )
+            )
+            await transition(
+                conn, Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING",
+                values={
+                    "probe": verdict, "media_type": "video",
+                    "duration_us": int(summary.duration_seconds * 1_000_000),
+                    "width": summary.display_width, "height": summary.display_height,
+                    "video_codec": summary.video_codec, "audio_codec": summary.audio_codec,
+                    "frame_rate_num": num, "frame_rate_den": den,
+                    "last_error_class": None, "last_error_detail": None,
+                },
+            )  # fmt: skip
+            await conn.execute(
+                "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
+                " required_outputs, optional_outputs, plan, delete_version_at_start)"
+                " VALUES ($1, $2, $3, 'BUILDING', $4, $5, $6, $7)",
+                asset_id, revision, pipeline_version, plan.required, plan.optional,
+                msgspec.to_builtins(plan), asset["delete_version"],
+            )  # fmt: skip
+            prefix = keys.revision_prefix(tenant_id, asset_id, revision)
+            specs: list[JobSpec] = []
+            for output in plan.outputs:
+                primary = _primary(output, plan)
+                await conn.execute(
+                    "INSERT INTO asset_variants (id, asset_id, revision, variant_type,"
+                    " object_key, mime_type, size_bytes, checksum_alg, checksum, status)"
+                    " VALUES ($1, $2, $3, $4, $5, $6, 0, 'sha256', '', 'PENDING')",
+                    uuid.uuid4(), asset_id, revision, output, f"{prefix}/{primary}",
+                    MIME.get(Path(primary).suffix, "application/octet-stream"),
+                )  # fmt: skip
+                specs.append(
+                    JobSpec(
+                        kind=RENDER_KIND, lane=LANE, tenant_id=tenant_id,
+                        idempotency_key=(
+                            f"render:{asset_id}:{revision}:{output}:v{pipeline_version}"
+                        ),
+                        payload={"asset_id": str(asset_id), "revision": revision,
+                                 "variant_type": output},
+                        priority=10 if output in plan.required else 0,
+                        timeout_seconds=_render_timeout(self.s.config, summary),
+                        max_attempts=4,
+                    )
+                )  # fmt: skip
+            await self.s.queue.enqueue(conn, specs)
+        log.info("revision_building", asset_id=str(asset_id), revision=revision,
+                 mode=plan.mode, outputs=plan.outputs, job_id=job.id)  # fmt: skip
+        return {"outcome": "processing", "revision": revision, "plan": plan.mode}
+
+    # -- render ----------------------------------------------------------------------------
+
+    async def render(self, job: Job) -> dict[str, Any]:
+        asset_id = uuid.UUID(str(job.payload["asset_id"]))
+        revision = int(job.payload["revision"])
+        variant_type = str(job.payload["variant_type"])
+        state = await self._revision(asset_id, revision)
+        if state is None:
+            return {"outcome": "no_such_revision"}
+        if state["status"] != "BUILDING":
+            return {"outcome": "revision_" + state["status"].lower()}
+        mine = await self._variant(asset_id, revision, variant_type)
+        if mine is None or mine["status"] != "PENDING":
+            return {"outcome": "already_" + (mine["status"].lower() if mine else "missing")}
+        async with self._revision_lock(asset_id, revision) as acquired:
+            if not acquired:
+                raise DeferredError(
+                    "another render of this revision is running",
+                    retry_after_seconds=LOCK_BUSY_RETRY_SECONDS,
+                )
+            return await self._render_locked(job, asset_id, revision, variant_type, state)
+
+    async def _render_locked(
+        self, job: Job, asset_id: uuid.UUID, revision: int, variant_type: str,
+        state: asyncpg.Record,
+    ) -> dict[str, Any]:  # fmt: skip
+        pending = [
+            row["variant_type"]
+            for row in await self.s.pool.fetch(
+                "SELECT variant_type FROM asset_variants WHERE asset_id = $1 AND revision = $2"
+                " AND status = 'PENDING'",
+                asset_id,
+                revision,
+            )
+        ]
+        if variant_type not in pending:
+            return {"outcome": "already_done"}
+        # First attempt: everything pending in one DAG run. A retry: this output alone.
+        group = pending if job.attempts <= 1 else [variant_type]
+        plan = msgspec.convert(state["plan"], Plan)
+        asset = await self._asset(asset_id)
+        summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
+        prefix = keys.revision_prefix(asset["tenant_id"], asset_id, revision)
+        with self.s.sandbox.scratch() as root:
+            source = root / "source.bin"
+            await self._download_source(asset, source)
+            run = MediaRun(self.s.sandbox, source, root)
+            run.assume_valid(summary)
+            if "keyframes" in group and "playback" not in group:
+                await self._download(f"{prefix}/playback.mp4", run.layout.playback)
+            report = await run.run(wants=group, plan=plan)
+            done: list[str] = []
+            for name, record in report.outputs.items():
+                if name not in group:
+                    continue
+                await self._upload_and_verify(prefix, run.layout.out, record)
+                if await self._record_variant(asset_id, revision, record, prefix):
+                    done.append(name)
+        failed = {n.name: n for n in report.failed()}
+        log.info("render_done", asset_id=str(asset_id), revision=revision, group=group,
+                 done=done, failed=sorted(failed), job_id=job.id)  # fmt: skip
+        await self._check_revision(asset_id, revision)
+        if variant_type in failed:
+            outcome = failed[variant_type]
+            return await self._own_failure(job, asset_id, revision, variant_type, outcome.detail)
+        return {"outcome": "rendered", "done": done, "failed": sorted(failed)}
+
+    async def _own_failure(
+        self, job: Job, asset_id: uuid.UUID, revision: int, variant_type: str, detail: str | None
+    ) -> dict[str, Any]:
+        """This job's own output failed: retry it (alone) or, out of attempts, mark FAILED."""
+        if job.attempts < job.max_attempts:
+            raise RenderError(detail or f"{variant_type} failed")
+        async with self.s.pool.acquire() as conn, conn.transaction():
+            await conn.execute(
+                "UPDATE asset_variants SET status = 'FAILED', extra = $4"
+                " WHERE asset_id = $1 AND revision = $2 AND variant_type = $3"
+                " AND status = 'PENDING'",
+                asset_id, revision, variant_type, {"error": (detail or "")[:1000]},
+            )  # fmt: skip
+        await self._check_revision(asset_id, revision)
+        return {"outcome": "failed", "variant_type": variant_type}
+
+    async def _check_revision(self, asset_id: uuid.UUID, revision: int) -> None:
+        """A FAILED required variant fails the revision and the asset; a complete required
+        set is logged for the publish stage."""
+        rows = await self.s.pool.fetch(
+            "SELECT v.variant_type, v.status, r.required_outputs, r.status AS revision_status"
+            " FROM asset_variants v JOIN asset_revisions r USING (asset_id, revision)"
+            " WHERE v.asset_id = $1 AND v.revision = $2",
+            asset_id,
+            revision,
+        )
+        if not rows or rows[0]["revision_status"] != "BUILDING":
+            return
+        required = set(rows[0]["required_outputs"])
+        status = {r["variant_type"]: r["status"] for r in rows}
+        if any(status.get(name) == "FAILED" for name in required):
+            async with self.s.pool.acquire() as conn, conn.transaction():
+                try:
+                    await transition(conn, Entity.REVISION, (asset_id, revision),
+                                     expected="BUILDING", new="FAILED")  # fmt: skip
+                    await transition(
+                        conn, Entity.ASSET, (asset_id,), expected="PROCESSING",
+                        new="PROCESSING_FAILED",
+                        values={"last_error_class": "render_failed",
+                                "last_error_detail": "a required output failed"},
+                    )  # fmt: skip
+                except StaleStateError:
+                    return
+            log.error("revision_failed", asset_id=str(asset_id), revision=revision)
+        elif all(status.get(name) == "SUCCEEDED" for name in required):
+            log.info("revision_required_set_complete", asset_id=str(asset_id),
+                     revision=revision, outputs=sorted(status))  # fmt: skip
+
+    # -- objects ---------------------------------------------------------------------------
+
+    async def _download_source(self, asset: asyncpg.Record, target: Path) -> None:
+        key = asset["source_object_key"]
+        digest, size = await self._download(key, target)
+        if asset["source_sha256"] and digest != asset["source_sha256"]:
+            raise ChecksumMismatchError(
+                f"quarantined source {key}: sha256 {digest} != recorded {asset['source_sha256']}"
+            )
+        if asset["source_size_bytes"] is not None and size != asset["source_size_bytes"]:
+            raise ChecksumMismatchError(f"quarantined source {key}: {size} bytes, recorded "
+                                        f"{asset['source_size_bytes']}")  # fmt: skip
+
+    async def _download(self, key: str, target: Path) -> tuple[str, int]:
+        digest = hashlib.sha256()
+        size = 0
+        target.parent.mkdir(parents=True, exist_ok=True)
+        async with await anyio.open_file(target, "wb") as handle:
+            async for chunk in self.s.store.get(key):
+                digest.update(chunk)
+                size += len(chunk)
+                await handle.write(chunk)
+        return digest.hexdigest(), size
+
+    async def _upload_and_verify(self, prefix: str, out: Path, record: OutputRecord) -> None:
+        """Write every file under the revision prefix, then read each back: size and SHA-256
+        must match what was made before the output may count as done."""
+        for file in record.files:
+            key = f"{prefix}/{file.path}"
+            async with await self.s.store.start_upload(key, content_type=file.mime) as upload:
+                async with await anyio.open_file(out / file.path, "rb") as handle:
+                    while chunk := await handle.read(1024 * 1024):
+                        await upload.write(chunk)
+                await upload.complete()
+            info = await self.s.store.head(key)
+            if info is None or info.size != file.size:
+                raise TransientError(f"{key}: not readable at the size written after upload")
+            digest = hashlib.sha256()
+            async for chunk in self.s.store.get(key):
+                digest.update(chunk)
+            if digest.hexdigest() != file.sha256:
+                raise ChecksumMismatchError(f"{key}: read back a different SHA-256")
+
+    async def _record_variant(
+        self, asset_id: uuid.UUID, revision: int, record: OutputRecord, prefix: str
+    ) -> bool:
+        primary = record.primary_file()
+        extra = {"files": [msgspec.to_builtins(f) for f in record.files],
+                 "total_bytes": record.size, "required": record.required}  # fmt: skip
+        async with self.s.pool.acquire() as conn:
+            try:
+                await transition(
+                    conn, Entity.VARIANT, (await self._variant_id(conn, asset_id, revision,
+                                                                  record.variant_type),),
+                    expected="PENDING", new="SUCCEEDED",
+                    values={"object_key": f"{prefix}/{primary.path}", "mime_type": primary.mime,
+                            "size_bytes": primary.size, "checksum": primary.sha256,
+                            "width": record.width, "height": record.height,
+                            "codec": record.codec, "bitrate": record.bitrate, "extra": extra},
+                )  # fmt: skip
+            except StaleStateError:
+                return False
+        return True
+
+    @staticmethod
+    async def _variant_id(conn: Any, asset_id: uuid.UUID, revision: int, kind: str) -> Any:
+        return await conn.fetchval(
+            "SELECT id FROM asset_variants WHERE asset_id = $1 AND revision = $2"
+            " AND variant_type = $3",
+            asset_id,
+            revision,
+            kind,
+        )
+
+    # -- database helpers ------------------------------------------------------------------
+
+    async def _asset(self, asset_id: uuid.UUID) -> asyncpg.Record:
+        with map_db_errors("loading the asset"):
+            row = await self.s.pool.fetchrow("SELECT * FROM assets WHERE id = $1", asset_id)
+        if row is None:
+            raise NotFoundError(f"asset {asset_id} does not exist")
+        return row
+
+    async def _revision(self, asset_id: uuid.UUID, revision: int) -> asyncpg.Record | None:
+        with map_db_errors("loading the revision"):
+            row: asyncpg.Record | None = await self.s.pool.fetchrow(
+                "SELECT * FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
+                asset_id,
+                revision,
+            )
+        return row
+
+    async def _variant(
+        self, asset_id: uuid.UUID, revision: int, kind: str
+    ) -> asyncpg.Record | None:
+        row: asyncpg.Record | None = await self.s.pool.fetchrow(
+            "SELECT * FROM asset_variants WHERE asset_id = $1 AND revision = $2"
+            " AND variant_type = $3",
+            asset_id,
+            revision,
+            kind,
+        )
+        return row
+
+    @asynccontextmanager
+    async def _revision_lock(self, asset_id: uuid.UUID, revision: int) -> AsyncIterator[bool]:
+        """A session advisory lock on its own connection: released on exit or when the
+        connection dies with its worker."""
+        key = zlib.crc32(f"render:{asset_id}:{revision}".encode()) - 2**31
+        async with self.s.pool.acquire() as conn:
+            acquired = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
+            try:
+                yield acquired
+            finally:
+                if acquired:
+                    with anyio.CancelScope(shield=True):
+                        await conn.execute("SELECT pg_advisory_unlock($1)", key)
+
+
+def _primary(output: str, plan: Plan) -> str:
+    return PRIMARY[output].format(zoom=plan.waveform_zooms[0])
+
+
+def _rate_fraction(rate: float) -> tuple[int | None, int | None]:
+    if rate <= 0:
+        return None, None
+    fraction = Fraction(rate).limit_denominator(1001)
+    return fraction.numerator, fraction.denominator
+
+
+def _render_timeout(config: Config, summary: MediaSummary) -> float:
+    media = config.media
+    per_run = media.process_timeout_seconds + media.process_timeout_per_media_second * max(
+        summary.duration_seconds, 0.0
+    )
+    return per_run * 3 + 120  # the encode pass, the packaging runs and the uploads
+
+
+@asynccontextmanager
+async def open_media_stage(
+    config: Config, pool: Pool, queue: Queue, store: ObjectStore | None = None
+) -> AsyncIterator[MediaStage]:
+    async with AsyncExitStack() as stack:
+        if store is None:
+            store = await stack.enter_async_context(open_object_store(config.storage))
+        services = MediaServices(config=config, pool=pool, queue=queue, store=store,
+                                 sandbox=Sandbox(config.media))  # fmt: skip
+        yield MediaStage(services)
+
+
+async def handle_probe(ctx: JobContext, job: Job) -> dict[str, Any] | None:
+    return await _stage(ctx).probe(job)
+
+
+async def handle_render(ctx: JobContext, job: Job) -> dict[str, Any] | None:
+    return await _stage(ctx).render(job)
+
+
+def _stage(ctx: JobContext) -> MediaStage:
+    stage = ctx.services.get("media")
+    if not isinstance(stage, MediaStage):
+        raise TransientError("this worker has no media stage configured")
+    return stage
+
+
+def register(registry: Registry) -> None:
+    registry.register(JobKind(PROBE_KIND, LANE, handle_probe, timeout_seconds=900, max_attempts=4))
+    registry.register(
+        JobKind(RENDER_KIND, LANE, handle_render, timeout_seconds=3 * 3600, max_attempts=4)
+    )

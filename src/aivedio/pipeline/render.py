@@ -1,0 +1,306 @@
+"""ffmpeg argument lists for the plan's passes. Pure: paths in, argv out.
+
+* ``encode_args``: ONE decode of the source feeding every transcoded rung, the editor proxy,
+  the poster, the sprite sheets and the waveform's PCM through a single ``split`` filter
+  graph (about half the CPU of one decode per output, see docs/benchmarks.md). Video-only
+  intermediates go to ``work/``; audio is encoded (or copied) once.
+* ``package_args``: copy-only muxing of intermediates (or, when remuxing, of the source's own
+  streams) into the playback MP4 (``+faststart``), the proxy MP4 and one fMP4 HLS rendition
+  per rung. No decode, no encode.
+* ``poster_seek_args``: a poster by input seek, when no encode pass runs (remux).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from aivedio.media_config import MediaConfig
+from aivedio.pipeline.plan import Plan, Rung
+from aivedio.pipeline.sniff import Sniff, input_args
+
+AUDIO_MAX_RATE = 48000
+KEYFRAME_EPSILON = 0.0005  # force a key on the frame AT the cut, never the one after
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where things live in a job's scratch directory (``out/`` mirrors the object keys)."""
+
+    root: Path
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def out(self) -> Path:
+        return self.root / "out"
+
+    def rung_video(self, rung: Rung) -> Path:
+        return self.work / f"rung_{rung.name}.mp4"
+
+    @property
+    def proxy_video(self) -> Path:
+        return self.work / "proxy_video.mp4"
+
+    @property
+    def audio(self) -> Path:
+        return self.work / "audio.m4a"
+
+    @property
+    def pcm(self) -> Path:
+        return self.work / "waveform.pcm"
+
+    @property
+    def playback(self) -> Path:
+        return self.out / "playback.mp4"
+
+    @property
+    def proxy(self) -> Path:
+        return self.out / "proxy.mp4"
+
+    @property
+    def poster(self) -> Path:
+        return self.out / "poster.jpg"
+
+    @property
+    def sprites(self) -> Path:
+        return self.out / "sprites"
+
+    @property
+    def waveform(self) -> Path:
+        return self.out / "waveform"
+
+    @property
+    def hls(self) -> Path:
+        return self.out / "hls"
+
+    def hls_rung(self, rung: Rung) -> Path:
+        return self.hls / rung.name
+
+    @property
+    def keyframes(self) -> Path:
+        return self.out / "keyframes.json"
+
+    def make_dirs(self) -> None:
+        for path in (self.work, self.out):
+            path.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodeJob:
+    """What one encode pass produces (the flags say which branches the graph has)."""
+
+    rungs: tuple[Rung, ...]
+    proxy: bool
+    poster: bool
+    sprite: bool
+    pcm: bool
+    audio: bool
+
+    @property
+    def empty(self) -> bool:
+        return not (self.rungs or self.proxy or self.poster or self.sprite or self.pcm)
+
+
+def encode_job(plan: Plan, wants: set[str], *, has_audio: bool) -> EncodeJob:
+    """The branches an encode pass needs to serve ``wants``."""
+    rungs: list[Rung] = []
+    if "hls" in wants:
+        rungs = [r for r in plan.rungs if not r.copy]
+    if "playback" in wants and not plan.top.copy and plan.top not in rungs:
+        rungs.insert(0, plan.top)
+    needs_audio_file = plan.mode == "transcode" and ("playback" in wants or "hls" in wants)
+    return EncodeJob(
+        rungs=tuple(rungs),
+        proxy="proxy" in wants,
+        poster="poster" in wants and plan.mode == "transcode",
+        sprite="sprite" in wants,
+        pcm="waveform" in wants and has_audio,
+        audio=has_audio and (needs_audio_file or "proxy" in wants or "hls" in wants),
+    )
+
+
+def _x264(rung: Rung, media: MediaConfig, keyframes: list[str], *, gop: int) -> list[str]:
+    args = ["-c:v", "libx264", "-preset", media.x264_preset, "-crf", str(rung.crf)]
+    if rung.maxrate_kbps:
+        args += ["-maxrate", f"{rung.maxrate_kbps}k", "-bufsize", f"{rung.bufsize_kbps}k"]
+    args += ["-profile:v", "high", "-pix_fmt", "yuv420p", "-g", str(gop), "-sc_threshold", "0"]
+    if media.threads:
+        args += ["-threads", str(media.threads)]
+    return args + keyframes
+
+
+def _forced_keyframes(plan: Plan) -> list[str]:
+    if plan.mode == "remux" and plan.cut_points is not None:
+        if not plan.cut_points:
+            return []
+        times = ",".join(f"{max(t - KEYFRAME_EPSILON, 0.0):.6f}" for t in plan.cut_points)
+        return ["-force_key_frames", times]
+    return ["-force_key_frames", f"expr:gte(t,n_forced*{plan.segment_seconds:g})"]
+
+
+def _audio_encode(media: MediaConfig, channels: int | None, rate: int | None) -> list[str]:
+    args = ["-c:a", "aac", "-profile:a", "aac_low", "-b:a", f"{media.audio_bitrate_kbps}k"]
+    if channels is None or channels > 2:
+        args += ["-ac", "2"]
+    if rate is None or rate > AUDIO_MAX_RATE:
+        args += ["-ar", str(AUDIO_MAX_RATE)]
+    return args
+
+
+def encode_args(
+    plan: Plan,
+    job: EncodeJob,
+    media: MediaConfig,
+    sniff: Sniff,
+    source: Path,
+    layout: Layout,
+    *,
+    audio_channels: int | None,
+    audio_rate: int | None,
+) -> list[str]:
+    """One ffmpeg invocation: decode once, split, encode every branch of ``job``."""
+    limits = ["-max_streams", str(media.max_streams), "-max_pixels", str(media.max_pixels)]
+    args = [*limits, *input_args(sniff, source)]
+    pre = []
+    if plan.mode == "transcode":
+        pre.append(f"fps={plan.frame_rate_expr}")
+    branches: list[tuple[str, str]] = []  # (label, chain after split)
+    for index, rung in enumerate(job.rungs):
+        chain = f"scale={rung.width}:{rung.height}:flags=bicubic,format=yuv420p,setsar=1"
+        branches.append((f"r{index}", chain))
+    if job.proxy and plan.proxy is not None:
+        p = plan.proxy
+        branches.append(("px", f"scale={p.width}:{p.height}:flags=bicubic,format=yuv420p,setsar=1"))
+    if job.poster:
+        frame = max(int(plan.poster_seconds * plan.frame_rate), 0)
+        top = plan.top
+        branches.append(("po", f"select='eq(n\\,{frame})',scale={top.width}:{top.height},setsar=1"))
+    if job.sprite:
+        cols, rows = media.sprite_columns, media.sprite_rows
+        branches.append(
+            ("sp", f"fps=1/{plan.sprite_interval:g},scale={plan.sprite_width}:-2,"
+                   f"setsar=1,tile={cols}x{rows}")
+        )  # fmt: skip
+    graph: list[str] = []
+    if branches:
+        head = ",".join([*pre, f"split={len(branches)}"]) if len(branches) > 1 or pre else "null"
+        if len(branches) == 1 and pre:
+            head = ",".join(pre)
+        outs = "".join(f"[s_{label}]" for label, _ in branches)
+        graph.append(f"[0:v:0]{head}{outs}")
+        graph += [f"[s_{label}]{chain}[o_{label}]" for label, chain in branches]
+    if job.pcm:
+        rate = plan.waveform_sample_rate
+        graph.append(
+            f"[0:a:0]aresample={rate},aformat=sample_fmts=s16:channel_layouts=mono[o_wave]"
+        )
+    if graph:
+        args += ["-filter_complex", ";".join(graph)]
+    gop = max(plan.gop_frames * 10, 250)
+    keys = _forced_keyframes(plan)
+    for index, rung in enumerate(job.rungs):
+        args += ["-map", f"[o_r{index}]", *_x264(rung, media, keys, gop=gop), "-an"]
+        args += ["-f", "mp4", str(layout.rung_video(rung))]
+    if job.proxy and plan.proxy is not None:
+        gop_p = str(media.proxy_gop_frames)
+        args += ["-map", "[o_px]", *_x264(plan.proxy, media, [], gop=media.proxy_gop_frames)]
+        args += ["-keyint_min", gop_p, "-bf", "0", "-an", "-f", "mp4", str(layout.proxy_video)]
+    if job.poster:
+        args += ["-map", "[o_po]", "-frames:v", "1", "-q:v", "2", "-update", "1"]
+        args += ["-f", "image2", str(layout.poster)]
+    if job.sprite:
+        layout.sprites.mkdir(parents=True, exist_ok=True)
+        args += ["-map", "[o_sp]", "-q:v", "5", "-f", "image2"]
+        args += [str(layout.sprites / "sprite_%03d.jpg")]
+    if job.pcm:
+        args += ["-map", "[o_wave]", "-f", "s16le", str(layout.pcm)]
+    if job.audio:
+        args += ["-map", "0:a:0", "-vn"]
+        if plan.audio == "copy":
+            args += ["-c:a", "copy"]
+        else:
+            args += _audio_encode(media, audio_channels, audio_rate)
+        args += ["-f", "mp4", str(layout.audio)]
+    return args
+
+
+def package_args(
+    plan: Plan,
+    wants: set[str],
+    media: MediaConfig,
+    sniff: Sniff,
+    source: Path,
+    layout: Layout,
+    *,
+    has_audio: bool,
+) -> list[list[str]]:
+    """Copy-only muxing runs: playback, proxy and one per HLS rendition."""
+    limits = ["-max_streams", str(media.max_streams)]
+    source_in = [*limits, *input_args(sniff, source)]
+    runs: list[list[str]] = []
+    audio_in = ["-i", f"file:{layout.audio}"] if has_audio else []
+
+    def video_input(rung: Rung) -> list[str]:
+        return source_in if rung.copy else ["-i", f"file:{layout.rung_video(rung)}"]
+
+    def audio_map(video_only_input: bool) -> list[str]:
+        if not has_audio:
+            return []
+        return ["-map", "1:a:0"] if video_only_input else ["-map", "0:a:0"]
+
+    if "playback" in wants:
+        top = plan.top
+        # Remux: video and audio both come from the source itself.
+        inputs = source_in if top.copy else [*video_input(top), *audio_in]
+        maps = ["-map", "0:v:0", *audio_map(not top.copy)]
+        runs.append([*inputs, *maps, "-c", "copy", "-movflags", "+faststart",
+                     "-f", "mp4", str(layout.playback)])  # fmt: skip
+    if "proxy" in wants:
+        inputs = ["-i", f"file:{layout.proxy_video}", *audio_in]
+        runs.append([*inputs, "-map", "0:v:0", *audio_map(True), "-c", "copy",
+                     "-movflags", "+faststart", "-f", "mp4", str(layout.proxy)])  # fmt: skip
+    if "hls" in wants:
+        for rung in plan.rungs:
+            directory = layout.hls_rung(rung)
+            directory.mkdir(parents=True, exist_ok=True)
+            if rung.copy:
+                inputs, maps = source_in, ["-map", "0:v:0", *audio_map(False)]
+            else:
+                inputs = [*video_input(rung), *audio_in]
+                maps = ["-map", "0:v:0", *audio_map(True)]
+            runs.append([
+                *inputs, *maps, "-c", "copy",
+                "-f", "hls", "-hls_time", f"{plan.segment_seconds:g}",
+                "-hls_playlist_type", "vod", "-hls_segment_type", "fmp4",
+                "-hls_flags", "independent_segments",
+                "-hls_fmp4_init_filename", "init.mp4",
+                "-hls_segment_filename", str(directory / "seg_%05d.m4s"),
+                str(directory / "index.m3u8"),
+            ])  # fmt: skip
+    return runs
+
+
+def poster_seek_args(
+    plan: Plan, media: MediaConfig, sniff: Sniff, source: Path, layout: Layout
+) -> list[str]:
+    limits = ["-max_streams", str(media.max_streams), "-max_pixels", str(media.max_pixels)]
+    return [
+        *limits,
+        "-ss",
+        f"{plan.poster_seconds:.3f}",
+        *input_args(sniff, source),
+        "-map",
+        "0:v:0",
+        "-frames:v",
+        "1",
+        "-q:v",
+        "2",
+        "-update",
+        "1",
+        "-f",
+        "image2",
+        str(layout.poster),
+    ]

@@ -1,0 +1,353 @@
+"""The one runner for every ffmpeg and ffprobe process (seed 002 §11.12.2, §11.12.3).
+
+ffmpeg is a native parser of hostile input. Every process started here gets:
+
+* an argv list (never a shell) with ``-nostdin`` (ffmpeg) and the caller's own arguments;
+* an empty scratch directory as its working directory and a cleared environment;
+* rlimits through ``prlimit``: address space, CPU seconds, file size, open files, processes;
+* a network namespace through ``unshare -n`` when the platform allows (recorded in every
+  result as ``network_isolated``; ``media.network_isolation = "required"`` refuses to run
+  without one);
+* its own process group, a wall-clock deadline, then SIGKILL of the whole group, shielded
+  from cancellation so that no ffmpeg outlives the job that started it;
+* progress parsed from ``-progress pipe:1`` and the tail of stderr kept, redacted, for the
+  error detail. ``-benchmark`` makes ffmpeg report its own CPU time and peak RSS.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+from anyio.abc import ByteReceiveStream, Process
+
+from aivedio.errors import ConfigError, ResourceExhaustedError
+from aivedio.logs import get_logger, redact_text
+from aivedio.media_config import MediaConfig
+
+log = get_logger("aivedio.sandbox")
+
+STDERR_TAIL_LINES = 40
+STDOUT_LIMIT_BYTES = 64 * 1024**2
+_BENCH_TIMES = re.compile(r"bench: utime=([\d.]+)s stime=([\d.]+)s rtime=([\d.]+)s")
+_BENCH_RSS = re.compile(r"bench: maxrss=(\d+)kB")
+# stderr text that means the process ran out of something rather than met bad input.
+_EXHAUSTION = re.compile(
+    r"(?i)cannot allocate memory|out of memory|not enough memory|no space left on device|"
+    r"file too large|resource temporarily unavailable"
+)
+_SIGNAL_EXHAUSTION = {-signal.SIGXCPU, -signal.SIGXFSZ, -signal.SIGKILL, -signal.SIGSEGV}
+
+ProgressCallback = Callable[[dict[str, str]], Awaitable[None] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    address_space_bytes: int
+    cpu_seconds: int
+    file_size_bytes: int
+    open_files: int
+    processes: int
+
+    @classmethod
+    def from_media(cls, media: MediaConfig) -> Limits:
+        return cls(
+            address_space_bytes=media.address_space_mib * 1024**2,
+            cpu_seconds=media.cpu_seconds,
+            file_size_bytes=media.file_size_mib * 1024**2,
+            open_files=media.open_files,
+            processes=media.processes,
+        )
+
+
+@dataclass(slots=True)
+class RunResult:
+    tool: str
+    args: list[str]
+    returncode: int
+    wall_seconds: float
+    network_isolated: bool
+    timed_out: bool = False
+    stdout_overflow: bool = False
+    stdout: bytes = b""
+    stderr_tail: list[str] = field(default_factory=list)
+    progress: dict[str, str] = field(default_factory=dict)
+    cpu_seconds: float | None = None
+    max_rss_bytes: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out and not self.stdout_overflow
+
+    @property
+    def exhausted(self) -> bool:
+        """Out of time, memory, disk or another limit, as opposed to rejecting its input."""
+        if self.timed_out or self.stdout_overflow or self.returncode in _SIGNAL_EXHAUSTION:
+            return True
+        return any(_EXHAUSTION.search(line) for line in self.stderr_tail)
+
+    def error_detail(self, limit: int = 6) -> str:
+        """The last error lines of stderr (already redacted), for a job's error detail."""
+        wanted = [
+            line
+            for line in self.stderr_tail
+            if line.startswith(("[error]", "[fatal]", "[panic]", "[warning]"))
+            or not line.startswith("[")
+        ]
+        tail = (wanted or self.stderr_tail)[-limit:]
+        status = "deadline exceeded" if self.timed_out else f"exit {self.returncode}"
+        return f"{self.tool} {status}: " + " | ".join(tail)
+
+    def raise_if_exhausted(self) -> None:
+        if self.exhausted:
+            raise ResourceExhaustedError(self.error_detail())
+
+
+class Sandbox:
+    """Starts ffmpeg/ffprobe under the limits of ``[media]``. One per process is enough."""
+
+    def __init__(self, media: MediaConfig) -> None:
+        self.media = media
+        self.limits = Limits.from_media(media)
+        self._tools = {"ffmpeg": media.ffmpeg, "ffprobe": media.ffprobe}
+        self._paths: dict[str, str] = {}
+        self._isolation: list[str] | None = None
+        self._isolation_checked = False
+        self._prlimit = shutil.which("prlimit")
+
+    # -- scratch ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def scratch(self) -> Iterator[Path]:
+        """An empty private directory, removed with everything in it afterwards."""
+        base = self.media.scratch_dir or None
+        if base:
+            Path(base).mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix="aivedio-media-", dir=base))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    # -- setup --------------------------------------------------------------------------
+
+    def _tool_path(self, tool: str) -> str:
+        if tool not in self._paths:
+            found = shutil.which(self._tools[tool])
+            if found is None:
+                raise ConfigError(
+                    f"config error: media.{tool}: {self._tools[tool]!r} not found on PATH; "
+                    "install ffmpeg (scripts/test and scripts/demo do)"
+                )
+            self._paths[tool] = found
+        return self._paths[tool]
+
+    async def isolation_prefix(self) -> list[str]:
+        """The argv prefix that puts a process in a fresh network namespace, or [] if none."""
+        if not self._isolation_checked:
+            self._isolation = await self._detect_isolation()
+            self._isolation_checked = True
+            log.info(
+                "sandbox_network_isolation",
+                mode=self.media.network_isolation,
+                available=bool(self._isolation),
+                prefix=" ".join(self._isolation or []),
+            )
+        if not self._isolation and self.media.network_isolation == "required":
+            raise ConfigError(
+                "config error: media.network_isolation: 'required' but this platform cannot "
+                "create a network namespace (unshare -n and unshare -rn both failed)"
+            )
+        return list(self._isolation or [])
+
+    async def _detect_isolation(self) -> list[str]:
+        if self.media.network_isolation == "off":
+            return []
+        unshare = shutil.which("unshare")
+        if unshare is None:
+            return []
+        for prefix in ([unshare, "-n", "--"], [unshare, "-r", "-n", "--"]):
+            try:
+                done = await anyio.run_process(
+                    [*prefix, "true"], check=False, stderr=subprocess.DEVNULL
+                )
+            except OSError:
+                continue
+            if done.returncode == 0:
+                return prefix
+        return []
+
+    def _limit_prefix(self) -> list[str]:
+        if self._prlimit is None:
+            raise ConfigError("prlimit (util-linux) is required to start ffmpeg under rlimits")
+        lim = self.limits
+        return [
+            self._prlimit,
+            f"--as={lim.address_space_bytes}",
+            f"--cpu={lim.cpu_seconds}",
+            f"--fsize={lim.file_size_bytes}",
+            f"--nofile={lim.open_files}",
+            f"--nproc={lim.processes}",
+            "--core=0",
+            "--",
+        ]
+
+    # -- running ------------------------------------------------------------------------
+
+    async def run(
+        self,
+        tool: str,
+        args: list[str],
+        *,
+        cwd: Path,
+        deadline_seconds: float,
+        capture_stdout: bool = False,
+        on_progress: ProgressCallback | None = None,
+        record: list[RunResult] | None = None,
+    ) -> RunResult:
+        """Run ``tool`` (ffmpeg or ffprobe) with ``args``; never raises for the tool's failure.
+
+        ffmpeg gets ``-nostdin -hide_banner -nostats -benchmark -progress pipe:1`` and
+        level-tagged logs; ffprobe's stdout is captured (bounded) when ``capture_stdout``.
+        """
+        if tool not in self._tools:
+            raise ValueError(f"unknown tool {tool!r}")
+        binary = self._tool_path(tool)
+        if tool == "ffmpeg":
+            head = ["-nostdin", "-hide_banner", "-nostats", "-loglevel", "level+info"]
+            head += ["-benchmark", "-progress", "pipe:1"]
+        else:
+            head = ["-hide_banner", "-loglevel", "level+error"]
+        isolation = await self.isolation_prefix()
+        argv = [*self._limit_prefix(), *isolation, binary, *head, *args]
+        result = RunResult(
+            tool=tool, args=list(args), returncode=-1, wall_seconds=0.0,
+            network_isolated=bool(isolation),
+        )  # fmt: skip
+        started = time.monotonic()
+        process = await anyio.open_process(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=str(cwd),
+            env={"LC_ALL": "C"},
+            start_new_session=True,
+        )
+        try:
+            with anyio.move_on_after(deadline_seconds) as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._read_stderr, process, result)
+                    if tool == "ffmpeg":
+                        tg.start_soon(self._read_progress, process, result, on_progress)
+                    else:
+                        tg.start_soon(self._read_stdout, process, result, capture_stdout)
+                    await process.wait()
+            result.timed_out = scope.cancelled_caught
+        finally:
+            with anyio.CancelScope(shield=True):
+                await _kill_group(process)
+            result.wall_seconds = time.monotonic() - started
+            result.returncode = process.returncode if process.returncode is not None else -1
+            if record is not None:
+                record.append(result)
+        return result
+
+    async def _read_stderr(self, process: Process, result: RunResult) -> None:
+        tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        assert process.stderr is not None
+        try:
+            async for line in _lines(process.stderr):
+                if not line:
+                    continue
+                if "bench: " in line:
+                    _read_benchmark(result, line)
+                tail.append(redact_text(line)[:500])
+        finally:
+            result.stderr_tail = list(tail)
+
+    async def _read_stdout(self, process: Process, result: RunResult, capture: bool) -> None:
+        assert process.stdout is not None
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in process.stdout:
+            if not capture:
+                continue
+            size += len(chunk)
+            if size > STDOUT_LIMIT_BYTES:
+                result.stdout_overflow = True
+                _signal_group(process, signal.SIGKILL)
+                return
+            chunks.append(chunk)
+        result.stdout = b"".join(chunks)
+
+    async def _read_progress(
+        self, process: Process, result: RunResult, on_progress: ProgressCallback | None
+    ) -> None:
+        assert process.stdout is not None
+        block: dict[str, str] = {}
+        async for line in _lines(process.stdout):
+            key, sep, value = line.partition("=")
+            if not sep:
+                continue
+            block[key.strip()] = value.strip()
+            if key == "progress":
+                result.progress = block
+                if on_progress is not None:
+                    outcome = on_progress(block)
+                    if outcome is not None:
+                        await outcome
+                block = {}
+
+
+async def _lines(stream: ByteReceiveStream) -> collections.abc.AsyncIterator[str]:
+    buffer = b""
+    async for chunk in stream:
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for raw in complete:
+            yield raw.decode("utf-8", "replace").rstrip("\r")
+        if len(buffer) > 65536:  # a line this long is noise; keep memory bounded
+            buffer = buffer[-4096:]
+    if buffer:
+        yield buffer.decode("utf-8", "replace")
+
+
+def _signal_group(process: Process, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signum)
+
+
+async def _kill_group(process: Process) -> None:
+    """SIGKILL the whole group (ffmpeg and anything it started), then reap and close."""
+    _signal_group(process, signal.SIGKILL)
+    with anyio.move_on_after(10):
+        await process.wait()
+    await process.aclose()
+
+
+def _read_benchmark(result: RunResult, line: str) -> None:
+    times = _BENCH_TIMES.search(line)
+    if times:
+        result.cpu_seconds = float(times.group(1)) + float(times.group(2))
+    rss = _BENCH_RSS.search(line)
+    if rss:
+        result.max_rss_bytes = int(rss.group(1)) * 1024
+
+
+def media_deadline(media: MediaConfig, duration_seconds: float | None) -> float:
+    """Wall-clock budget for one ffmpeg run over media of this duration."""
+    return media.process_timeout_seconds + media.process_timeout_per_media_second * max(
+        duration_seconds or 0.0, 0.0
+    )
