@@ -200,6 +200,7 @@ class MediaRun:
     ) -> Report:
         """Inspect (unless already done), plan, and produce ``wants`` (default: all)."""
         started = time.monotonic()
+        inspected_before = self.report is not None
         report = self.report or await self.inspect(declared=declared, tolerance=tolerance)
         if not report.verdict.valid:
             report.wall_seconds = time.monotonic() - started
@@ -208,12 +209,14 @@ class MediaRun:
         assert summary is not None
         self.layout.make_dirs()
         if plan is None:
-            source_keys = await self._source_keyframes(summary)
-            plan = make_plan(summary, self.media, source_keyframes=source_keys)
+            source_keys, start = await self._source_keyframes(summary)
+            plan = make_plan(summary, self.media, source_keyframes=source_keys, stream_start=start)
         report.plan = plan
         want = set(plan.outputs if wants is None else wants) & set(plan.outputs)
         await self._produce(plan, summary, want)
-        report.wall_seconds = time.monotonic() - started + report.steps.get("inspect", 0.0)
+        report.wall_seconds = time.monotonic() - started
+        if inspected_before:
+            report.wall_seconds += report.steps.get("inspect", 0.0)
         return report
 
     # -- steps ---------------------------------------------------------------------------
@@ -247,12 +250,20 @@ class MediaRun:
             raise RenderError(f"{step}: {result.error_detail()}")
         return result.stdout.decode("utf-8", "replace")
 
-    async def _source_keyframes(self, summary: MediaSummary) -> list[float]:
+    async def _source_keyframes(self, summary: MediaSummary) -> tuple[list[float], float | None]:
+        """The source's video keyframe times and the earliest audio packet's time."""
         assert self._sniff is not None and self.report is not None
         started = time.monotonic()
         text = await self._ffprobe_csv("keyframe_scan", _packet_args(self._sniff, self.source))
+        times = keyframes.keyframe_pts(keyframes.parse_packets(text))
+        audio_start: float | None = None
+        if summary.audio_codec is not None:
+            args = _packet_args(self._sniff, self.source, stream="a:0", first=8)
+            audio = keyframes.parse_packets(await self._ffprobe_csv("audio_start_scan", args))
+            starts = [p.pts for p in audio if p.pts is not None]
+            audio_start = min(starts) if starts else None
         self.report.steps["keyframe_scan"] = time.monotonic() - started
-        return [p.pts for p in keyframes.parse_packets(text) if p.key and p.pts is not None]
+        return times, audio_start
 
     async def _produce(self, plan: Plan, summary: MediaSummary, want: set[str]) -> None:
         required = [n for n in plan.required if n in want]
@@ -459,12 +470,16 @@ class MediaRun:
         return record
 
 
-def _packet_args(sniff: Sniff | None, path: Path) -> list[str]:
+def _packet_args(
+    sniff: Sniff | None, path: Path, *, stream: str = "v:0", first: int | None = None
+) -> list[str]:
     source = input_args(sniff, path) if sniff is not None else ["-i", f"file:{path.resolve()}"]
+    head = ["-read_intervals", f"%+#{first}"] if first else []
     return [
         *source,
+        *head,
         "-select_streams",
-        "v:0",
+        stream,
         "-show_entries",
         "packet=pts_time,dts_time,pos,flags",
         "-of",

@@ -11,7 +11,9 @@ The packets come from::
 
 ffprobe prints the fields in its own order (pts_time, dts_time, pos, flags) whatever order
 ``-show_entries`` names them in; ``N/A`` marks a missing value (raw streams have no pts,
-Matroska often no dts); flags are ``K_`` in ffmpeg 5.1 (``K__`` in later versions).
+Matroska often no dts); flags are ``K_`` in ffmpeg 5.1 (``K__`` in later versions; ``D``
+marks discard, e.g. AAC priming). A packet carrying side data gets an empty sub-section
+appended (``...,KD,`` and a blank line) even though no side data was asked for.
 
 :func:`segment_boundaries` reproduces ``hls_write_packet`` in ffmpeg 5.1 libavformat/hlsenc.c:
 a new segment starts at the first video keyframe whose ``pts - start_pts`` reaches
@@ -51,8 +53,9 @@ def _number(field: str) -> float | None:
 def parse_packets(csv_text: str) -> list[Packet]:
     """Packets from ffprobe's ``pts_time,dts_time,pos,flags`` CSV (``-of csv=p=0``).
 
-    A ``packet,`` section prefix (``-of csv`` without ``p=0``) is tolerated; blank lines are
-    skipped; any other shape raises ``ValueError`` naming the line.
+    A ``packet,`` section prefix (``-of csv`` without ``p=0``), empty side-data sub-sections
+    after the flags and blank lines are tolerated; any other shape raises ``ValueError``
+    naming the line.
     """
     packets: list[Packet] = []
     for number, raw in enumerate(csv_text.splitlines(), start=1):
@@ -62,9 +65,12 @@ def parse_packets(csv_text: str) -> list[Packet]:
         fields = line.split(",")
         if fields[0] == "packet":
             fields = fields[1:]
-        if len(fields) != 4:
+        # A packet with side data (AAC priming's skip-samples, say) gets an empty trailing
+        # sub-section even when none was asked for: "...,KD," (or "...,KD,side_data,").
+        extra = fields[4:]
+        if len(fields) < 4 or any(f and not f.replace("_", "").isalpha() for f in extra):
             raise ValueError(f"line {number}: expected pts_time,dts_time,pos,flags: {line!r}")
-        pts_field, dts_field, pos_field, flags = fields
+        pts_field, dts_field, pos_field, flags = fields[:4]
         try:
             pts = _number(pts_field)
             dts = _number(dts_field)

@@ -54,6 +54,7 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     poster_seconds: float
     sprite_interval: float
     sprite_width: int
+    sprite_height: int
     waveform_zooms: list[int]
     waveform_sample_rate: int
     duration_seconds: float
@@ -112,6 +113,11 @@ def _size_for(short_side: int, s: MediaSummary) -> tuple[int, int]:
     return short_side, _even(short_side * dh / dw)
 
 
+def _size_for_width(width: int, s: MediaSummary) -> tuple[int, int]:
+    """(width, even height) at the display aspect (SAR and rotation applied)."""
+    return width, _even(width * max(s.display_height, 1) / max(s.display_width, 1))
+
+
 def output_frame_rate(s: MediaSummary) -> tuple[float, str]:
     """The constant rate transcoded rungs use: the source's, or its average if VFR, capped."""
     rate = s.frame_rate if s.variable_frame_rate or s.real_frame_rate <= 0 else s.real_frame_rate
@@ -130,9 +136,12 @@ def make_plan(
     media: MediaConfig,
     *,
     source_keyframes: list[float] | None = None,
+    stream_start: float | None = None,
     outputs: list[str] | None = None,
 ) -> Plan:
-    """The plan for this media. ``source_keyframes`` (seconds) is needed to remux with HLS."""
+    """The plan for this media. ``source_keyframes`` (seconds) is needed to remux with HLS;
+    ``stream_start`` is the earliest packet of any stream muxed with the video (AAC priming
+    starts about 23 ms before the video), from which the HLS muxer measures its cuts."""
     reasons = transcode_reasons(s)
     mode = "transcode" if reasons else "remux"
     short = min(s.display_width, s.display_height)
@@ -163,8 +172,9 @@ def make_plan(
     cut_points: list[float] | None = None
     if mode == "remux":
         keyframes = source_keyframes if source_keyframes else [s.start_time]
+        origin = keyframes[0] if stream_start is None else min(stream_start, keyframes[0])
         cut_points = segment_boundaries(
-            keyframes, segment_seconds=media.segment_seconds, start=keyframes[0]
+            keyframes, segment_seconds=media.segment_seconds, start=origin
         )
     proxy_short = min(media.proxy_height, short - short % 2)
     pw, ph = _size_for(proxy_short, s)
@@ -196,6 +206,7 @@ def make_plan(
         poster_seconds=min(duration * media.poster_at_ratio, media.poster_max_seconds),
         sprite_interval=media.sprite_interval_seconds,
         sprite_width=media.sprite_width,
+        sprite_height=_size_for_width(media.sprite_width, s)[1],
         waveform_zooms=sorted(media.waveform_zooms),
         waveform_sample_rate=media.waveform_sample_rate,
         duration_seconds=duration,

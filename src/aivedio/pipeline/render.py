@@ -18,6 +18,7 @@ from pathlib import Path
 from aivedio.media_config import MediaConfig
 from aivedio.pipeline.plan import Plan, Rung
 from aivedio.pipeline.sniff import Sniff, input_args
+from aivedio.pipeline.thumbnails import sprite_filter
 
 AUDIO_MAX_RATE = 48000
 KEYFRAME_EPSILON = 0.0005  # force a key on the frame AT the cut, never the one after
@@ -179,11 +180,10 @@ def encode_args(
         top = plan.top
         branches.append(("po", f"select='eq(n\\,{frame})',scale={top.width}:{top.height},setsar=1"))
     if job.sprite:
-        cols, rows = media.sprite_columns, media.sprite_rows
-        branches.append(
-            ("sp", f"fps=1/{plan.sprite_interval:g},scale={plan.sprite_width}:-2,"
-                   f"setsar=1,tile={cols}x{rows}")
-        )  # fmt: skip
+        chain = sprite_filter(interval=plan.sprite_interval, width=plan.sprite_width,
+                              height=plan.sprite_height, columns=media.sprite_columns,
+                              rows=media.sprite_rows)  # fmt: skip
+        branches.append(("sp", chain))
     graph: list[str] = []
     if branches:
         head = ",".join([*pre, f"split={len(branches)}"]) if len(branches) > 1 or pre else "null"

@@ -96,10 +96,13 @@ def sprite_layout(
     )
 
 
-def sprite_filter(*, interval: float, width: int, columns: int, rows: int) -> str:
-    """The ffmpeg ``-vf`` chain whose output :func:`sprite_layout` describes."""
+def sprite_filter(*, interval: float, width: int, height: int, columns: int, rows: int) -> str:
+    """The ffmpeg filter chain whose output :func:`sprite_layout` describes.
+
+    ``eof_action=pass`` makes the count ``ceil(duration / interval)`` (the default rounds);
+    the height is explicit because ``scale=W:-2`` ignores the sample aspect ratio."""
     rate = f"1/{float(interval)!r}"  # repr round-trips; ffmpeg evaluates the ratio expression
-    return f"fps={rate}:eof_action=pass,scale={width}:-2,tile={columns}x{rows}"
+    return f"fps={rate}:eof_action=pass,scale={width}:{height},setsar=1,tile={columns}x{rows}"
 
 
 def default_sheet_name(sheet_index: int) -> str:
