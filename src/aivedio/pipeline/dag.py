@@ -48,6 +48,9 @@ MIME = {
     ".vtt": "text/vtt",
     ".json": "application/json",
 }
+# Packets read from the head of a file to find its earliest timestamp (reorder delay and
+# audio priming show up within the first few).
+HEAD_PACKETS = 48
 # The file each output is addressed by (its variant's object key).
 PRIMARY = {
     "playback": "playback.mp4",
@@ -265,6 +268,24 @@ class MediaRun:
         self.report.steps["keyframe_scan"] = time.monotonic() - started
         return times, audio_start
 
+    async def _hls_offset(self, plan: Plan, has_audio: bool) -> float:
+        """The one timestamp offset for every rendition: the earliest timestamp among the
+        packets that will be muxed, negated (1 ms margin), or 0."""
+        inputs: list[tuple[Sniff | None, Path]] = []
+        if plan.top.copy:
+            inputs.append((self._sniff, self.source))
+        inputs += [(None, self.layout.rung_video(r)) for r in plan.rungs if not r.copy]
+        if has_audio and self.layout.audio.exists():
+            inputs.append((None, self.layout.audio))
+        earliest = 0.0
+        for sniff, path in inputs:
+            args = _packet_args(sniff, path, stream=None, first=HEAD_PACKETS)
+            for packet in keyframes.parse_packets(await self._ffprobe_csv("ts_scan", args)):
+                for value in (packet.pts, packet.dts):
+                    if value is not None:
+                        earliest = min(earliest, value)
+        return 0.0 if earliest >= 0 else round(-earliest + 0.001, 3)
+
     async def _produce(self, plan: Plan, summary: MediaSummary, want: set[str]) -> None:
         required = [n for n in plan.required if n in want]
         optional = [n for n in plan.optional if n in want]
@@ -338,9 +359,11 @@ class MediaRun:
         if "poster" in wants and not job.poster:
             args = poster_seek_args(plan, self.media, self._sniff, self.source, self.layout)
             await self._ffmpeg("poster_seek", args, plan.duration_seconds)
+        offset = await self._hls_offset(plan, has_audio) if "hls" in wants else 0.0
         runs = package_args(
-            plan, wants, self.media, self._sniff, self.source, self.layout, has_audio=has_audio
-        )
+            plan, wants, self.media, self._sniff, self.source, self.layout,
+            has_audio=has_audio, hls_offset=offset,
+        )  # fmt: skip
         for index, args in enumerate(runs):
             await self._ffmpeg(f"package[{index}]", args, plan.duration_seconds)
         shared = time.monotonic() - started
@@ -471,15 +494,15 @@ class MediaRun:
 
 
 def _packet_args(
-    sniff: Sniff | None, path: Path, *, stream: str = "v:0", first: int | None = None
+    sniff: Sniff | None, path: Path, *, stream: str | None = "v:0", first: int | None = None
 ) -> list[str]:
     source = input_args(sniff, path) if sniff is not None else ["-i", f"file:{path.resolve()}"]
     head = ["-read_intervals", f"%+#{first}"] if first else []
+    select = ["-select_streams", stream] if stream else []
     return [
         *source,
         *head,
-        "-select_streams",
-        stream,
+        *select,
         "-show_entries",
         "packet=pts_time,dts_time,pos,flags",
         "-of",

@@ -36,10 +36,12 @@ import msgspec
 
 from aivedio.config import Config
 from aivedio.errors import (
+    AivedioError,
     ChecksumMismatchError,
     DeferredError,
     NotFoundError,
     RenderError,
+    ResourceExhaustedError,
     StaleStateError,
     TransientError,
 )
@@ -50,6 +52,7 @@ from aivedio.pipeline.plan import Plan
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
 from aivedio.pipeline.sandbox import Sandbox
 from aivedio.pipeline.validate import MediaSummary
+from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
 from aivedio.store import keys
 from aivedio.store.database import Pool, map_db_errors
@@ -204,7 +207,20 @@ class MediaStage:
                     "another render of this revision is running",
                     retry_after_seconds=LOCK_BUSY_RETRY_SECONDS,
                 )
-            return await self._render_locked(job, asset_id, revision, variant_type, state)
+            try:
+                return await self._render_locked(job, asset_id, revision, variant_type, state)
+            except DeferredError:
+                raise
+            except AivedioError as exc:
+                # The queue makes the same decision from the same rule; when it will not
+                # retry, the output is FAILED now rather than PENDING forever.
+                decision = decide_retry(retry_class=exc.retry, attempts=job.attempts,
+                                        max_attempts=job.max_attempts, base_seconds=1.0,
+                                        max_seconds=1.0)  # fmt: skip
+                if not decision.retry:
+                    with anyio.CancelScope(shield=True):
+                        await self._mark_failed(asset_id, revision, variant_type, exc.detail)
+                raise
 
     async def _render_locked(
         self, job: Job, asset_id: uuid.UUID, revision: int, variant_type: str,
@@ -248,24 +264,26 @@ class MediaStage:
         await self._check_revision(asset_id, revision)
         if variant_type in failed:
             outcome = failed[variant_type]
-            return await self._own_failure(job, asset_id, revision, variant_type, outcome.detail)
+            detail = outcome.detail or f"{variant_type} failed"
+            if outcome.error_class == ResourceExhaustedError.error_class:
+                raise ResourceExhaustedError(detail)
+            raise RenderError(detail)
         return {"outcome": "rendered", "done": done, "failed": sorted(failed)}
 
-    async def _own_failure(
-        self, job: Job, asset_id: uuid.UUID, revision: int, variant_type: str, detail: str | None
-    ) -> dict[str, Any]:
-        """This job's own output failed: retry it (alone) or, out of attempts, mark FAILED."""
-        if job.attempts < job.max_attempts:
-            raise RenderError(detail or f"{variant_type} failed")
-        async with self.s.pool.acquire() as conn, conn.transaction():
+    async def _mark_failed(
+        self, asset_id: uuid.UUID, revision: int, variant_type: str, detail: str
+    ) -> None:
+        """This job's own output is out of retries: FAILED, and the revision re-checked."""
+        async with self.s.pool.acquire() as conn:
             await conn.execute(
                 "UPDATE asset_variants SET status = 'FAILED', extra = $4"
                 " WHERE asset_id = $1 AND revision = $2 AND variant_type = $3"
                 " AND status = 'PENDING'",
-                asset_id, revision, variant_type, {"error": (detail or "")[:1000]},
+                asset_id, revision, variant_type, {"error": detail[:1000]},
             )  # fmt: skip
+        log.error("variant_failed", asset_id=str(asset_id), revision=revision,
+                  variant_type=variant_type, detail=detail[:300])  # fmt: skip
         await self._check_revision(asset_id, revision)
-        return {"outcome": "failed", "variant_type": variant_type}
 
     async def _check_revision(self, asset_id: uuid.UUID, revision: int) -> None:
         """A FAILED required variant fails the revision and the asset; a complete required

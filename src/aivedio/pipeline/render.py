@@ -236,8 +236,14 @@ def package_args(
     layout: Layout,
     *,
     has_audio: bool,
+    hls_offset: float = 0.0,
 ) -> list[list[str]]:
-    """Copy-only muxing runs: playback, proxy and one per HLS rendition."""
+    """Copy-only muxing runs: playback, proxy and one per HLS rendition.
+
+    ``hls_offset`` shifts every rendition by the same amount, enough that no timestamp is
+    negative: otherwise the muxer shifts each rendition by its own earliest DTS (B-frame
+    delay, AAC priming), and a copied rung and an encoded one drift apart by milliseconds.
+    """
     limits = ["-max_streams", str(media.max_streams)]
     source_in = [*limits, *input_args(sniff, source)]
     runs: list[list[str]] = []
@@ -272,7 +278,7 @@ def package_args(
                 inputs = [*video_input(rung), *audio_in]
                 maps = ["-map", "0:v:0", *audio_map(True)]
             runs.append([
-                *inputs, *maps, "-c", "copy",
+                *inputs, *maps, "-c", "copy", "-output_ts_offset", f"{hls_offset:.6f}",
                 "-f", "hls", "-hls_time", f"{plan.segment_seconds:g}",
                 "-hls_playlist_type", "vod", "-hls_segment_type", "fmp4",
                 "-hls_flags", "independent_segments",
