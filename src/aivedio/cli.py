@@ -380,9 +380,11 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.set_defaults(fn=cmd_tenants_create)
 
+    from aivedio.asset_command import add_parsers as add_asset_parsers
     from aivedio.media_command import add_parsers as add_media_parsers
 
     add_media_parsers(sub, common)
+    add_asset_parsers(sub, common)
     return parser
 
 
