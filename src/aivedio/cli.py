@@ -20,7 +20,6 @@ import msgspec
 from aivedio import logs
 from aivedio.config import Config, load_config, masked
 from aivedio.errors import AivedioError, ConfigError, DatabaseError
-from aivedio.pipeline.kinds import default_registry
 from aivedio.store import migrations
 from aivedio.store.database import map_db_errors, open_connection, open_pool
 from aivedio.store.queue import Queue
@@ -36,6 +35,12 @@ def _json_default(value: Any) -> Any:
 
 def _print_json(value: Any) -> None:
     print(json.dumps(value, default=_json_default, sort_keys=False))
+
+
+def _registry() -> Any:
+    from aivedio.pipeline.kinds import default_registry
+
+    return default_registry()
 
 
 def _run(fn: Callable[[], Awaitable[int]]) -> int:
@@ -88,7 +93,7 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                     + ", ".join(m.name for m in pending)
                     + "); run `aivedio migrate` first"
                 )
-            registry = default_registry()
+            registry = _registry()
             from aivedio.pipeline.diagnostics import Journal
             from aivedio.pipeline.media_stage import open_media_stage
             from aivedio.pipeline.services import open_fetch_stage
@@ -145,7 +150,7 @@ def cmd_jobs_retry(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_jobs_enqueue(config: Config, args: argparse.Namespace) -> int:
-    registry = default_registry()
+    registry = _registry()
     if registry.get(args.kind) is None or not args.kind.startswith("diag."):
         raise ConfigError(
             f"jobs enqueue takes a diagnostic kind: "
@@ -215,7 +220,7 @@ def cmd_ingest(config: Config, args: argparse.Namespace) -> int:
             recorded = await record_provider_output(
                 conn,
                 queue=queue,
-                registry=default_registry(),
+                registry=_registry(),
                 cipher=url_cipher(config),
                 tenant_id=await tenant_id_by_name(conn, args.tenant),
                 descriptor=descriptor,

@@ -284,3 +284,38 @@ def test_masked_hides_query_strings_in_urls() -> None:
         "AIVEDIO_DATABASE_URL": "postgresql://u@h/db?password=hunter2",
     }
     assert "hunter2" not in str(masked(load_config(None, environ=env)))
+
+
+@pytest.mark.parametrize(
+    ("toml", "key"),
+    [
+        ("[media]\nnetwork_isolation = 'maybe'\n", "media.network_isolation"),
+        ("[media]\ndecode_check = 'some'\n", "media.decode_check"),
+        ("[media]\nrequired_outputs = ['playback', 'gif']\n", "media.required_outputs"),
+        ("[media]\nrequired_outputs = ['poster']\n", "media.required_outputs"),
+        ("[media]\noptional_outputs = ['poster']\n", "media.optional_outputs"),
+        ("[[media.ladder]]\nheight = 721\n", "media.ladder[0].height"),
+        ("[[media.ladder]]\nheight = 720\ncrf = 60\n", "media.ladder[0].crf"),
+        ("[[media.ladder]]\nheight = 720\n[[media.ladder]]\nheight = 720\n", "media.ladder"),
+        ("[media]\nladder = []\n", "media.ladder"),
+        ("[media]\nsegment_seconds = 0\n", "media.segment_seconds"),
+        ("[media]\nwaveform_zooms = [0]\n", "media.waveform_zooms"),
+        ("[media]\nposter_at_ratio = 1.5\n", "media.poster_at_ratio"),
+        ("[media.tolerances.acme]\nduration_second = 1\n", "media.tolerances.acme"),
+    ],
+)
+def test_media_config_errors_name_the_key(tmp_path: Path, toml: str, key: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(toml)
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={"AIVEDIO_URL_ENCRYPTION_KEY": KEY})
+    assert key in info.value.detail
+
+
+def test_media_ladder_from_toml(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[[media.ladder]]\nheight = 540\ncrf = 26\n[media.tolerances.acme]\n"
+                    "duration_seconds = 0.5\n")  # fmt: skip
+    config = load_config(path, environ={"AIVEDIO_URL_ENCRYPTION_KEY": KEY})
+    assert [(r.height, r.crf) for r in config.media.ladder] == [(540, 26)]
+    assert config.media.tolerances["acme"].duration_seconds == 0.5
