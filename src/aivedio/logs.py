@@ -38,8 +38,8 @@ _PATTERNS = [
     (re.compile(rf"(?i)(\"{_SECRET_NAME}\"\s*:\s*\")[^\"]{{4,}}\""), r"\1" + MASK + '"'),
     # name=value or name: value whose name says secret.
     (re.compile(rf"(?i)\b({_SECRET_NAME})(\s*[=:]\s*)(\"?)[^\s&,;\"']{{4,}}"), r"\1\2\3" + MASK),
-    # Our own API keys.
-    (re.compile(r"\bav_[A-Za-z0-9_-]{16,}"), "av_" + MASK),
+    # Our own API keys (av_live_… / av_test_…); ffmpeg's own av_* names in error text stay.
+    (re.compile(r"\bav_(?:live|test)_[A-Za-z0-9_-]{16,}"), "av_" + MASK),
 ]
 
 SECRET_FIELD = re.compile(

@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 
 from aivedio.config import Config
+from aivedio.media_config import OUTPUT_TYPES
 from aivedio.pipeline.dag import MediaRun
 from aivedio.pipeline.inspect import inspect_file, verdict_json
 from aivedio.pipeline.sandbox import Sandbox
@@ -73,12 +74,20 @@ def cmd_process(config: Config, args: argparse.Namespace) -> int:
     if path is None:
         return EXIT_USAGE
     out = Path(args.out).resolve()
+    if out.exists() and not out.is_dir():
+        print(f"aivedio: --out {out} is a file, not a directory", file=sys.stderr)
+        return EXIT_USAGE
     if out.exists() and any(out.iterdir()):
         print(f"aivedio: --out {out} is not empty; outputs are never overwritten",
               file=sys.stderr)  # fmt: skip
         return EXIT_USAGE
     tolerance = config.media.tolerances.get(args.provider) if args.provider else None
-    wants = args.only.split(",") if args.only else None
+    wants = [w.strip() for w in args.only.split(",") if w.strip()] if args.only else None
+    unknown = sorted(set(wants or []) - set(OUTPUT_TYPES))
+    if unknown or wants == []:
+        print(f"aivedio: --only: unknown output(s) {unknown or args.only!r}; known: "
+              f"{', '.join(OUTPUT_TYPES)}", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
 
     async def main() -> int:
         sandbox = Sandbox(config.media)

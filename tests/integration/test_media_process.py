@@ -15,14 +15,15 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
+import structlog
 
 from aivedio import cli
 from aivedio.errors import RenderError
@@ -161,8 +162,9 @@ def probe(path: Path) -> dict[str, Any]:
 
 
 def video_stream(info: dict[str, Any]) -> dict[str, Any]:
-    [video] = [s for s in info["streams"] if s["codec_type"] == "video"]
-    return video
+    videos: list[dict[str, Any]] = [s for s in info["streams"] if s["codec_type"] == "video"]
+    assert len(videos) == 1, videos
+    return videos[0]
 
 
 def audio_streams(info: dict[str, Any]) -> list[dict[str, Any]]:
@@ -607,7 +609,9 @@ def test_cli_process_refuses_a_non_empty_out(runs: Runs) -> None:
 
 def test_cli_process_only_writes_the_selected_outputs(runs: Runs) -> None:
     out = runs.root / "cli-only"
-    run = aivedio("process", str(runs.source("remux")), "--out", str(out), "--only", "playback,poster")
+    run = aivedio(
+        "process", str(runs.source("remux")), "--out", str(out), "--only", "playback,poster"
+    )
     assert run.code == 0, run.stderr
     summary = run.summary
     assert set(summary["outputs"]) == {"playback", "poster"}
@@ -621,7 +625,7 @@ def test_cli_process_only_writes_the_selected_outputs(runs: Runs) -> None:
 
 
 @pytest.fixture(scope="module")
-def sprite_finalize_fails(runs: Runs) -> Iterator[Report]:
+def sprite_finalize_fails(runs: Runs) -> Report:
     """The HEVC source with sprite verification forced to fail."""
     source = runs.source("hevc")
 
@@ -630,7 +634,8 @@ def sprite_finalize_fails(runs: Runs) -> Iterator[Report]:
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(MediaRun, "_finalize_sprite", broken)
-        yield run_dag(source, runs.root / "runs" / "sprite-finalize", SMALL)
+        report = run_dag(source, runs.root / "runs" / "sprite-finalize", SMALL)
+    return report  # the patch ends here, not at the end of the module
 
 
 def test_failed_optional_node_does_not_block_the_required_set(
@@ -651,11 +656,6 @@ def test_failed_optional_node_does_not_block_the_required_set(
         assert report.nodes[node].status == "done", report.nodes[node]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: a node retried alone re-runs ffmpeg on the intermediates the combined "
-    "pass already wrote, and ffmpeg (-nostdin, no -y) exits 'File ... already exists'",
-)
 def test_every_other_optional_node_is_done_when_sprite_fails(sprite_finalize_fails: Report) -> None:
     report = sprite_finalize_fails
     failed = {n.name: n.detail for n in report.failed()}
@@ -663,13 +663,14 @@ def test_every_other_optional_node_is_done_when_sprite_fails(sprite_finalize_fai
 
 
 @pytest.fixture(scope="module")
-def sprite_encode_fails(runs: Runs) -> Iterator[Report]:
+def sprite_encode_fails(runs: Runs) -> Report:
     """The HEVC source with the sprite branch of the filter graph made invalid, so that
     every ffmpeg encode pass that includes the sprite fails."""
     source = runs.source("hevc")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(render, "sprite_filter", lambda **_: "no_such_filter_for_the_test")
-        yield run_dag(source, runs.root / "runs" / "sprite-encode", SMALL)
+        report = run_dag(source, runs.root / "runs" / "sprite-encode", SMALL)
+    return report
 
 
 def test_failed_shared_pass_is_retried_required_first_then_one_by_one(
@@ -695,11 +696,6 @@ def test_failed_shared_pass_is_retried_required_first_then_one_by_one(
         assert report.nodes[node].status == "done", report.nodes[node]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: encode[hls]/encode[proxy] alone collide with the work/ files "
-    "encode[playback,poster] wrote (rung_*.mp4, audio.m4a): ffmpeg exits 'already exists'",
-)
 def test_optional_nodes_retried_alone_succeed(sprite_encode_fails: Report) -> None:
     report = sprite_encode_fails
     failed = {n.name: n.detail for n in report.failed()}
@@ -720,7 +716,11 @@ def test_required_node_failing_makes_the_cli_exit_4(
 
     monkeypatch.setattr(MediaRun, "_finalize", finalize)
     out = runs.root / "cli-required-fails"
-    code = cli.main(["process", str(runs.source("no_audio")), "--out", str(out)])
+    saved = structlog.get_config()
+    try:
+        code = cli.main(["process", str(runs.source("no_audio")), "--out", str(out)])
+    finally:
+        structlog.configure(**saved)  # the CLI configures structlog for the whole process
     summary = json.loads(capsys.readouterr().out)
     assert code == 4
     assert summary["required_done"] is False
@@ -759,11 +759,6 @@ def test_deadline_kills_the_encode_and_is_not_invalid_media(deadline_run: Report
     assert "invalid_media" not in classes
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="src bug: after the killed pass, the retries die on 'File ... already exists' "
-    "(render_failed) before they can run into the deadline (resource_exhausted)",
-)
 def test_deadline_failures_are_resource_exhausted(deadline_run: Report) -> None:
     report = deadline_run
     playback = report.nodes["playback"]
@@ -771,3 +766,23 @@ def test_deadline_failures_are_resource_exhausted(deadline_run: Report) -> None:
     for node in report.failed():
         if node.name != "keyframes":  # keyframes fails for want of a playback file
             assert node.error_class == "resource_exhausted", (node.name, node.detail)
+
+
+# -- scratch directories ----------------------------------------------------------------------
+
+
+def test_relative_scratch_dir_works(
+    runs: Runs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    media = msgspec.structs.replace(SMALL, scratch_dir="scratch")
+    source = runs.source("hevc")
+
+    async def main() -> Report:
+        sandbox = Sandbox(media)
+        with sandbox.scratch() as root:
+            run = MediaRun(sandbox, source, root)
+            return await run.run(wants=["playback", "poster"])
+
+    report = anyio.run(main)
+    assert report.required_done, [(n.name, n.detail) for n in report.failed()]

@@ -292,7 +292,7 @@ def test_outputs_of_the_encode_pass_are_where_the_layout_says(layout: Layout) ->
     for path in (layout.proxy_video, layout.poster, layout.pcm, layout.audio):
         assert str(path) in args
     assert str(layout.sprites / "sprite_%03d.jpg") in args
-    assert layout.sprites.is_dir()
+    assert not layout.sprites.exists()  # pure: Layout.make_dirs creates directories
     assert_paths_inside(args, layout)
     assert values(args, "-frames:v") == ["1"]
 
@@ -401,7 +401,7 @@ def test_hls_renditions_are_fmp4_vod(layout: Layout) -> None:
     assert len(runs) == len(plan.rungs)
     for r, args in zip(plan.rungs, runs, strict=True):
         directory = layout.hls_rung(r)
-        assert directory.is_dir()
+        assert not directory.exists()  # pure: Layout.make_dirs creates directories
         assert values(args, "-f")[-1] == "hls"
         assert values(args, "-hls_segment_type") == ["fmp4"]
         assert values(args, "-hls_playlist_type") == ["vod"]

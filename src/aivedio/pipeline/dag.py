@@ -126,11 +126,15 @@ class Report:
     steps: dict[str, float] = field(default_factory=dict)
     wall_seconds: float = 0.0
 
+    wanted: set[str] | None = None  # the outputs asked for (None: all)
+
     @property
     def required_done(self) -> bool:
+        """Every required output that was asked for is done."""
         if self.plan is None:
             return False
-        return all(self.nodes.get(n) and self.nodes[n].status == "done" for n in self.plan.required)
+        asked = [n for n in self.plan.required if self.wanted is None or n in self.wanted]
+        return all(n in self.nodes and self.nodes[n].status == "done" for n in asked)
 
     def failed(self) -> list[NodeOutcome]:
         return [n for n in self.nodes.values() if n.status == "failed"]
@@ -210,12 +214,14 @@ class MediaRun:
             return report
         summary = self._summary
         assert summary is not None
-        self.layout.make_dirs()
         if plan is None:
+            self.layout.make_dirs()
             source_keys, start = await self._source_keyframes(summary)
             plan = make_plan(summary, self.media, source_keyframes=source_keys, stream_start=start)
         report.plan = plan
+        self.layout.make_dirs(plan)
         want = set(plan.outputs if wants is None else wants) & set(plan.outputs)
+        report.wanted = want
         await self._produce(plan, summary, want)
         report.wall_seconds = time.monotonic() - started
         if inspected_before:
@@ -446,7 +452,6 @@ class MediaRun:
         self, plan: Plan, summary: MediaSummary, required: bool
     ) -> OutputRecord:
         layout = self.layout
-        layout.waveform.mkdir(parents=True, exist_ok=True)
         if summary.audio_codec is None:
             peaks = waveform.silent_waveform(
                 plan.duration_seconds, plan.waveform_sample_rate, plan.waveform_zooms

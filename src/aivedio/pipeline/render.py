@@ -84,8 +84,12 @@ class Layout:
     def keyframes(self) -> Path:
         return self.out / "keyframes.json"
 
-    def make_dirs(self) -> None:
-        for path in (self.work, self.out):
+    def make_dirs(self, plan: Plan | None = None) -> None:
+        """Every directory the argv of this module writes into (the builders stay pure)."""
+        paths = [self.work, self.out, self.sprites, self.waveform]
+        if plan is not None:
+            paths += [self.hls_rung(rung) for rung in plan.rungs]
+        for path in paths:
             path.mkdir(parents=True, exist_ok=True)
 
 
@@ -212,7 +216,6 @@ def encode_args(
         args += ["-map", "[o_po]", "-frames:v", "1", "-q:v", "2", "-update", "1"]
         args += ["-f", "image2", str(layout.poster)]
     if job.sprite:
-        layout.sprites.mkdir(parents=True, exist_ok=True)
         args += ["-map", "[o_sp]", "-q:v", "5", "-f", "image2"]
         args += [str(layout.sprites / "sprite_%03d.jpg")]
     if job.pcm:
@@ -271,7 +274,6 @@ def package_args(
     if "hls" in wants:
         for rung in plan.rungs:
             directory = layout.hls_rung(rung)
-            directory.mkdir(parents=True, exist_ok=True)
             if rung.copy:
                 inputs, maps = source_in, ["-map", "0:v:0", *audio_map(False)]
             else:

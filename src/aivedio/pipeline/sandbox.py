@@ -131,10 +131,11 @@ class Sandbox:
     @contextlib.contextmanager
     def scratch(self) -> Iterator[Path]:
         """An empty private directory, removed with everything in it afterwards."""
-        base = self.media.scratch_dir or None
+        base = str(Path(self.media.scratch_dir).resolve()) if self.media.scratch_dir else None
         if base:
             Path(base).mkdir(parents=True, exist_ok=True)
-        path = Path(tempfile.mkdtemp(prefix="aivedio-media-", dir=base))
+        # Absolute: ffmpeg runs with its cwd inside, so a relative path would point elsewhere.
+        path = Path(tempfile.mkdtemp(prefix="aivedio-media-", dir=base)).resolve()
         try:
             yield path
         finally:
@@ -225,7 +226,8 @@ class Sandbox:
             raise ValueError(f"unknown tool {tool!r}")
         binary = self._tool_path(tool)
         if tool == "ffmpeg":
-            head = ["-nostdin", "-hide_banner", "-nostats", "-loglevel", "level+info"]
+            # -y: a node retried in the same scratch directory rewrites its intermediates.
+            head = ["-y", "-nostdin", "-hide_banner", "-nostats", "-loglevel", "level+info"]
             head += ["-benchmark", "-progress", "pipe:1"]
         else:
             head = ["-hide_banner", "-loglevel", "level+error"]
