@@ -194,6 +194,10 @@ async def test_a_valid_source_is_probed_planned_and_every_output_rendered(
     # One render job made everything in one run; the others found their output done.
     rendered = [h["result"] for h in history if h["result"].get("outcome") == "rendered"]
     assert len(rendered) == 1 and len(rendered[0]["done"]) == 7
+    # Whether ffmpeg had a network namespace is recorded in the job results either way.
+    probe_result = next(h["result"] for h in history if h["kind"] == "probe")
+    assert isinstance(probe_result["network_isolated"], bool)
+    assert rendered[0]["network_isolated"] == probe_result["network_isolated"]
 
 
 async def test_invalid_media_ends_the_asset_and_is_never_retried(

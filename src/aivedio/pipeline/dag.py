@@ -24,6 +24,7 @@ import anyio
 import msgspec
 
 from aivedio.errors import AivedioError, InvalidMediaError, RenderError, ResourceExhaustedError
+from aivedio.logs import get_logger
 from aivedio.media_config import MediaConfig, ToleranceConfig
 from aivedio.pipeline import hls, keyframes, thumbnails, waveform
 from aivedio.pipeline.inspect import Verdict, inspect_file
@@ -40,6 +41,8 @@ from aivedio.pipeline.sandbox import RunResult, Sandbox, media_deadline
 from aivedio.pipeline.sniff import Sniff, input_args, sniff_file
 from aivedio.pipeline.validate import Declared, MediaSummary
 
+log = get_logger("aivedio.media")
+
 MIME = {
     ".mp4": "video/mp4",
     ".m4s": "video/iso.segment",
@@ -48,6 +51,7 @@ MIME = {
     ".vtt": "text/vtt",
     ".json": "application/json",
 }
+PROGRESS_LOG_SECONDS = 10.0
 # Packets read from the head of a file to find its earliest timestamp (reorder delay and
 # audio priming show up within the first few).
 HEAD_PACKETS = 48
@@ -232,11 +236,13 @@ class MediaRun:
 
     async def _ffmpeg(self, step: str, args: list[str], duration: float) -> RunResult:
         assert self.report is not None
+        progress = _ProgressLog(step, duration)
         result = await self.sandbox.run(
             "ffmpeg",
             args,
             cwd=self.layout.work,
             deadline_seconds=media_deadline(self.media, duration),
+            on_progress=progress,
         )
         self.report.processes.append(ProcessRecord.of(step, result))
         if not result.ok:
@@ -496,6 +502,29 @@ class MediaRun:
             seconds = max(self.report.plan.duration_seconds, 0.001)
             record.bitrate = int(record.primary_file().size * 8 / seconds)
         return record
+
+
+class _ProgressLog:
+    """Logs a long ffmpeg run's progress (``-progress pipe:1``) every PROGRESS_LOG_SECONDS."""
+
+    def __init__(self, step: str, duration: float) -> None:
+        self.step = step
+        self.duration = duration
+        self.started = time.monotonic()
+        self.last = self.started
+
+    def __call__(self, block: dict[str, str]) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_LOG_SECONDS:
+            return
+        self.last = now
+        try:
+            done = int(block.get("out_time_us", "0")) / 1e6
+        except ValueError:
+            done = 0.0
+        log.info("render_progress", step=self.step, media_seconds=round(done, 2),
+                 of_seconds=round(self.duration, 2), speed=block.get("speed"),
+                 elapsed_seconds=round(now - self.started, 1))  # fmt: skip
 
 
 def _packet_args(

@@ -118,7 +118,8 @@ class MediaStage:
                         "last_error_detail": detail[:1000]},
             )  # fmt: skip
         log.warning("asset_invalid_media", asset_id=str(asset_id), reasons=verdict["reasons"])
-        return {"outcome": "invalid_media", "reasons": verdict["reasons"]}
+        return {"outcome": "invalid_media", "reasons": verdict["reasons"],
+                "network_isolated": verdict["network_isolated"]}  # fmt: skip
 
     async def _start_revision(
         self,
@@ -185,7 +186,8 @@ class MediaStage:
             await self.s.queue.enqueue(conn, specs)
         log.info("revision_building", asset_id=str(asset_id), revision=revision,
                  mode=plan.mode, outputs=plan.outputs, job_id=job.id)  # fmt: skip
-        return {"outcome": "processing", "revision": revision, "plan": plan.mode}
+        return {"outcome": "processing", "revision": revision, "plan": plan.mode,
+                "network_isolated": verdict["network_isolated"]}  # fmt: skip
 
     # -- render ----------------------------------------------------------------------------
 
@@ -268,7 +270,8 @@ class MediaStage:
             if outcome.error_class == ResourceExhaustedError.error_class:
                 raise ResourceExhaustedError(detail)
             raise RenderError(detail)
-        return {"outcome": "rendered", "done": done, "failed": sorted(failed)}
+        return {"outcome": "rendered", "done": done, "failed": sorted(failed),
+                "network_isolated": self.s.sandbox.network_isolated}  # fmt: skip
 
     async def _mark_failed(
         self, asset_id: uuid.UUID, revision: int, variant_type: str, detail: str

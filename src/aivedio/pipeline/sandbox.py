@@ -154,6 +154,11 @@ class Sandbox:
             self._paths[tool] = found
         return self._paths[tool]
 
+    @property
+    def network_isolated(self) -> bool | None:
+        """Whether processes get a network namespace; None until the first run decided."""
+        return bool(self._isolation) if self._isolation_checked else None
+
     async def isolation_prefix(self) -> list[str]:
         """The argv prefix that puts a process in a fresh network namespace, or [] if none."""
         if not self._isolation_checked:
