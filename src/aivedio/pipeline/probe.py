@@ -7,6 +7,7 @@ invalid file, not a crash. The raw JSON is never trusted further than these stru
 
 from __future__ import annotations
 
+import math
 import re
 from fractions import Fraction
 from pathlib import Path
@@ -103,7 +104,9 @@ def rotation_of(stream: Stream) -> int:
             degrees = float(stream.tags["rotate"])
         except ValueError:
             degrees = None
-    return round((degrees or 0.0) / 90.0) % 4 * 90
+    if degrees is None or not math.isfinite(degrees):
+        return 0  # a tag like "nan" or "inf" says nothing about the display
+    return round(degrees / 90.0) % 4 * 90
 
 
 def probe_args(media: MediaConfig, sniff: Sniff, path: Path) -> list[str]:

@@ -45,7 +45,9 @@ _BENCH_RSS = re.compile(r"bench: maxrss=(\d+)kB")
 # stderr text that means the process ran out of something rather than met bad input.
 _EXHAUSTION = re.compile(
     r"(?i)cannot allocate memory|out of memory|not enough memory|no space left on device|"
-    r"file too large|resource temporarily unavailable"
+    r"file too large|resource temporarily unavailable|"
+    # the address-space limit is too low for the dynamic loader itself: not the input's fault
+    r"error while loading shared libraries|failed to map segment"
 )
 _SIGNAL_EXHAUSTION = {-signal.SIGXCPU, -signal.SIGXFSZ, -signal.SIGKILL, -signal.SIGSEGV}
 
