@@ -97,9 +97,10 @@ def naive_commands(src: Path, out: Path, mode: str, media: MediaConfig) -> list[
                      str(out / "playback.mp4")])  # fmt: skip
     else:
         rung = next(r for r in media.ladder if r.height == top)
+        playback = str(out / "playback.mp4")
         cmds.append([*ff, "-i", str(src), "-vf", f"scale=-2:{top}", *x264, "-crf", str(rung.crf),
                      "-maxrate", f"{rung.maxrate_kbps}k", "-bufsize", f"{rung.bufsize_kbps}k",
-                     *keys, *aac, "-movflags", "+faststart", str(out / "playback.mp4")])  # fmt: skip
+                     *keys, *aac, "-movflags", "+faststart", playback])  # fmt: skip
     for rung in sorted(media.ladder, key=lambda r: -r.height):
         rdir = out / "hls" / f"{rung.height}p"
         rdir.mkdir(parents=True, exist_ok=True)

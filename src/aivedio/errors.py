@@ -124,8 +124,14 @@ class InvalidMediaError(AivedioError):
     error_class = "invalid_media"
     retry = Retry.NEVER
 
-    def __init__(self, detail: str = "", *, reasons: list[str] | None = None) -> None:
-        super().__init__(detail)
+    def __init__(
+        self,
+        detail: str = "",
+        *,
+        reasons: list[str] | None = None,
+        retry_after_seconds: float | None = None,
+    ) -> None:
+        super().__init__(detail, retry_after_seconds=retry_after_seconds)
         # Reason codes (``too_many_streams``, ``decode_failed``…) for the verdict and metrics.
         self.reasons: list[str] = list(reasons or [])
 
