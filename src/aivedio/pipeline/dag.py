@@ -211,6 +211,7 @@ class MediaRun:
     ) -> Report:
         """Inspect (unless already done), plan, and produce ``wants`` (default: all)."""
         started = time.monotonic()
+        wants = None if wants is None else list(wants)
         inspected_before = self.report is not None
         report = self.report or await self.inspect(declared=declared, tolerance=tolerance)
         if not report.verdict.valid:
@@ -220,7 +221,11 @@ class MediaRun:
         assert summary is not None
         if plan is None:
             self.layout.make_dirs()
-            source_keys, start = await self._source_keyframes(summary)
+            # Only HLS needs the source's keyframes (the cut points of a copied rung).
+            needs_cuts = wants is None or "hls" in set(wants)
+            source_keys, start = (
+                await self._source_keyframes(summary) if needs_cuts else (None, None)
+            )
             plan = make_plan(summary, self.media, source_keyframes=source_keys, stream_start=start)
         report.plan = plan
         self.layout.make_dirs(plan)
