@@ -11,6 +11,7 @@ import json
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
 from datetime import date, datetime
 from typing import Any
 
@@ -82,7 +83,7 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         total_slots = sum(lane.slots for lane in config.worker.lanes.values())
         async with open_pool(
-            config.database, max_size=max(4, min(total_slots // 4 + 4, 32))
+            config.database, max_size=max(6, min(total_slots // 4 + 6, 32))
         ) as pool:
             async with pool.acquire() as conn:
                 with map_db_errors("checking migrations"):
@@ -96,6 +97,9 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
             registry = _registry()
             from aivedio.pipeline.diagnostics import Journal
             from aivedio.pipeline.media_stage import open_media_stage
+            from aivedio.pipeline.moderation import open_moderation_stage
+            from aivedio.pipeline.outbox_relay import open_outbox_relay
+            from aivedio.pipeline.publish import PublishStage
             from aivedio.pipeline.services import open_fetch_stage
 
             journal = Journal(config.diagnostics.execution_journal_dir)
@@ -106,10 +110,22 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                 async with (
                     open_fetch_stage(config, pool, queue) as fetch_stage,
                     open_media_stage(config, pool, queue, fetch_stage.s.store) as media_stage,
+                    open_moderation_stage(config, pool, queue, fetch_stage.s.store) as moderation,
                 ):
-                    services = {"journal": journal, "fetch": fetch_stage, "media": media_stage}
+                    services = {
+                        "journal": journal,
+                        "fetch": fetch_stage,
+                        "media": media_stage,
+                        "moderation": moderation,
+                        "publish": PublishStage(config, pool, queue, fetch_stage.s.store),
+                    }
                     worker = Worker(config, pool, registry, services=services)
-                    await worker.run()
+                    async with AsyncExitStack() as stack:
+                        if config.outbox.webhooks:
+                            await stack.enter_async_context(
+                                open_outbox_relay(config.outbox, pool, database=config.database)
+                            )
+                        await worker.run()
             finally:
                 journal.close()
         return EXIT_OK
@@ -226,6 +242,7 @@ def cmd_ingest(config: Config, args: argparse.Namespace) -> int:
                 descriptor=descriptor,
                 pipeline_version=config.fetch.pipeline_version,
                 default_ttl_seconds=ttl,
+                ledger=config.ledger,
             )
         _print_json(msgspec.to_builtins(recorded))
         return EXIT_OK
@@ -385,11 +402,16 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.set_defaults(fn=cmd_tenants_create)
 
-    from aivedio.asset_command import add_parsers as add_asset_parsers
-    from aivedio.media_command import add_parsers as add_media_parsers
+    from aivedio import (
+        asset_command,
+        ledger_command,
+        lifecycle_command,
+        media_command,
+        status_command,
+    )
 
-    add_media_parsers(sub, common)
-    add_asset_parsers(sub, common)
+    for module in (media_command, asset_command, lifecycle_command, status_command, ledger_command):
+        module.add_parsers(sub, common)
     return parser
 
 

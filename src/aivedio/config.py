@@ -26,7 +26,10 @@ from urllib.parse import urlsplit
 import msgspec
 
 from aivedio.errors import ConfigError
+from aivedio.ledger_config import LedgerConfig, validate_ledger
 from aivedio.media_config import MediaConfig, validate_media
+from aivedio.moderation_config import ModerationConfig, validate_moderation
+from aivedio.outbox_config import OutboxConfig, validate_outbox
 
 ENV_PREFIX = "AIVEDIO_"
 ENV_CONFIG_PATH = "AIVEDIO_CONFIG"
@@ -45,6 +48,7 @@ SECRET_KEYS = frozenset(
         "password",
         "auth_header",
         "callback_secret",
+        "secret",
     }
 )
 
@@ -185,6 +189,9 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     net: NetConfig = msgspec.field(default_factory=NetConfig)
     fetch: FetchConfig = msgspec.field(default_factory=FetchConfig)
     media: MediaConfig = msgspec.field(default_factory=MediaConfig)
+    moderation: ModerationConfig = msgspec.field(default_factory=ModerationConfig)
+    ledger: LedgerConfig = msgspec.field(default_factory=LedgerConfig)
+    outbox: OutboxConfig = msgspec.field(default_factory=OutboxConfig)
     providers: dict[str, ProviderConfig] = msgspec.field(default_factory=dict)
 
     @property
@@ -343,6 +350,9 @@ def validate(config: Config, *, require_secrets: bool = True) -> None:
         _validate_key(key, f"security.previous_url_encryption_keys.{key_id}")
     validate_net(config)
     validate_media(config.media)
+    validate_moderation(config.moderation)
+    validate_ledger(config.ledger)
+    validate_outbox(config.outbox)
 
 
 def validate_net(config: Config) -> None:

@@ -10,7 +10,9 @@ Additions to the seed's diagrams, each because a real path needs it:
   ``FETCH_PENDING → NEED_URL_REFRESH`` (the URL expired before any fetch began),
   ``RETRY_WAIT → FETCHING``, ``NEED_URL_REFRESH → FETCH_PENDING`` (a fresh URL arrived),
   and ``→ OUTPUT_LOST`` from every waiting state (the expiry passed or the provider says gone);
-* assets: ``PROCESSING → PROCESSING`` is not allowed, but ``PLAYABLE → PROCESSING`` is not
+* assets: ``PROBING → PROCESSING_FAILED`` (the probe ran out of retries for a reason that is
+  not the media's fault: resource limits, a changed source); ``PROCESSING → PROCESSING`` is
+  not allowed, but ``PLAYABLE → PROCESSING`` is not
   needed either: enrichment publishes a new revision while the asset stays PLAYABLE, then
   moves it to ENRICHED. ``DELETED`` is reachable from every live state (the tombstone);
 * generation tasks and revisions are not drawn in the seed; their states follow §11.2.1 and
@@ -73,7 +75,7 @@ TRANSITIONS: Mapping[Entity, Mapping[str, frozenset[str]]] = {
     },
     Entity.ASSET: {
         "QUARANTINED": frozenset({"PROBING", "DELETED"}),
-        "PROBING": frozenset({"PROCESSING", "INVALID_MEDIA", "DELETED"}),
+        "PROBING": frozenset({"PROCESSING", "INVALID_MEDIA", "PROCESSING_FAILED", "DELETED"}),
         "PROCESSING": frozenset({"PLAYABLE", "REJECTED", "PROCESSING_FAILED", "DELETED"}),
         "PLAYABLE": frozenset({"ENRICHED", "DELETED"}),
         "ENRICHED": frozenset({"DELETED"}),

@@ -42,6 +42,11 @@ slots = {control_slots}
 
 [diagnostics]
 execution_journal_dir = "{journal_dir or ""}"
+
+[moderation]
+backend = "local"
+[moderation.local]
+allow_all = true
 """
     )
     return path

@@ -588,7 +588,9 @@ def test_remux_accepts_the_plain_profiles_and_jpeg_range() -> None:
         assert plan_mod.transcode_reasons(summary(video_profile=profile)) == [], profile
     assert plan_mod.transcode_reasons(summary(pix_fmt="yuvj420p")) == []
     assert plan_mod.transcode_reasons(summary(video_level=51, sar="0:1")) == []
-    assert plan_mod.transcode_reasons(summary(video_level=None, start_time=0.5)) == []
+    # Within half a frame of zero: the copied rung's cut points and the forced keyframes agree.
+    assert plan_mod.transcode_reasons(summary(video_level=None, start_time=0.01)) == []
+    assert plan_mod.transcode_reasons(summary(start_time=0.2)) == ["start_time"]
     no_audio = summary(audio_codec=None, audio_profile=None, audio_stream_index=None)
     assert plan_mod.transcode_reasons(no_audio) == []
     assert plan_mod.make_plan(no_audio, MEDIA).audio == "none"

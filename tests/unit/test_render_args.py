@@ -194,7 +194,7 @@ def test_transcode_pass_splits_one_decode_into_every_branch(layout: Layout) -> N
     graph = filter_graph(args)
     # 3 rungs + proxy + poster + sprite: one split of 6, after the fps filter.
     assert graph.count("split=") == 1
-    assert re.search(r"^\[0:v:0\]fps=30000/1001,split=6(\[s_\w+\]){6};", graph), graph
+    assert re.search(r"^\[0:0\]fps=30000/1001,split=6(\[s_\w+\]){6};", graph), graph
     for label in ("r0", "r1", "r2", "px", "po", "sp"):
         assert graph.count(f"[s_{label}]") == 2  # produced once, consumed once
         assert f"[o_{label}]" in graph
@@ -237,7 +237,7 @@ def test_remux_pass_forces_keyframes_at_the_cut_list(layout: Layout) -> None:
     assert "fps=" not in graph.split(";")[0]  # the copied rung keeps the source's timing
     # 2 lower rungs + proxy + sprite (the poster is a seek in remux).
     assert graph.count("split=") == 1
-    assert graph.startswith("[0:v:0]split=4")
+    assert graph.startswith("[0:0]split=4")
     assert "[o_po]" not in graph
     keys = values(args, "-force_key_frames")
     assert keys == ["3.999500,7.999500,12.041167"] * 2
@@ -262,11 +262,11 @@ def test_one_branch_has_no_split(layout: Layout) -> None:
     transcode = encode(make_plan("transcode"), layout, {"sprite"}, has_audio=False)
     graph = filter_graph(transcode)
     assert "split" not in graph
-    assert graph.startswith("[0:v:0]fps=30000/1001[s_sp];")
+    assert graph.startswith("[0:0]fps=30000/1001[s_sp];")
     remux = encode(make_plan("remux"), layout, {"proxy"}, has_audio=False)
     graph = filter_graph(remux)
     assert "split" not in graph
-    assert graph.startswith("[0:v:0]null[s_px];")
+    assert graph.startswith("[0:0]null[s_px];")
 
 
 def test_audio_encode_settings(layout: Layout) -> None:
@@ -391,7 +391,7 @@ def test_remux_playback_copies_both_streams_from_the_source(layout: Layout) -> N
     [playback] = package(plan, layout, {"playback"})
     [(at, _)] = inputs(playback)
     assert_source_input(playback, at)
-    assert values(playback, "-map") == ["0:v:0", "0:a:0"]
+    assert values(playback, "-map") == ["0:0", "0:a:0"]
     assert values(playback, "-max_streams") == [str(MEDIA.max_streams)]
 
 
@@ -413,7 +413,7 @@ def test_hls_renditions_are_fmp4_vod(layout: Layout) -> None:
         if r.copy:  # the source's own streams, cut where its keyframes are
             [(at, _)] = inputs(args)
             assert_source_input(args, at)
-            assert values(args, "-map") == ["0:v:0", "0:a:0"]
+            assert values(args, "-map") == ["0:0", "0:a:0"]
         else:
             assert [v for _, v in inputs(args)] == [
                 f"file:{layout.rung_video(r)}",
@@ -440,7 +440,7 @@ def test_poster_seek_is_an_input_seek_of_one_frame(layout: Layout) -> None:
     assert_source_input(args, at)
     assert args.index("-ss") < at  # before -i: a fast input seek
     assert values(args, "-ss") == ["1.250"]
-    assert values(args, "-map") == ["0:v:0"]
+    assert values(args, "-map") == ["0:0"]
     assert values(args, "-frames:v") == ["1"]
     assert args[-3:] == ["-f", "image2", str(layout.poster)]
     assert_paths_inside(args, layout)

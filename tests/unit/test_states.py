@@ -161,9 +161,10 @@ def test_asset_failure_states_are_distinct_and_there_is_no_generic_failed() -> N
     assert "FAILED" not in asset_states
     assert "OUTPUT_LOST" in states(Entity.PROVIDER_OUTPUT)
     assert len(failures | {"OUTPUT_LOST"}) == 4
-    # Each failure has its own cause: probing gives INVALID_MEDIA, processing the others.
+    # Each failure has its own cause: the media's fault is INVALID_MEDIA (from probing);
+    # anything else that ends processing is PROCESSING_FAILED (a probe out of retries too).
     assert allowed(Entity.ASSET, "PROBING", "INVALID_MEDIA")
-    assert not allowed(Entity.ASSET, "PROBING", "PROCESSING_FAILED")
+    assert allowed(Entity.ASSET, "PROBING", "PROCESSING_FAILED")
     assert allowed(Entity.ASSET, "PROCESSING", "REJECTED")
     assert allowed(Entity.ASSET, "PROCESSING", "PROCESSING_FAILED")
     assert not allowed(Entity.ASSET, "PROCESSING", "INVALID_MEDIA")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +38,7 @@ from aivedio.pipeline.render import (
     poster_seek_args,
 )
 from aivedio.pipeline.sandbox import RunResult, Sandbox, media_deadline
-from aivedio.pipeline.sniff import Sniff, input_args, sniff_file
+from aivedio.pipeline.sniff import MP4, Sniff, input_args, sniff_file
 from aivedio.pipeline.validate import Declared, MediaSummary
 
 log = get_logger("aivedio.media")
@@ -161,10 +161,19 @@ class Report:
         }
 
 
+OnDone = Callable[["OutputRecord"], Awaitable[None]]
+
+
 class MediaRun:
     """One source through the DAG in a scratch directory. Not reusable."""
 
-    def __init__(self, sandbox: Sandbox, source: Path, root: Path) -> None:
+    def __init__(
+        self, sandbox: Sandbox, source: Path, root: Path, *, on_done: OnDone | None = None
+    ) -> None:
+        """``on_done(record)`` runs as each output is verified (the worker uploads and
+        records it then, so the required set is published without waiting for the rest);
+        if it raises, that output counts as failed."""
+        self.on_done = on_done
         self.sandbox = sandbox
         self.media: MediaConfig = sandbox.media
         self.source = source
@@ -208,8 +217,10 @@ class MediaRun:
         declared: Declared | None = None,
         tolerance: ToleranceConfig | None = None,
         plan: Plan | None = None,
+        plan_only: bool = False,
     ) -> Report:
-        """Inspect (unless already done), plan, and produce ``wants`` (default: all)."""
+        """Inspect (unless already done), plan, and produce ``wants`` (default: all).
+        ``plan_only``: stop after the plan (the probe job), a plan good for every output."""
         started = time.monotonic()
         wants = None if wants is None else list(wants)
         inspected_before = self.report is not None
@@ -222,13 +233,15 @@ class MediaRun:
         if plan is None:
             self.layout.make_dirs()
             # Only HLS needs the source's keyframes (the cut points of a copied rung).
-            needs_cuts = wants is None or "hls" in set(wants)
+            needs_cuts = plan_only or wants is None or "hls" in set(wants)
             source_keys, start = (
                 await self._source_keyframes(summary) if needs_cuts else (None, None)
             )
             plan = make_plan(summary, self.media, source_keyframes=source_keys, stream_start=start)
         report.plan = plan
         self.layout.make_dirs(plan)
+        if plan_only:
+            wants = []
         want = set(plan.outputs if wants is None else wants) & set(plan.outputs)
         report.wanted = want
         await self._produce(plan, summary, want)
@@ -274,13 +287,16 @@ class MediaRun:
         """The source's video keyframe times and the earliest audio packet's time."""
         assert self._sniff is not None and self.report is not None
         started = time.monotonic()
-        text = await self._ffprobe_csv("keyframe_scan", _packet_args(self._sniff, self.source))
+        video = str(summary.video_stream_index)
+        args = _packet_args(self._sniff, self.source, stream=video)
+        text = await self._ffprobe_csv("keyframe_scan", args)
         times = keyframes.keyframe_pts(keyframes.parse_packets(text))
         audio_start: float | None = None
-        if summary.audio_codec is not None:
-            args = _packet_args(self._sniff, self.source, stream="a:0", first=8)
-            audio = keyframes.parse_packets(await self._ffprobe_csv("audio_start_scan", args))
-            starts = [p.pts for p in audio if p.pts is not None]
+        if summary.audio_stream_index is not None:
+            index = str(summary.audio_stream_index)
+            args = _packet_args(self._sniff, self.source, stream=index, first=8)
+            packets = keyframes.parse_packets(await self._ffprobe_csv("audio_start_scan", args))
+            starts = [p.pts for p in packets if p.pts is not None]
             audio_start = min(starts) if starts else None
         self.report.steps["keyframe_scan"] = time.monotonic() - started
         return times, audio_start
@@ -387,6 +403,12 @@ class MediaRun:
         for node in nodes:
             node_started = time.monotonic()
             record = await self._finalize(node, plan, summary)
+            if self.on_done is not None:
+                try:
+                    await self.on_done(record)
+                except AivedioError as exc:
+                    self._fail(node, exc)
+                    continue
             self.report.outputs[node] = record
             self.report.nodes[node] = NodeOutcome(
                 name=node, status="done",
@@ -535,7 +557,7 @@ class _ProgressLog:
 def _packet_args(
     sniff: Sniff | None, path: Path, *, stream: str | None = "v:0", first: int | None = None
 ) -> list[str]:
-    source = input_args(sniff, path) if sniff is not None else ["-i", f"file:{path.resolve()}"]
+    source = input_args(sniff or MP4, path)
     head = ["-read_intervals", f"%+#{first}"] if first else []
     select = ["-select_streams", stream] if stream else []
     return [

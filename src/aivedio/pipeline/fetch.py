@@ -55,8 +55,7 @@ from aivedio.logs import get_logger, url_for_log
 from aivedio.net.fetch import Fetcher, FetchResult
 from aivedio.net.limits import CircuitBreaker, HostLimiter
 from aivedio.pipeline import output_records as records
-from aivedio.pipeline.media_stage import LANE as PROBE_LANE
-from aivedio.pipeline.media_stage import PROBE_KIND, PROBE_VERSION
+from aivedio.pipeline.media_stage import probe_spec
 from aivedio.pipeline.output_records import OutputRow
 from aivedio.pipeline.providers import ProviderAdapter
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
@@ -65,7 +64,7 @@ from aivedio.states import Entity
 from aivedio.store import keys
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectInfo, ObjectStore
-from aivedio.store.queue import Job, JobSpec, Queue
+from aivedio.store.queue import Job, Queue
 from aivedio.store.records import transition
 
 log = get_logger("aivedio.fetch")
@@ -291,7 +290,7 @@ class FetchStage:
                 )
             fresh = await adapter.refresh_output_url(output.provider_task_id, output.output_index)
         except OutputLostError as exc:
-            await records.mark_lost(self.s.pool, output, exc.detail)
+            await records.mark_lost(self.s.pool, output, exc.detail, ledger=self.s.config.ledger)
             return None
         except UrlExpiredError as exc:
             # 401/403 from the provider's own API is about our credentials, not the output:
@@ -366,8 +365,9 @@ class FetchStage:
             try:
                 if new == "OUTPUT_LOST":
                     await records.mark_lost(
-                        self.s.pool, output, f"url expired after: {error.detail}"
-                    )
+                        self.s.pool, output, f"url expired after: {error.detail}",
+                        ledger=self.s.config.ledger,
+                    )  # fmt: skip
                 elif output.fetch_status != new:
                     await records.move(self.s.pool, output, new, error=error)
             except (StaleStateError, LeaseLostError):
@@ -430,17 +430,7 @@ class FetchStage:
                             )
                         )
                     )
-                await self.s.queue.enqueue_one(
-                    conn,
-                    JobSpec(
-                        kind=PROBE_KIND,
-                        lane=PROBE_LANE,
-                        tenant_id=output.tenant_id,
-                        idempotency_key=f"probe:{asset_id}:v{PROBE_VERSION}",
-                        payload={"asset_id": str(asset_id)},
-                        timeout_seconds=900,
-                    ),
-                )
+                await self.s.queue.enqueue_one(conn, probe_spec(asset_id, output.tenant_id))
         except StaleStateError:
             # Another run of this job (its lease expired while we worked, say) stored it
             # first: same key, same verified bytes. One STORED, one asset: we are done too.

@@ -64,17 +64,21 @@ def avc_codec_string(init_segment: Path) -> str:
 
 
 def measure(directory: Path, playlist: MediaPlaylist) -> tuple[int, int]:
-    """(peak, average) bits per second over the segments, init segment counted in each."""
-    init_bytes = (directory / playlist.init).stat().st_size if playlist.init else 0
-    total_bits = 0.0
-    total_seconds = 0.0
-    peak = 0.0
-    for uri, seconds in playlist.segments:
-        bits = ((directory / uri).stat().st_size) * 8.0
-        total_bits += bits
-        total_seconds += seconds
-        if seconds > 0:
-            peak = max(peak, (bits + init_bytes * 8.0) / seconds)
+    """(peak, average) bits per second. The peak is over segments, init counted once per
+    segment; a short final segment is merged into the one before it (a 0.04 s tail would
+    otherwise claim a peak many times the real one and steer players away)."""
+    init_bits = ((directory / playlist.init).stat().st_size * 8.0) if playlist.init else 0.0
+    sized = [
+        ((directory / uri).stat().st_size * 8.0, seconds) for uri, seconds in playlist.segments
+    ]
+    total_bits = sum(bits for bits, _ in sized)
+    total_seconds = sum(seconds for _, seconds in sized)
+    longest = max((seconds for _, seconds in sized), default=0.0)
+    if len(sized) >= 2 and sized[-1][1] < longest / 2:
+        (bits_a, secs_a), (bits_b, secs_b) = sized[-2], sized[-1]
+        sized = [*sized[:-2], (bits_a + bits_b, secs_a + secs_b)]
+    peak = max(((bits + init_bits) / seconds for bits, seconds in sized if seconds > 0),
+               default=0.0)  # fmt: skip
     average = total_bits / total_seconds if total_seconds else 0.0
     return max(math.ceil(peak), 1), max(math.ceil(average), 1)
 

@@ -38,21 +38,26 @@ class Verdict(msgspec.Struct, kw_only=True, omit_defaults=False):
 
 def decode_args(media: MediaConfig, sniff: Sniff, path: Path, summary: MediaSummary) -> list[str]:
     """ffmpeg arguments for the decode check: ``-xerror`` or a tail-corrupted file exits 0."""
-    limits = ["-max_streams", str(media.max_streams), "-max_pixels", str(media.max_pixels)]
-    audio = summary.audio_stream_index is not None
+
+    def source() -> list[str]:
+        return input_args(sniff, path, max_streams=media.max_streams, max_pixels=media.max_pixels)
+
+    # By absolute index: the stream validated is the stream decoded (a cover picture may
+    # come first and be "v:0").
+    video, audio = summary.video_stream_index, summary.audio_stream_index
     if media.decode_check == "full":
-        full_maps = ["-map", "0:v:0", *(["-map", "0:a:0"] if audio else [])]
-        return ["-xerror", *limits, *input_args(sniff, path), *full_maps, "-f", "null", "-"]
+        full_maps = ["-map", f"0:{video}", *(["-map", f"0:{audio}"] if audio is not None else [])]
+        return ["-xerror", *source(), *full_maps, "-f", "null", "-"]
     span = media.decode_sample_seconds
     duration = summary.duration_seconds
     starts = sorted({0.0, max(duration / 2 - span / 2, 0.0), max(duration - span, 0.0)})
     args = ["-xerror"]
     maps: list[str] = []
     for index, start in enumerate(starts):
-        args += [*limits, "-ss", f"{start:.3f}", "-t", f"{span:.3f}", *input_args(sniff, path)]
-        maps += ["-map", f"{index}:v:0"]
-        if audio:
-            maps += ["-map", f"{index}:a:0"]
+        args += ["-ss", f"{start:.3f}", "-t", f"{span:.3f}", *source()]
+        maps += ["-map", f"{index}:{video}"]
+        if audio is not None:
+            maps += ["-map", f"{index}:{audio}"]
     return [*args, *maps, "-f", "null", "-"]
 
 

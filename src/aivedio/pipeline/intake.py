@@ -23,9 +23,11 @@ import msgspec
 
 from aivedio.crypto import UrlCipher
 from aivedio.errors import ConfigError, NotFoundError, PolicyBlockedError
+from aivedio.ledger_config import LedgerConfig
 from aivedio.pipeline.registry import Registry
 from aivedio.states import TERMINAL_OUTPUT_STATES, Entity
 from aivedio.store.database import Connection, map_db_errors
+from aivedio.store.ledger import record_generation_charge
 from aivedio.store.queue import Queue
 from aivedio.store.records import transition
 
@@ -69,14 +71,27 @@ async def record_provider_output(
     default_ttl_seconds: float = 3600.0,
     estimated_bytes_per_second: float = 20 * 1024**2,
     now: datetime | None = None,
+    ledger: LedgerConfig | None = None,
 ) -> Recorded:
-    """Record one provider output and enqueue its fetch. Runs in one transaction."""
+    """Record one provider output and enqueue its fetch. Runs in one transaction.
+
+    The provider's generation charge is recorded in it too, once per provider task (the
+    ledger's key makes a duplicate callback or a re-ingest a no-op); ``ledger`` None means
+    the default [ledger] policies."""
     now = now or datetime.now(UTC)
     expires_at = descriptor.expires_at or now + timedelta(seconds=default_ttl_seconds)
     if descriptor.sha256 is not None and len(descriptor.sha256) != 64:
         raise PolicyBlockedError("invalid_descriptor: sha256 must be 64 hex characters")
     async with conn.transaction():
         task_id = await _succeed_task(conn, tenant_id, descriptor)
+        await record_generation_charge(
+            conn,
+            cfg=ledger or LedgerConfig(),
+            tenant_id=tenant_id,
+            provider=descriptor.provider,
+            provider_task_id=descriptor.provider_task_id,
+            generation_task_id=task_id,
+        )
         output_id, created, status, url_changed = await _upsert_output(
             conn, tenant_id, task_id, descriptor, expires_at, cipher
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aivedio.pipeline import diagnostics, fetch, media_stage
+from aivedio.pipeline import diagnostics, fetch, media_stage, moderation, publish
 from aivedio.pipeline.registry import Registry
 
 
@@ -11,4 +11,6 @@ def default_registry() -> Registry:
     diagnostics.register(registry)
     fetch.register(registry)
     media_stage.register(registry)
+    moderation.register(registry)
+    publish.register(registry)
     return registry

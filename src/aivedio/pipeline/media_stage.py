@@ -20,6 +20,7 @@ set is complete and the publish stage takes over.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import uuid
 import zlib
@@ -48,14 +49,17 @@ from aivedio.errors import (
 from aivedio.logs import get_logger
 from aivedio.pipeline.dag import MIME, PRIMARY, MediaRun, OutputRecord
 from aivedio.pipeline.inspect import verdict_json
+from aivedio.pipeline.lifecycle import retire_if_cancelled
+from aivedio.pipeline.moderation import moderate_spec
 from aivedio.pipeline.plan import Plan
+from aivedio.pipeline.publish import publish_spec
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
 from aivedio.pipeline.sandbox import Sandbox
 from aivedio.pipeline.validate import MediaSummary
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
 from aivedio.store import keys
-from aivedio.store.database import Pool, map_db_errors
+from aivedio.store.database import Pool, map_db_errors, open_connection
 from aivedio.store.objects import ObjectStore, open_object_store
 from aivedio.store.queue import Job, JobSpec, Queue
 from aivedio.store.records import transition
@@ -63,10 +67,15 @@ from aivedio.store.records import transition
 log = get_logger("aivedio.media")
 
 PROBE_KIND = "probe"
+REPROCESS_KIND = "reprocess"
 PROBE_VERSION = 1
 RENDER_KIND = "render"
 LANE = "media"
 LOCK_BUSY_RETRY_SECONDS = 5.0
+# An outer bound: every ffmpeg run has its own deadline (media_deadline); a full decode check
+# of a long source takes a while.
+PROBE_TIMEOUT_SECONDS = 4 * 3600.0
+PROBE_MAX_ATTEMPTS = 4
 
 
 @dataclass
@@ -89,16 +98,47 @@ class MediaStage:
         asset = await self._asset(asset_id)
         if asset["status"] not in ("QUARANTINED", "PROBING"):
             return {"outcome": "already_probed", "status": asset["status"]}
+        retain_days = self.s.config.moderation.reject_retention_days
+        if await retire_if_cancelled(self.s.pool, asset_id, retain_days=retain_days):
+            return {"outcome": "cancelled", "source_retained": True}
         if asset["status"] == "QUARANTINED":
             async with self.s.pool.acquire() as conn:
-                await transition(conn, Entity.ASSET, (asset_id,), expected="QUARANTINED",
-                                 new="PROBING")  # fmt: skip
+                # Another delivery of this job may have moved it first: PROBING either way.
+                with contextlib.suppress(StaleStateError):
+                    await transition(conn, Entity.ASSET, (asset_id,), expected="QUARANTINED",
+                                     new="PROBING")  # fmt: skip
+        try:
+            return await self._probe(job, asset_id)
+        except DeferredError:
+            raise
+        except AivedioError as exc:
+            # Out of retries (the queue's own rule): the asset must not wait in PROBING.
+            if not _will_retry(exc, job):
+                with anyio.CancelScope(shield=True):
+                    await self._probe_failed(asset_id, exc)
+            raise
+
+    async def _probe_failed(self, asset_id: uuid.UUID, exc: AivedioError) -> None:
+        async with self.s.pool.acquire() as conn:
+            try:
+                await transition(
+                    conn, Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING_FAILED",
+                    values={"last_error_class": exc.error_class,
+                            "last_error_detail": exc.detail[:1000]},
+                )  # fmt: skip
+            except StaleStateError:
+                return
+        log.error("probe_failed", asset_id=str(asset_id), error_class=exc.error_class,
+                  detail=exc.detail[:300])  # fmt: skip
+
+    async def _probe(self, job: Job, asset_id: uuid.UUID) -> dict[str, Any]:
+        asset = await self._asset(asset_id)
         media = self.s.config.media
         with self.s.sandbox.scratch() as root:
             source = root / "source.bin"
             await self._download_source(asset, source)
             run = MediaRun(self.s.sandbox, source, root)
-            report = await run.run(wants=[])
+            report = await run.run(plan_only=True)
             verdict = verdict_json(report.verdict)
             if not report.verdict.valid:
                 return await self._invalid(asset_id, verdict)
@@ -106,6 +146,35 @@ class MediaStage:
             return await self._start_revision(
                 asset, report.verdict.media, report.plan, verdict, job, media.pipeline_version
             )
+
+    async def reprocess(self, job: Job) -> dict[str, Any]:
+        """A new revision from the retained source under the current pipeline version; the
+        published revision serves until the new one is published. Nothing is re-fetched."""
+        asset_id = uuid.UUID(str(job.payload["asset_id"]))
+        asset = await self._asset(asset_id)
+        if asset["status"] not in ("PLAYABLE", "ENRICHED"):
+            return {"outcome": "not_published", "status": asset["status"]}
+        building = await self.s.pool.fetchval(
+            "SELECT revision FROM asset_revisions WHERE asset_id = $1 AND status = 'BUILDING'"
+            " AND revision > coalesce($2, 0) AND enriches IS NULL",
+            asset_id, asset["current_revision"],
+        )  # fmt: skip
+        if building is not None:
+            return {"outcome": "already_building", "revision": building}
+        with self.s.sandbox.scratch() as root:
+            source = root / "source.bin"
+            await self._download_source(asset, source)
+            report = await MediaRun(self.s.sandbox, source, root).run(plan_only=True)
+            verdict = verdict_json(report.verdict)
+            if not report.verdict.valid or report.plan is None:
+                log.warning("reprocess_source_invalid", asset_id=str(asset_id),
+                            reasons=verdict["reasons"])  # fmt: skip
+                return {"outcome": "invalid_media", "reasons": verdict["reasons"]}
+            assert report.verdict.media is not None
+            return await self._start_revision(
+                asset, report.verdict.media, report.plan, verdict, job,
+                self.s.config.media.pipeline_version, reprocess=True,
+            )  # fmt: skip
 
     async def _invalid(self, asset_id: uuid.UUID, verdict: dict[str, Any]) -> dict[str, Any]:
         detail = ", ".join(verdict["reasons"]) + (
@@ -129,6 +198,8 @@ class MediaStage:
         verdict: dict[str, Any],
         job: Job,
         pipeline_version: int,
+        *,
+        reprocess: bool = False,
     ) -> dict[str, Any]:
         asset_id: uuid.UUID = asset["id"]
         tenant_id: int = asset["tenant_id"]
@@ -141,23 +212,31 @@ class MediaStage:
                     asset_id,
                 )
             )
-            await transition(
-                conn, Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING",
-                values={
-                    "probe": verdict, "media_type": "video",
-                    "duration_us": int(summary.duration_seconds * 1_000_000),
-                    "width": summary.display_width, "height": summary.display_height,
-                    "video_codec": summary.video_codec, "audio_codec": summary.audio_codec,
-                    "frame_rate_num": num, "frame_rate_den": den,
-                    "last_error_class": None, "last_error_detail": None,
-                },
-            )  # fmt: skip
+            if reprocess:
+                # A published asset keeps serving its current revision until the new one
+                # is published; only the probe result is refreshed.
+                await conn.execute(
+                    "UPDATE assets SET probe = $2, updated_at = now() WHERE id = $1",
+                    asset_id, verdict,
+                )  # fmt: skip
+            else:
+                await transition(
+                    conn, Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING",
+                    values={
+                        "probe": verdict, "media_type": "video",
+                        "duration_us": int(summary.duration_seconds * 1_000_000),
+                        "width": summary.display_width, "height": summary.display_height,
+                        "video_codec": summary.video_codec, "audio_codec": summary.audio_codec,
+                        "frame_rate_num": num, "frame_rate_den": den,
+                        "last_error_class": None, "last_error_detail": None,
+                    },
+                )  # fmt: skip
             await conn.execute(
                 "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
-                " required_outputs, optional_outputs, plan, delete_version_at_start)"
-                " VALUES ($1, $2, $3, 'BUILDING', $4, $5, $6, $7)",
+                " required_outputs, optional_outputs, plan, delete_version_at_start,"
+                " cancel_version_at_start) VALUES ($1, $2, $3, 'BUILDING', $4, $5, $6, $7, $8)",
                 asset_id, revision, pipeline_version, plan.required, plan.optional,
-                msgspec.to_builtins(plan), asset["delete_version"],
+                msgspec.to_builtins(plan), asset["delete_version"], asset["cancel_version"],
             )  # fmt: skip
             prefix = keys.revision_prefix(tenant_id, asset_id, revision)
             specs: list[JobSpec] = []
@@ -198,8 +277,12 @@ class MediaStage:
         state = await self._revision(asset_id, revision)
         if state is None:
             return {"outcome": "no_such_revision"}
-        if state["status"] != "BUILDING":
+        # READY: published with its required set; its optional outputs still render, to be
+        # released by an enrichment revision.
+        if state["status"] not in ("BUILDING", "READY"):
             return {"outcome": "revision_" + state["status"].lower()}
+        if await self._stopped(asset_id, state):
+            return {"outcome": "asset_deleted_or_cancelled"}
         mine = await self._variant(asset_id, revision, variant_type)
         if mine is None or mine["status"] != "PENDING":
             return {"outcome": "already_" + (mine["status"].lower() if mine else "missing")}
@@ -216,10 +299,7 @@ class MediaStage:
             except AivedioError as exc:
                 # The queue makes the same decision from the same rule; when it will not
                 # retry, the output is FAILED now rather than PENDING forever.
-                decision = decide_retry(retry_class=exc.retry, attempts=job.attempts,
-                                        max_attempts=job.max_attempts, base_seconds=1.0,
-                                        max_seconds=1.0)  # fmt: skip
-                if not decision.retry:
+                if not _will_retry(exc, job):
                     with anyio.CancelScope(shield=True):
                         await self._mark_failed(asset_id, revision, variant_type, exc.detail)
                 raise
@@ -248,18 +328,21 @@ class MediaStage:
         with self.s.sandbox.scratch() as root:
             source = root / "source.bin"
             await self._download_source(asset, source)
-            run = MediaRun(self.s.sandbox, source, root)
+            done: list[str] = []
+
+            async def record_now(record: OutputRecord) -> None:
+                # Upload, verify and record each output as soon as it is made: the required
+                # set goes on to moderation and publish while optional outputs still render.
+                await self._upload_and_verify(prefix, root / "out", record)
+                if await self._record_variant(asset_id, revision, record, prefix):
+                    done.append(record.variant_type)
+                    await self._check_revision(asset_id, revision)
+
+            run = MediaRun(self.s.sandbox, source, root, on_done=record_now)
             run.assume_valid(summary)
             if "keyframes" in group and "playback" not in group:
                 await self._download(f"{prefix}/playback.mp4", run.layout.playback)
             report = await run.run(wants=group, plan=plan)
-            done: list[str] = []
-            for name, record in report.outputs.items():
-                if name not in group:
-                    continue
-                await self._upload_and_verify(prefix, run.layout.out, record)
-                if await self._record_variant(asset_id, revision, record, prefix):
-                    done.append(name)
         failed = {n.name: n for n in report.failed()}
         log.info("render_done", asset_id=str(asset_id), revision=revision, group=group,
                  done=done, failed=sorted(failed), job_id=job.id)  # fmt: skip
@@ -289,19 +372,30 @@ class MediaStage:
         await self._check_revision(asset_id, revision)
 
     async def _check_revision(self, asset_id: uuid.UUID, revision: int) -> None:
-        """A FAILED required variant fails the revision and the asset; a complete required
-        set is logged for the publish stage."""
+        """After an output is recorded or failed: a FAILED required output fails a building
+        revision and its asset; a complete required set goes to moderation (then publish);
+        a published revision whose outputs are all done goes to enrichment."""
         rows = await self.s.pool.fetch(
-            "SELECT v.variant_type, v.status, r.required_outputs, r.status AS revision_status"
-            " FROM asset_variants v JOIN asset_revisions r USING (asset_id, revision)"
-            " WHERE v.asset_id = $1 AND v.revision = $2",
+            "SELECT v.variant_type, v.status, r.required_outputs, r.status AS revision_status,"
+            " a.tenant_id FROM asset_variants v JOIN asset_revisions r USING (asset_id, revision)"
+            " JOIN assets a ON a.id = v.asset_id WHERE v.asset_id = $1 AND v.revision = $2",
             asset_id,
             revision,
         )
-        if not rows or rows[0]["revision_status"] != "BUILDING":
+        if not rows:
             return
+        revision_status, tenant_id = rows[0]["revision_status"], rows[0]["tenant_id"]
         required = set(rows[0]["required_outputs"])
         status = {r["variant_type"]: r["status"] for r in rows}
+        if revision_status == "READY":
+            if all(value != "PENDING" for value in status.values()):
+                async with self.s.pool.acquire() as conn:
+                    await self.s.queue.enqueue_one(
+                        conn, publish_spec(asset_id, revision, tenant_id, enrich=True)
+                    )
+            return
+        if revision_status != "BUILDING":
+            return
         if any(status.get(name) == "FAILED" for name in required):
             async with self.s.pool.acquire() as conn, conn.transaction():
                 try:
@@ -317,8 +411,28 @@ class MediaStage:
                     return
             log.error("revision_failed", asset_id=str(asset_id), revision=revision)
         elif all(status.get(name) == "SUCCEEDED" for name in required):
-            log.info("revision_required_set_complete", asset_id=str(asset_id),
-                     revision=revision, outputs=sorted(status))  # fmt: skip
+            async with self.s.pool.acquire() as conn:
+                created = await self.s.queue.enqueue_one(
+                    conn, moderate_spec(asset_id, revision, tenant_id)
+                )
+            if created.created:
+                log.info("revision_required_set_complete", asset_id=str(asset_id),
+                         revision=revision, outputs=sorted(status))  # fmt: skip
+
+    async def _stopped(self, asset_id: uuid.UUID, revision: asyncpg.Record) -> bool:
+        """Deleted or cancelled since the revision started: no more rendering (seed §11.8.2
+        stops optional work at once)."""
+        row = await self.s.pool.fetchrow(
+            "SELECT status, delete_version, cancel_version FROM assets WHERE id = $1", asset_id
+        )
+        return (
+            row is None
+            or row["status"] == "DELETED"
+            or (
+                row["delete_version"] != revision["delete_version_at_start"]
+                or row["cancel_version"] != revision["cancel_version_at_start"]
+            )
+        )
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -429,7 +543,9 @@ class MediaStage:
         """A session advisory lock on its own connection: released on exit or when the
         connection dies with its worker."""
         key = zlib.crc32(f"render:{asset_id}:{revision}".encode()) - 2**31
-        async with self.s.pool.acquire() as conn:
+        # Not from the pool: a long render must not pin a pooled connection that heartbeats
+        # and state changes need.
+        async with open_connection(self.s.config.database) as conn:
             acquired = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
             try:
                 yield acquired
@@ -437,6 +553,23 @@ class MediaStage:
                 if acquired:
                     with anyio.CancelScope(shield=True):
                         await conn.execute("SELECT pg_advisory_unlock($1)", key)
+
+
+def _will_retry(exc: AivedioError, job: Job) -> bool:
+    """The queue's own decision for this failure (scheduling.decide_retry, one rule)."""
+    return decide_retry(retry_class=exc.retry, attempts=job.attempts,
+                        max_attempts=job.max_attempts, base_seconds=1.0,
+                        max_seconds=1.0).retry  # fmt: skip
+
+
+def probe_spec(asset_id: uuid.UUID, tenant_id: int) -> JobSpec:
+    """The probe job for an asset: one per asset and probe version (seed §11.9.1)."""
+    return JobSpec(
+        kind=PROBE_KIND, lane=LANE, tenant_id=tenant_id,
+        idempotency_key=f"probe:{asset_id}:v{PROBE_VERSION}",
+        payload={"asset_id": str(asset_id)},
+        timeout_seconds=PROBE_TIMEOUT_SECONDS, max_attempts=PROBE_MAX_ATTEMPTS,
+    )  # fmt: skip
 
 
 def _primary(output: str, plan: Plan) -> str:
@@ -465,8 +598,12 @@ async def open_media_stage(
     async with AsyncExitStack() as stack:
         if store is None:
             store = await stack.enter_async_context(open_object_store(config.storage))
+        sandbox = Sandbox(config.media)
+        # Refuse to start (ConfigError) rather than fail assets: ffmpeg, ffprobe and prlimit
+        # must be there and, if required, the network namespace must work.
+        await sandbox.check()
         services = MediaServices(config=config, pool=pool, queue=queue, store=store,
-                                 sandbox=Sandbox(config.media))  # fmt: skip
+                                 sandbox=sandbox)  # fmt: skip
         yield MediaStage(services)
 
 
@@ -485,8 +622,28 @@ def _stage(ctx: JobContext) -> MediaStage:
     return stage
 
 
+async def handle_reprocess(ctx: JobContext, job: Job) -> dict[str, Any] | None:
+    return await _stage(ctx).reprocess(job)
+
+
+def reprocess_spec(asset_id: uuid.UUID, tenant_id: int, pipeline_version: int) -> JobSpec:
+    """One reprocess per asset and pipeline version at a time (a later request after it
+    finished gets a fresh key from the request time)."""
+    return JobSpec(
+        kind=REPROCESS_KIND, lane=LANE, tenant_id=tenant_id,
+        idempotency_key=f"reprocess:{asset_id}:v{pipeline_version}:{uuid.uuid4().hex[:8]}",
+        payload={"asset_id": str(asset_id)}, timeout_seconds=900, max_attempts=4,
+    )  # fmt: skip
+
+
 def register(registry: Registry) -> None:
-    registry.register(JobKind(PROBE_KIND, LANE, handle_probe, timeout_seconds=900, max_attempts=4))
+    registry.register(
+        JobKind(REPROCESS_KIND, LANE, handle_reprocess, timeout_seconds=900, max_attempts=4)
+    )
+    registry.register(
+        JobKind(PROBE_KIND, LANE, handle_probe, timeout_seconds=PROBE_TIMEOUT_SECONDS,
+                max_attempts=PROBE_MAX_ATTEMPTS)
+    )  # fmt: skip
     registry.register(
         JobKind(RENDER_KIND, LANE, handle_render, timeout_seconds=3 * 3600, max_attempts=4)
     )

@@ -18,9 +18,12 @@ from typing import Any, Protocol
 import msgspec
 
 from aivedio.errors import AivedioError, LeaseLostError, NotFoundError, StaleStateError
+from aivedio.ledger_config import LedgerConfig
 from aivedio.logs import get_logger
 from aivedio.states import Entity
 from aivedio.store.database import Pool, map_db_errors
+from aivedio.store.ledger import record_compensation
+from aivedio.store.outbox import emit
 from aivedio.store.queue import Job
 from aivedio.store.records import transition
 
@@ -122,8 +125,11 @@ async def move(
     raise StaleStateError(f"provider output {output.id} keeps changing; giving up")
 
 
-async def mark_lost(pool: Pool, output: OutputRow, reason: str) -> None:
-    """OUTPUT_LOST and the ``output.lost`` event, in one transaction."""
+async def mark_lost(
+    pool: Pool, output: OutputRow, reason: str, *, ledger: LedgerConfig | None = None
+) -> None:
+    """OUTPUT_LOST, the ``output.lost`` event and the ledger's compensation (by the
+    ``ledger`` policy; None: the default one), in one transaction."""
     async with pool.acquire() as conn, conn.transaction():
         await check_lease(conn)
         await transition(
@@ -135,7 +141,27 @@ async def mark_lost(pool: Pool, output: OutputRow, reason: str) -> None:
             version=output.version,
             values={"last_error_class": "output_lost", "last_error_detail": reason},
         )
-        await outbox(conn, "output.lost", output, {"reason": reason})
+        await emit(
+            conn,
+            "output.lost",
+            tenant_id=output.tenant_id,
+            aggregate_id=output.id,
+            payload={
+                "provider": output.provider,
+                "provider_task_id": output.provider_task_id,
+                "output_index": output.output_index,
+                "provider_output_id": str(output.id),
+                "reason": reason,
+            },
+        )
+        await record_compensation(
+            conn,
+            cfg=ledger or LedgerConfig(),
+            tenant_id=output.tenant_id,
+            provider=output.provider,
+            provider_task_id=output.provider_task_id,
+            reason=f"output_lost: {reason}",
+        )
     log.warning(
         "output_lost",
         provider_output_id=str(output.id),
@@ -184,23 +210,4 @@ def expired(output: OutputRow) -> bool:
     return (
         output.source_url_expires_at is not None
         and output.source_url_expires_at <= datetime.now(UTC)
-    )
-
-
-async def outbox(conn: Any, event_type: str, output: OutputRow, extra: dict[str, Any]) -> None:
-    payload = {
-        "provider": output.provider,
-        "provider_task_id": output.provider_task_id,
-        "output_index": output.output_index,
-        "provider_output_id": str(output.id),
-        **extra,
-    }
-    await conn.execute(
-        "INSERT INTO outbox_events (event_id, event_type, tenant_id, aggregate_id, payload)"
-        " VALUES ($1, $2, $3, $4, $5)",
-        uuid.uuid4(),
-        event_type,
-        output.tenant_id,
-        output.id,
-        payload,
     )

@@ -61,6 +61,17 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     required: list[str]
     optional: list[str]
     pipeline_version: int
+    # The source streams used, by absolute index (a cover picture may be stream 0).
+    video_stream: int = 0
+    audio_stream: int | None = None
+
+    @property
+    def video_map(self) -> str:
+        return f"0:{self.video_stream}"
+
+    @property
+    def audio_map(self) -> str:
+        return f"0:{self.audio_stream}" if self.audio_stream is not None else "0:a:0"
 
     @property
     def outputs(self) -> list[str]:
@@ -96,7 +107,10 @@ def transcode_reasons(s: MediaSummary) -> list[str]:
         reasons.append("frame_rate")
     if s.audio_codec is not None and (s.audio_codec != "aac" or s.audio_profile != "LC"):
         reasons.append(f"audio:{s.audio_codec}/{s.audio_profile}")
-    if abs(s.start_time) > 0.5:
+    # Cut points are source timestamps and forced keyframes are output timestamps: they
+    # agree only when the video starts at zero (within half a frame).
+    half_frame = 0.5 / (s.frame_rate or 30.0)
+    if abs(s.start_time) > half_frame:
         reasons.append("start_time")
     return reasons
 
@@ -213,4 +227,6 @@ def make_plan(
         required=required,
         optional=optional,
         pipeline_version=media.pipeline_version,
+        video_stream=s.video_stream_index,
+        audio_stream=s.audio_stream_index,
     )

@@ -111,11 +111,7 @@ def rotation_of(stream: Stream) -> int:
 
 def probe_args(media: MediaConfig, sniff: Sniff, path: Path) -> list[str]:
     return [
-        "-max_streams",
-        str(media.max_streams),
-        "-max_pixels",
-        str(media.max_pixels),
-        *input_args(sniff, path),
+        *input_args(sniff, path, max_streams=media.max_streams, max_pixels=media.max_pixels),
         "-print_format",
         "json",
         "-show_format",
@@ -124,6 +120,9 @@ def probe_args(media: MediaConfig, sniff: Sniff, path: Path) -> list[str]:
 
 
 def limit_reason(result: RunResult) -> str | None:
+    """The reason code when a parser limit (or a crash) stopped the tool: a verdict."""
+    if result.crashed:
+        return "decoder_crashed"
     for line in result.stderr_tail:
         for pattern, reason in _LIMIT_REASONS:
             if pattern.search(line):

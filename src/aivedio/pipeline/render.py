@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aivedio.media_config import MediaConfig
 from aivedio.pipeline.plan import Plan, Rung
-from aivedio.pipeline.sniff import Sniff, input_args
+from aivedio.pipeline.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.thumbnails import sprite_filter
 
 AUDIO_MAX_RATE = 48000
@@ -167,8 +167,7 @@ def encode_args(
     audio_rate: int | None,
 ) -> list[str]:
     """One ffmpeg invocation: decode once, split, encode every branch of ``job``."""
-    limits = ["-max_streams", str(media.max_streams), "-max_pixels", str(media.max_pixels)]
-    args = [*limits, *input_args(sniff, source)]
+    args = input_args(sniff, source, max_streams=media.max_streams, max_pixels=media.max_pixels)
     pre = []
     if plan.mode == "transcode":
         pre.append(f"fps={plan.frame_rate_expr}")
@@ -194,16 +193,19 @@ def encode_args(
         if len(branches) == 1 and pre:
             head = ",".join(pre)
         outs = "".join(f"[s_{label}]" for label, _ in branches)
-        graph.append(f"[0:v:0]{head}{outs}")
+        graph.append(f"[{plan.video_map}]{head}{outs}")
         graph += [f"[s_{label}]{chain}[o_{label}]" for label, chain in branches]
     if job.pcm:
         rate = plan.waveform_sample_rate
         graph.append(
-            f"[0:a:0]aresample={rate},aformat=sample_fmts=s16:channel_layouts=mono[o_wave]"
+            f"[{plan.audio_map}]aresample={rate},aformat=sample_fmts=s16:channel_layouts=mono"
+            "[o_wave]"
         )
     if graph:
         args += ["-filter_complex", ";".join(graph)]
-    gop = max(plan.gop_frames * 10, 250)
+    # Remux: the copied rung's cut points decide, so lower rungs may have no keyframe but
+    # the forced ones (a GOP longer than the media); transcode: a generous cap.
+    gop = 1_000_000 if plan.mode == "remux" else max(plan.gop_frames * 10, 250)
     keys = _forced_keyframes(plan)
     for index, rung in enumerate(job.rungs):
         args += ["-map", f"[o_r{index}]", *_x264(rung, media, keys, gop=gop), "-an"]
@@ -221,7 +223,7 @@ def encode_args(
     if job.pcm:
         args += ["-map", "[o_wave]", "-f", "s16le", str(layout.pcm)]
     if job.audio:
-        args += ["-map", "0:a:0", "-vn"]
+        args += ["-map", plan.audio_map, "-vn"]
         if plan.audio == "copy":
             args += ["-c:a", "copy"]
         else:
@@ -247,35 +249,37 @@ def package_args(
     negative: otherwise the muxer shifts each rendition by its own earliest DTS (B-frame
     delay, AAC priming), and a copied rung and an encoded one drift apart by milliseconds.
     """
-    limits = ["-max_streams", str(media.max_streams)]
-    source_in = [*limits, *input_args(sniff, source)]
+    source_in = input_args(sniff, source, max_streams=media.max_streams)
     runs: list[list[str]] = []
-    audio_in = ["-i", f"file:{layout.audio}"] if has_audio else []
+    audio_in = input_args(MP4, layout.audio) if has_audio else []
 
     def video_input(rung: Rung) -> list[str]:
-        return source_in if rung.copy else ["-i", f"file:{layout.rung_video(rung)}"]
+        return source_in if rung.copy else input_args(MP4, layout.rung_video(rung))
 
     def audio_map(video_only_input: bool) -> list[str]:
         if not has_audio:
             return []
-        return ["-map", "1:a:0"] if video_only_input else ["-map", "0:a:0"]
+        return ["-map", "1:a:0"] if video_only_input else ["-map", plan.audio_map]
+
+    def video_map(from_source: bool) -> list[str]:
+        return ["-map", plan.video_map if from_source else "0:v:0"]
 
     if "playback" in wants:
         top = plan.top
         # Remux: video and audio both come from the source itself.
         inputs = source_in if top.copy else [*video_input(top), *audio_in]
-        maps = ["-map", "0:v:0", *audio_map(not top.copy)]
+        maps = [*video_map(top.copy), *audio_map(not top.copy)]
         runs.append([*inputs, *maps, "-c", "copy", "-movflags", "+faststart",
                      "-f", "mp4", str(layout.playback)])  # fmt: skip
     if "proxy" in wants:
-        inputs = ["-i", f"file:{layout.proxy_video}", *audio_in]
+        inputs = [*input_args(MP4, layout.proxy_video), *audio_in]
         runs.append([*inputs, "-map", "0:v:0", *audio_map(True), "-c", "copy",
                      "-movflags", "+faststart", "-f", "mp4", str(layout.proxy)])  # fmt: skip
     if "hls" in wants:
         for rung in plan.rungs:
             directory = layout.hls_rung(rung)
             if rung.copy:
-                inputs, maps = source_in, ["-map", "0:v:0", *audio_map(False)]
+                inputs, maps = source_in, [*video_map(True), *audio_map(False)]
             else:
                 inputs = [*video_input(rung), *audio_in]
                 maps = ["-map", "0:v:0", *audio_map(True)]
@@ -294,14 +298,12 @@ def package_args(
 def poster_seek_args(
     plan: Plan, media: MediaConfig, sniff: Sniff, source: Path, layout: Layout
 ) -> list[str]:
-    limits = ["-max_streams", str(media.max_streams), "-max_pixels", str(media.max_pixels)]
     return [
-        *limits,
         "-ss",
         f"{plan.poster_seconds:.3f}",
-        *input_args(sniff, source),
+        *input_args(sniff, source, max_streams=media.max_streams, max_pixels=media.max_pixels),
         "-map",
-        "0:v:0",
+        plan.video_map,
         "-frames:v",
         "1",
         "-q:v",

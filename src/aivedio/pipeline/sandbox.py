@@ -49,7 +49,13 @@ _EXHAUSTION = re.compile(
     # the address-space limit is too low for the dynamic loader itself: not the input's fault
     r"error while loading shared libraries|failed to map segment"
 )
-_SIGNAL_EXHAUSTION = {-signal.SIGXCPU, -signal.SIGXFSZ, -signal.SIGKILL, -signal.SIGSEGV}
+# SIGKILL from outside is the OOM killer; SIGSEGV/SIGABRT are the parser crashing on its
+# input, which is a verdict on the input (and worth an alert), not a reason to run it again.
+_SIGNAL_EXHAUSTION = {-signal.SIGXCPU, -signal.SIGXFSZ, -signal.SIGKILL}
+CRASH_SIGNALS = {-signal.SIGSEGV, -signal.SIGABRT, -signal.SIGBUS, -signal.SIGILL, -signal.SIGFPE}
+# Only ffmpeg's own error lines count: [info] lines echo the input's metadata, which an
+# attacker writes ("comment=Cannot allocate memory").
+_ERROR_LEVEL = re.compile(r"\[(error|fatal|panic)\]")
 
 ProgressCallback = Callable[[dict[str, str]], Awaitable[None] | None]
 
@@ -97,18 +103,31 @@ class RunResult:
         """Out of time, memory, disk or another limit, as opposed to rejecting its input."""
         if self.timed_out or self.stdout_overflow or self.returncode in _SIGNAL_EXHAUSTION:
             return True
-        return any(_EXHAUSTION.search(line) for line in self.stderr_tail)
+        if self.crashed:
+            return False
+        return any(
+            _EXHAUSTION.search(line)
+            for line in self.stderr_tail
+            # the loader's complaint comes before ffmpeg's logging exists, untagged
+            if _ERROR_LEVEL.search(line) or not line.startswith("[")
+        )
+
+    @property
+    def crashed(self) -> bool:
+        """Killed by a crash signal: the parser failed on this input."""
+        return self.returncode in CRASH_SIGNALS
 
     def error_detail(self, limit: int = 6) -> str:
         """The last error lines of stderr (already redacted), for a job's error detail."""
         wanted = [
             line
             for line in self.stderr_tail
-            if line.startswith(("[error]", "[fatal]", "[panic]", "[warning]"))
-            or not line.startswith("[")
+            if _ERROR_LEVEL.search(line) or "[warning]" in line or not line.startswith("[")
         ]
         tail = (wanted or self.stderr_tail)[-limit:]
         status = "deadline exceeded" if self.timed_out else f"exit {self.returncode}"
+        if self.crashed:
+            status = f"crashed (signal {-self.returncode})"
         return f"{self.tool} {status}: " + " | ".join(tail)
 
     def raise_if_exhausted(self) -> None:
@@ -155,6 +174,13 @@ class Sandbox:
                 )
             self._paths[tool] = found
         return self._paths[tool]
+
+    async def check(self) -> None:
+        """Everything a run needs, checked once at start; ConfigError names what is missing."""
+        for tool in self._tools:
+            self._tool_path(tool)
+        self._limit_prefix()
+        await self.isolation_prefix()
 
     @property
     def network_isolated(self) -> bool | None:

@@ -79,13 +79,23 @@ def sniff_file(path: Path) -> Sniff:
         return sniff_bytes(handle.read(SNIFF_BYTES))
 
 
-def input_args(sniff: Sniff, path: Path) -> list[str]:
+def input_args(
+    sniff: Sniff, path: Path, *, max_streams: int | None = None, max_pixels: int | None = None
+) -> list[str]:
     """The ffmpeg/ffprobe input options for a sniffed, accepted file (forced demuxer,
-    format and protocol whitelists, ``file:`` so a name can never select a protocol)."""
+    format and protocol whitelists, ``file:`` so a name can never select a protocol, and the
+    parser limits when given). Our own intermediates and outputs go through here too, as
+    ``input_args(MP4, path)``: a copied audio track still carries the source's bytes."""
     if not sniff.accepted:
         raise ValueError(f"refused input ({sniff.reason}) must never reach a demuxer")
     assert sniff.demuxer is not None and sniff.format_whitelist is not None
+    limits: list[str] = []
+    if max_streams is not None:
+        limits += ["-max_streams", str(max_streams)]
+    if max_pixels is not None:
+        limits += ["-max_pixels", str(max_pixels)]
     return [
+        *limits,
         "-protocol_whitelist",
         "file",
         "-format_whitelist",

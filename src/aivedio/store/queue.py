@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from aivedio.errors import LeaseLostError
 from aivedio.scheduling import sort_at
 from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.queries import query
@@ -154,6 +155,20 @@ class Queue:
                 query("claim"), lane, limit, owner, lease_seconds, max_tenants, start_tenant
             )
         return [Job(**dict(r.items())) for r in rows]
+
+    @staticmethod
+    async def assert_lease(conn: Connection, job: Job) -> None:
+        """Fencing inside the caller's transaction: raise LeaseLostError unless this run
+        still holds the job's lease (the row stays share-locked until the transaction ends,
+        so the lease cannot move before the caller commits)."""
+        held = await conn.fetchval(
+            "SELECT 1 FROM jobs WHERE id = $1 AND lease_token = $2 AND status = 'running'"
+            " FOR SHARE",
+            job.id,
+            job.lease_token,
+        )
+        if held is None:
+            raise LeaseLostError(f"job {job.id}: lease {job.lease_token} is no longer held")
 
     async def complete(self, owner: str, done: Sequence[tuple[int, int, Any]]) -> set[int]:
         """Acknowledge (id, lease_token, result) triples in one statement. Returns the ids

@@ -1,0 +1,424 @@
+"""Output-side moderation (seed 002 §11.7.9): a ``Moderator`` seam, two implementations, the
+frame sampler and the ``moderate`` job.
+
+The job runs once per revision when its required set is complete. It samples JPEG frames
+from the playback MP4 (first, middle, last, and scene changes) in the ffmpeg sandbox and asks
+the configured moderator, with the media summary and the provider's own safety labels:
+
+* ``allow``: the verdict is stored with the revision and the publish job is enqueued;
+* ``reject``: the asset becomes REJECTED, nothing is published, the source stays in
+  quarantine until ``source_retain_until`` for appeal and audit, ``asset.rejected`` is sent;
+* ``review``: the asset stays private (moderation_status REVIEW) until someone decides;
+* moderator unavailable: fail-closed. Nothing is published; the job waits and asks again
+  (``unavailable_retry_seconds``) without spending attempts; processing goes on meanwhile.
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+import anyio
+import msgspec
+
+from aivedio.config import Config
+from aivedio.errors import (
+    AivedioError,
+    ConfigError,
+    DeferredError,
+    Retry,
+    StaleStateError,
+    TransientError,
+)
+from aivedio.logs import get_logger
+from aivedio.moderation_config import ModerationConfig, require_moderation
+from aivedio.pipeline.registry import JobContext, JobKind, Registry
+from aivedio.pipeline.sandbox import Sandbox
+from aivedio.pipeline.sniff import MP4, input_args
+from aivedio.states import Entity
+from aivedio.store import outbox
+from aivedio.store.database import Pool
+from aivedio.store.objects import ObjectStore
+from aivedio.store.queue import Job, JobSpec, Queue
+from aivedio.store.records import transition
+
+log = get_logger("aivedio.moderation")
+
+KIND = "moderate"
+LANE = "control"
+DECISIONS = ("allow", "reject", "review")
+
+
+class ModeratorUnavailableError(AivedioError):
+    """The moderator could not give a verdict (down, timing out, answering garbage)."""
+
+    error_class = "moderation_unavailable"
+    retry = Retry.BACKOFF
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    kind: str  # first | middle | last | scene
+    seconds: float
+    jpeg: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    asset_id: uuid.UUID
+    revision: int
+    media: dict[str, Any]
+    provider_labels: list[str]
+    frames: list[Frame]
+
+
+class Decision(msgspec.Struct, frozen=True, kw_only=True):
+    decision: str
+    reasons: list[str] = msgspec.field(default_factory=list)
+    version: str = ""
+
+
+class Moderator(Protocol):
+    version: str
+
+    async def check(self, request: Request) -> Decision: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class LocalModerator:
+    """Rules from ``[moderation.local]``: labels, a length limit, and allow_all if written."""
+
+    config: ModerationConfig
+    version: str = ""
+
+    def __post_init__(self) -> None:
+        self.version = f"local:{self.config.version}"
+
+    async def check(self, request: Request) -> Decision:
+        rules = self.config.local
+        labels = set(request.provider_labels)
+        if labels & set(rules.reject_labels):
+            reasons = sorted(f"label:{x}" for x in labels & set(rules.reject_labels))
+            return Decision(decision="reject", reasons=reasons, version=self.version)
+        if labels & set(rules.review_labels):
+            reasons = sorted(f"label:{x}" for x in labels & set(rules.review_labels))
+            return Decision(decision="review", reasons=reasons, version=self.version)
+        duration = float(request.media.get("duration_seconds") or 0.0)
+        if rules.review_over_seconds and duration > rules.review_over_seconds:
+            return Decision(decision="review", reasons=["too_long_for_auto"], version=self.version)
+        if not request.frames:
+            return Decision(decision="review", reasons=["no_frames"], version=self.version)
+        if rules.allow_all:
+            return Decision(decision="allow", reasons=["allow_all"], version=self.version)
+        return Decision(decision="review", reasons=["no_rule_allows"], version=self.version)
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass
+class HttpModerator:
+    """POSTs the frames (base64 JPEG), the media summary and the provider labels as JSON; expects
+    ``{"decision": "allow"|"reject"|"review", "reasons": [...], "version": "..."}``. Timeouts,
+    connection errors and 5xx are retried with backoff ``attempts`` times, then unavailable."""
+
+    config: ModerationConfig
+    version: str = ""
+    _session: aiohttp.ClientSession | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.version = f"http:{self.config.version}"
+
+    async def check(self, request: Request) -> Decision:
+        body = msgspec.json.encode(
+            {
+                "asset_id": str(request.asset_id),
+                "revision": request.revision,
+                "media": request.media,
+                "provider_labels": request.provider_labels,
+                "frames": [
+                    {"kind": f.kind, "seconds": round(f.seconds, 3),
+                     "jpeg_base64": base64.b64encode(f.jpeg).decode()}
+                    for f in request.frames
+                ],
+            }
+        )  # fmt: skip
+        headers = {"Content-Type": "application/json"}
+        if self.config.auth_header:
+            headers["Authorization"] = self.config.auth_header
+        last = ""
+        for attempt in range(1, self.config.attempts + 1):
+            try:
+                return await self._post(body, headers)
+            except ModeratorUnavailableError as exc:
+                last = exc.detail
+                if attempt < self.config.attempts:
+                    ceiling = self.config.backoff_base_seconds * 2 ** (attempt - 1)
+                    await anyio.sleep(ceiling * random.random())
+        raise ModeratorUnavailableError(f"after {self.config.attempts} attempts: {last}")
+
+    async def _post(self, body: bytes, headers: dict[str, str]) -> Decision:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(trust_env=False)
+        timeout = aiohttp.ClientTimeout(total=self.config.timeout_seconds)
+        try:
+            async with self._session.post(
+                self.config.url, data=body, headers=headers, timeout=timeout
+            ) as response:
+                text = await response.read()
+                if response.status >= 300:
+                    raise ModeratorUnavailableError(f"moderator answered HTTP {response.status}")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ModeratorUnavailableError(f"moderator unreachable: {type(exc).__name__}") from exc
+        try:
+            decision = msgspec.json.decode(text, type=Decision)
+        except msgspec.DecodeError as exc:
+            raise ModeratorUnavailableError(f"moderator answer did not decode: {exc}") from exc
+        if decision.decision not in DECISIONS:
+            raise ModeratorUnavailableError(f"moderator decision {decision.decision!r} unknown")
+        return Decision(decision=decision.decision, reasons=decision.reasons,
+                        version=decision.version or self.version)  # fmt: skip
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def make_moderator(config: ModerationConfig) -> Moderator:
+    require_moderation(config)
+    if config.backend == "http":
+        return HttpModerator(config)
+    if config.backend == "local":
+        return LocalModerator(config)
+    raise ConfigError(f"config error: moderation.backend: {config.backend!r} unknown")
+
+
+# -- frames --------------------------------------------------------------------------------
+
+
+async def sample_frames(
+    sandbox: Sandbox, video: Path, duration: float, config: ModerationConfig, scratch: Path
+) -> list[Frame]:
+    """First, middle and last frames, then up to ``max_scene_frames`` at scene changes."""
+    width = config.frame_width
+    scale = f"scale='min({width},iw)':-2"
+    frames: list[Frame] = []
+    points = [("first", 0.0), ("middle", max(duration / 2, 0.0))]
+    for kind, seconds in points:
+        out = scratch / f"{kind}.jpg"
+        await _ffmpeg(sandbox, scratch, ["-ss", f"{seconds:.3f}", *input_args(MP4, video),
+                                         "-frames:v", "1", "-vf", scale, "-q:v", "4",
+                                         "-update", "1", str(out)], duration)  # fmt: skip
+        if out.exists():
+            frames.append(Frame(kind, seconds, out.read_bytes()))
+    last = scratch / "last.jpg"
+    await _ffmpeg(sandbox, scratch, ["-sseof", "-1", *input_args(MP4, video), "-vf", scale,
+                                     "-q:v", "4", "-update", "1", str(last)], duration)  # fmt: skip
+    if last.exists():
+        frames.append(Frame("last", max(duration - 1.0, 0.0), last.read_bytes()))
+    if config.max_scene_frames:
+        pattern = scratch / "scene_%03d.jpg"
+        select = f"select='gt(scene,{config.scene_threshold})',{scale},showinfo"
+        result = await _ffmpeg(sandbox, scratch, [*input_args(MP4, video), "-vf", select,
+                                                  "-fps_mode", "passthrough",
+                                                  "-frames:v", str(config.max_scene_frames),
+                                                  "-q:v", "4", str(pattern)], duration)  # fmt: skip
+        times = [_pts_time(line) for line in result if "pts_time:" in line]
+        scenes = await anyio.to_thread.run_sync(
+            lambda: [p.read_bytes() for p in sorted(scratch.glob("scene_*.jpg"))]
+        )
+        for index, jpeg in enumerate(scenes):
+            seconds = times[index] if index < len(times) else 0.0
+            frames.append(Frame("scene", seconds, jpeg))
+    return frames
+
+
+async def _ffmpeg(sandbox: Sandbox, scratch: Path, args: list[str], duration: float) -> list[str]:
+    """One frame extraction from our own playback MP4, still through the forced demuxer."""
+    result = await sandbox.run(
+        "ffmpeg", args, cwd=scratch,
+        deadline_seconds=sandbox.media.process_timeout_seconds + duration,
+    )  # fmt: skip
+    if not result.ok:
+        result.raise_if_exhausted()
+        raise ModeratorUnavailableError(f"frame sampling failed: {result.error_detail()}")
+    return result.stderr_tail
+
+
+def _pts_time(line: str) -> float:
+    try:
+        return float(line.split("pts_time:", 1)[1].split()[0])
+    except (IndexError, ValueError):
+        return 0.0
+
+
+# -- the job ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ModerationStage:
+    config: ModerationConfig
+    pool: Pool
+    queue: Queue
+    store: ObjectStore
+    sandbox: Sandbox
+    moderator: Moderator
+
+    async def moderate(self, job: Job) -> dict[str, Any]:
+        asset_id = uuid.UUID(str(job.payload["asset_id"]))
+        revision = int(job.payload["revision"])
+        row = await self.pool.fetchrow(
+            "SELECT r.status, r.moderation_verdict, a.status AS asset_status, a.tenant_id,"
+            " a.probe->'media' AS media, o.safety_labels,"
+            " (SELECT object_key FROM asset_variants v WHERE v.asset_id = r.asset_id"
+            "   AND v.revision = r.revision AND v.variant_type = 'playback'"
+            "   AND v.status = 'SUCCEEDED') AS playback_key"
+            " FROM asset_revisions r JOIN assets a ON a.id = r.asset_id"
+            " LEFT JOIN provider_outputs o ON o.id = a.source_provider_output_id"
+            " WHERE r.asset_id = $1 AND r.revision = $2",
+            asset_id,
+            revision,
+        )
+        if row is None or row["status"] != "BUILDING" or row["asset_status"] != "PROCESSING":
+            return {"outcome": "not_building"}
+        if row["moderation_verdict"] == "allow":
+            await self._enqueue_publish(asset_id, revision, row["tenant_id"])
+            return {"outcome": "already_allowed"}
+        if row["moderation_verdict"] in ("reject", "review"):
+            return {"outcome": f"already_{row['moderation_verdict']}"}
+        if row["playback_key"] is None:
+            raise DeferredError("the playback output is not there yet", retry_after_seconds=5)
+        media = dict(row["media"] or {})
+        labels = [str(x) for x in (row["safety_labels"] or [])]
+        try:
+            with self.sandbox.scratch() as scratch:
+                video = scratch / "playback.mp4"
+                async with await anyio.open_file(video, "wb") as handle:
+                    async for chunk in self.store.get(row["playback_key"]):
+                        await handle.write(chunk)
+                frames = await sample_frames(
+                    self.sandbox, video, float(media.get("duration_seconds") or 0.0),
+                    self.config, scratch,
+                )  # fmt: skip
+            decision = await self.moderator.check(
+                Request(asset_id=asset_id, revision=revision, media=media,
+                        provider_labels=labels, frames=frames)
+            )  # fmt: skip
+        except ModeratorUnavailableError as exc:
+            # Fail-closed: nothing is published; ask again later without spending attempts.
+            log.warning("moderation_unavailable", asset_id=str(asset_id), revision=revision,
+                        detail=exc.detail)  # fmt: skip
+            raise DeferredError(
+                f"moderation unavailable: {exc.detail}",
+                retry_after_seconds=self.config.unavailable_retry_seconds,
+            ) from exc
+        await self.record(asset_id, revision, row["tenant_id"], decision)
+        return {"outcome": decision.decision, "reasons": decision.reasons,
+                "frames": len(frames), "version": decision.version}  # fmt: skip
+
+    async def record(
+        self, asset_id: uuid.UUID, revision: int, tenant_id: int, decision: Decision
+    ) -> None:
+        """Store the verdict with the revision and act on it, in one transaction."""
+        reasons = list(decision.reasons)
+        async with self.pool.acquire() as conn, conn.transaction():
+            updated = await conn.fetchval(
+                "UPDATE asset_revisions SET moderation_verdict = $3, moderation_version = $4,"
+                " moderation_reasons = $5, version = version + 1, updated_at = now()"
+                " WHERE asset_id = $1 AND revision = $2 AND status = 'BUILDING'"
+                " AND moderation_verdict IS DISTINCT FROM 'allow'"
+                " AND moderation_verdict IS DISTINCT FROM 'reject' RETURNING 1",
+                asset_id, revision, decision.decision, decision.version, reasons,
+            )  # fmt: skip
+            if updated is None:
+                return
+            status = {"allow": "ALLOWED", "reject": "REJECTED", "review": "REVIEW"}
+            await conn.execute(
+                "UPDATE assets SET moderation_status = $2, updated_at = now() WHERE id = $1",
+                asset_id,
+                status[decision.decision],
+            )
+            if decision.decision == "allow":
+                await self._enqueue_publish(asset_id, revision, tenant_id, conn)
+            elif decision.decision == "reject":
+                await self._reject(conn, asset_id, revision, tenant_id, reasons)
+        log.info("moderation_verdict", asset_id=str(asset_id), revision=revision,
+                 decision=decision.decision, reasons=reasons, version=decision.version)  # fmt: skip
+
+    async def _reject(
+        self, conn: Any, asset_id: uuid.UUID, revision: int, tenant_id: int, reasons: list[str]
+    ) -> None:
+        retain = datetime.now(UTC) + timedelta(days=self.config.reject_retention_days)
+        try:
+            await transition(conn, Entity.REVISION, (asset_id, revision), expected="BUILDING",
+                             new="FAILED")  # fmt: skip
+            await transition(
+                conn, Entity.ASSET, (asset_id,), expected="PROCESSING", new="REJECTED",
+                values={"last_error_class": "moderation_rejected",
+                        "last_error_detail": ", ".join(reasons)[:1000]},
+            )  # fmt: skip
+        except StaleStateError:
+            return
+        await conn.execute(
+            "UPDATE assets SET source_retain_until = $2 WHERE id = $1", asset_id, retain
+        )
+        await outbox.emit(
+            conn, "asset.rejected", tenant_id=tenant_id, aggregate_id=asset_id,
+            payload={"asset_id": str(asset_id), "revision": revision, "reasons": reasons,
+                     "source_retained_until": retain.isoformat()},
+        )  # fmt: skip
+
+    async def _enqueue_publish(
+        self, asset_id: uuid.UUID, revision: int, tenant_id: int, conn: Any = None
+    ) -> None:
+        from aivedio.pipeline.publish import publish_spec
+
+        spec = publish_spec(asset_id, revision, tenant_id)
+        if conn is not None:
+            await self.queue.enqueue_one(conn, spec)
+            return
+        async with self.pool.acquire() as own:
+            await self.queue.enqueue_one(own, spec)
+
+
+def moderate_spec(asset_id: uuid.UUID, revision: int, tenant_id: int) -> JobSpec:
+    return JobSpec(
+        kind=KIND, lane=LANE, tenant_id=tenant_id,
+        idempotency_key=f"moderate:{asset_id}:{revision}",
+        payload={"asset_id": str(asset_id), "revision": revision},
+        priority=20, timeout_seconds=600, max_attempts=8,
+    )  # fmt: skip
+
+
+@asynccontextmanager
+async def open_moderation_stage(
+    config: Config, pool: Pool, queue: Queue, store: ObjectStore
+) -> AsyncIterator[ModerationStage]:
+    """The stage with its moderator; refuses to start without a configured backend."""
+    moderator = make_moderator(config.moderation)
+    try:
+        yield ModerationStage(config.moderation, pool, queue, store, Sandbox(config.media),
+                              moderator)  # fmt: skip
+    finally:
+        await moderator.aclose()
+
+
+async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
+    stage = ctx.services.get("moderation")
+    if not isinstance(stage, ModerationStage):
+        raise TransientError("this worker has no moderation stage configured")
+    return await stage.moderate(job)
+
+
+def register(registry: Registry) -> None:
+    registry.register(JobKind(KIND, LANE, handle, timeout_seconds=600, max_attempts=8))

@@ -1,0 +1,364 @@
+"""The publish coordinator (seed 002 §11.2.7, §11.7.10; seed 004): the one place an asset
+becomes visible.
+
+Checklist, before any transaction (objects cannot take part in one): the source object is
+there at its recorded size; every required output is SUCCEEDED and every file of it is in the
+store at its recorded size; optional outputs are checked the same way and any that fail are
+left out of the release (an HLS rendition missing a segment is never published); media
+metadata is written; moderation allowed; the revision is still the candidate.
+
+Then ONE transaction, fenced by the job's lease: the asset row is locked and re-checked
+(status, ``delete_version``, ``cancel_version`` against the values the revision started with,
+the current revision it expects to replace), the revision becomes READY with the outputs it
+publishes, ``assets.current_revision`` moves by compare-and-set, a ``releases`` row is added,
+the generation task is linked, ``asset.ready`` goes to the outbox and the processing charge to
+the ledger. A retry after an unknown outcome finds the revision READY and current: a no-op.
+
+PLAYABLE first with the required set. Outputs of the same revision that finish later are
+never added to it: once they are all done, an ``enrich`` run publishes a new complete
+revision n+1 that references the same immutable objects, and the asset becomes ENRICHED.
+The player of revision n keeps working: nothing it references changed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+
+from aivedio.config import Config
+from aivedio.errors import DeferredError, LeaseLostError, StaleStateError, TransientError
+from aivedio.logs import get_logger
+from aivedio.pipeline.registry import JobContext, JobKind, Registry
+from aivedio.states import Entity
+from aivedio.store import ledger, outbox
+from aivedio.store.database import Pool
+from aivedio.store.objects import ObjectStore
+from aivedio.store.queue import Job, JobSpec, Queue
+from aivedio.store.records import transition
+
+log = get_logger("aivedio.publish")
+
+KIND = "publish"
+LANE = "control"
+
+
+def publish_spec(
+    asset_id: uuid.UUID, revision: int, tenant_id: int, *, enrich: bool = False
+) -> JobSpec:
+    mode = "enrich" if enrich else "publish"
+    return JobSpec(
+        kind=KIND, lane=LANE, tenant_id=tenant_id,
+        idempotency_key=f"{mode}:{asset_id}:{revision}",
+        payload={"asset_id": str(asset_id), "revision": revision, "mode": mode},
+        priority=30, timeout_seconds=300, max_attempts=8,
+    )  # fmt: skip
+
+
+class NotPublishable(Exception):
+    """A checklist item failed for a reason that waiting will not fix."""
+
+
+class PublishStage:
+    def __init__(self, config: Config, pool: Pool, queue: Queue, store: ObjectStore) -> None:
+        self.config = config
+        self.pool = pool
+        self.queue = queue
+        self.store = store
+
+    async def handle(self, job: Job) -> dict[str, Any]:
+        asset_id = uuid.UUID(str(job.payload["asset_id"]))
+        revision = int(job.payload["revision"])
+        if job.payload.get("mode") == "enrich":
+            return await self.enrich(job, asset_id, revision)
+        return await self.publish(job, asset_id, revision)
+
+    # -- checklist ---------------------------------------------------------------------------
+
+    async def _files_present(self, variant: asyncpg.Record) -> bool:
+        """Every file of an output is in the store at its recorded size."""
+        extra = variant["extra"] or {}
+        files = extra.get("files") or [{"path": None, "size": variant["size_bytes"]}]
+        base = _revision_prefix(variant["object_key"])
+        for file in files:
+            key = variant["object_key"] if file["path"] is None else f"{base}/{file['path']}"
+            info = await self.store.head(key)
+            if info is None or info.size != int(file["size"]):
+                found = info.size if info else None
+                log.warning("publish_object_missing", key=key, variant=variant["variant_type"],
+                            expected_size=file["size"], found=found)  # fmt: skip
+                return False
+        return True
+
+    async def _checklist(
+        self, asset: asyncpg.Record, revision: asyncpg.Record, variants: list[asyncpg.Record]
+    ) -> list[str]:
+        """The outputs to publish; raises when the revision cannot be published now."""
+        if asset["status"] in ("DELETED", "REJECTED", "PROCESSING_FAILED", "INVALID_MEDIA"):
+            raise NotPublishable(f"asset is {asset['status']}")
+        if asset["delete_version"] != revision["delete_version_at_start"]:
+            raise NotPublishable("asset was deleted after this revision started")
+        if asset["cancel_version"] != revision["cancel_version_at_start"]:
+            raise NotPublishable("generation was cancelled after this revision started")
+        if revision["moderation_verdict"] != "allow":
+            raise NotPublishable(f"moderation verdict is {revision['moderation_verdict']!r}")
+        if asset["width"] is None or asset["duration_us"] is None:
+            raise NotPublishable("media metadata is not written")
+        source = await self.store.head(asset["source_object_key"])
+        if source is None or source.size != asset["source_size_bytes"]:
+            raise TransientError("the source object is missing or has another size")
+        required = set(revision["required_outputs"])
+        by_type = {v["variant_type"]: v for v in variants}
+        for name in sorted(required):
+            variant = by_type.get(name)
+            if variant is None or variant["status"] != "SUCCEEDED":
+                raise DeferredError(
+                    f"required output {name} is not done yet", retry_after_seconds=5
+                )
+            if not await self._files_present(variant):
+                raise TransientError(f"required output {name}: an object is missing")
+        outputs = sorted(required)
+        for name, variant in sorted(by_type.items()):
+            if name in required or variant["status"] != "SUCCEEDED":
+                continue
+            if await self._files_present(variant):
+                outputs.append(name)
+        return outputs
+
+    # -- publish -------------------------------------------------------------------------------
+
+    async def publish(self, job: Job, asset_id: uuid.UUID, revision_no: int) -> dict[str, Any]:
+        asset, revision, variants = await self._load(asset_id, revision_no)
+        if revision is None:
+            return {"outcome": "no_such_revision"}
+        if revision["status"] == "READY":
+            return {"outcome": "already_published", "revision": revision_no}
+        if revision["status"] != "BUILDING":
+            return {"outcome": f"revision_{revision['status'].lower()}"}
+        newer = await self.pool.fetchval(
+            "SELECT max(revision) FROM asset_revisions WHERE asset_id = $1"
+            " AND status IN ('BUILDING', 'READY') AND enriches IS NULL",
+            asset_id,
+        )
+        if newer is not None and newer > revision_no:
+            await self._abandon(asset_id, revision_no, "a newer revision is the candidate")
+            return {"outcome": "superseded_before_publish"}
+        try:
+            outputs = await self._checklist(asset, revision, variants)
+        except NotPublishable as exc:
+            await self._abandon(asset_id, revision_no, str(exc))
+            return {"outcome": "not_published", "reason": str(exc)}
+        optional = set(revision["optional_outputs"])
+        complete = all(v["status"] != "PENDING" for v in variants)
+        enriched = complete and optional <= set(outputs)
+        previous = asset["current_revision"]
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self.queue.assert_lease(conn, job)
+            locked = await conn.fetchrow(
+                "SELECT status, version, current_revision, delete_version, cancel_version"
+                " FROM assets WHERE id = $1 FOR UPDATE",
+                asset_id,
+            )
+            assert locked is not None
+            if locked["delete_version"] != revision["delete_version_at_start"] or (
+                locked["cancel_version"] != revision["cancel_version_at_start"]
+            ):
+                raise LeaseLostError("deleted or cancelled while publishing; not published")
+            if locked["current_revision"] != previous:
+                raise StaleStateError("the current revision moved; will look again")
+            await transition(
+                conn, Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY",
+                values={"published_at": _now()},
+            )  # fmt: skip
+            await conn.execute(
+                "UPDATE asset_revisions SET published_outputs = $3"
+                " WHERE asset_id = $1 AND revision = $2",
+                asset_id, revision_no, outputs,
+            )  # fmt: skip
+            await self._switch(conn, asset_id, locked, previous, revision_no, outputs, enriched)
+            await outbox.emit(
+                conn, "asset.ready", tenant_id=asset["tenant_id"], aggregate_id=asset_id,
+                payload={"asset_id": str(asset_id), "revision": revision_no,
+                         "previous_revision": previous, "outputs": outputs,
+                         "state": "ENRICHED" if enriched else "PLAYABLE"},
+            )  # fmt: skip
+            await self._charge(conn, asset, revision_no)
+        log.info("asset_published", asset_id=str(asset_id), revision=revision_no,
+                 outputs=outputs, state="ENRICHED" if enriched else "PLAYABLE")  # fmt: skip
+        if not complete:
+            # Outputs still rendering are released later by an enrichment revision.
+            log.info("enrichment_pending", asset_id=str(asset_id), revision=revision_no)
+        return {"outcome": "published", "revision": revision_no, "outputs": outputs,
+                "enriched": enriched}  # fmt: skip
+
+    async def _switch(
+        self, conn: Any, asset_id: uuid.UUID, locked: asyncpg.Record, previous: int | None,
+        revision_no: int, outputs: list[str], enriched: bool,
+    ) -> None:  # fmt: skip
+        """Move the pointer by CAS and the asset's state; record the release; link the task."""
+        moved = await conn.fetchval(
+            "UPDATE assets SET current_revision = $2, updated_at = now()"
+            " WHERE id = $1 AND current_revision IS NOT DISTINCT FROM $3 RETURNING 1",
+            asset_id, revision_no, previous,
+        )  # fmt: skip
+        if moved is None:
+            raise StaleStateError("assets.current_revision moved under the publish")
+        status = locked["status"]
+        if status == "PROCESSING":
+            await transition(conn, Entity.ASSET, (asset_id,), expected="PROCESSING",
+                             new="PLAYABLE")  # fmt: skip
+            status = "PLAYABLE"
+        if enriched and status == "PLAYABLE":
+            await transition(conn, Entity.ASSET, (asset_id,), expected="PLAYABLE",
+                             new="ENRICHED")  # fmt: skip
+        if previous is not None:
+            await transition(conn, Entity.REVISION, (asset_id, previous), expected="READY",
+                             new="SUPERSEDED")  # fmt: skip
+        await conn.execute(
+            "INSERT INTO releases (asset_id, revision, previous_revision, outputs)"
+            " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+            asset_id, revision_no, previous, outputs,
+        )  # fmt: skip
+        await conn.execute(
+            "UPDATE generation_tasks SET output_asset_id = $1, updated_at = now()"
+            " WHERE id = (SELECT generation_task_id FROM provider_outputs o JOIN assets a"
+            "   ON a.source_provider_output_id = o.id WHERE a.id = $1)"
+            " AND output_asset_id IS NULL",
+            asset_id,
+        )
+
+    async def _charge(self, conn: Any, asset: asyncpg.Record, revision_no: int) -> None:
+        await ledger.record_processing_charge(
+            conn, cfg=self.config.ledger, tenant_id=asset["tenant_id"], asset_id=asset["id"],
+            revision=revision_no, media_seconds=(asset["duration_us"] or 0) / 1e6,
+        )  # fmt: skip
+
+    async def _abandon(self, asset_id: uuid.UUID, revision_no: int, reason: str) -> None:
+        async with self.pool.acquire() as conn:
+            try:
+                await transition(conn, Entity.REVISION, (asset_id, revision_no),
+                                 expected="BUILDING", new="ABANDONED")  # fmt: skip
+            except StaleStateError:
+                return
+        log.warning("revision_abandoned", asset_id=str(asset_id), revision=revision_no,
+                    reason=reason)  # fmt: skip
+
+    # -- enrichment ----------------------------------------------------------------------------
+
+    async def enrich(self, job: Job, asset_id: uuid.UUID, base_no: int) -> dict[str, Any]:
+        """Publish revision n+1 = everything revision n finished, once all of it is done."""
+        asset, base, variants = await self._load(asset_id, base_no)
+        if base is None or base["status"] != "READY" or asset["current_revision"] != base_no:
+            return {"outcome": "not_current"}
+        if any(v["status"] == "PENDING" for v in variants):
+            raise DeferredError("outputs are still rendering", retry_after_seconds=10)
+        published = set(base["published_outputs"] or [])
+        extra: list[str] = []
+        for variant in variants:
+            name = variant["variant_type"]
+            fresh = variant["status"] == "SUCCEEDED" and name not in published
+            if fresh and await self._files_present(variant):
+                extra.append(name)
+        if not extra:
+            return {"outcome": "nothing_to_add"}
+        outputs = sorted(published | set(extra))
+        optional = set(base["optional_outputs"])
+        enriched = optional <= set(outputs)
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self.queue.assert_lease(conn, job)
+            locked = await conn.fetchrow(
+                "SELECT status, version, current_revision, delete_version, cancel_version"
+                " FROM assets WHERE id = $1 FOR UPDATE",
+                asset_id,
+            )
+            assert locked is not None
+            if locked["current_revision"] != base_no or locked["status"] not in ("PLAYABLE",):
+                return {"outcome": "not_current"}
+            if locked["delete_version"] != base["delete_version_at_start"]:
+                return {"outcome": "deleted"}
+            new_no = int(
+                await conn.fetchval(
+                    "SELECT max(revision) + 1 FROM asset_revisions WHERE asset_id = $1", asset_id
+                )
+            )
+            await conn.execute(
+                "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
+                " required_outputs, optional_outputs, plan, moderation_verdict,"
+                " moderation_version, moderation_reasons, delete_version_at_start,"
+                " cancel_version_at_start, enriches)"
+                " SELECT asset_id, $2, pipeline_version, 'BUILDING', required_outputs,"
+                " optional_outputs, plan, moderation_verdict, moderation_version,"
+                " moderation_reasons, delete_version_at_start, cancel_version_at_start, $3"
+                " FROM asset_revisions WHERE asset_id = $1 AND revision = $3",
+                asset_id, new_no, base_no,
+            )  # fmt: skip
+            await conn.execute(
+                "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
+                " mime_type, size_bytes, checksum_alg, checksum, width, height, bitrate, codec,"
+                " status, extra) SELECT gen_random_uuid(), asset_id, $2, variant_type,"
+                " object_key, mime_type, size_bytes, checksum_alg, checksum, width, height,"
+                " bitrate, codec, 'SUCCEEDED', extra FROM asset_variants"
+                " WHERE asset_id = $1 AND revision = $3 AND variant_type = ANY($4::text[])",
+                asset_id, new_no, base_no, outputs,
+            )  # fmt: skip
+            await transition(conn, Entity.REVISION, (asset_id, new_no), expected="BUILDING",
+                             new="READY", values={"published_at": _now()})  # fmt: skip
+            await conn.execute(
+                "UPDATE asset_revisions SET published_outputs = $3"
+                " WHERE asset_id = $1 AND revision = $2",
+                asset_id, new_no, outputs,
+            )  # fmt: skip
+            await self._switch(conn, asset_id, locked, base_no, new_no, outputs, enriched)
+            await outbox.emit(
+                conn, "asset.ready", tenant_id=asset["tenant_id"], aggregate_id=asset_id,
+                payload={"asset_id": str(asset_id), "revision": new_no,
+                         "previous_revision": base_no, "outputs": outputs,
+                         "state": "ENRICHED" if enriched else "PLAYABLE", "enriches": base_no},
+            )  # fmt: skip
+        log.info("asset_enriched", asset_id=str(asset_id), revision=new_no, base=base_no,
+                 added=sorted(extra))  # fmt: skip
+        return {"outcome": "enriched", "revision": new_no, "added": sorted(extra)}
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    async def _load(
+        self, asset_id: uuid.UUID, revision_no: int
+    ) -> tuple[asyncpg.Record, asyncpg.Record | None, list[asyncpg.Record]]:
+        asset = await self.pool.fetchrow("SELECT * FROM assets WHERE id = $1", asset_id)
+        if asset is None:
+            raise StaleStateError(f"asset {asset_id} does not exist")
+        revision = await self.pool.fetchrow(
+            "SELECT * FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
+            asset_id,
+            revision_no,
+        )
+        variants = await self.pool.fetch(
+            "SELECT * FROM asset_variants WHERE asset_id = $1 AND revision = $2",
+            asset_id,
+            revision_no,
+        )
+        return asset, revision, list(variants)
+
+
+def _revision_prefix(object_key: str) -> str:
+    """``assets/t/a/rev/3/hls/master.m3u8`` → ``assets/t/a/rev/3``."""
+    head, sep, tail = object_key.partition("/rev/")
+    number = tail.split("/", 1)[0]
+    return f"{head}{sep}{number}"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
+    stage = ctx.services.get("publish")
+    if not isinstance(stage, PublishStage):
+        raise TransientError("this worker has no publish stage configured")
+    return await stage.handle(job)
+
+
+def register(registry: Registry) -> None:
+    registry.register(JobKind(KIND, LANE, handle, timeout_seconds=300, max_attempts=8))

@@ -1,0 +1,305 @@
+"""Moderation and the atomic publish through the worker, each race or failure of seed 002
+§11.8 made real: PostgreSQL, the local object store, real ffmpeg, a real HTTP moderator."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from aiohttp import web
+
+from aivedio.config import Config
+from aivedio.errors import LeaseLostError, RenderError
+from aivedio.pipeline import dag
+from aivedio.pipeline.lifecycle import cancel_task, delete_asset
+from aivedio.pipeline.publish import PublishStage, publish_spec
+from aivedio.store.database import Pool
+from aivedio.store.queue import Queue
+from tests.media_fixtures import MediaCache, h264_faststart
+from tests.pipeline_rig import Rig, fake_job, make_rig, running_worker
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    cache = MediaCache(tmp_path_factory.mktemp("media"))
+    return cache.get("h264", h264_faststart, width=320, height=240, seconds=2).read_bytes()
+
+
+@pytest.fixture
+async def rig(config: Config, pool: Pool, tmp_path: Path) -> AsyncIterator[Rig]:
+    async with make_rig(config, pool, tmp_path) as r:
+        yield r
+
+
+async def published(rig: Rig, asset_id: uuid.UUID) -> dict[str, Any]:
+    await rig.wait(
+        "SELECT 1 FROM assets WHERE id = $1 AND status IN ('PLAYABLE', 'ENRICHED')", asset_id
+    )
+    return await rig.asset(asset_id)
+
+
+async def test_required_set_first_then_an_enrichment_revision(rig: Rig, source: bytes) -> None:
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await published(rig, asset_id)
+        await rig.wait("SELECT 1 FROM assets WHERE id = $1 AND status = 'ENRICHED'", asset_id)
+        await rig.wait_idle(asset_id)
+    asset = await rig.asset(asset_id)
+    revisions = await rig.revisions(asset_id)
+    releases = await rig.pool.fetch(
+        "SELECT revision, previous_revision, outputs FROM releases WHERE asset_id = $1"
+        " ORDER BY revision",
+        asset_id,
+    )
+    current = revisions[asset["current_revision"] - 1]
+    assert current["status"] == "READY"
+    assert set(current["published_outputs"]) == {
+        "playback", "poster", "hls", "proxy", "sprite", "waveform", "keyframes",
+    }  # fmt: skip
+    assert current["moderation_verdict"] == "allow"
+    if len(revisions) == 2:
+        # Published with its required set first, then enriched by revision 2, which
+        # references the same immutable objects; revision 1 was never changed.
+        first = revisions[0]
+        assert first["status"] == "SUPERSEDED"
+        assert {"playback", "poster"} <= set(first["published_outputs"])
+        assert [r["revision"] for r in releases] == [1, 2]
+        assert releases[1]["previous_revision"] == 1
+        keys_1 = await rig.pool.fetch(
+            "SELECT variant_type, object_key FROM asset_variants WHERE asset_id = $1"
+            " AND revision = 1", asset_id,
+        )  # fmt: skip
+        keys_2 = {r["variant_type"]: r["object_key"] for r in await rig.pool.fetch(
+            "SELECT variant_type, object_key FROM asset_variants WHERE asset_id = $1"
+            " AND revision = 2", asset_id,
+        )}  # fmt: skip
+        for row in keys_1:
+            assert keys_2[row["variant_type"]] == row["object_key"]
+            assert await rig.store.head(row["object_key"]) is not None
+    else:  # everything finished before moderation did: one complete revision
+        assert [r["revision"] for r in releases] == [1]
+    events = await rig.events(asset_id)
+    assert [e["event_type"] for e in events] == ["asset.ready"] * len(releases)
+    assert events[-1]["payload"]["state"] == "ENRICHED"
+
+
+async def test_duplicate_publish_attempts_give_one_release(rig: Rig, source: bytes) -> None:
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await published(rig, asset_id)
+        await rig.wait_idle(asset_id)
+    before = await rig.pool.fetchval("SELECT count(*) FROM releases")
+    queue = Queue(rig.pool)
+    stage = PublishStage(rig.config, rig.pool, queue, rig.store)
+    # A duplicate enqueue is a no-op, and the same publish delivered again changes nothing.
+    async with rig.pool.acquire() as conn:
+        again = await queue.enqueue_one(conn, publish_spec(asset_id, 1, rig.tenant_id))
+    assert not again.created
+    for _ in range(3):
+        job = fake_job({"asset_id": str(asset_id), "revision": 1}, "publish")
+        result = await stage.handle(job)
+        assert result["outcome"] in ("already_published", "revision_superseded")
+    assert await rig.pool.fetchval("SELECT count(*) FROM releases") == before
+    ready = "SELECT count(*) FROM outbox_events WHERE event_type = 'asset.ready'"
+    assert await rig.pool.fetchval(ready) == before
+
+
+async def test_a_publish_whose_lease_moved_on_cannot_publish(rig: Rig, source: bytes) -> None:
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    # Run everything except publish: moderation allows and enqueues the publish job.
+    async with running_worker(rig) as worker:
+        await rig.wait("SELECT 1 FROM jobs WHERE kind = 'publish'")
+        worker.request_drain(force=True)
+    queue = Queue(rig.pool)
+    await rig.pool.execute("UPDATE jobs SET status = 'queued', lease_owner = NULL"
+                           " WHERE kind = 'publish' AND status = 'running'")  # fmt: skip
+    (first,) = await queue.claim("control", 1, "first", 60)
+    assert first.kind == "publish"
+    await rig.pool.execute("UPDATE jobs SET lease_until = now() - interval '1 s'")
+    await queue.reap()
+    (second,) = await queue.claim("control", 1, "second", 60)
+    stage = PublishStage(rig.config, rig.pool, queue, rig.store)
+    with pytest.raises(LeaseLostError):
+        await stage.handle(first)
+    assert (await rig.asset(asset_id))["current_revision"] is None
+    result = await stage.handle(second)
+    assert result["outcome"] == "published"
+    assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 1
+
+
+async def test_delete_during_processing_publishes_nothing(
+    rig: Rig, source: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    original = dag.MediaRun._finalize
+    gate = anyio.Event()
+
+    async def slow_finalize(self: dag.MediaRun, node: str, *args: Any) -> Any:
+        await gate.wait()  # the delete lands while outputs are being made
+        return await original(self, node, *args)
+
+    monkeypatch.setattr(dag.MediaRun, "_finalize", slow_finalize)
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait("SELECT 1 FROM jobs WHERE kind = 'render' AND status = 'running'")
+        assert await delete_asset(rig.pool, asset_id)
+        gate.set()
+        await rig.wait_idle(asset_id)
+    asset = await rig.asset(asset_id)
+    assert asset["status"] == "DELETED" and asset["current_revision"] is None
+    assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 0
+    assert [r["status"] for r in await rig.revisions(asset_id)] in (["ABANDONED"], ["FAILED"])
+    assert [e["event_type"] for e in await rig.events(asset_id)] == ["asset.deleted"]
+
+
+async def test_cancel_after_fetch_keeps_the_source_and_publishes_nothing(
+    rig: Rig, source: bytes
+) -> None:
+    asset_id = await rig.quarantine(source, task=("sim", "task-c"))
+    result = await cancel_task(rig.pool, "sim", "task-c", retain_days=7)
+    assert result["retired_assets"] == [str(asset_id)]
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait_idle(asset_id)
+    asset = await rig.asset(asset_id)
+    assert asset["status"] == "DELETED" and asset["last_error_class"] == "cancelled"
+    assert asset["source_retain_until"] is not None
+    assert await rig.store.head(asset["source_object_key"]) is not None
+    assert await rig.pool.fetchval("SELECT count(*) FROM asset_revisions") == 0
+    task = await rig.pool.fetchrow("SELECT provider_status FROM generation_tasks")
+    assert task["provider_status"] == "CANCELLED"
+
+
+@asynccontextmanager
+async def moderator_server(answers: list[Any]) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    """A moderation service on loopback: each request pops an answer (a status, or a JSON
+    decision) and is recorded."""
+    seen: list[dict[str, Any]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        seen.append(await request.json())
+        answer = answers.pop(0) if len(answers) > 1 else answers[0]
+        if isinstance(answer, int):
+            return web.Response(status=answer)
+        return web.json_response(answer)
+
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/moderate", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}/moderate", seen
+    finally:
+        await runner.cleanup()
+
+
+async def test_moderation_down_keeps_the_asset_private_until_it_returns(
+    config: Config, pool: Pool, tmp_path: Path, source: bytes
+) -> None:
+    answers: list[Any] = [503, 503, 503, {"decision": "allow", "reasons": [], "version": "m7"}]
+    async with (
+        moderator_server(answers) as (url, seen),
+        make_rig(config, pool, tmp_path, backend="http", url=url) as rig,
+    ):
+        asset_id = await rig.quarantine(source)
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig):
+            await rig.wait("SELECT 1 FROM asset_revisions WHERE moderation_verdict IS NULL"
+                               " AND status = 'BUILDING'")  # fmt: skip
+            while len(seen) < 2:
+                await anyio.sleep(0.05)
+            assert (await rig.asset(asset_id))["current_revision"] is None
+            asset = await published(rig, asset_id)
+    assert asset["moderation_status"] == "ALLOWED"
+    assert len(seen) >= 4
+    request = seen[-1]
+    kinds = [f["kind"] for f in request["frames"]]
+    assert kinds[:3] == ["first", "middle", "last"]
+    assert all(f["jpeg_base64"] for f in request["frames"])
+    assert request["media"]["width"] == 320
+    revision = (await rig.revisions(asset_id))[0]
+    assert revision["moderation_version"] == "m7"
+
+
+async def test_reject_publishes_nothing_and_retains_the_source(
+    config: Config, pool: Pool, tmp_path: Path, source: bytes
+) -> None:
+    verdict = {"decision": "reject", "reasons": ["violence"], "version": "m7"}
+    async with (
+        moderator_server([verdict]) as (url, _),
+        make_rig(config, pool, tmp_path, backend="http", url=url) as rig,
+    ):
+        asset_id = await rig.quarantine(source)
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig):
+            await rig.wait("SELECT 1 FROM assets WHERE status = 'REJECTED'")
+            await rig.wait_idle(asset_id)
+        asset = await rig.asset(asset_id)
+        assert asset["current_revision"] is None
+        assert asset["source_retain_until"] is not None
+        assert await rig.store.head(asset["source_object_key"]) is not None
+        assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 0
+        (revision,) = await rig.revisions(asset_id)
+        assert revision["status"] == "FAILED"
+        assert revision["moderation_reasons"] == ["violence"]
+        events = await rig.events(asset_id)
+        assert [e["event_type"] for e in events] == ["asset.rejected"]
+
+
+async def test_an_optional_output_failing_still_publishes_the_required_set(
+    rig: Rig, source: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(*_args: Any, **_kwargs: Any) -> Any:
+        raise RenderError("sprite sheet could not be verified")
+
+    monkeypatch.setattr(dag.MediaRun, "_finalize_sprite", broken)
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await published(rig, asset_id)
+        await rig.wait_idle(asset_id)
+    asset = await rig.asset(asset_id)
+    assert asset["status"] == "PLAYABLE"  # never ENRICHED: the sprite is missing
+    current = (await rig.revisions(asset_id))[asset["current_revision"] - 1]
+    assert "sprite" not in current["published_outputs"]
+    assert {"playback", "poster"} <= set(current["published_outputs"])
+
+
+async def test_hls_missing_a_segment_is_never_published(
+    rig: Rig, source: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A segment object disappears after render verified it, before publish checks it.
+    original = PublishStage._files_present
+
+    async def files_present(self: PublishStage, variant: Any) -> bool:
+        if variant["variant_type"] == "hls":
+            base = variant["object_key"].rsplit("/hls/", 1)[0]
+            await self.store.delete(f"{base}/hls/180p/seg_00001.m4s")
+        return await original(self, variant)
+
+    monkeypatch.setattr(PublishStage, "_files_present", files_present)
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await published(rig, asset_id)
+        await rig.wait_idle(asset_id)
+    revisions = await rig.revisions(asset_id)
+    assert any(r["status"] == "READY" for r in revisions)
+    for revision in revisions:
+        assert "hls" not in (revision["published_outputs"] or [])
+    ready = [e for e in await rig.events(asset_id) if e["event_type"] == "asset.ready"]
+    assert ready and all("hls" not in e["payload"]["outputs"] for e in ready)
+    assert (await rig.asset(asset_id))["status"] == "PLAYABLE"  # not ENRICHED without HLS
