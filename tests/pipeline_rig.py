@@ -23,6 +23,7 @@ from aivedio.pipeline.kinds import default_registry
 from aivedio.pipeline.media_stage import open_media_stage
 from aivedio.pipeline.moderation import open_moderation_stage
 from aivedio.pipeline.publish import PublishStage
+from aivedio.pipeline.registry import Registry
 from aivedio.store import keys
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectStore, open_object_store
@@ -148,8 +149,17 @@ async def make_rig(
         yield Rig(cfg, pool, store, tenant_id)
 
 
+def registry_without(*kinds: str) -> Registry:
+    """The default kinds minus ``kinds``: jobs of those wait (unknown kind, attempts kept)."""
+    registry = Registry()
+    for kind in REGISTRY:
+        if kind.name not in kinds:
+            registry.register(kind)
+    return registry
+
+
 @asynccontextmanager
-async def running_worker(rig: Rig) -> AsyncIterator[Worker]:
+async def running_worker(rig: Rig, registry: Registry | None = None) -> AsyncIterator[Worker]:
     queue = Queue(rig.pool)
     async with (
         open_media_stage(rig.config, rig.pool, queue, rig.store) as media,
@@ -161,7 +171,7 @@ async def running_worker(rig: Rig) -> AsyncIterator[Worker]:
             "moderation": moderation,
             "publish": PublishStage(rig.config, rig.pool, queue, rig.store),
         }
-        w = Worker(rig.config, rig.pool, REGISTRY, services=services)
+        w = Worker(rig.config, rig.pool, registry or REGISTRY, services=services)
         tg.start_soon(lambda: w.run(install_signal_handlers=False))
         yield w
         w.request_drain(force=True)

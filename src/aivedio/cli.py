@@ -101,6 +101,7 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
             from aivedio.pipeline.outbox_relay import open_outbox_relay
             from aivedio.pipeline.publish import PublishStage
             from aivedio.pipeline.services import open_fetch_stage
+            from aivedio.pipeline.sweeper import open_sweeper, seed_periodic_sweep
 
             journal = Journal(config.diagnostics.execution_journal_dir)
             queue = Queue(
@@ -111,6 +112,7 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                     open_fetch_stage(config, pool, queue) as fetch_stage,
                     open_media_stage(config, pool, queue, fetch_stage.s.store) as media_stage,
                     open_moderation_stage(config, pool, queue, fetch_stage.s.store) as moderation,
+                    open_sweeper(config, pool, fetch_stage.s.store) as sweeper,
                 ):
                     services = {
                         "journal": journal,
@@ -118,7 +120,9 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                         "media": media_stage,
                         "moderation": moderation,
                         "publish": PublishStage(config, pool, queue, fetch_stage.s.store),
+                        "sweeper": sweeper,
                     }
+                    await seed_periodic_sweep(pool, queue, config.sweeper)
                     worker = Worker(config, pool, registry, services=services)
                     async with AsyncExitStack() as stack:
                         if config.outbox.webhooks:
@@ -408,9 +412,17 @@ def build_parser() -> argparse.ArgumentParser:
         lifecycle_command,
         media_command,
         status_command,
+        sweep_command,
     )
 
-    for module in (media_command, asset_command, lifecycle_command, status_command, ledger_command):
+    for module in (
+        media_command,
+        asset_command,
+        lifecycle_command,
+        status_command,
+        ledger_command,
+        sweep_command,
+    ):
         module.add_parsers(sub, common)
     return parser
 

@@ -30,6 +30,7 @@ from aivedio.ledger_config import LedgerConfig, validate_ledger
 from aivedio.media_config import MediaConfig, validate_media
 from aivedio.moderation_config import ModerationConfig, validate_moderation
 from aivedio.outbox_config import OutboxConfig, validate_outbox
+from aivedio.sweeper_config import SweeperConfig, validate_sweeper
 
 ENV_PREFIX = "AIVEDIO_"
 ENV_CONFIG_PATH = "AIVEDIO_CONFIG"
@@ -192,6 +193,7 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     moderation: ModerationConfig = msgspec.field(default_factory=ModerationConfig)
     ledger: LedgerConfig = msgspec.field(default_factory=LedgerConfig)
     outbox: OutboxConfig = msgspec.field(default_factory=OutboxConfig)
+    sweeper: SweeperConfig = msgspec.field(default_factory=SweeperConfig)
     providers: dict[str, ProviderConfig] = msgspec.field(default_factory=dict)
 
     @property
@@ -353,6 +355,7 @@ def validate(config: Config, *, require_secrets: bool = True) -> None:
     validate_moderation(config.moderation)
     validate_ledger(config.ledger)
     validate_outbox(config.outbox)
+    validate_sweeper(config.sweeper)
 
 
 def validate_net(config: Config) -> None:

@@ -21,7 +21,14 @@ from aivedio.errors import ConfigError
 
 # Every event the outbox carries to consumers outside the system.
 EVENT_TYPES = frozenset(
-    {"asset.ready", "asset.rejected", "asset.invalid", "output.lost", "asset.deleted"}
+    {
+        "asset.ready",
+        "asset.rejected",
+        "asset.invalid",
+        "output.lost",
+        "asset.deleted",
+        "asset.integrity_failed",
+    }
 )
 
 # A webhook's name is its identity in the database (its delivery rows and cursor), and it

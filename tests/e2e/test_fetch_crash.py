@@ -97,6 +97,10 @@ part_size_bytes = {5 << 20}
 parts_in_flight = 2
 [providers.sim]
 api_base_url = "{sim.base_url}"
+[moderation]
+backend = "local"
+[moderation.local]
+allow_all = true
 """)
         config = load_config(config_path, environ={"AIVEDIO_URL_ENCRYPTION_KEY": TEST_KEY})
         tenant = await pool.fetchval("INSERT INTO tenants (name) VALUES ('t') RETURNING id")

@@ -21,7 +21,7 @@ from aivedio.pipeline.publish import PublishStage, publish_spec
 from aivedio.store.database import Pool
 from aivedio.store.queue import Queue
 from tests.media_fixtures import MediaCache, h264_faststart
-from tests.pipeline_rig import Rig, fake_job, make_rig, running_worker
+from tests.pipeline_rig import Rig, fake_job, make_rig, registry_without, running_worker
 
 pytestmark = pytest.mark.anyio
 
@@ -117,12 +117,12 @@ async def test_a_publish_whose_lease_moved_on_cannot_publish(rig: Rig, source: b
     asset_id = await rig.quarantine(source)
     await rig.enqueue_probe(asset_id)
     # Run everything except publish: moderation allows and enqueues the publish job.
-    async with running_worker(rig) as worker:
+    async with running_worker(rig, registry_without("publish")) as worker:
         await rig.wait("SELECT 1 FROM jobs WHERE kind = 'publish'")
         worker.request_drain(force=True)
     queue = Queue(rig.pool)
-    await rig.pool.execute("UPDATE jobs SET status = 'queued', lease_owner = NULL"
-                           " WHERE kind = 'publish' AND status = 'running'")  # fmt: skip
+    await rig.pool.execute("UPDATE jobs SET status = 'queued', lease_owner = NULL,"
+                           " run_after = now() WHERE kind = 'publish'")  # fmt: skip
     (first,) = await queue.claim("control", 1, "first", 60)
     assert first.kind == "publish"
     await rig.pool.execute("UPDATE jobs SET lease_until = now() - interval '1 s'")

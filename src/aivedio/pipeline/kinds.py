@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aivedio.pipeline import diagnostics, fetch, media_stage, moderation, publish
+from aivedio.pipeline import diagnostics, fetch, media_stage, moderation, publish, sweeper
 from aivedio.pipeline.registry import Registry
 
 
@@ -13,4 +13,5 @@ def default_registry() -> Registry:
     media_stage.register(registry)
     moderation.register(registry)
     publish.register(registry)
+    sweeper.register(registry)
     return registry

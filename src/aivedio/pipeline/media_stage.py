@@ -27,6 +27,7 @@ import zlib
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -52,13 +53,13 @@ from aivedio.pipeline.inspect import verdict_json
 from aivedio.pipeline.lifecycle import retire_if_cancelled
 from aivedio.pipeline.moderation import moderate_spec
 from aivedio.pipeline.plan import Plan
-from aivedio.pipeline.publish import publish_spec
+from aivedio.pipeline.publish import enqueue_publish_if_ready, publish_spec
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
 from aivedio.pipeline.sandbox import Sandbox
 from aivedio.pipeline.validate import MediaSummary
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
-from aivedio.store import keys
+from aivedio.store import keys, ledger, outbox
 from aivedio.store.database import Pool, map_db_errors, open_connection
 from aivedio.store.objects import ObjectStore, open_object_store
 from aivedio.store.queue import Job, JobSpec, Queue
@@ -119,7 +120,7 @@ class MediaStage:
             raise
 
     async def _probe_failed(self, asset_id: uuid.UUID, exc: AivedioError) -> None:
-        async with self.s.pool.acquire() as conn:
+        async with self.s.pool.acquire() as conn, conn.transaction():
             try:
                 await transition(
                     conn, Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING_FAILED",
@@ -128,6 +129,7 @@ class MediaStage:
                 )  # fmt: skip
             except StaleStateError:
                 return
+            await self._compensate(conn, asset_id, f"probe_failed:{exc.error_class}")
         log.error("probe_failed", asset_id=str(asset_id), error_class=exc.error_class,
                   detail=exc.detail[:300])  # fmt: skip
 
@@ -176,11 +178,32 @@ class MediaStage:
                 self.s.config.media.pipeline_version, reprocess=True,
             )  # fmt: skip
 
+    async def _compensate(self, conn: Any, asset_id: uuid.UUID, reason: str) -> None:
+        """The platform failed after the provider succeeded: the ledger's compensation (by
+        policy, once per provider task), in the caller's transaction."""
+        row = await conn.fetchrow(
+            "SELECT a.tenant_id, o.provider, o.provider_task_id FROM assets a"
+            " JOIN provider_outputs o ON o.id = a.source_provider_output_id WHERE a.id = $1",
+            asset_id,
+        )
+        if row is None:
+            return  # an upload: no provider charge to compensate
+        await ledger.record_compensation(
+            conn, cfg=self.s.config.ledger, tenant_id=row["tenant_id"],
+            provider=row["provider"], provider_task_id=row["provider_task_id"],
+            reason=reason, asset_id=asset_id,
+        )  # fmt: skip
+
     async def _invalid(self, asset_id: uuid.UUID, verdict: dict[str, Any]) -> dict[str, Any]:
         detail = ", ".join(verdict["reasons"]) + (
             f" ({verdict['detail']})" if verdict.get("detail") else ""
         )
-        async with self.s.pool.acquire() as conn:
+        async with self.s.pool.acquire() as conn, conn.transaction():
+            tenant_id = await conn.fetchval("SELECT tenant_id FROM assets WHERE id = $1", asset_id)
+            await outbox.emit(
+                conn, "asset.invalid", tenant_id=tenant_id, aggregate_id=asset_id,
+                payload={"asset_id": str(asset_id), "reasons": verdict["reasons"]},
+            )  # fmt: skip
             await transition(
                 conn, Entity.ASSET, (asset_id,), expected="PROBING", new="INVALID_MEDIA",
                 values={"probe": verdict, "last_error_class": "invalid_media",
@@ -362,7 +385,7 @@ class MediaStage:
         """This job's own output is out of retries: FAILED, and the revision re-checked."""
         async with self.s.pool.acquire() as conn:
             await conn.execute(
-                "UPDATE asset_variants SET status = 'FAILED', extra = $4"
+                "UPDATE asset_variants SET status = 'FAILED', extra = $4, completed_at = now()"
                 " WHERE asset_id = $1 AND revision = $2 AND variant_type = $3"
                 " AND status = 'PENDING'",
                 asset_id, revision, variant_type, {"error": detail[:1000]},
@@ -401,23 +424,32 @@ class MediaStage:
                 try:
                     await transition(conn, Entity.REVISION, (asset_id, revision),
                                      expected="BUILDING", new="FAILED")  # fmt: skip
-                    await transition(
-                        conn, Entity.ASSET, (asset_id,), expected="PROCESSING",
-                        new="PROCESSING_FAILED",
-                        values={"last_error_class": "render_failed",
-                                "last_error_detail": "a required output failed"},
+                    asset = await conn.fetchrow(
+                        "SELECT status, tenant_id, source_provider_output_id FROM assets"
+                        " WHERE id = $1", asset_id,
                     )  # fmt: skip
+                    # A failed rebuild of a published asset leaves the published revision.
+                    if asset is not None and asset["status"] == "PROCESSING":
+                        await transition(
+                            conn, Entity.ASSET, (asset_id,), expected="PROCESSING",
+                            new="PROCESSING_FAILED",
+                            values={"last_error_class": "render_failed",
+                                    "last_error_detail": "a required output failed"},
+                        )  # fmt: skip
+                        await self._compensate(conn, asset_id, "processing_failed")
                 except StaleStateError:
                     return
             log.error("revision_failed", asset_id=str(asset_id), revision=revision)
-        elif all(status.get(name) == "SUCCEEDED" for name in required):
+            return
+        # Moderation looks at the playback output: it starts as soon as that exists, in
+        # parallel with the rest of the required set.
+        if status.get("playback") == "SUCCEEDED":
             async with self.s.pool.acquire() as conn:
-                created = await self.s.queue.enqueue_one(
-                    conn, moderate_spec(asset_id, revision, tenant_id)
-                )
-            if created.created:
-                log.info("revision_required_set_complete", asset_id=str(asset_id),
-                         revision=revision, outputs=sorted(status))  # fmt: skip
+                await self.s.queue.enqueue_one(conn, moderate_spec(asset_id, revision, tenant_id))
+        if all(status.get(name) == "SUCCEEDED" for name in required):
+            # Checked after our own commit, as moderation does after its own: whichever
+            # finishes last sees both and enqueues the publish (idempotent).
+            await enqueue_publish_if_ready(self.s.pool, self.s.queue, asset_id, revision)
 
     async def _stopped(self, asset_id: uuid.UUID, revision: asyncpg.Record) -> bool:
         """Deleted or cancelled since the revision started: no more rendering (seed §11.8.2
@@ -492,7 +524,8 @@ class MediaStage:
                     values={"object_key": f"{prefix}/{primary.path}", "mime_type": primary.mime,
                             "size_bytes": primary.size, "checksum": primary.sha256,
                             "width": record.width, "height": record.height,
-                            "codec": record.codec, "bitrate": record.bitrate, "extra": extra},
+                            "codec": record.codec, "bitrate": record.bitrate, "extra": extra,
+                            "completed_at": datetime.now(UTC)},
                 )  # fmt: skip
             except StaleStateError:
                 return False

@@ -40,6 +40,7 @@ from aivedio.errors import (
 )
 from aivedio.logs import get_logger
 from aivedio.moderation_config import ModerationConfig, require_moderation
+from aivedio.pipeline.publish import enqueue_publish_if_ready
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
 from aivedio.pipeline.sandbox import Sandbox
 from aivedio.pipeline.sniff import MP4, input_args
@@ -289,10 +290,12 @@ class ModerationStage:
             asset_id,
             revision,
         )
-        if row is None or row["status"] != "BUILDING" or row["asset_status"] != "PROCESSING":
+        # PLAYABLE/ENRICHED: a rebuild (reprocess, integrity repair) of a published asset.
+        live = ("PROCESSING", "PLAYABLE", "ENRICHED")
+        if row is None or row["status"] != "BUILDING" or row["asset_status"] not in live:
             return {"outcome": "not_building"}
         if row["moderation_verdict"] == "allow":
-            await self._enqueue_publish(asset_id, revision, row["tenant_id"])
+            await enqueue_publish_if_ready(self.pool, self.queue, asset_id, revision)
             return {"outcome": "already_allowed"}
         if row["moderation_verdict"] in ("reject", "review"):
             return {"outcome": f"already_{row['moderation_verdict']}"}
@@ -334,7 +337,8 @@ class ModerationStage:
         async with self.pool.acquire() as conn, conn.transaction():
             updated = await conn.fetchval(
                 "UPDATE asset_revisions SET moderation_verdict = $3, moderation_version = $4,"
-                " moderation_reasons = $5, version = version + 1, updated_at = now()"
+                " moderation_reasons = $5, moderated_at = now(), version = version + 1,"
+                " updated_at = now()"
                 " WHERE asset_id = $1 AND revision = $2 AND status = 'BUILDING'"
                 " AND moderation_verdict IS DISTINCT FROM 'allow'"
                 " AND moderation_verdict IS DISTINCT FROM 'reject' RETURNING 1",
@@ -348,10 +352,12 @@ class ModerationStage:
                 asset_id,
                 status[decision.decision],
             )
-            if decision.decision == "allow":
-                await self._enqueue_publish(asset_id, revision, tenant_id, conn)
-            elif decision.decision == "reject":
+            if decision.decision == "reject":
                 await self._reject(conn, asset_id, revision, tenant_id, reasons)
+        if decision.decision == "allow":
+            # After our commit (see enqueue_publish_if_ready): publish if the required set
+            # is complete too; otherwise the render that completes it enqueues the publish.
+            await enqueue_publish_if_ready(self.pool, self.queue, asset_id, revision)
         log.info("moderation_verdict", asset_id=str(asset_id), revision=revision,
                  decision=decision.decision, reasons=reasons, version=decision.version)  # fmt: skip
 
@@ -362,6 +368,13 @@ class ModerationStage:
         try:
             await transition(conn, Entity.REVISION, (asset_id, revision), expected="BUILDING",
                              new="FAILED")  # fmt: skip
+            status = await conn.fetchval("SELECT status FROM assets WHERE id = $1", asset_id)
+            if status != "PROCESSING":
+                # A rebuild of a published asset: the published revision keeps serving; the
+                # decision about the asset itself is an operator's (logged at error level).
+                log.error("rebuild_rejected", asset_id=str(asset_id), revision=revision,
+                          reasons=reasons)  # fmt: skip
+                return
             await transition(
                 conn, Entity.ASSET, (asset_id,), expected="PROCESSING", new="REJECTED",
                 values={"last_error_class": "moderation_rejected",
@@ -377,18 +390,6 @@ class ModerationStage:
             payload={"asset_id": str(asset_id), "revision": revision, "reasons": reasons,
                      "source_retained_until": retain.isoformat()},
         )  # fmt: skip
-
-    async def _enqueue_publish(
-        self, asset_id: uuid.UUID, revision: int, tenant_id: int, conn: Any = None
-    ) -> None:
-        from aivedio.pipeline.publish import publish_spec
-
-        spec = publish_spec(asset_id, revision, tenant_id)
-        if conn is not None:
-            await self.queue.enqueue_one(conn, spec)
-            return
-        async with self.pool.acquire() as own:
-            await self.queue.enqueue_one(own, spec)
 
 
 def moderate_spec(asset_id: uuid.UUID, revision: int, tenant_id: int) -> JobSpec:

@@ -57,6 +57,33 @@ def publish_spec(
     )  # fmt: skip
 
 
+async def enqueue_publish_if_ready(
+    pool: Pool, queue: Queue, asset_id: uuid.UUID, revision: int
+) -> bool:
+    """Enqueue the publish once both gates are open: the required set SUCCEEDED and the
+    moderation verdict allow. Called by each gate after its own commit, so the one that
+    opens last always sees the other (READ COMMITTED); the job key makes it idempotent."""
+    row = await pool.fetchrow(
+        "SELECT r.moderation_verdict, r.status, a.tenant_id, r.required_outputs <@"
+        " coalesce((SELECT array_agg(variant_type) FROM asset_variants v"
+        "  WHERE v.asset_id = r.asset_id AND v.revision = r.revision"
+        "  AND v.status = 'SUCCEEDED'), ARRAY[]::text[]) AS complete"
+        " FROM asset_revisions r JOIN assets a ON a.id = r.asset_id"
+        " WHERE r.asset_id = $1 AND r.revision = $2",
+        asset_id,
+        revision,
+    )
+    if row is None or row["status"] != "BUILDING":
+        return False
+    if row["moderation_verdict"] != "allow" or not row["complete"]:
+        return False
+    async with pool.acquire() as conn:
+        created = await queue.enqueue_one(conn, publish_spec(asset_id, revision, row["tenant_id"]))
+    if created.created:
+        log.info("publish_enqueued", asset_id=str(asset_id), revision=revision)
+    return True
+
+
 class NotPublishable(Exception):
     """A checklist item failed for a reason that waiting will not fix."""
 
@@ -274,7 +301,9 @@ class PublishStage:
                 asset_id,
             )
             assert locked is not None
-            if locked["current_revision"] != base_no or locked["status"] not in ("PLAYABLE",):
+            if locked["current_revision"] != base_no or locked["status"] not in (
+                "PLAYABLE", "ENRICHED",
+            ):  # fmt: skip
                 return {"outcome": "not_current"}
             if locked["delete_version"] != base["delete_version_at_start"]:
                 return {"outcome": "deleted"}

@@ -64,6 +64,7 @@ SETTABLE: Mapping[Entity, frozenset[str]] = {
             "bitrate",
             "codec",
             "extra",
+            "completed_at",
         }
     ),
 }
