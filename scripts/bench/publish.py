@@ -44,6 +44,7 @@ from urllib.parse import urlsplit, urlunsplit
 import anyio
 import asyncpg
 
+from aivedio import logs
 from aivedio.config import load_config
 from aivedio.pipeline.kinds import default_registry
 from aivedio.pipeline.media_stage import open_media_stage, probe_spec
@@ -178,6 +179,7 @@ def main() -> None:
         default=os.environ.get("AIVEDIO_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"),
     )
     args = parser.parse_args()
+    logs.configure("warning", "console", sys.stderr)
     with tempfile.TemporaryDirectory(prefix="aivedio-bench-publish-") as tmp:
         result = anyio.run(run, args, Path(tmp), backend="asyncio")
     result["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),

@@ -210,38 +210,54 @@ def make_moderator(config: ModerationConfig) -> Moderator:
 async def sample_frames(
     sandbox: Sandbox, video: Path, duration: float, config: ModerationConfig, scratch: Path
 ) -> list[Frame]:
-    """First, middle and last frames, then up to ``max_scene_frames`` at scene changes."""
+    """First, middle and last frames, then up to ``max_scene_frames`` at scene changes.
+
+    The four extractions run at once (each is its own sandboxed ffmpeg): moderation sits on
+    the path to publish, so its wall time is what a user waits for."""
     width = config.frame_width
     scale = f"scale='min({width},iw)':-2"
-    frames: list[Frame] = []
-    points = [("first", 0.0), ("middle", max(duration / 2, 0.0))]
-    for kind, seconds in points:
-        out = scratch / f"{kind}.jpg"
-        await _ffmpeg(sandbox, scratch, ["-ss", f"{seconds:.3f}", *input_args(MP4, video),
-                                         "-frames:v", "1", "-vf", scale, "-q:v", "4",
-                                         "-update", "1", str(out)], duration)  # fmt: skip
-        if out.exists():
-            frames.append(Frame(kind, seconds, out.read_bytes()))
-    last = scratch / "last.jpg"
-    await _ffmpeg(sandbox, scratch, ["-sseof", "-1", *input_args(MP4, video), "-vf", scale,
-                                     "-q:v", "4", "-update", "1", str(last)], duration)  # fmt: skip
-    if last.exists():
-        frames.append(Frame("last", max(duration - 1.0, 0.0), last.read_bytes()))
-    if config.max_scene_frames:
-        pattern = scratch / "scene_%03d.jpg"
+    jobs: dict[str, list[str]] = {
+        "first": ["-ss", "0", *input_args(MP4, video), "-frames:v", "1"],
+        "middle": ["-ss", f"{max(duration / 2, 0.0):.3f}", *input_args(MP4, video),
+                   "-frames:v", "1"],
+        "last": ["-sseof", "-1", *input_args(MP4, video)],
+    }  # fmt: skip
+    results: dict[str, list[str]] = {}
+
+    async def extract(kind: str, head: list[str]) -> None:
+        args = [*head, "-vf", scale, "-q:v", "4", "-update", "1", str(scratch / f"{kind}.jpg")]
+        results[kind] = await _ffmpeg(sandbox, scratch, args, duration)
+
+    async def scenes() -> None:
         select = f"select='gt(scene,{config.scene_threshold})',{scale},showinfo"
-        result = await _ffmpeg(sandbox, scratch, [*input_args(MP4, video), "-vf", select,
-                                                  "-fps_mode", "passthrough",
-                                                  "-frames:v", str(config.max_scene_frames),
-                                                  "-q:v", "4", str(pattern)], duration)  # fmt: skip
-        times = [_pts_time(line) for line in result if "pts_time:" in line]
-        scenes = await anyio.to_thread.run_sync(
-            lambda: [p.read_bytes() for p in sorted(scratch.glob("scene_*.jpg"))]
-        )
-        for index, jpeg in enumerate(scenes):
-            seconds = times[index] if index < len(times) else 0.0
-            frames.append(Frame("scene", seconds, jpeg))
-    return frames
+        args = [*input_args(MP4, video), "-vf", select, "-fps_mode", "passthrough",
+                "-frames:v", str(config.max_scene_frames), "-q:v", "4",
+                str(scratch / "scene_%03d.jpg")]  # fmt: skip
+        results["scene"] = await _ffmpeg(sandbox, scratch, args, duration)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for kind, head in jobs.items():
+                tg.start_soon(extract, kind, head)
+            if config.max_scene_frames:
+                tg.start_soon(scenes)
+    except* AivedioError as group:  # one extraction failed: report the first as it was
+        raise group.exceptions[0] from None
+    seconds = {"first": 0.0, "middle": max(duration / 2, 0.0), "last": max(duration - 1, 0.0)}
+
+    def read() -> list[Frame]:
+        frames = [
+            Frame(kind, seconds[kind], (scratch / f"{kind}.jpg").read_bytes())
+            for kind in jobs
+            if (scratch / f"{kind}.jpg").exists()
+        ]
+        times = [_pts_time(line) for line in results.get("scene", []) if "pts_time:" in line]
+        for index, path in enumerate(sorted(scratch.glob("scene_*.jpg"))):
+            at = times[index] if index < len(times) else 0.0
+            frames.append(Frame("scene", at, path.read_bytes()))
+        return frames
+
+    return await anyio.to_thread.run_sync(read)
 
 
 async def _ffmpeg(sandbox: Sandbox, scratch: Path, args: list[str], duration: float) -> list[str]:
