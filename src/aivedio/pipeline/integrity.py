@@ -1,0 +1,255 @@
+"""The integrity audit of published revisions, and their rebuild when one is no longer whole.
+
+An object can vanish from under a published playlist (a lost write, an operator, a bucket
+policy, a GC bug) and nothing in the pipeline would notice: the player finds out first. So
+each pass samples current READY revisions, HEADs every file of every published output, and
+walks HLS playlists down to each init and segment. A failure is logged, sent as one
+``asset.integrity_failed`` outbox event per revision, and, when the source is still there,
+rebuilt once into a new revision by the reprocess job, which publishes it atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+import re
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import anyio
+
+from aivedio.errors import AivedioError, NotFoundError
+from aivedio.logs import get_logger
+from aivedio.pipeline.gc import revision_root
+from aivedio.pipeline.media_stage import reprocess_spec
+from aivedio.pipeline.sweep_scans import Finding, SweepReport
+from aivedio.store import outbox
+from aivedio.store.database import Connection, Pool
+from aivedio.store.objects import ObjectInfo, ObjectStore
+from aivedio.store.queue import Queue
+from aivedio.sweeper_config import SweeperConfig
+
+log = get_logger("aivedio.sweeper")
+
+# The alert for a published revision that fails the audit (must be in EVENT_TYPES).
+INTEGRITY_EVENT = "asset.integrity_failed"
+AUDIT_CONCURRENCY = 8
+PLAYLIST_MAX_BYTES = 1024 * 1024
+_URI_ATTRIBUTE = re.compile(r'URI="([^"]*)"')
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+
+# -- queries -------------------------------------------------------------------------------
+
+AUDIT_SAMPLE = """
+(SELECT a.id, a.tenant_id, a.current_revision AS revision, a.source_object_key,
+        a.source_size_bytes, r.published_outputs
+ FROM assets a JOIN asset_revisions r ON r.asset_id = a.id AND r.revision = a.current_revision
+ WHERE a.status IN ('PLAYABLE', 'ENRICHED') AND r.status = 'READY' AND a.id >= $1
+ ORDER BY a.id LIMIT $2)
+UNION ALL
+(SELECT a.id, a.tenant_id, a.current_revision, a.source_object_key, a.source_size_bytes,
+        r.published_outputs
+ FROM assets a JOIN asset_revisions r ON r.asset_id = a.id AND r.revision = a.current_revision
+ WHERE a.status IN ('PLAYABLE', 'ENRICHED') AND r.status = 'READY' AND a.id < $1
+ ORDER BY a.id LIMIT $2)
+"""
+AUDIT_VARIANTS = """
+SELECT v.asset_id, v.variant_type, v.object_key, v.size_bytes, v.checksum, v.extra->'files' AS files
+FROM asset_variants v JOIN unnest($1::uuid[], $2::int[]) AS s(asset_id, revision)
+  ON v.asset_id = s.asset_id AND v.revision = s.revision
+"""
+ALERTED = """
+SELECT coalesce(payload->>'rebuild_job_id', '') FROM outbox_events
+WHERE aggregate_id = $1 AND event_type = $2 AND payload->>'revision' = $3 LIMIT 1
+"""
+
+# -- playlists (pure) -----------------------------------------------------------------------
+
+
+def playlist_uris(text: str) -> list[str]:
+    """Every URI a playlist references: plain lines and ``URI="…"`` attributes."""
+    found: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("#"):
+            found += _URI_ATTRIBUTE.findall(line)
+        elif line:
+            found.append(line)
+    return list(dict.fromkeys(found))
+
+
+def resolve_uri(playlist_key: str, uri: str) -> str | None:
+    """The key a relative URI names, or None when it leaves the playlist's revision."""
+    root = revision_root(playlist_key)
+    if root is None or _SCHEME.match(uri) or uri.startswith("/"):
+        return None
+    path = uri.split("#", 1)[0].split("?", 1)[0]
+    key = posixpath.normpath(posixpath.join(posixpath.dirname(playlist_key), path))
+    return key if key.startswith(root + "/") else None
+
+
+def _files(variant: Any) -> list[tuple[str, int | None, str | None]]:
+    """(key, size, sha256) of every file of a variant."""
+    base = revision_root(variant["object_key"])
+    files = variant["files"] if isinstance(variant["files"], list) else []
+    if not files or base is None:
+        return [(variant["object_key"], variant["size_bytes"], variant["checksum"] or None)]
+    return [(f"{base}/{f['path']}", f.get("size"), f.get("sha256")) for f in files]
+
+
+# -- the audit -------------------------------------------------------------------------------
+
+
+class IntegrityAudit:
+    """Audits a sample of published revisions; alerts and rebuilds the ones found broken."""
+
+    def __init__(
+        self, cfg: SweeperConfig, *, pool: Pool, store: ObjectStore, queue: Queue,
+        pipeline_version: int,
+    ) -> None:  # fmt: skip
+        self.cfg = cfg
+        self.pool = pool
+        self.store = store
+        self.queue = queue
+        self.pipeline_version = pipeline_version
+
+    async def audit(self, report: SweepReport, now: datetime) -> None:
+        if self.cfg.audit_sample == 0:
+            return
+        sample = self.cfg.audit_sample
+        rows = list(await self.pool.fetch(AUDIT_SAMPLE, uuid.uuid4(), sample))[:sample]
+        variants: dict[uuid.UUID, list[Any]] = {}
+        for v in await self.pool.fetch(
+            AUDIT_VARIANTS, [r["id"] for r in rows], [r["revision"] for r in rows]
+        ):
+            variants.setdefault(v["asset_id"], []).append(v)
+        problems: dict[uuid.UUID, list[dict[str, str]]] = {}
+        limiter = anyio.CapacityLimiter(AUDIT_CONCURRENCY)
+
+        async def audit(row: Any) -> None:
+            async with limiter:
+                found = await self._audit_revision(row, variants.get(row["id"], []))
+            if found:
+                problems[row["id"]] = found
+
+        async with anyio.create_task_group() as tg:
+            for row in rows:
+                tg.start_soon(audit, row)
+        report.bump("revisions_audited", len(rows))
+        for row in rows:
+            if row["id"] in problems:
+                await self._integrity_failed(report, row, problems[row["id"]])
+
+    async def _audit_revision(self, row: Any, variants: Sequence[Any]) -> list[dict[str, str]]:
+        """Every file of every published output at its recorded size; every HLS playlist
+        parsed and every URI in it present. Playlists (read anyway) also match their SHA-256."""
+        problems: dict[str, str] = {}
+        heads: dict[str, ObjectInfo | None] = {}
+        by_type = {v["variant_type"]: v for v in variants}
+        for name in sorted(row["published_outputs"] or ()):
+            variant = by_type.get(name)
+            if variant is None:
+                problems[f"{name} (no variant record)"] = "missing"
+                continue
+            files = _files(variant)
+            for key, size, _ in files:
+                info = heads[key] = await self.store.head(key)
+                if info is None:
+                    problems[key] = "missing"
+                elif size is not None and info.size != int(size):
+                    problems[key] = f"size {info.size}, recorded {size}"
+            if variant["object_key"].endswith(".m3u8"):
+                digests = {key: sha for key, _, sha in files}
+                await self._audit_hls(variant["object_key"], digests, heads, problems)
+        return [{"key": key, "problem": problem} for key, problem in problems.items()]
+
+    async def _audit_hls(
+        self, master: str, digests: dict[str, str | None], heads: dict[str, ObjectInfo | None],
+        problems: dict[str, str],
+    ) -> None:  # fmt: skip
+        queue, seen = [master], {master}
+        while queue:
+            playlist = queue.pop(0)
+            text = await self._playlist(playlist, digests.get(playlist), problems)
+            for uri in playlist_uris(text or ""):
+                key = resolve_uri(playlist, uri)
+                if key is None:
+                    problems[f"{playlist} -> {uri}"] = "uri outside the revision"
+                    continue
+                if key in seen:
+                    continue
+                seen.add(key)
+                if key.endswith(".m3u8"):
+                    queue.append(key)
+                    continue
+                if key not in heads:
+                    heads[key] = await self.store.head(key)
+                if heads[key] is None:  # a file list that lost it already said "missing"
+                    problems.setdefault(key, f"missing (named by {posixpath.basename(playlist)})")
+
+    async def _playlist(self, key: str, sha256: str | None, problems: dict[str, str]) -> str | None:
+        try:
+            data = await self.store.get_bytes(key, max_bytes=PLAYLIST_MAX_BYTES)
+        except NotFoundError:
+            problems[key] = "missing"
+            return None
+        except AivedioError as exc:
+            problems[key] = f"unreadable: {exc.error_class}"
+            return None
+        if sha256 and hashlib.sha256(data).hexdigest() != sha256:
+            problems[key] = "sha256 differs from the recorded one"
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            problems[key] = "not UTF-8 text"
+            return None
+
+    async def _integrity_failed(
+        self, report: SweepReport, row: Any, problems: list[dict[str, str]]
+    ) -> None:
+        """Alert once per revision, and rebuild once with it when the source is there."""
+        asset_id, revision = row["id"], row["revision"]
+        log.error("integrity_failed", asset_id=str(asset_id), revision=revision,
+                  problems=problems[:20], count=len(problems))  # fmt: skip
+        data: dict[str, Any] = {"revision": revision, "problems": problems[:50]}
+        source = (
+            await self.store.head(row["source_object_key"]) if row["source_object_key"] else None
+        )
+        source_ok = source is not None and source.size == row["source_size_bytes"]
+        rebuild = self.cfg.rebuild_on_integrity_failure and source_ok
+        async with self.pool.acquire() as conn, conn.transaction():
+            current = await conn.fetchval(
+                "SELECT current_revision FROM assets WHERE id = $1 FOR UPDATE", asset_id
+            )
+            if current != revision:
+                action = "skipped_superseded"
+            elif (previous := await conn.fetchval(ALERTED, asset_id, INTEGRITY_EVENT,
+                                                  str(revision))) is not None:  # fmt: skip
+                action, data["rebuild_job_id"] = "already_alerted", previous
+            elif report.dry_run:
+                action = "would_alert" + ("_and_rebuild" if rebuild else "")
+            else:
+                action = "alerted" + ("_and_rebuild" if rebuild else "")
+                job_id = None
+                if rebuild:
+                    spec = reprocess_spec(asset_id, row["tenant_id"], self.pipeline_version)
+                    job_id = (await self.queue.enqueue_one(conn, spec)).job_id
+                    data["rebuild_job_id"] = job_id
+                await self._alert(conn, row, problems, job_id, source_ok)
+        detail = f"revision {revision}: {len(problems)} problem(s)"
+        detail += "" if source_ok else "; the source is missing, no rebuild"
+        report.add("integrity", Finding(subject=str(asset_id), detail=detail, action=action,
+                                        data=data))  # fmt: skip
+
+    async def _alert(
+        self, conn: Connection, row: Any, problems: list[dict[str, str]], job_id: int | None,
+        source_ok: bool,
+    ) -> None:  # fmt: skip
+        await outbox.emit(
+            conn, INTEGRITY_EVENT, tenant_id=row["tenant_id"], aggregate_id=row["id"],
+            payload={"asset_id": str(row["id"]), "revision": row["revision"],
+                     "problems": problems[:50], "source_present": source_ok,
+                     "rebuild_job_id": str(job_id) if job_id is not None else None},
+        )  # fmt: skip
