@@ -122,7 +122,8 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                         "publish": PublishStage(config, pool, queue, fetch_stage.s.store),
                         "sweeper": sweeper,
                     }
-                    await seed_periodic_sweep(pool, queue, config.sweeper)
+                    if config.sweeper.periodic:
+                        await seed_periodic_sweep(pool, queue, config.sweeper)
                     worker = Worker(config, pool, registry, services=services)
                     async with AsyncExitStack() as stack:
                         if config.outbox.webhooks:

@@ -17,6 +17,9 @@ from aivedio.errors import ConfigError
 
 class SweeperConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     # The periodic ``sweep`` job runs once per interval (one at a time across the fleet).
+    # Workers seed the periodic sweep job at start; false leaves sweeping to `aivedio sweep`
+    # (a cron job, say) or to other workers.
+    periodic: bool = True
     interval_seconds: float = 300.0
     # An unreferenced object is deleted only once it is older than this.
     orphan_grace_seconds: float = 24 * 3600.0

@@ -47,6 +47,9 @@ execution_journal_dir = "{journal_dir or ""}"
 backend = "local"
 [moderation.local]
 allow_all = true
+
+[sweeper]
+periodic = false
 """
     )
     return path
