@@ -1,10 +1,11 @@
-"""``aivedio delete``, ``aivedio cancel`` and ``aivedio reprocess``: user decisions, by hand.
+"""``aivedio delete``, ``cancel``, ``reprocess`` and ``moderate``: decisions, by hand.
 
 ``delete ASSET_ID`` closes playback at once (objects go to the sweeper after the grace
 period); ``cancel --provider P --task-id T`` publishes nothing of that generation but keeps
 bytes already paid for; ``reprocess ASSET_ID…`` builds a new revision from the retained
 source under the current ``pipeline_version`` and publishes it atomically (the old revision
-serves until the switch; nothing is re-fetched or re-generated).
+serves until the switch; nothing is re-fetched or re-generated); ``moderate ASSET_ID
+--allow|--reject`` decides a revision waiting in review, with the moderator's own effects.
 """
 
 from __future__ import annotations
@@ -108,6 +109,39 @@ def cmd_reprocess(config: Config, args: argparse.Namespace) -> int:
     return anyio.run(main, backend="asyncio")
 
 
+def cmd_moderate(config: Config, args: argparse.Namespace) -> int:
+    """An operator's verdict on an asset whose revision waits in review."""
+    from aivedio.pipeline.moderation import Decision, VerdictRecorder
+
+    ids = _ids([args.asset_id])
+    if not ids:
+        print(f"aivedio: {args.asset_id!r} is not an asset id")
+        return EXIT_USAGE
+    decision = "allow" if args.allow else "reject"
+
+    async def main() -> int:
+        async with open_pool(config.database, min_size=1, max_size=2) as pool:
+            with map_db_errors("recording the verdict"):
+                row = await pool.fetchrow(
+                    "SELECT r.revision, a.tenant_id FROM asset_revisions r JOIN assets a"
+                    " ON a.id = r.asset_id WHERE r.asset_id = $1 AND r.status = 'BUILDING'"
+                    " AND r.moderation_verdict = 'review' ORDER BY r.revision DESC LIMIT 1",
+                    ids[0],
+                )
+                if row is None:
+                    print(f"aivedio: asset {ids[0]} has no revision waiting in review")
+                    return EXIT_NOT_FOUND
+                verdict = Decision(decision=decision, reasons=[f"operator:{args.reason}"],
+                                   version=f"operator:{config.moderation.version}")  # fmt: skip
+                recorder = VerdictRecorder(config.moderation, pool, Queue(pool))
+                await recorder.record(ids[0], row["revision"], row["tenant_id"], verdict)
+        print(json.dumps({"asset_id": str(ids[0]), "revision": row["revision"],
+                          "decision": decision}))  # fmt: skip
+        return EXIT_OK
+
+    return anyio.run(main, backend="asyncio")
+
+
 def add_parsers(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
@@ -126,3 +160,12 @@ def add_parsers(
     )
     reprocess.add_argument("asset_ids", nargs="+", metavar="ASSET_ID")
     reprocess.set_defaults(fn=cmd_reprocess, needs_secret=False)
+    moderate = sub.add_parser(
+        "moderate", parents=[common], help="decide an asset whose moderation is in review"
+    )
+    moderate.add_argument("asset_id")
+    choice = moderate.add_mutually_exclusive_group(required=True)
+    choice.add_argument("--allow", action="store_true")
+    choice.add_argument("--reject", action="store_true")
+    moderate.add_argument("--reason", default="reviewed")
+    moderate.set_defaults(fn=cmd_moderate, needs_secret=False)

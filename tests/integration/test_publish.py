@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -303,3 +304,40 @@ async def test_hls_missing_a_segment_is_never_published(
     ready = [e for e in await rig.events(asset_id) if e["event_type"] == "asset.ready"]
     assert ready and all("hls" not in e["payload"]["outputs"] for e in ready)
     assert (await rig.asset(asset_id))["status"] == "PLAYABLE"  # not ENRICHED without HLS
+
+
+async def test_review_waits_private_until_an_operator_decides(
+    config: Config, pool: Pool, tmp_path: Path, source: bytes,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from aivedio import cli
+    from aivedio.moderation_config import LocalModerationConfig
+    from tests.conftest import TEST_KEY
+
+    # No rule allows: the local policy sends everything to review.
+    async with make_rig(config, pool, tmp_path, local=LocalModerationConfig()) as rig:
+        asset_id = await rig.quarantine(source)
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig):
+            await rig.wait("SELECT 1 FROM assets WHERE moderation_status = 'REVIEW'")
+            await anyio.sleep(0.5)
+            asset = await rig.asset(asset_id)
+            assert asset["status"] == "PROCESSING" and asset["current_revision"] is None
+            monkeypatch.setenv("AIVEDIO_DATABASE_URL", rig.config.database.url)
+            monkeypatch.setenv("AIVEDIO_URL_ENCRYPTION_KEY", TEST_KEY)
+            import structlog
+
+            saved = structlog.get_config()
+            capsys.readouterr()
+            try:
+                code = await anyio.to_thread.run_sync(
+                    lambda: cli.main(["moderate", str(asset_id), "--allow", "--reason", "ok"])
+                )
+            finally:
+                structlog.configure(**saved)
+            assert code == 0
+            assert json.loads(capsys.readouterr().out.splitlines()[-1])["decision"] == "allow"
+            asset = await published(rig, asset_id)
+        (revision, *_) = await rig.revisions(asset_id)
+        assert revision["moderation_reasons"] == ["operator:ok"]
+        assert asset["moderation_status"] == "ALLOWED"

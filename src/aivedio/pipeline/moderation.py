@@ -348,6 +348,22 @@ class ModerationStage:
     async def record(
         self, asset_id: uuid.UUID, revision: int, tenant_id: int, decision: Decision
     ) -> None:
+        await VerdictRecorder(self.config, self.pool, self.queue).record(
+            asset_id, revision, tenant_id, decision
+        )
+
+
+@dataclass
+class VerdictRecorder:
+    """Stores a verdict and acts on it: the moderator's, or an operator's on a review."""
+
+    config: ModerationConfig
+    pool: Pool
+    queue: Queue
+
+    async def record(
+        self, asset_id: uuid.UUID, revision: int, tenant_id: int, decision: Decision
+    ) -> None:
         """Store the verdict with the revision and act on it, in one transaction."""
         reasons = list(decision.reasons)
         async with self.pool.acquire() as conn, conn.transaction():
