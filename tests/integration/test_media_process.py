@@ -29,7 +29,8 @@ from aivedio import cli
 from aivedio.errors import RenderError
 from aivedio.media_config import MediaConfig, RungConfig
 from aivedio.pipeline import render
-from aivedio.pipeline.dag import MediaRun, Report
+from aivedio.pipeline.dag import MediaRun
+from aivedio.pipeline.media_outputs import Report
 from aivedio.pipeline.plan import Plan
 from aivedio.pipeline.render import Layout
 from aivedio.pipeline.sandbox import Sandbox

@@ -21,13 +21,11 @@ set is complete and the publish stage takes over.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import uuid
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -39,7 +37,6 @@ import msgspec
 from aivedio.config import Config
 from aivedio.errors import (
     AivedioError,
-    ChecksumMismatchError,
     DeferredError,
     NotFoundError,
     RenderError,
@@ -48,9 +45,11 @@ from aivedio.errors import (
     TransientError,
 )
 from aivedio.logs import get_logger
-from aivedio.pipeline.dag import MIME, PRIMARY, MediaRun, OutputRecord
+from aivedio.pipeline import media_objects
+from aivedio.pipeline.dag import MediaRun
 from aivedio.pipeline.inspect import verdict_json
 from aivedio.pipeline.lifecycle import retire_if_cancelled
+from aivedio.pipeline.media_outputs import MIME, PRIMARY, OutputRecord
 from aivedio.pipeline.moderation import moderate_spec
 from aivedio.pipeline.plan import Plan
 from aivedio.pipeline.publish import enqueue_publish_if_ready, publish_spec
@@ -138,7 +137,7 @@ class MediaStage:
         media = self.s.config.media
         with self.s.sandbox.scratch() as root:
             source = root / "source.bin"
-            await self._download_source(asset, source)
+            await media_objects.download_source(self.s.store, asset, source)
             run = MediaRun(self.s.sandbox, source, root)
             report = await run.run(plan_only=True)
             verdict = verdict_json(report.verdict)
@@ -165,7 +164,7 @@ class MediaStage:
             return {"outcome": "already_building", "revision": building}
         with self.s.sandbox.scratch() as root:
             source = root / "source.bin"
-            await self._download_source(asset, source)
+            await media_objects.download_source(self.s.store, asset, source)
             report = await MediaRun(self.s.sandbox, source, root).run(plan_only=True)
             verdict = verdict_json(report.verdict)
             if not report.verdict.valid or report.plan is None:
@@ -350,21 +349,25 @@ class MediaStage:
         prefix = keys.revision_prefix(asset["tenant_id"], asset_id, revision)
         with self.s.sandbox.scratch() as root:
             source = root / "source.bin"
-            await self._download_source(asset, source)
+            await media_objects.download_source(self.s.store, asset, source)
             done: list[str] = []
 
             async def record_now(record: OutputRecord) -> None:
                 # Upload, verify and record each output as soon as it is made: the required
                 # set goes on to moderation and publish while optional outputs still render.
-                await self._upload_and_verify(prefix, root / "out", record)
-                if await self._record_variant(asset_id, revision, record, prefix):
+                await media_objects.upload_and_verify(self.s.store, prefix, root / "out", record)
+                if await media_objects.record_variant(
+                    self.s.pool, asset_id, revision, record, prefix
+                ):
                     done.append(record.variant_type)
                     await self._check_revision(asset_id, revision)
 
             run = MediaRun(self.s.sandbox, source, root, on_done=record_now)
             run.assume_valid(summary)
             if "keyframes" in group and "playback" not in group:
-                await self._download(f"{prefix}/playback.mp4", run.layout.playback)
+                await media_objects.download(
+                    self.s.store, f"{prefix}/playback.mp4", run.layout.playback
+                )
             report = await run.run(wants=group, plan=plan)
         failed = {n.name: n for n in report.failed()}
         log.info("render_done", asset_id=str(asset_id), revision=revision, group=group,
@@ -464,81 +467,6 @@ class MediaStage:
                 row["delete_version"] != revision["delete_version_at_start"]
                 or row["cancel_version"] != revision["cancel_version_at_start"]
             )
-        )
-
-    # -- objects ---------------------------------------------------------------------------
-
-    async def _download_source(self, asset: asyncpg.Record, target: Path) -> None:
-        key = asset["source_object_key"]
-        digest, size = await self._download(key, target)
-        if asset["source_sha256"] and digest != asset["source_sha256"]:
-            raise ChecksumMismatchError(
-                f"quarantined source {key}: sha256 {digest} != recorded {asset['source_sha256']}"
-            )
-        if asset["source_size_bytes"] is not None and size != asset["source_size_bytes"]:
-            raise ChecksumMismatchError(f"quarantined source {key}: {size} bytes, recorded "
-                                        f"{asset['source_size_bytes']}")  # fmt: skip
-
-    async def _download(self, key: str, target: Path) -> tuple[str, int]:
-        digest = hashlib.sha256()
-        size = 0
-        target.parent.mkdir(parents=True, exist_ok=True)
-        async with await anyio.open_file(target, "wb") as handle:
-            async for chunk in self.s.store.get(key):
-                digest.update(chunk)
-                size += len(chunk)
-                await handle.write(chunk)
-        return digest.hexdigest(), size
-
-    async def _upload_and_verify(self, prefix: str, out: Path, record: OutputRecord) -> None:
-        """Write every file under the revision prefix, then read each back: size and SHA-256
-        must match what was made before the output may count as done."""
-        for file in record.files:
-            key = f"{prefix}/{file.path}"
-            async with await self.s.store.start_upload(key, content_type=file.mime) as upload:
-                async with await anyio.open_file(out / file.path, "rb") as handle:
-                    while chunk := await handle.read(1024 * 1024):
-                        await upload.write(chunk)
-                await upload.complete()
-            info = await self.s.store.head(key)
-            if info is None or info.size != file.size:
-                raise TransientError(f"{key}: not readable at the size written after upload")
-            digest = hashlib.sha256()
-            async for chunk in self.s.store.get(key):
-                digest.update(chunk)
-            if digest.hexdigest() != file.sha256:
-                raise ChecksumMismatchError(f"{key}: read back a different SHA-256")
-
-    async def _record_variant(
-        self, asset_id: uuid.UUID, revision: int, record: OutputRecord, prefix: str
-    ) -> bool:
-        primary = record.primary_file()
-        extra = {"files": [msgspec.to_builtins(f) for f in record.files],
-                 "total_bytes": record.size, "required": record.required}  # fmt: skip
-        async with self.s.pool.acquire() as conn:
-            try:
-                await transition(
-                    conn, Entity.VARIANT, (await self._variant_id(conn, asset_id, revision,
-                                                                  record.variant_type),),
-                    expected="PENDING", new="SUCCEEDED",
-                    values={"object_key": f"{prefix}/{primary.path}", "mime_type": primary.mime,
-                            "size_bytes": primary.size, "checksum": primary.sha256,
-                            "width": record.width, "height": record.height,
-                            "codec": record.codec, "bitrate": record.bitrate, "extra": extra,
-                            "completed_at": datetime.now(UTC)},
-                )  # fmt: skip
-            except StaleStateError:
-                return False
-        return True
-
-    @staticmethod
-    async def _variant_id(conn: Any, asset_id: uuid.UUID, revision: int, kind: str) -> Any:
-        return await conn.fetchval(
-            "SELECT id FROM asset_variants WHERE asset_id = $1 AND revision = $2"
-            " AND variant_type = $3",
-            asset_id,
-            revision,
-            kind,
         )
 
     # -- database helpers ------------------------------------------------------------------
