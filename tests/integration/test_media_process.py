@@ -787,3 +787,49 @@ def test_relative_scratch_dir_works(
 
     report = anyio.run(main)
     assert report.required_done, [(n.name, n.detail) for n in report.failed()]
+
+
+# -- regressions from review ------------------------------------------------------------------
+
+
+def _lavfi_h264(path: Path, *extra: str, seconds: int = 6) -> Path:
+    subprocess.run(
+        ["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i",
+         f"testsrc2=s=320x240:r=24:d={seconds}", "-f", "lavfi", "-i", f"sine=d={seconds}",
+         "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p",
+         "-x264-params", "cabac=1:8x8dct=1", *extra, "-c:a", "aac", "-shortest", str(path)],
+        check=True,
+    )  # fmt: skip
+    return path
+
+
+def test_sparse_source_keyframes_still_align_every_rendition(tmp_path: Path) -> None:
+    # One keyframe in 6 s: the copied rung has one segment, and the encoded rungs must not
+    # grow keyframes (and so segments) of their own.
+    source = _lavfi_h264(tmp_path / "sparse.mp4", "-g", "1000", "-sc_threshold", "0")
+    media = MediaConfig(ladder=[RungConfig(height=240), RungConfig(height=180)],
+                        segment_seconds=2.0)  # fmt: skip
+    report = run_dag(source, tmp_path / "run", media, wants=["playback", "hls"])
+    assert report.plan is not None and report.plan.mode == "remux"
+    assert report.required_done and report.nodes["hls"].status == "done"
+    assert check_hls(Layout(tmp_path / "run").hls / "master.m3u8") == []
+
+
+def test_a_source_not_starting_at_zero_is_transcoded_and_aligned(tmp_path: Path) -> None:
+    # Cut points are source times and forced keyframes output times: a remux is only
+    # planned when they agree (start within half a frame of zero).
+    shifted = _lavfi_h264(tmp_path / "plain.mp4", "-g", "24")
+    late = tmp_path / "late.mp4"
+    subprocess.run(
+        ["ffmpeg", "-nostdin", "-v", "error", "-y", "-itsoffset", "0.2", "-i", str(shifted),
+         "-c", "copy", str(late)],
+        check=True,
+    )  # fmt: skip
+    media = MediaConfig(ladder=[RungConfig(height=240), RungConfig(height=180)],
+                        segment_seconds=2.0)  # fmt: skip
+    report = run_dag(late, tmp_path / "run", media, wants=["playback", "hls"])
+    assert report.plan is not None and report.verdict.media is not None
+    assert report.verdict.media.start_time > 0.1
+    assert "start_time" in report.plan.transcode_reasons
+    assert report.nodes["hls"].status == "done"
+    assert check_hls(Layout(tmp_path / "run").hls / "master.m3u8") == []
