@@ -183,18 +183,15 @@ class PublishStage:
         previous = asset["current_revision"]
         async with self.pool.acquire() as conn, conn.transaction():
             await self.queue.assert_lease(conn, job)
-            locked = await conn.fetchrow(
-                "SELECT status, version, current_revision, delete_version, cancel_version"
-                " FROM assets WHERE id = $1 FOR UPDATE",
-                asset_id,
-            )
-            assert locked is not None
+            locked = await _lock_asset(conn, asset_id)
             if locked["delete_version"] != revision["delete_version_at_start"] or (
                 locked["cancel_version"] != revision["cancel_version_at_start"]
             ):
                 raise LeaseLostError("deleted or cancelled while publishing; not published")
             if locked["current_revision"] != previous:
-                raise StaleStateError("the current revision moved; will look again")
+                # Another revision was published meanwhile (an enrichment, say): look again
+                # (retryable), and the next attempt decides with fresh state.
+                raise TransientError("the current revision moved; will look again")
             await transition(
                 conn, Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY",
                 values={"published_at": _now()},
@@ -215,8 +212,20 @@ class PublishStage:
         log.info("asset_published", asset_id=str(asset_id), revision=revision_no,
                  outputs=outputs, state="ENRICHED" if enriched else "PLAYABLE")  # fmt: skip
         if not complete:
-            # Outputs still rendering are released later by an enrichment revision.
+            # Outputs still rendering are released later by an enrichment revision. The
+            # render that finishes the last one enqueues it; checked here too, after our
+            # commit, in case it finished while we published (the later check sees both).
             log.info("enrichment_pending", asset_id=str(asset_id), revision=revision_no)
+            pending = await self.pool.fetchval(
+                "SELECT count(*) FROM asset_variants WHERE asset_id = $1 AND revision = $2"
+                " AND status = 'PENDING'",
+                asset_id, revision_no,
+            )  # fmt: skip
+            if pending == 0:
+                async with self.pool.acquire() as conn:
+                    await self.queue.enqueue_one(
+                        conn, publish_spec(asset_id, revision_no, asset["tenant_id"], enrich=True)
+                    )
         return {"outcome": "published", "revision": revision_no, "outputs": outputs,
                 "enriched": enriched}  # fmt: skip
 
@@ -231,7 +240,7 @@ class PublishStage:
             asset_id, revision_no, previous,
         )  # fmt: skip
         if moved is None:
-            raise StaleStateError("assets.current_revision moved under the publish")
+            raise TransientError("assets.current_revision moved under the publish")
         status = locked["status"]
         if status == "PROCESSING":
             await transition(conn, Entity.ASSET, (asset_id,), expected="PROCESSING",
@@ -295,18 +304,24 @@ class PublishStage:
         enriched = optional <= set(outputs)
         async with self.pool.acquire() as conn, conn.transaction():
             await self.queue.assert_lease(conn, job)
-            locked = await conn.fetchrow(
-                "SELECT status, version, current_revision, delete_version, cancel_version"
-                " FROM assets WHERE id = $1 FOR UPDATE",
-                asset_id,
-            )
-            assert locked is not None
+            locked = await _lock_asset(conn, asset_id)
             if locked["current_revision"] != base_no or locked["status"] not in (
                 "PLAYABLE", "ENRICHED",
             ):  # fmt: skip
                 return {"outcome": "not_current"}
             if locked["delete_version"] != base["delete_version_at_start"]:
                 return {"outcome": "deleted"}
+            if locked["cancel_version"] != base["cancel_version_at_start"]:
+                return {"outcome": "cancelled"}
+            rebuilding = await conn.fetchval(
+                "SELECT 1 FROM asset_revisions WHERE asset_id = $1 AND revision > $2"
+                " AND status = 'BUILDING' AND enriches IS NULL",
+                asset_id, base_no,
+            )  # fmt: skip
+            if rebuilding:
+                # A rebuild (reprocess, integrity repair) will replace this revision: an
+                # enrichment now would only be superseded, or move the pointer past it.
+                return {"outcome": "superseded_by_rebuild"}
             new_no = int(
                 await conn.fetchval(
                     "SELECT max(revision) + 1 FROM asset_revisions WHERE asset_id = $1", asset_id
@@ -369,6 +384,25 @@ class PublishStage:
             revision_no,
         )
         return asset, revision, list(variants)
+
+
+async def _lock_asset(conn: Any, asset_id: uuid.UUID) -> asyncpg.Record:
+    """Lock the generation task (if any) and then the asset, in the order cancel uses, so
+    a publish and a cancel never deadlock."""
+    await conn.execute(
+        "SELECT 1 FROM generation_tasks WHERE id = (SELECT o.generation_task_id"
+        " FROM assets a JOIN provider_outputs o ON o.id = a.source_provider_output_id"
+        " WHERE a.id = $1) FOR UPDATE",
+        asset_id,
+    )
+    locked: asyncpg.Record | None = await conn.fetchrow(
+        "SELECT status, version, current_revision, delete_version, cancel_version"
+        " FROM assets WHERE id = $1 FOR UPDATE",
+        asset_id,
+    )
+    if locked is None:
+        raise StaleStateError(f"asset {asset_id} disappeared")
+    return locked
 
 
 def _revision_prefix(object_key: str) -> str:
