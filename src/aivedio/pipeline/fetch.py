@@ -400,6 +400,12 @@ class FetchStage:
                 conn.transaction(),
             ):
                 await records.check_lease(conn)
+                # Serialise with a cancel of the task (it locks the task row first): either
+                # the cancel sees this asset, or the probe sees the task cancelled.
+                await conn.execute(
+                    "SELECT 1 FROM generation_tasks WHERE id = $1 FOR SHARE",
+                    output.generation_task_id,
+                )
                 await transition(
                     conn,
                     Entity.PROVIDER_OUTPUT,
