@@ -61,9 +61,12 @@ class Rig:
     store: ObjectStore
     tenant_id: int
 
-    async def quarantine(self, body: bytes, *, task: tuple[str, str] | None = None) -> uuid.UUID:
+    async def quarantine(
+        self, body: bytes, *, task: tuple[str, str] | None = None, sha256: str | None = None
+    ) -> uuid.UUID:
         """An asset in quarantine, as the fetch or upload stage leaves it; with ``task``
-        (provider, task id) it comes from a provider output of that generation task."""
+        (provider, task id) it comes from a provider output of that generation task;
+        ``sha256`` records another checksum than the body's (a source changed in quarantine)."""
         asset_id = uuid.uuid4()
         key = f"quarantine/{keys.tenant_hash(self.tenant_id)}/{asset_id}/source.bin"
         await self.store.put_bytes(key, body)
@@ -75,7 +78,7 @@ class Rig:
             " source_object_key, source_size_bytes, source_sha256)"
             " VALUES ($1, $2, $3, $4, 'QUARANTINED', $5, $6, $7)",
             asset_id, self.tenant_id, "PROVIDER_OUTPUT" if output_id else "UPLOAD", output_id,
-            key, len(body), hashlib.sha256(body).hexdigest(),
+            key, len(body), sha256 or hashlib.sha256(body).hexdigest(),
         )  # fmt: skip
         return asset_id
 
@@ -107,6 +110,10 @@ class Rig:
         row = await self.pool.fetchrow("SELECT * FROM assets WHERE id = $1", asset_id)
         assert row is not None
         return dict(row.items())
+
+    async def variants(self, asset_id: uuid.UUID) -> dict[str, dict[str, Any]]:
+        rows = await self.pool.fetch("SELECT * FROM asset_variants WHERE asset_id = $1", asset_id)
+        return {r["variant_type"]: dict(r.items()) for r in rows}
 
     async def revisions(self, asset_id: uuid.UUID) -> list[dict[str, Any]]:
         rows = await self.pool.fetch(
@@ -177,9 +184,11 @@ async def running_worker(rig: Rig, registry: Registry | None = None) -> AsyncIte
         w.request_drain(force=True)
 
 
-def fake_job(payload: dict[str, Any], kind: str, *, job_id: int = 1, token: int = 1) -> Job:
+def fake_job(
+    payload: dict[str, Any], kind: str, *, job_id: int = 1, token: int = 1, attempts: int = 1
+) -> Job:
     return Job(
-        id=job_id, kind=kind, lane="control", tenant_id=1, payload=payload, attempts=1,
+        id=job_id, kind=kind, lane="control", tenant_id=1, payload=payload, attempts=attempts,
         max_attempts=8, lease_token=token, timeout_seconds=600, expires_at=None,
         idempotency_key="test", created_at=datetime.now(UTC),
     )  # fmt: skip

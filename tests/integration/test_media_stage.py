@@ -6,37 +6,31 @@ Real PostgreSQL, the local object store, real ffmpeg in the sandbox.
 from __future__ import annotations
 
 import hashlib
-import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 import pytest
 
 from aivedio.config import Config
 from aivedio.errors import DeferredError, RenderError
-from aivedio.media_config import MediaConfig, RungConfig
 from aivedio.pipeline import dag
 from aivedio.pipeline.kinds import default_registry
 from aivedio.pipeline.media_stage import MediaStage, open_media_stage
 from aivedio.store import keys
 from aivedio.store.database import Pool
-from aivedio.store.objects import ObjectStore, open_object_store
-from aivedio.store.queue import Job, Queue
+from aivedio.store.objects import ObjectStore
+from aivedio.store.queue import Queue
 from aivedio.worker import Worker
 from tests.hls_check import check_hls
 from tests.media_fixtures import MediaCache, h264_faststart, html_error_page
+from tests.pipeline_rig import Rig, fake_job, make_rig
 
 pytestmark = pytest.mark.anyio
 
 REGISTRY = default_registry()
-SMALL_LADDER = [RungConfig(height=240), RungConfig(height=180)]
 
 
 @pytest.fixture(scope="module")
@@ -49,79 +43,10 @@ def source(media_cache: MediaCache) -> Path:
     return media_cache.get("h264", h264_faststart, width=320, height=240, seconds=2)
 
 
-@dataclass
-class Rig:
-    config: Config
-    pool: Pool
-    store: ObjectStore
-    tenant_id: int
-
-    async def quarantine(self, body: bytes, *, sha256: str | None = None) -> uuid.UUID:
-        """An uploaded asset in quarantine, as the fetch or upload stage leaves it."""
-        asset_id = uuid.uuid4()
-        key = f"quarantine/{keys.tenant_hash(self.tenant_id)}/{asset_id}/source.bin"
-        await self.store.put_bytes(key, body)
-        await self.pool.execute(
-            "INSERT INTO assets (id, tenant_id, source_type, status, source_object_key,"
-            " source_size_bytes, source_sha256) VALUES ($1, $2, 'UPLOAD', 'QUARANTINED',"
-            " $3, $4, $5)",
-            asset_id,
-            self.tenant_id,
-            key,
-            len(body),
-            sha256 or hashlib.sha256(body).hexdigest(),
-        )
-        return asset_id
-
-    async def enqueue_probe(self, asset_id: uuid.UUID) -> int:
-        spec = REGISTRY.spec(
-            "probe", f"probe:{asset_id}:v1", tenant_id=self.tenant_id,
-            payload={"asset_id": str(asset_id)},
-        )  # fmt: skip
-        async with self.pool.acquire() as conn:
-            return (await Queue(self.pool).enqueue_one(conn, spec)).job_id
-
-    async def asset(self, asset_id: uuid.UUID) -> dict[str, Any]:
-        row = await self.pool.fetchrow("SELECT * FROM assets WHERE id = $1", asset_id)
-        assert row is not None
-        return dict(row.items())
-
-    async def variants(self, asset_id: uuid.UUID) -> dict[str, dict[str, Any]]:
-        rows = await self.pool.fetch("SELECT * FROM asset_variants WHERE asset_id = $1", asset_id)
-        return {r["variant_type"]: dict(r.items()) for r in rows}
-
-    async def wait(self, predicate_sql: str, *args: object, timeout: float = 60) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = await self.pool.fetchval(predicate_sql, *args)
-            if value:
-                return value
-            await anyio.sleep(0.1)
-        raise AssertionError(f"timed out waiting for: {predicate_sql} {args}")
-
-    async def wait_jobs_done(self, asset_id: uuid.UUID, timeout: float = 90) -> None:
-        """Until no job for this asset is left in the live queue."""
-        await self.wait(
-            "SELECT count(*) = 0 FROM jobs WHERE payload->>'asset_id' = $1",
-            str(asset_id),
-            timeout=timeout,
-        )
-
-
 @pytest.fixture
 async def rig(config: Config, pool: Pool, tmp_path: Path) -> AsyncIterator[Rig]:
-    media = MediaConfig(ladder=SMALL_LADDER, segment_seconds=1.0, scratch_dir=str(tmp_path / "s"))
-    cfg = msgspec.structs.replace(
-        config,
-        media=media,
-        storage=msgspec.structs.replace(config.storage, url=f"file://{tmp_path}/objects"),
-        queue=msgspec.structs.replace(
-            config.queue, backoff_base_seconds=0.05, backoff_max_seconds=0.2
-        ),
-    )
-    tenant_id = await pool.fetchval("INSERT INTO tenants (name) VALUES ('acme') RETURNING id")
-    async with open_object_store(cfg.storage) as store:
-        yield Rig(cfg, pool, store, tenant_id)
+    async with make_rig(config, pool, tmp_path) as r:
+        yield r
 
 
 @asynccontextmanager
@@ -154,7 +79,7 @@ async def test_a_valid_source_is_probed_planned_and_every_output_rendered(
     asset_id = await rig.quarantine(source.read_bytes())
     await rig.enqueue_probe(asset_id)
     async with running_worker(rig):
-        await rig.wait_jobs_done(asset_id)
+        await rig.wait_idle(asset_id)
     asset = await rig.asset(asset_id)
     assert asset["status"] == "PROCESSING"
     assert (asset["width"], asset["height"], asset["video_codec"]) == (320, 240, "h264")
@@ -243,7 +168,7 @@ async def test_a_failing_optional_output_never_blocks_the_required_set(
     asset_id = await rig.quarantine(source.read_bytes())
     await rig.enqueue_probe(asset_id)
     async with running_worker(rig):
-        await rig.wait_jobs_done(asset_id)
+        await rig.wait_idle(asset_id)
     variants = await rig.variants(asset_id)
     assert variants["sprite"]["status"] == "FAILED"
     assert "could not be verified" in variants["sprite"]["extra"]["error"]
@@ -275,7 +200,7 @@ async def test_a_failing_required_output_fails_the_revision_and_the_asset(
     asset_id = await rig.quarantine(source.read_bytes())
     await rig.enqueue_probe(asset_id)
     async with running_worker(rig):
-        await rig.wait_jobs_done(asset_id)
+        await rig.wait_idle(asset_id)
     variants = await rig.variants(asset_id)
     assert variants["poster"]["status"] == "FAILED"
     assert variants["playback"]["status"] == "SUCCEEDED"
@@ -286,30 +211,22 @@ async def test_a_failing_required_output_fails_the_revision_and_the_asset(
     assert asset["last_error_class"] == "render_failed"
 
 
-def _job(payload: dict[str, Any], kind: str = "render", attempts: int = 1) -> Job:
-    return Job(
-        id=1, kind=kind, lane="media", tenant_id=1, payload=payload, attempts=attempts,
-        max_attempts=4, lease_token=1, timeout_seconds=600, expires_at=None,
-        idempotency_key="test", created_at=datetime.now(UTC),
-    )  # fmt: skip
-
-
 async def test_a_render_defers_while_another_holds_the_revision(rig: Rig, source: Path) -> None:
     asset_id = await rig.quarantine(source.read_bytes())
     async with open_media_stage(rig.config, rig.pool, Queue(rig.pool), rig.store) as stage:
         assert isinstance(stage, MediaStage)
-        result = await stage.probe(_job({"asset_id": str(asset_id)}, kind="probe"))
+        result = await stage.probe(fake_job({"asset_id": str(asset_id)}, kind="probe"))
         assert result["outcome"] == "processing"
         # A second run of the probe job (at-least-once delivery) changes nothing.
-        again = await stage.probe(_job({"asset_id": str(asset_id)}, kind="probe"))
+        again = await stage.probe(fake_job({"asset_id": str(asset_id)}, kind="probe"))
         assert again == {"outcome": "already_probed", "status": "PROCESSING"}
         assert await rig.pool.fetchval("SELECT count(*) FROM asset_revisions") == 1
         payload = {"asset_id": str(asset_id), "revision": 1, "variant_type": "playback"}
         async with stage._revision_lock(asset_id, 1) as held:
             assert held
             with pytest.raises(DeferredError):
-                await stage.render(_job(payload))
-        result = await stage.render(_job(payload))
+                await stage.render(fake_job(payload, "render"))
+        result = await stage.render(fake_job(payload, "render"))
         assert result["outcome"] == "rendered"
         # Delivered again after success: nothing is rendered twice.
-        assert (await stage.render(_job(payload)))["outcome"] == "already_succeeded"
+        assert (await stage.render(fake_job(payload, "render")))["outcome"] == "already_succeeded"

@@ -192,22 +192,7 @@ class PublishStage:
                 # Another revision was published meanwhile (an enrichment, say): look again
                 # (retryable), and the next attempt decides with fresh state.
                 raise TransientError("the current revision moved; will look again")
-            await transition(
-                conn, Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY",
-                values={"published_at": _now()},
-            )  # fmt: skip
-            await conn.execute(
-                "UPDATE asset_revisions SET published_outputs = $3"
-                " WHERE asset_id = $1 AND revision = $2",
-                asset_id, revision_no, outputs,
-            )  # fmt: skip
-            await self._switch(conn, asset_id, locked, previous, revision_no, outputs, enriched)
-            await outbox.emit(
-                conn, "asset.ready", tenant_id=asset["tenant_id"], aggregate_id=asset_id,
-                payload={"asset_id": str(asset_id), "revision": revision_no,
-                         "previous_revision": previous, "outputs": outputs,
-                         "state": "ENRICHED" if enriched else "PLAYABLE"},
-            )  # fmt: skip
+            await self._release(conn, asset, locked, previous, revision_no, outputs, enriched)
             await self._charge(conn, asset, revision_no)
         log.info("asset_published", asset_id=str(asset_id), revision=revision_no,
                  outputs=outputs, state="ENRICHED" if enriched else "PLAYABLE")  # fmt: skip
@@ -228,6 +213,29 @@ class PublishStage:
                     )
         return {"outcome": "published", "revision": revision_no, "outputs": outputs,
                 "enriched": enriched}  # fmt: skip
+
+    async def _release(
+        self, conn: Any, asset: asyncpg.Record, locked: asyncpg.Record, previous: int | None,
+        revision_no: int, outputs: list[str], enriched: bool, *, enriches: int | None = None,
+    ) -> None:  # fmt: skip
+        """The revision READY with the outputs it publishes, the pointer switched, and
+        ``asset.ready`` written: the part a publish and an enrichment share."""
+        asset_id: uuid.UUID = asset["id"]
+        await transition(
+            conn, Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY",
+            values={"published_at": _now(), "published_outputs": outputs},
+        )  # fmt: skip
+        await self._switch(conn, asset_id, locked, previous, revision_no, outputs, enriched)
+        payload: dict[str, Any] = {
+            "asset_id": str(asset_id), "revision": revision_no, "previous_revision": previous,
+            "outputs": outputs, "state": "ENRICHED" if enriched else "PLAYABLE",
+        }  # fmt: skip
+        if enriches is not None:
+            payload["enriches"] = enriches
+        await outbox.emit(
+            conn, "asset.ready", tenant_id=asset["tenant_id"], aggregate_id=asset_id,
+            payload=payload,
+        )  # fmt: skip
 
     async def _switch(
         self, conn: Any, asset_id: uuid.UUID, locked: asyncpg.Record, previous: int | None,
@@ -347,20 +355,8 @@ class PublishStage:
                 " WHERE asset_id = $1 AND revision = $3 AND variant_type = ANY($4::text[])",
                 asset_id, new_no, base_no, outputs,
             )  # fmt: skip
-            await transition(conn, Entity.REVISION, (asset_id, new_no), expected="BUILDING",
-                             new="READY", values={"published_at": _now()})  # fmt: skip
-            await conn.execute(
-                "UPDATE asset_revisions SET published_outputs = $3"
-                " WHERE asset_id = $1 AND revision = $2",
-                asset_id, new_no, outputs,
-            )  # fmt: skip
-            await self._switch(conn, asset_id, locked, base_no, new_no, outputs, enriched)
-            await outbox.emit(
-                conn, "asset.ready", tenant_id=asset["tenant_id"], aggregate_id=asset_id,
-                payload={"asset_id": str(asset_id), "revision": new_no,
-                         "previous_revision": base_no, "outputs": outputs,
-                         "state": "ENRICHED" if enriched else "PLAYABLE", "enriches": base_no},
-            )  # fmt: skip
+            await self._release(conn, asset, locked, base_no, new_no, outputs, enriched,
+                                enriches=base_no)  # fmt: skip
         log.info("asset_enriched", asset_id=str(asset_id), revision=new_no, base=base_no,
                  added=sorted(extra))  # fmt: skip
         return {"outcome": "enriched", "revision": new_no, "added": sorted(extra)}

@@ -51,7 +51,14 @@ SETTABLE: Mapping[Entity, frozenset[str]] = {
         }
     ),
     Entity.REVISION: frozenset(
-        {"moderation_verdict", "moderation_version", "moderation_reasons", "published_at", "plan"}
+        {
+            "moderation_verdict",
+            "moderation_version",
+            "moderation_reasons",
+            "published_at",
+            "published_outputs",
+            "plan",
+        }
     ),
     Entity.VARIANT: frozenset(
         {
