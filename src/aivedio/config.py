@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from aivedio.api_config import ApiConfig, validate_api
 from aivedio.errors import ConfigError
 from aivedio.ledger_config import LedgerConfig, validate_ledger
 from aivedio.media_config import MediaConfig, validate_media
@@ -39,6 +40,7 @@ ENV_ALIASES: Mapping[str, tuple[str, ...]] = {
     "AIVEDIO_STORAGE_URL": ("storage", "url"),
     "AIVEDIO_S3_ENDPOINT_URL": ("storage", "s3_endpoint_url"),
     "AIVEDIO_URL_ENCRYPTION_KEY": ("security", "url_encryption_key"),
+    "AIVEDIO_PLAYBACK_TOKEN_SECRET": ("api", "playback_token_secret"),
 }
 # Keys whose values are secrets: masked by ``config check`` and never logged.
 SECRET_KEYS = frozenset(
@@ -50,6 +52,7 @@ SECRET_KEYS = frozenset(
         "auth_header",
         "callback_secret",
         "secret",
+        "playback_token_secret",
     }
 )
 
@@ -148,6 +151,9 @@ class ProviderConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=
     refresh_path: str = "/v1/tasks/{task_id}/outputs/{output_index}/refresh"
     auth_header: str = ""  # secret, e.g. "Bearer …"; sent to this provider's hosts only
     callback_secret: str = ""  # secret for HMAC-signed callbacks
+    # The tenant a callback for a task we never saw belongs to (one provider account per
+    # tenant); a callback for a known task always keeps that task's tenant.
+    tenant: str = ""
     default_url_ttl_seconds: float = 3600.0
     allowed_host_suffixes: list[str] | None = None
     allowed_ports: list[int] | None = None
@@ -194,6 +200,7 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     ledger: LedgerConfig = msgspec.field(default_factory=LedgerConfig)
     outbox: OutboxConfig = msgspec.field(default_factory=OutboxConfig)
     sweeper: SweeperConfig = msgspec.field(default_factory=SweeperConfig)
+    api: ApiConfig = msgspec.field(default_factory=ApiConfig)
     providers: dict[str, ProviderConfig] = msgspec.field(default_factory=dict)
 
     @property
@@ -356,6 +363,7 @@ def validate(config: Config, *, require_secrets: bool = True) -> None:
     validate_ledger(config.ledger)
     validate_outbox(config.outbox)
     validate_sweeper(config.sweeper)
+    validate_api(config.api)
 
 
 def validate_net(config: Config) -> None:

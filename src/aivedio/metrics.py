@@ -45,3 +45,27 @@ class WorkerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ApiMetrics:
+    """Prometheus metrics of one API process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "aivedio_api_requests", "Requests answered", ["route", "status"], registry=r
+        )
+        self.callbacks = Counter(
+            "aivedio_api_callbacks", "Provider callbacks", ["provider", "outcome"], registry=r
+        )
+        self.media_bytes = Counter(
+            "aivedio_api_media_bytes", "Bytes served by the playback gateway", registry=r
+        )
+        self.event_streams = Gauge(
+            "aivedio_api_event_streams", "Open Server-Sent Event streams", registry=r
+        )
+        self.draining = Gauge("aivedio_api_draining", "1 while draining", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

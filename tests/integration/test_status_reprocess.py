@@ -12,7 +12,7 @@ import pytest
 
 from aivedio import cli
 from aivedio.config import Config
-from aivedio.status_command import asset_status
+from aivedio.asset_status import asset_status
 from aivedio.store.database import Pool
 from tests.conftest import TEST_KEY
 from tests.media_fixtures import MediaCache, h264_faststart

@@ -1,0 +1,1 @@
+"""``aivedio api``: provider callbacks, the videos API, status, playback and the player."""

@@ -1,0 +1,44 @@
+"""What every route handler needs, built once per API process and kept on the app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from aivedio.api.tokens import TokenSigner
+from aivedio.config import Config
+from aivedio.crypto import UrlCipher
+from aivedio.metrics import ApiMetrics
+from aivedio.pipeline.registry import Registry
+from aivedio.store.database import Pool
+from aivedio.store.objects import ObjectStore
+from aivedio.store.queue import Queue
+
+
+@dataclass
+class ApiContext:
+    config: Config
+    pool: Pool
+    store: ObjectStore
+    queue: Queue
+    registry: Registry
+    cipher: UrlCipher
+    signer: TokenSigner
+    metrics: ApiMetrics = field(default_factory=ApiMetrics)
+    # Set when SIGTERM arrives: /readyz turns 503 so the balancer stops sending traffic.
+    draining: bool = False
+    # Open Server-Sent Event streams, ended at shutdown so the server can stop.
+    streams: set[web.StreamResponse] = field(default_factory=set)
+
+    def base_url(self, request: web.Request) -> str:
+        """The origin clients use to reach us: configured, or the one this request came in on."""
+        configured = self.config.api.public_base_url
+        return configured.rstrip("/") if configured else f"{request.scheme}://{request.host}"
+
+
+CONTEXT = web.AppKey("aivedio_context", ApiContext)
+
+
+def context(request: web.Request) -> ApiContext:
+    return request.app[CONTEXT]

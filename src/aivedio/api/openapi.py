@@ -1,0 +1,60 @@
+"""``GET /openapi.json``: the OpenAPI 3.1 document, assembled from the route modules."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from aivedio import __version__
+from aivedio.api import schema
+
+routes = web.RouteTableDef()
+
+PATHS: dict[str, Any] = {
+    "/openapi.json": {"get": {"summary": "This document", "tags": ["operations"], "security": [],
+                              "operationId": "getOpenApi",
+                              "responses": {"200": schema.ok_json({"type": "object"})}}},
+}  # fmt: skip
+SCHEMAS: tuple[type, ...] = ()
+
+
+@functools.cache
+def document() -> bytes:
+    from aivedio.api.app import ROUTE_MODULES
+
+    paths: dict[str, Any] = {}
+    structs: list[type] = [schema.Error]
+    for module in ROUTE_MODULES:
+        paths.update(getattr(module, "PATHS", {}))
+        structs.extend(getattr(module, "SCHEMAS", ()))
+    _, components = msgspec.json.schema_components(structs, ref_template=schema.REF)
+    doc = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "aivedio",
+            "version": __version__,
+            "description": "Provider callbacks, uploads, status, events and signed playback.",
+        },
+        "servers": [{"url": "/"}],
+        "paths": dict(sorted(paths.items())),
+        "components": {
+            "schemas": components,
+            "securitySchemes": {
+                "apiKey": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API key: av_live_… or av_test_…",
+                },
+            },
+        },  # fmt: skip
+        "security": schema.KEY_AUTH,
+    }
+    return msgspec.json.encode(doc)
+
+
+@routes.get("/openapi.json")
+async def openapi_json(_request: web.Request) -> web.Response:
+    return web.Response(body=document(), content_type="application/json")

@@ -1,0 +1,75 @@
+"""Building blocks for the OpenAPI document the route modules describe themselves with.
+
+Response bodies are msgspec Structs: the handler encodes the Struct and the document's schema
+is generated from the same Struct (``msgspec.json.schema_components``), so the two cannot
+drift apart. Each route module lists its Structs in ``SCHEMAS`` and its operations in
+``PATHS``; ``openapi.py`` assembles them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+REF = "#/components/schemas/{name}"
+KEY_AUTH: list[dict[str, list[str]]] = [{"apiKey": []}]
+
+
+class ErrorDetail(msgspec.Struct, frozen=True):
+    code: str
+    detail: str
+
+
+class Error(msgspec.Struct, frozen=True):
+    error: ErrorDetail
+
+
+def ref(name: str | type) -> dict[str, str]:
+    return {"$ref": REF.format(name=name if isinstance(name, str) else name.__name__)}
+
+
+def json_content(schema: dict[str, Any] | type) -> dict[str, Any]:
+    body = schema if isinstance(schema, dict) else ref(schema)
+    return {"application/json": {"schema": body}}
+
+
+_ERROR_TEXT = {
+    400: "malformed request",
+    401: "missing, unknown or revoked API key",
+    403: "forbidden (signature or token refused)",
+    404: "no such resource for this tenant",
+    405: "method not allowed",
+    409: "conflicting state",
+    411: "Content-Length required",
+    413: "body too large",
+    415: "unsupported media type",
+    416: "range not satisfiable",
+    422: "well-formed but unacceptable",
+    503: "unavailable; retry later",
+}
+
+
+def responses(ok: dict[str, dict[str, Any]], *errors: int) -> dict[str, Any]:
+    """``ok`` maps status codes to response objects; each error code gets the Error body."""
+    out: dict[str, Any] = dict(ok)
+    for status in errors:
+        out[str(status)] = {"description": _ERROR_TEXT[status], "content": json_content(Error)}
+    return out
+
+
+def ok_json(schema: dict[str, Any] | type, description: str = "OK") -> dict[str, Any]:
+    return {"description": description, "content": json_content(schema)}
+
+
+def path_param(name: str, description: str, *, uuid: bool = True) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string", "format": "uuid"} if uuid else {"type": "string"}
+    return {"name": name, "in": "path", "required": True, "description": description,
+            "schema": schema}  # fmt: skip
+
+
+def encode(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    """A Struct (or builtins) as a JSON response."""
+    return web.Response(body=msgspec.json.encode(value), status=status,
+                        content_type="application/json", headers=headers)  # fmt: skip
