@@ -79,7 +79,7 @@ def require_api_secret(api: ApiConfig) -> bytes:
     """The playback token key; a ConfigError that says how to make one when it is missing."""
     hint = (
         "set api.playback_token_secret (or AIVEDIO_PLAYBACK_TOKEN_SECRET) to base64 of 32 "
-        "random bytes: python -c 'import base64,os;print(base64.b64encode(os.urandom(32)).decode())'"
+        "random bytes, e.g. the output of `openssl rand -base64 32`"
     )
     if not api.playback_token_secret:
         raise ConfigError(f"config error: api.playback_token_secret: missing; {hint}")

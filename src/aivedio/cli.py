@@ -408,6 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.set_defaults(fn=cmd_tenants_create)
 
     from aivedio import (
+        api_command,
         asset_command,
         ledger_command,
         lifecycle_command,
@@ -417,6 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     for module in (
+        api_command,
         media_command,
         asset_command,
         lifecycle_command,

@@ -23,6 +23,7 @@ from aivedio.api import (
     health,
     media,
     openapi,
+    playback,
     player,
     videos,
 )
@@ -40,6 +41,7 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     assets,
     events,
     media,
+    playback,
     player,
     openapi,
 )
@@ -76,8 +78,9 @@ async def run_app(
 ) -> None:
     """Serve until cancelled; ``task_status`` reports the bound port."""
     app = make_app(ctx)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False,
-                           shutdown_timeout=SHUTDOWN_SECONDS)  # fmt: skip
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_SECONDS
+    )
     await runner.setup()
     try:
         async with anyio.create_task_group() as tg:

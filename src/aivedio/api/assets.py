@@ -1,11 +1,194 @@
-"""(being written)"""
+"""Assets and generation tasks as a tenant sees them, and deleting an asset.
+
+Every query carries the caller's tenant: another tenant's id answers exactly like a missing
+one (404), so ids cannot be probed across tenants. ``DELETE`` closes playback at once (the
+gateway checks the asset's state on every request) and leaves the objects to the sweeper.
+"""
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
+from aivedio.api import schema
+from aivedio.api.auth import tenant_of
+from aivedio.api.context import context
+from aivedio.api.ids import path_uuid
+from aivedio.api.problems import ApiError
+from aivedio.api.published import published_files
+from aivedio.pipeline.lifecycle import delete_asset
+from aivedio.store.database import map_db_errors
+
 routes = web.RouteTableDef()
-PATHS: dict[str, Any] = {}
-SCHEMAS: tuple[type, ...] = ()
+
+
+class Output(msgspec.Struct, frozen=True, kw_only=True):
+    variant_type: str
+    path: str
+    mime_type: str
+    size_bytes: int
+    width: int | None = None
+    height: int | None = None
+
+
+class Asset(msgspec.Struct, frozen=True, kw_only=True):
+    asset_id: uuid.UUID
+    state: str
+    source_type: str
+    current_revision: int | None
+    moderation: str
+    duration_seconds: float | None
+    width: int | None
+    height: int | None
+    video_codec: str | None
+    audio_codec: str | None
+    source_size_bytes: int | None
+    generation_task_id: uuid.UUID | None
+    error_class: str | None
+    error_detail: str | None
+    created_at: datetime
+    updated_at: datetime
+    outputs: list[Output]
+
+
+class TaskOutput(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    provider_output_id: uuid.UUID
+    fetch_status: str
+    asset_id: uuid.UUID | None
+    error_class: str | None
+
+
+class GenerationTask(msgspec.Struct, frozen=True, kw_only=True):
+    generation_task_id: uuid.UUID
+    provider: str
+    provider_task_id: str
+    status: str
+    output_asset_id: uuid.UUID | None
+    created_at: datetime
+    updated_at: datetime
+    outputs: list[TaskOutput]
+
+
+class Deleted(msgspec.Struct, frozen=True, kw_only=True):
+    asset_id: uuid.UUID
+    state: str
+    deleted_now: bool
+
+
+ASSET_SQL = (
+    "SELECT a.*, o.generation_task_id FROM assets a"
+    " LEFT JOIN provider_outputs o ON o.id = a.source_provider_output_id"
+    " WHERE a.id = $1 AND a.tenant_id = $2"
+)
+
+
+@routes.get("/v1/assets/{asset_id}")
+async def get_asset(request: web.Request) -> web.Response:
+    ctx = context(request)
+    tenant = tenant_of(request)
+    asset_id = path_uuid(request, "asset_id", "asset")
+    with map_db_errors("reading the asset"):
+        row = await ctx.pool.fetchrow(ASSET_SQL, asset_id, tenant)
+    if row is None:
+        raise ApiError(404, "no such asset")
+    outputs: list[Output] = []
+    if row["current_revision"] is not None and row["status"] != "DELETED":
+        files = await published_files(ctx.pool, tenant, asset_id, row["current_revision"])
+        outputs = [
+            Output(variant_type=name, path=f["path"], mime_type=f["mime_type"],
+                   size_bytes=f["size_bytes"], width=f["width"], height=f["height"])
+            for name, f in sorted(files.items())
+        ]  # fmt: skip
+    duration = row["duration_us"] / 1e6 if row["duration_us"] is not None else None
+    return schema.encode(
+        Asset(
+            asset_id=asset_id, state=row["status"], source_type=row["source_type"],
+            current_revision=row["current_revision"], moderation=row["moderation_status"],
+            duration_seconds=duration, width=row["width"], height=row["height"],
+            video_codec=row["video_codec"], audio_codec=row["audio_codec"],
+            source_size_bytes=row["source_size_bytes"],
+            generation_task_id=row["generation_task_id"],
+            error_class=row["last_error_class"], error_detail=row["last_error_detail"],
+            created_at=row["created_at"], updated_at=row["updated_at"], outputs=outputs,
+        )
+    )  # fmt: skip
+
+
+@routes.delete("/v1/assets/{asset_id}")
+async def remove_asset(request: web.Request) -> web.Response:
+    ctx = context(request)
+    asset_id = path_uuid(request, "asset_id", "asset")
+    with map_db_errors("reading the asset"):
+        owned = await ctx.pool.fetchval(
+            "SELECT 1 FROM assets WHERE id = $1 AND tenant_id = $2", asset_id, tenant_of(request)
+        )
+    if not owned:
+        raise ApiError(404, "no such asset")
+    deleted_now = await delete_asset(ctx.pool, asset_id, reason="api")
+    return schema.encode(Deleted(asset_id=asset_id, state="DELETED", deleted_now=deleted_now))
+
+
+@routes.get("/v1/generation-tasks/{task_id}")
+async def get_task(request: web.Request) -> web.Response:
+    ctx = context(request)
+    tenant = tenant_of(request)
+    task_id = path_uuid(request, "task_id", "generation task")
+    with map_db_errors("reading the generation task"):
+        task = await ctx.pool.fetchrow(
+            "SELECT * FROM generation_tasks WHERE id = $1 AND tenant_id = $2", task_id, tenant
+        )
+        if task is None:
+            raise ApiError(404, "no such generation task")
+        outputs = await ctx.pool.fetch(
+            "SELECT o.id, o.output_index, o.fetch_status, o.last_error_class, a.id AS asset_id"
+            " FROM provider_outputs o LEFT JOIN assets a ON a.source_provider_output_id = o.id"
+            " WHERE o.generation_task_id = $1 AND o.tenant_id = $2"
+            " ORDER BY o.output_index, o.output_revision",
+            task_id,
+            tenant,
+        )
+    return schema.encode(
+        GenerationTask(
+            generation_task_id=task_id, provider=task["provider"],
+            provider_task_id=task["provider_task_id"], status=task["provider_status"],
+            output_asset_id=task["output_asset_id"], created_at=task["created_at"],
+            updated_at=task["updated_at"],
+            outputs=[
+                TaskOutput(index=o["output_index"], provider_output_id=o["id"],
+                           fetch_status=o["fetch_status"], asset_id=o["asset_id"],
+                           error_class=o["last_error_class"])
+                for o in outputs
+            ],
+        )
+    )  # fmt: skip
+
+
+def _paths() -> dict[str, Any]:
+    asset = schema.path_param("asset_id", "the asset id")
+    return {
+        "/v1/assets/{asset_id}": {
+            "get": {"summary": "An asset: state, media summary, published outputs",
+                    "operationId": "getAsset", "tags": ["assets"], "parameters": [asset],
+                    "responses": schema.responses({"200": schema.ok_json(Asset)}, 401, 404)},
+            "delete": {"summary": "Delete an asset: playback closes at once",
+                       "operationId": "deleteAsset", "tags": ["assets"], "parameters": [asset],
+                       "responses": schema.responses({"200": schema.ok_json(Deleted)},
+                                                     401, 404, 503)},
+        },
+        "/v1/generation-tasks/{task_id}": {
+            "get": {"summary": "A generation task and its outputs",
+                    "operationId": "getGenerationTask", "tags": ["assets"],
+                    "parameters": [schema.path_param("task_id", "the generation task id")],
+                    "responses": schema.responses({"200": schema.ok_json(GenerationTask)},
+                                                  401, 404)},
+        },
+    }  # fmt: skip
+
+
+PATHS = _paths()
+SCHEMAS: tuple[type, ...] = (Asset, GenerationTask, Deleted)

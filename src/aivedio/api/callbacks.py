@@ -1,11 +1,311 @@
-"""(being written)"""
+"""``POST /v1/providers/{provider}/callbacks``: a provider says a task finished.
+
+Verified before anything is parsed or recorded (``pipeline/callbacks.py``): the body is read
+up to ``[api] max_callback_bytes`` (413 past it), ``X-Aivedio-Signature: sha256=<hex>`` must
+be the HMAC-SHA256 of ``"{X-Aivedio-Timestamp}.{body}"`` under the provider's
+``callback_secret`` (401 otherwise), and the timestamp must be within
+``[api] callback_skew_seconds`` of now (401). Then one transaction records the event id (a
+second delivery of the same id is refused with 409 ``replayed_event``: the first one was
+recorded, since the receipt commits only together with what it recorded), and for a
+SUCCEEDED task records each output and enqueues its fetch (``pipeline/intake.py``, the
+same path as the poller and ``aivedio ingest``). Nothing is downloaded here: the answer
+takes milliseconds.
+
+The tenant is the known task's; a task we never saw belongs to ``[providers.NAME] tenant``
+(one provider account per tenant), and without one the callback is refused (422).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
 
+import msgspec
 from aiohttp import web
 
+from aivedio.api import schema
+from aivedio.api.context import ApiContext, context
+from aivedio.api.problems import ApiError
+from aivedio.errors import PolicyBlockedError
+from aivedio.logs import get_logger
+from aivedio.pipeline.callbacks import CallbackRejected, accept_event_once, verify_signature
+from aivedio.pipeline.intake import OutputDescriptor, record_provider_output
+from aivedio.states import Entity, allowed
+from aivedio.store.database import Connection, map_db_errors
+from aivedio.store.records import transition
+from aivedio.store.tenants import tenant_id_by_name
+
+log = get_logger("aivedio.api.callbacks")
 routes = web.RouteTableDef()
-PATHS: dict[str, Any] = {}
-SCHEMAS: tuple[type, ...] = ()
+
+TIMESTAMP_HEADER = "X-Aivedio-Timestamp"
+SIGNATURE_HEADER = "X-Aivedio-Signature"
+
+Text = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+
+
+class CallbackOutput(msgspec.Struct, frozen=True, kw_only=True):
+    index: Annotated[int, msgspec.Meta(ge=0, le=255)] = 0
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
+    expires_at: datetime | None = None
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-fA-F]{64}$")] | None = None
+    size: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    content_type: Annotated[str, msgspec.Meta(max_length=200)] | None = None
+
+
+class CallbackBody(msgspec.Struct, frozen=True, kw_only=True):
+    """What a provider (or its adapter) posts: the task's state and, on success, its
+    outputs with their temporary download URLs."""
+
+    event_id: Text
+    task_id: Text
+    status: Annotated[str, msgspec.Meta(pattern="^(?i:succeeded|running|failed)$")]
+    outputs: Annotated[list[CallbackOutput], msgspec.Meta(max_length=16)] = []
+
+
+class RecordedOutput(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    provider_output_id: uuid.UUID
+    fetch_job_id: int
+    fetch_status: str
+    created: bool
+
+
+class CallbackAccepted(msgspec.Struct, frozen=True, kw_only=True):
+    event_id: str
+    task_id: str
+    status: str
+    generation_task_id: uuid.UUID | None
+    outputs: list[RecordedOutput]
+
+
+def _reject(ctx: ApiContext, provider: str, status: int, reason: str, detail: str) -> ApiError:
+    ctx.metrics.callbacks.labels(provider, reason).inc()
+    log.warning("callback_rejected", provider=provider, reason=reason, detail=detail)
+    return ApiError(status, detail, reason)
+
+
+async def _read_body(request: web.Request, ctx: ApiContext, provider: str) -> bytes:
+    limit = ctx.config.api.max_callback_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise _reject(ctx, provider, 413, "too_large", f"callback body over {limit} bytes")
+    body = await request.content.read(limit + 1)
+    if len(body) > limit:
+        raise _reject(ctx, provider, 413, "too_large", f"callback body over {limit} bytes")
+    return body
+
+
+@routes.post("/v1/providers/{provider}/callbacks")
+async def callback(request: web.Request) -> web.Response:
+    ctx = context(request)
+    provider = request.match_info["provider"]
+    provider_config = ctx.config.providers.get(provider)
+    if provider_config is None or not provider_config.callback_secret:
+        raise ApiError(404, f"no provider {provider!r} accepts callbacks here")
+    body = await _read_body(request, ctx, provider)
+    timestamp = request.headers.get(TIMESTAMP_HEADER)
+    signature = request.headers.get(SIGNATURE_HEADER)
+    if not timestamp or not signature:
+        raise _reject(
+            ctx,
+            provider,
+            401,
+            "unsigned",
+            f"{TIMESTAMP_HEADER} and {SIGNATURE_HEADER} are required",
+        )
+    try:
+        verify_signature(
+            provider_config.callback_secret.encode(),
+            timestamp,
+            body,
+            signature,
+            skew_seconds=ctx.config.api.callback_skew_seconds,
+        )
+    except CallbackRejected as exc:
+        raise _reject(ctx, provider, 401, "bad_signature", exc.detail) from None
+    try:
+        event = msgspec.json.decode(body, type=CallbackBody)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _reject(ctx, provider, 400, "malformed", f"callback body: {exc}") from None
+    status = event.status.upper()
+    if status == "SUCCEEDED" and not event.outputs:
+        raise _reject(ctx, provider, 422, "malformed", "a SUCCEEDED callback lists its outputs")
+    async with ctx.pool.acquire() as conn, conn.transaction():
+        with map_db_errors("recording a callback"):
+            fresh = await accept_event_once(conn, provider, event.event_id)
+        if not fresh:
+            raise _reject(
+                ctx,
+                provider,
+                409,
+                "replayed_event",
+                f"event {event.event_id!r} was already received; nothing recorded",
+            )
+        accepted = await _record(ctx, conn, provider, event, status)
+    ctx.metrics.callbacks.labels(provider, "accepted").inc()
+    log.info(
+        "callback_accepted",
+        provider=provider,
+        task_id=event.task_id,
+        event_id=event.event_id,
+        status=status,
+        outputs=len(accepted.outputs),
+    )
+    return schema.encode(accepted, status=202)
+
+
+async def _tenant(ctx: ApiContext, conn: Connection, provider: str, task_id: str) -> int | None:
+    with map_db_errors("looking up the generation task"):
+        known = await conn.fetchval(
+            "SELECT tenant_id FROM generation_tasks WHERE provider = $1 AND provider_task_id = $2",
+            provider,
+            task_id,
+        )
+    if known is not None:
+        return int(known)
+    name = ctx.config.providers[provider].tenant
+    return await tenant_id_by_name(conn, name) if name else None
+
+
+async def _record(
+    ctx: ApiContext, conn: Connection, provider: str, event: CallbackBody, status: str
+) -> CallbackAccepted:
+    tenant_id = await _tenant(ctx, conn, provider, event.task_id)
+    if status != "SUCCEEDED":
+        task_id = await _note_progress(conn, provider, event.task_id, status)
+        return CallbackAccepted(
+            event_id=event.event_id,
+            task_id=event.task_id,
+            status=status,
+            generation_task_id=task_id,
+            outputs=[],
+        )
+    if tenant_id is None:
+        raise _reject(
+            ctx,
+            provider,
+            422,
+            "unknown_task",
+            f"task {event.task_id!r} is unknown and [providers.{provider}] names no tenant",
+        )
+    provider_config = ctx.config.providers[provider]
+    recorded: list[RecordedOutput] = []
+    task_uuid: uuid.UUID | None = None
+    for output in event.outputs:
+        descriptor = OutputDescriptor(
+            provider=provider,
+            provider_task_id=event.task_id,
+            output_index=output.index,
+            url=output.url,
+            expires_at=output.expires_at,
+            sha256=output.sha256.lower() if output.sha256 else None,
+            size=output.size,
+            content_type=output.content_type,
+        )
+        try:
+            result = await record_provider_output(
+                conn,
+                queue=ctx.queue,
+                registry=ctx.registry,
+                cipher=ctx.cipher,
+                tenant_id=tenant_id,
+                descriptor=descriptor,
+                pipeline_version=ctx.config.fetch.pipeline_version,
+                default_ttl_seconds=provider_config.default_url_ttl_seconds,
+                estimated_bytes_per_second=ctx.config.fetch.estimated_bytes_per_second,
+                ledger=ctx.config.ledger,
+            )
+        except PolicyBlockedError as exc:
+            raise _reject(ctx, provider, 422, "invalid_output", exc.detail) from None
+        task_uuid = result.generation_task_id
+        recorded.append(
+            RecordedOutput(
+                index=output.index,
+                provider_output_id=result.provider_output_id,
+                fetch_job_id=result.fetch_job_id,
+                fetch_status=result.fetch_status,
+                created=result.output_created,
+            )
+        )
+    return CallbackAccepted(
+        event_id=event.event_id,
+        task_id=event.task_id,
+        status=status,
+        generation_task_id=task_uuid,
+        outputs=recorded,
+    )
+
+
+async def _note_progress(
+    conn: Connection, provider: str, task_id: str, status: str
+) -> uuid.UUID | None:
+    """RUNNING or FAILED for a task we know: move it when the state machine allows."""
+    new = "PROVIDER_RUNNING" if status == "RUNNING" else "PROVIDER_FAILED"
+    with map_db_errors("recording the task's progress"):
+        row = await conn.fetchrow(
+            "SELECT id, provider_status, version FROM generation_tasks"
+            " WHERE provider = $1 AND provider_task_id = $2 FOR UPDATE",
+            provider,
+            task_id,
+        )
+    if row is None:
+        return None
+    if allowed(Entity.GENERATION_TASK, row["provider_status"], new):
+        await transition(
+            conn,
+            Entity.GENERATION_TASK,
+            (row["id"],),
+            expected=row["provider_status"],
+            new=new,
+            version=row["version"],
+        )
+    return uuid.UUID(str(row["id"]))
+
+
+def _paths() -> dict[str, Any]:
+    headers = [
+        {
+            "name": TIMESTAMP_HEADER,
+            "in": "header",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": "Unix seconds when the provider signed",
+        },
+        {
+            "name": SIGNATURE_HEADER,
+            "in": "header",
+            "required": True,
+            "schema": {"type": "string"},
+            "description": "sha256=<hex HMAC-SHA256 of '{timestamp}.{body}' with the secret>",
+        },
+    ]
+    return {
+        "/v1/providers/{provider}/callbacks": {
+            "post": {
+                "summary": "A provider reports a task's outcome (HMAC-signed)",
+                "operationId": "postProviderCallback",
+                "tags": ["providers"],
+                "security": [],
+                "parameters": [
+                    schema.path_param("provider", "configured provider name", uuid=False),
+                    *headers,
+                ],
+                "requestBody": {"required": True, "content": schema.json_content(CallbackBody)},
+                "responses": schema.responses(
+                    {"202": schema.ok_json(CallbackAccepted, "recorded; fetches enqueued")},
+                    400,
+                    401,
+                    404,
+                    409,
+                    413,
+                    422,
+                    503,
+                ),
+            }
+        }
+    }
+
+
+PATHS = _paths()
+SCHEMAS: tuple[type, ...] = (CallbackBody, CallbackAccepted)

@@ -44,26 +44,66 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     ctx = context(request)
     ctx.metrics.draining.set(1 if ctx.draining else 0)
-    return web.Response(body=ctx.metrics.render(),
-                        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})  # fmt: skip
+    return web.Response(
+        body=ctx.metrics.render(),
+        headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},
+    )
 
 
 _STATUS = {"type": "object", "required": ["status"], "properties": {"status": {"type": "string"}}}
 PATHS: dict[str, Any] = {
-    "/healthz": {"get": {"summary": "Liveness", "tags": ["operations"], "security": [],
-                         "responses": {"200": {"description": "alive", "content": {
-                             "application/json": {"schema": _STATUS}}}}}},
-    "/readyz": {"get": {"summary": "Readiness", "tags": ["operations"], "security": [],
-                        "responses": {
-                            "200": {"description": "ready",
-                                    "content": {"application/json": {"schema": _STATUS}}},
-                            "503": {"description": "not ready (reasons listed)", "content": {
-                                "application/json": {"schema": {
-                                    "type": "object", "required": ["status", "reasons"],
-                                    "properties": {"status": {"type": "string"}, "reasons": {
-                                        "type": "array", "items": {"type": "string"}}}}}}}}}},
-    "/metrics": {"get": {"summary": "Prometheus metrics", "tags": ["operations"], "security": [],
-                         "responses": {"200": {"description": "Prometheus text format",
-                                               "content": {"text/plain": {
-                                                   "schema": {"type": "string"}}}}}}},
-}  # fmt: skip
+    "/healthz": {
+        "get": {
+            "summary": "Liveness",
+            "tags": ["operations"],
+            "security": [],
+            "responses": {
+                "200": {
+                    "description": "alive",
+                    "content": {"application/json": {"schema": _STATUS}},
+                }
+            },
+        }
+    },
+    "/readyz": {
+        "get": {
+            "summary": "Readiness",
+            "tags": ["operations"],
+            "security": [],
+            "responses": {
+                "200": {
+                    "description": "ready",
+                    "content": {"application/json": {"schema": _STATUS}},
+                },
+                "503": {
+                    "description": "not ready (reasons listed)",
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["status", "reasons"],
+                                "properties": {
+                                    "status": {"type": "string"},
+                                    "reasons": {"type": "array", "items": {"type": "string"}},
+                                },
+                            }
+                        }
+                    },
+                },
+            },
+        }
+    },
+    "/metrics": {
+        "get": {
+            "summary": "Prometheus metrics",
+            "tags": ["operations"],
+            "security": [],
+            "responses": {
+                "200": {
+                    "description": "Prometheus text format",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                }
+            },
+        }
+    },
+}

@@ -14,10 +14,16 @@ from aivedio.api import schema
 routes = web.RouteTableDef()
 
 PATHS: dict[str, Any] = {
-    "/openapi.json": {"get": {"summary": "This document", "tags": ["operations"], "security": [],
-                              "operationId": "getOpenApi",
-                              "responses": {"200": schema.ok_json({"type": "object"})}}},
-}  # fmt: skip
+    "/openapi.json": {
+        "get": {
+            "summary": "This document",
+            "tags": ["operations"],
+            "security": [],
+            "operationId": "getOpenApi",
+            "responses": {"200": schema.ok_json({"type": "object"})},
+        }
+    },
+}
 SCHEMAS: tuple[type, ...] = ()
 
 
@@ -49,7 +55,7 @@ def document() -> bytes:
                     "description": "An API key: av_live_… or av_test_…",
                 },
             },
-        },  # fmt: skip
+        },
         "security": schema.KEY_AUTH,
     }
     return msgspec.json.encode(doc)

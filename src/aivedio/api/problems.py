@@ -69,8 +69,9 @@ class ApiError(Exception):
 def problem(
     status: int, detail: str, code: str | None = None, headers: dict[str, str] | None = None
 ) -> web.Response:
-    body: dict[str, Any] = {"error": {"code": code or REASONS.get(status, "error"),
-                                      "detail": detail}}  # fmt: skip
+    body: dict[str, Any] = {
+        "error": {"code": code or REASONS.get(status, "error"), "detail": detail}
+    }
     return web.json_response(body, status=status, headers=headers)
 
 
@@ -91,8 +92,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         status = status_for(exc)
         detail = redact_text(exc.detail) if status < 500 else exc.error_class
         if status >= 500:
-            log.warning("request_failed", path=request.path, error_class=exc.error_class,
-                        detail=redact_text(exc.detail))  # fmt: skip
+            log.warning(
+                "request_failed",
+                path=request.path,
+                error_class=exc.error_class,
+                detail=redact_text(exc.detail),
+            )
         return problem(status, detail, exc.error_class)
     except web.HTTPException as exc:
         if exc.status < 400 or exc.empty_body:

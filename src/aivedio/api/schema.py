@@ -65,11 +65,20 @@ def ok_json(schema: dict[str, Any] | type, description: str = "OK") -> dict[str,
 
 def path_param(name: str, description: str, *, uuid: bool = True) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "string", "format": "uuid"} if uuid else {"type": "string"}
-    return {"name": name, "in": "path", "required": True, "description": description,
-            "schema": schema}  # fmt: skip
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "description": description,
+        "schema": schema,
+    }
 
 
 def encode(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     """A Struct (or builtins) as a JSON response."""
-    return web.Response(body=msgspec.json.encode(value), status=status,
-                        content_type="application/json", headers=headers)  # fmt: skip
+    return web.Response(
+        body=msgspec.json.encode(value),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )

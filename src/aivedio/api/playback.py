@@ -1,0 +1,104 @@
+"""``GET /v1/videos/{video_id}/playback``: playback URLs for the published revision.
+
+Only the owner's tenant (another tenant gets the same 404 as a missing id) and only a
+published revision (409 while it is still being made). The token is scoped to that
+revision's prefix (seed 002 §11.7.7): one token opens the master playlist, every rendition
+and segment under it, the MP4, poster, sprites and waveform, and nothing else.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from aivedio.api import schema
+from aivedio.api.auth import tenant_of
+from aivedio.api.context import ApiContext, context
+from aivedio.api.ids import path_uuid
+from aivedio.api.problems import ApiError
+from aivedio.api.published import SERVABLE_STATES, published_files
+from aivedio.store.database import map_db_errors
+
+routes = web.RouteTableDef()
+
+
+class Playback(msgspec.Struct, frozen=True, kw_only=True):
+    video_id: str
+    state: str
+    revision: int
+    token: str
+    expires_at: datetime
+    watch_url: str
+    master_playlist: str | None = None
+    mp4: str | None = None
+    proxy: str | None = None
+    poster: str | None = None
+    thumbnails_vtt: str | None = None
+    waveform: str | None = None
+    keyframes: str | None = None
+
+
+# Playback field → the variant whose primary file it points at.
+FIELDS = {
+    "master_playlist": "hls",
+    "mp4": "playback",
+    "proxy": "proxy",
+    "poster": "poster",
+    "thumbnails_vtt": "sprite",
+    "waveform": "waveform",
+    "keyframes": "keyframes",
+}
+
+
+async def issue(ctx: ApiContext, request: web.Request, tenant_id: int, video: Any) -> Playback:
+    with map_db_errors("reading the asset"):
+        row = await ctx.pool.fetchrow(
+            "SELECT status, current_revision FROM assets WHERE id = $1 AND tenant_id = $2",
+            video,
+            tenant_id,
+        )
+    if row is None or row["status"] == "DELETED":
+        raise ApiError(404, "no such video")
+    if row["status"] not in SERVABLE_STATES or row["current_revision"] is None:
+        raise ApiError(409, f"the video is not published (state {row['status']})", "not_published")
+    revision = int(row["current_revision"])
+    files = await published_files(ctx.pool, tenant_id, video, revision)
+    token, claims = ctx.signer.issue(
+        tenant_id, video, revision, ctx.config.api.playback_token_ttl_seconds
+    )
+    base = ctx.base_url(request)
+    media = f"{base}/media/{token}/"
+    urls = {name: media + files[v]["path"] for name, v in FIELDS.items() if v in files}
+    return Playback(
+        video_id=str(video),
+        state=row["status"],
+        revision=revision,
+        token=token,
+        expires_at=datetime.fromtimestamp(claims.expires_at, UTC),
+        watch_url=f"{base}/watch/{video}?token={token}",
+        **urls,
+    )
+
+
+@routes.get("/v1/videos/{video_id}/playback")
+async def playback(request: web.Request) -> web.Response:
+    video = path_uuid(request, "video_id", "video")
+    return schema.encode(await issue(context(request), request, tenant_of(request), video))
+
+
+PATHS: dict[str, Any] = {
+    "/v1/videos/{video_id}/playback": {
+        "get": {
+            "summary": "Playback URLs of the published revision",
+            "description": "A token scoped to the revision's prefix opens every URL returned.",
+            "operationId": "getVideoPlayback",
+            "tags": ["videos"],
+            "parameters": [schema.path_param("video_id", "the video (asset) id")],
+            "responses": schema.responses({"200": schema.ok_json(Playback)}, 401, 404, 409),
+        }
+    }
+}
+SCHEMAS: tuple[type, ...] = (Playback,)
