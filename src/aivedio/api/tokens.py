@@ -74,7 +74,7 @@ class TokenSigner:
         body, dot, mac = token.partition(".")
         if not dot or not body or not mac or len(token) > 512:
             raise TokenRejected("playback token is malformed")
-        if not hmac.compare_digest(self._mac(body), mac):
+        if not hmac.compare_digest(self._mac(body).encode(), mac.encode()):
             raise TokenRejected("playback token signature does not match")
         try:
             claims = msgspec.json.decode(_unb64(body), type=Claims)
