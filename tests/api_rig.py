@@ -8,6 +8,7 @@ play what the pipeline really produced.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from aivedio.api.context import ApiContext
 from aivedio.api.tokens import TokenSigner
 from aivedio.config import Config, StorageConfig
 from aivedio.pipeline.services import url_cipher
+from aivedio.store import keys
 from aivedio.store.api_keys import create_key
 from aivedio.store.database import Pool
 from aivedio.store.objects import open_object_store
@@ -32,6 +34,8 @@ from aivedio.store.queue import Queue
 from tests.pipeline_rig import REGISTRY, Rig, rig_config, running_worker
 
 TOKEN_KEY = b"p" * 32
+PLAYLIST = b"#EXTM3U\n#EXT-X-VERSION:7\n#EXT-X-STREAM-INF:BANDWIDTH=1000\nv0/index.m3u8\n"
+SEGMENT = bytes(range(256)) * 4  # 1024 bytes
 
 
 @dataclass
@@ -122,3 +126,39 @@ async def open_api(
         port = await tg.start(run_app, ctx, "127.0.0.1", 0)
         yield Api(Rig(cfg, pool, store, tenant_id), ctx, f"http://127.0.0.1:{port}", http, key)
         tg.cancel_scope.cancel()
+
+
+async def published(api: Api, *, tenant_id: int | None = None, revision: int = 1) -> uuid.UUID:
+    """An asset whose revision was released, with a playlist, a segment and an MP4 under
+    its revision prefix (rows and objects as the publish stage leaves them)."""
+    tenant = tenant_id or api.rig.tenant_id
+    asset_id = uuid.uuid4()
+    prefix = keys.revision_prefix(tenant, asset_id, revision)
+    files = {"hls/master.m3u8": PLAYLIST, "hls/v0/seg_1.m4s": SEGMENT, "playback.mp4": SEGMENT}
+    for path, body in files.items():
+        await api.rig.store.put_bytes(f"{prefix}/{path}", body)
+    pool = api.rig.pool
+    await pool.execute(
+        "INSERT INTO assets (id, tenant_id, source_type, status, current_revision,"
+        " source_object_key) VALUES ($1, $2, 'UPLOAD', 'PLAYABLE', $3, 'quarantine/x')",
+        asset_id, tenant, revision,
+    )  # fmt: skip
+    await pool.execute(
+        "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
+        " published_outputs) VALUES ($1, $2, 1, 'READY', ARRAY['hls', 'playback'])",
+        asset_id, revision,
+    )  # fmt: skip
+    for variant, path in (("hls", "hls/master.m3u8"), ("playback", "playback.mp4")):
+        await pool.execute(
+            "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
+            " mime_type, size_bytes, checksum_alg, checksum, status)"
+            " VALUES ($1, $2, $3, $4, $5, 'x', $6, 'sha256', $7, 'SUCCEEDED')",
+            uuid.uuid4(), asset_id, revision, variant, f"{prefix}/{path}", len(files[path]),
+            hashlib.sha256(files[path]).hexdigest(),
+        )  # fmt: skip
+    await pool.execute(
+        "INSERT INTO releases (asset_id, revision, outputs) VALUES ($1, $2, ARRAY['hls'])",
+        asset_id,
+        revision,
+    )
+    return asset_id

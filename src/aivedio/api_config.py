@@ -46,7 +46,7 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
 
 
 def validate_api(api: ApiConfig) -> None:
-    if not 0 < api.port < 65536:
+    if not 0 <= api.port < 65536:  # 0: any free port (tests, demos)
         raise ConfigError(f"config error: api.port: {api.port} is not a TCP port")
     if api.public_base_url:
         parts = urlsplit(api.public_base_url)

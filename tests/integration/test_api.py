@@ -19,16 +19,13 @@ from aivedio.api.app import make_app
 from aivedio.api.tokens import TokenSigner
 from aivedio.config import Config, ProviderConfig
 from aivedio.pipeline.callbacks import sign
-from aivedio.store import keys
 from aivedio.store.api_keys import revoke_key
 from aivedio.store.database import Pool
-from tests.api_rig import TOKEN_KEY, Api, open_api
+from tests.api_rig import PLAYLIST, SEGMENT, TOKEN_KEY, Api, open_api, published
 
 pytestmark = pytest.mark.anyio
 
 SECRET = "cb-secret-for-tests"
-PLAYLIST = b"#EXTM3U\n#EXT-X-VERSION:7\n#EXT-X-STREAM-INF:BANDWIDTH=1000\nv0/index.m3u8\n"
-SEGMENT = bytes(range(256)) * 4  # 1024 bytes
 
 
 def with_providers(config: Config) -> Config:
@@ -37,42 +34,6 @@ def with_providers(config: Config) -> Config:
         "orphan": ProviderConfig(callback_secret=SECRET),  # names no tenant
     }
     return msgspec.structs.replace(config, providers=providers)
-
-
-async def published(api: Api, *, tenant_id: int | None = None, revision: int = 1) -> uuid.UUID:
-    """An asset whose revision was released, with a playlist, a segment and an MP4 under
-    its revision prefix (rows and objects as the publish stage leaves them)."""
-    tenant = tenant_id or api.rig.tenant_id
-    asset_id = uuid.uuid4()
-    prefix = keys.revision_prefix(tenant, asset_id, revision)
-    files = {"hls/master.m3u8": PLAYLIST, "hls/v0/seg_1.m4s": SEGMENT, "playback.mp4": SEGMENT}
-    for path, body in files.items():
-        await api.rig.store.put_bytes(f"{prefix}/{path}", body)
-    pool = api.rig.pool
-    await pool.execute(
-        "INSERT INTO assets (id, tenant_id, source_type, status, current_revision,"
-        " source_object_key) VALUES ($1, $2, 'UPLOAD', 'PLAYABLE', $3, 'quarantine/x')",
-        asset_id, tenant, revision,
-    )  # fmt: skip
-    await pool.execute(
-        "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
-        " published_outputs) VALUES ($1, $2, 1, 'READY', ARRAY['hls', 'playback'])",
-        asset_id, revision,
-    )  # fmt: skip
-    for variant, path in (("hls", "hls/master.m3u8"), ("playback", "playback.mp4")):
-        await pool.execute(
-            "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
-            " mime_type, size_bytes, checksum_alg, checksum, status)"
-            " VALUES ($1, $2, $3, $4, $5, 'x', $6, 'sha256', $7, 'SUCCEEDED')",
-            uuid.uuid4(), asset_id, revision, variant, f"{prefix}/{path}", len(files[path]),
-            hashlib.sha256(files[path]).hexdigest(),
-        )  # fmt: skip
-    await pool.execute(
-        "INSERT INTO releases (asset_id, revision, outputs) VALUES ($1, $2, ARRAY['hls'])",
-        asset_id,
-        revision,
-    )
-    return asset_id
 
 
 async def get(api: Api, url: str, **headers: str) -> tuple[int, CIMultiDict[str], bytes]:

@@ -114,7 +114,7 @@ def test_api_config_checks_say_what_to_fix() -> None:
     good = base64.b64encode(b"x" * 32).decode()
     assert require_api_secret(ApiConfig(playback_token_secret=good)) == b"x" * 32
     for bad, match in [
-        (ApiConfig(port=0), "api.port"),
+        (ApiConfig(port=70000), "api.port"),
         (ApiConfig(public_base_url="ftp://x"), "public_base_url"),
         (ApiConfig(public_base_url="https://u@x"), "userinfo"),
         (ApiConfig(max_callback_bytes=10), "max_callback_bytes"),
