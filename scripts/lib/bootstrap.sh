@@ -121,3 +121,62 @@ asyncio.run(main())
 print(urlunsplit(urlsplit(server)._replace(path=f"/{name}")))
 PYEOF
 }
+
+# hls.js for the watch page (/watch/{id}), vendored from the npm registry, never a CDN: the
+# exact version and the registry's sha512 integrity of its tarball are pinned here. To move
+# to another version: `npm view hls.js@X dist.integrity`, then update both lines.
+HLS_JS_VERSION="1.7.4"
+HLS_JS_INTEGRITY="sha512-3GlxGdPvT2YHvQYOt+yOzT/DEior/qJVNIylHA77kgeoBTdQQqi70GwefNEUmHQeNGyjC8U62+bruqW/Tpm+tg=="
+WEB_VENDOR_DIR="$AIVEDIO_ROOT/src/aivedio/api/static/vendor"
+
+ensure_web_assets() {
+    # hls.min.js, hls.worker.js and hls.js's licence in WEB_VENDOR_DIR (gitignored). Done when
+    # the stamp names the pinned version and integrity and the files still match the SHA-256
+    # sums recorded when they were extracted.
+    local stamp="$WEB_VENDOR_DIR/hls.js.stamp" sums="$WEB_VENDOR_DIR/hls.js.sha256"
+    local want="hls.js@$HLS_JS_VERSION $HLS_JS_INTEGRITY"
+    if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] \
+        && (cd "$WEB_VENDOR_DIR" && sha256sum --quiet --check hls.js.sha256) >/dev/null 2>&1; then
+        return 0
+    fi
+    local registry="${AIVEDIO_NPM_REGISTRY:-https://registry.npmjs.org}"
+    local url="${registry%/}/hls.js/-/hls.js-$HLS_JS_VERSION.tgz" tmp got
+    say "fetching hls.js $HLS_JS_VERSION from the npm registry ($url)"
+    tmp="$(mktemp -d)"
+    if command -v curl >/dev/null; then
+        curl -fsSL --retry 3 --proto '=https' --tlsv1.2 -o "$tmp/hls.tgz" "$url"
+    else
+        "${PYTHON:-python3}" - "$url" "$tmp/hls.tgz" <<'PYEOF'
+import shutil, sys, urllib.request
+with urllib.request.urlopen(sys.argv[1], timeout=60) as r, open(sys.argv[2], "wb") as f:
+    shutil.copyfileobj(r, f)
+PYEOF
+    fi || { rm -rf "$tmp"; die "could not download $url (the watch page needs hls.js)"; }
+    got="sha512-$("${PYTHON:-python3}" -c 'import base64,hashlib,sys; print(base64.b64encode(hashlib.sha512(open(sys.argv[1],"rb").read()).digest()).decode())' "$tmp/hls.tgz")"
+    if [ "$got" != "$HLS_JS_INTEGRITY" ]; then
+        rm -rf "$tmp"
+        die "hls.js $HLS_JS_VERSION tarball integrity mismatch: expected $HLS_JS_INTEGRITY, got $got"
+    fi
+    tar -xzf "$tmp/hls.tgz" -C "$tmp" package/dist/hls.min.js package/dist/hls.worker.js package/LICENSE \
+        || { rm -rf "$tmp"; die "the hls.js tarball lacks dist/hls.min.js, dist/hls.worker.js or LICENSE"; }
+    mkdir -p "$WEB_VENDOR_DIR"
+    rm -f "$stamp"
+    cp "$tmp/package/dist/hls.min.js" "$WEB_VENDOR_DIR/.hls.min.js.tmp"
+    cp "$tmp/package/dist/hls.worker.js" "$WEB_VENDOR_DIR/.hls.worker.js.tmp"
+    cp "$tmp/package/LICENSE" "$WEB_VENDOR_DIR/.hls.js-LICENSE.txt.tmp"
+    mv -f "$WEB_VENDOR_DIR/.hls.min.js.tmp" "$WEB_VENDOR_DIR/hls.min.js"
+    mv -f "$WEB_VENDOR_DIR/.hls.worker.js.tmp" "$WEB_VENDOR_DIR/hls.worker.js"
+    mv -f "$WEB_VENDOR_DIR/.hls.js-LICENSE.txt.tmp" "$WEB_VENDOR_DIR/hls.js-LICENSE.txt"
+    rm -rf "$tmp"
+    (cd "$WEB_VENDOR_DIR" && sha256sum hls.min.js hls.worker.js hls.js-LICENSE.txt >"$sums")
+    echo "$want" >"$stamp"
+    say "hls.js $HLS_JS_VERSION installed in ${WEB_VENDOR_DIR#"$AIVEDIO_ROOT"/}"
+}
+
+ensure_chromium() {
+    # Debian's chromium, driven headless by the player test (tests/e2e/test_player_chromium.py).
+    if command -v chromium >/dev/null; then return 0; fi
+    say "chromium is missing: installing Debian's chromium for the player test"
+    apt_install chromium \
+        || die "chromium is required by the player test and could not be installed here: install it (apt-get install chromium) and run again"
+}

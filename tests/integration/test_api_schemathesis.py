@@ -45,7 +45,7 @@ def artifacts() -> Path:
     return path
 
 
-async def run_schemathesis(base: str, key: str, name: str, *args: str) -> str:
+async def run_schemathesis(base: str, key: str, name: str, cwd: Path, *args: str) -> str:
     report = artifacts() / f"schemathesis-{name}.xml"
     result = await anyio.run_process(
         [
@@ -61,6 +61,7 @@ async def run_schemathesis(base: str, key: str, name: str, *args: str) -> str:
             "--report", "junit", "--report-junit-path", str(report),
         ],
         check=False,
+        cwd=cwd,  # its own cache directory lands there, not in the checkout
     )  # fmt: skip
     output = result.stdout.decode(errors="replace") + result.stderr.decode(errors="replace")
     (artifacts() / f"schemathesis-{name}.txt").write_text(output)
@@ -76,7 +77,7 @@ async def test_schemathesis_finds_no_server_error_or_schema_violation(
     config = msgspec.structs.replace(config, providers=providers)
     async with open_api(config, pool, tmp_path, sse_keepalive_seconds=1.0) as api:
         # First every parameter generated (unknown ids, garbage tokens, hostile bodies) ...
-        await run_schemathesis(api.base, api.key, "generated")
+        await run_schemathesis(api.base, api.key, "generated", tmp_path)
         # ... then with ids that exist, so the handlers' success paths answer too.
         asset = await published(api)
         doomed = await published(api)
@@ -100,6 +101,6 @@ parameters = {{ "path.asset_id" = "{doomed}" }}
 """
         )
         output = await run_schemathesis(
-            api.base, api.key, "existing", "--config-file", str(settings)
+            api.base, api.key, "existing", tmp_path, "--config-file", str(settings)
         )
         assert "Authentication failed" not in output, output[-3000:]

@@ -11,8 +11,8 @@ import anyio
 import pytest
 
 from aivedio import cli
-from aivedio.config import Config
 from aivedio.asset_status import asset_status
+from aivedio.config import Config
 from aivedio.store.database import Pool
 from tests.conftest import TEST_KEY
 from tests.media_fixtures import MediaCache, h264_faststart

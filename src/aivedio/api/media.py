@@ -28,7 +28,7 @@ from aiohttp import web
 from aivedio.api import schema
 from aivedio.api.context import context
 from aivedio.api.problems import ApiError
-from aivedio.api.published import is_servable
+from aivedio.api.published import servable_prefix
 from aivedio.pipeline.media_outputs import MIME
 from aivedio.store.objects import InvalidKeyError, validate_key
 
@@ -83,11 +83,14 @@ async def _serve(request: web.Request) -> web.StreamResponse:
     claims = ctx.signer.verify(request.match_info["token"])
     path = request.match_info["path"]
     try:
-        key = validate_key(claims.prefix + path)
+        validate_key(claims.prefix + path)
     except InvalidKeyError:
         raise ApiError(404, "no such object") from None
-    if not await is_servable(ctx.pool, claims.tenant_id, claims.asset_id, claims.revision):
+    # The revision's files live under its storage revision's prefix (published.py).
+    prefix = await servable_prefix(ctx.pool, claims.tenant_id, claims.asset_id, claims.revision)
+    if prefix is None:
         raise ApiError(404, "no such object")
+    key = validate_key(prefix + path)
     info = await ctx.store.head(key)
     if info is None:
         raise ApiError(404, "no such object")
