@@ -1,11 +1,684 @@
-"""(being written)"""
+"""Uploads (seed 004): ``POST /v1/videos`` opens an upload session, the bytes go where its
+``upload`` instructions say, ``POST /v1/videos/{id}/complete`` confirms them and hands the
+source to the pipeline, ``GET /v1/videos/{id}/status`` shows where it is.
+
+* **The video id is the asset id.** Completing a session inserts the QUARANTINED asset under
+  that id and enqueues its probe in the transaction that marks the session COMPLETED
+  (``store/uploads.complete_session``), like the fetch stage does for provider outputs; a
+  second complete finds the session COMPLETED and answers the same, so there is one asset
+  and one probe job however often a client retries.
+* **Where the bytes go depends on the store.** S3 (a ``PresigningStore``): the client sends
+  them straight to S3 with presigned URLs that bind the object's key, its exact length (per
+  part for multipart) and, for a single PUT, its SHA-256; the API never carries them. The
+  local store: the client PUTs them to ``/v1/videos/{id}/upload`` with its API key, and the
+  API streams them into the store while counting and hashing (never whole in memory).
+* **Nothing unverified reaches the pipeline.** Complete checks the object's size and SHA-256
+  against what the client declared: for uploads through the API, the digest measured while
+  streaming (the bytes never left our hands); for S3, by streaming the object back through
+  SHA-256, because nothing else proves the whole object's digest: a multipart object only
+  has per-part (composite) checksums, S3-compatible stores differ in whether they verify or
+  even keep ``x-amz-checksum-sha256``, and a client may bypass the checksum header. A
+  mismatch fails the session (422, reason recorded) and deletes the object.
+* **Every tenant sees only its own videos**: another tenant's id answers 404 exactly like a
+  missing one. Ids that are not UUIDs are missing videos too (404).
+* **Expired sessions** (``api.upload_session_ttl_seconds``; presigned URLs expire with the
+  session) accept nothing more: 410. ``store/uploads.reap_expired_uploads`` marks them and
+  removes what they left in quarantine.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+import math
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Literal, NoReturn
 
-from aiohttp import web
+import aiohttp
+import anyio
+import anyio.to_thread
+import msgspec
+from aiohttp import http_exceptions, web
+
+from aivedio.api import schema
+from aivedio.api.auth import tenant_of
+from aivedio.api.context import ApiContext, context
+from aivedio.api.problems import ApiError
+from aivedio.asset_status import asset_status
+from aivedio.errors import NotFoundError, StaleStateError
+from aivedio.logs import get_logger, redact_text
+from aivedio.pipeline.media_stage import probe_spec
+from aivedio.store import uploads
+from aivedio.store.objects import (
+    ABORT_TIMEOUT_SECONDS,
+    MAX_PRESIGN_SECONDS,
+    MIB,
+    ObjectInfo,
+    ObjectStoreError,
+    PresigningStore,
+    UploadedPart,
+)
+from aivedio.store.s3_upload import MAX_PARTS
+from aivedio.store.uploads import UploadSession
+
+log = get_logger("aivedio.api")
 
 routes = web.RouteTableDef()
-PATHS: dict[str, Any] = {}
-SCHEMAS: tuple[type, ...] = ()
+
+# Request bodies are read this many bytes at a time while streaming into the store.
+CHUNK_BYTES = 1 * MIB
+# Chunks at least this big are hashed in a worker thread (hashlib releases the GIL), so a
+# large upload does not hold the event loop for a millisecond and more per chunk.
+THREAD_HASH_BYTES = 256 * 1024
+# The largest JSON body read: the biggest a schema-valid complete (10,000 parts) can be.
+JSON_BODY_MAX_BYTES = 4 * MIB
+ContentType = Literal["video/mp4", "video/quicktime", "video/webm", "video/x-matroska"]
+# Visible text: no control characters (PostgreSQL text cannot hold NUL either).
+_TEXT = r"^[^\x00-\x1f\x7f]*$"
+_SHA256 = r"^[0-9a-fA-F]{64}$"
+_ETAG = r"^[\x21-\x7e]+$"  # visible ASCII, as S3 answers them (quotes included)
+
+# -- bodies ------------------------------------------------------------------------------------
+
+
+class CreateVideo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/videos``: what the client is about to upload."""
+
+    size_bytes: Annotated[int, msgspec.Meta(ge=1, description="exact size of the file")]
+    sha256: Annotated[str, msgspec.Meta(pattern=_SHA256, description="SHA-256 of the file, hex")]
+    content_type: ContentType = "video/mp4"
+    filename: Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=_TEXT)] | None = (
+        None
+    )
+
+
+class CompletedPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    part_number: Annotated[int, msgspec.Meta(ge=1, le=MAX_PARTS)]
+    etag: Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=_ETAG)]
+
+
+class CompleteVideo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/videos/{id}/complete``, optional. For a multipart upload, the parts with the
+    ETags S3 answered to each part's PUT; without them the API asks S3 which parts arrived."""
+
+    parts: (
+        Annotated[list[CompletedPart], msgspec.Meta(min_length=1, max_length=MAX_PARTS)] | None
+    ) = None
+
+
+class UploadPart(msgspec.Struct, frozen=True):
+    part_number: int
+    url: str
+    size_bytes: int
+
+
+class UploadInstructions(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """How to send the bytes. ``PUT``: one request to ``url`` with exactly ``headers`` (and
+    the file as the body). ``MULTIPART``: each part's bytes (``part_size`` each, the last
+    one the rest) PUT to that part's ``url``; keep the ``ETag`` each answers for complete.
+    ``credentials``: ``api_key`` means send your API key (``Authorization: Bearer …``) as
+    on every API call; ``none`` means the URL is presigned: send no Authorization header."""
+
+    method: Literal["PUT", "MULTIPART"]
+    credentials: Literal["api_key", "none"]
+    expires_at: datetime
+    url: str | None = None
+    headers: dict[str, str] = {}
+    upload_id: str | None = None
+    part_size: int | None = None
+    parts: list[UploadPart] = []
+
+
+class VideoCreated(msgspec.Struct, frozen=True, kw_only=True):
+    video_id: uuid.UUID
+    state: Literal["AWAITING_UPLOAD"]
+    expires_at: datetime
+    upload: UploadInstructions
+
+
+class UploadReceived(msgspec.Struct, frozen=True, kw_only=True):
+    """The bytes are stored and match the declared size and SHA-256; complete comes next."""
+
+    video_id: uuid.UUID
+    state: Literal["AWAITING_UPLOAD"]
+    size_bytes: int
+    sha256: str
+
+
+class VideoAccepted(msgspec.Struct, frozen=True, kw_only=True):
+    """The upload is verified and its asset exists; ``state`` is the asset's state now
+    (QUARANTINED when just completed; a repeated complete shows how far it got)."""
+
+    video_id: uuid.UUID
+    state: str
+    size_bytes: int
+    sha256: str
+    status_url: str
+
+
+class TimelineEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One event, oldest first. ``stage``: ``upload``, ``asset``, ``fetch``, a job kind
+    (``probe``, ``render:playback``, ``moderate``, ``publish``…) or ``publish`` for a release;
+    ``event``: what happened (a job's status, a fetch outcome, ``released``…)."""
+
+    at: datetime
+    stage: str
+    event: str
+    finished_at: datetime | None = None
+    error_class: str | None = None
+    source: str | None = None
+    attempts: int | None = None
+    bytes: int | None = None
+    http_status: int | None = None
+    revision: int | None = None
+    previous_revision: int | None = None
+    outputs: list[str] | None = None
+
+
+class UploadSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    size_bytes: int
+    sha256: str
+    content_type: str
+    expires_at: datetime
+    filename: str | None = None
+    received_bytes: int | None = None
+
+
+class VideoStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Before completion ``state`` is AWAITING_UPLOAD, UPLOAD_FAILED or UPLOAD_EXPIRED; after
+    it, the asset's state (QUARANTINED, PROBING, PROCESSING, PLAYABLE, ENRICHED, INVALID_MEDIA,
+    PROCESSING_FAILED, REJECTED, DELETED…). ``published_revision`` is the revision playback
+    serves. ``upload`` is absent for videos that came from a provider, not an upload."""
+
+    video_id: uuid.UUID
+    state: str
+    timeline: list[TimelineEntry]
+    published_revision: int | None = None
+    moderation: str | None = None
+    error_class: str | None = None
+    error_detail: str | None = None
+    upload: UploadSummary | None = None
+
+
+SCHEMAS: tuple[type, ...] = (
+    CreateVideo,
+    CompleteVideo,
+    VideoCreated,
+    UploadReceived,
+    VideoAccepted,
+    VideoStatus,
+)
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+async def _read_json_body(request: web.Request) -> bytes:
+    """The body, refused (413) past ``JSON_BODY_MAX_BYTES``: every body the schema allows
+    fits, so a bigger one is malformed anyway; anything smaller is validated and answered
+    400/422 with what is wrong, not cut off by the app's generic read limit."""
+    too_large = ApiError(413, f"the request body is over {JSON_BODY_MAX_BYTES} bytes")
+    if (request.content_length or 0) > JSON_BODY_MAX_BYTES:
+        raise too_large
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in request.content.iter_chunked(64 * 1024):
+        total += len(chunk)
+        if total > JSON_BODY_MAX_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _decode(request: web.Request, kind: type[Any], *, required: bool) -> Any:
+    body = await _read_json_body(request)
+    if not body.strip():
+        if required:
+            raise ApiError(400, "a JSON object is required as the request body")
+        return None
+    declared = request.headers.get("Content-Type")
+    if declared is not None and not _is_json(request.content_type):
+        raise ApiError(415, f"the body must be application/json, not {request.content_type}")
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        raise ApiError(422, f"request body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+
+
+def _is_json(media_type: str) -> bool:
+    return media_type == "application/json" or media_type.endswith("+json")
+
+
+def _video_id(request: web.Request) -> uuid.UUID:
+    try:
+        return uuid.UUID(request.match_info["video_id"])
+    except ValueError:
+        raise ApiError(404, "no such video") from None
+
+
+async def _session(request: web.Request) -> UploadSession:
+    session = await uploads.load_session(context(request).pool, tenant_of(request),
+                                         _video_id(request))  # fmt: skip
+    if session is None:
+        raise ApiError(404, "no such video")
+    return session
+
+
+def _refuse_ended(session: UploadSession) -> None:
+    """410 for an expired session, 422 for a failed one (its reason again)."""
+    if session.expired():
+        raise ApiError(410, f"the upload session expired at {session.expires_at.isoformat()}; "
+                       "create a new video", code="upload_expired")  # fmt: skip
+    if session.status == uploads.FAILED:
+        raise ApiError(422, f"the upload failed: {session.error_detail}; create a new video",
+                       code=session.error_class or "upload_failed")  # fmt: skip
+
+
+async def _update(hasher: Any, chunk: bytes) -> None:
+    if len(chunk) >= THREAD_HASH_BYTES:
+        await anyio.to_thread.run_sync(hasher.update, chunk)
+    else:
+        hasher.update(chunk)
+
+
+def _status_path(video_id: uuid.UUID) -> str:
+    return f"/v1/videos/{video_id}/status"
+
+
+# -- POST /v1/videos ---------------------------------------------------------------------------
+
+
+@routes.post("/v1/videos")
+async def create_video(request: web.Request) -> web.Response:
+    ctx = context(request)
+    body: CreateVideo = await _decode(request, CreateVideo, required=True)
+    limit = ctx.config.api.upload_max_bytes
+    if body.size_bytes > limit:
+        raise ApiError(413, f"size_bytes {body.size_bytes} is over this API's limit of "
+                       f"{limit} bytes")  # fmt: skip
+    tenant_id = tenant_of(request)
+    video_id = uuid.uuid4()
+    sha256 = body.sha256.lower()
+    ttl = ctx.config.api.upload_session_ttl_seconds
+    store = ctx.store
+    if isinstance(store, PresigningStore):
+        ttl = min(ttl, MAX_PRESIGN_SECONDS)  # the session ends when its URLs do
+    expires_at = datetime.now(UTC) + timedelta(seconds=ttl)
+    common: dict[str, Any] = {
+        "video_id": video_id, "tenant_id": tenant_id, "content_type": body.content_type,
+        "filename": body.filename, "size_bytes": body.size_bytes, "sha256": sha256,
+        "expires_at": expires_at,
+    }  # fmt: skip
+    if isinstance(store, PresigningStore):
+        instructions = await _presigned(ctx, store, common, math.ceil(ttl))
+    else:
+        await uploads.create_session(ctx.pool, method=uploads.API_PUT, **common)
+        instructions = UploadInstructions(
+            method="PUT", credentials="api_key", expires_at=expires_at,
+            url=f"{ctx.base_url(request)}/v1/videos/{video_id}/upload",
+            headers={"Content-Type": "application/octet-stream"},
+        )  # fmt: skip
+    log.info("upload_session_created", video_id=str(video_id), tenant_id=tenant_id,
+             size_bytes=body.size_bytes, method=instructions.method)  # fmt: skip
+    created = VideoCreated(video_id=video_id, state="AWAITING_UPLOAD", expires_at=expires_at,
+                           upload=instructions)  # fmt: skip
+    return schema.encode(created, 201, headers={"Location": _status_path(video_id)})
+
+
+async def _presigned(
+    ctx: ApiContext, store: PresigningStore, common: dict[str, Any], seconds: int
+) -> UploadInstructions:
+    """A presigned PUT when the file fits one part, else a multipart upload with a presigned
+    URL per part; the session is recorded with the key (and upload id) the URLs are for."""
+    video_id: uuid.UUID = common["video_id"]
+    size: int = common["size_bytes"]
+    key = uploads.source_key(common["tenant_id"], video_id)
+    part_size = ctx.config.api.upload_part_size_bytes
+    if size <= part_size:
+        put = await store.presign_put(key, expires_seconds=seconds, content_length=size,
+                                      content_type=common["content_type"],
+                                      sha256_hex=common["sha256"])  # fmt: skip
+        await uploads.create_session(ctx.pool, method=uploads.S3_PUT, object_key=key, **common)
+        return UploadInstructions(method="PUT", credentials="none", url=put.url,
+                                  headers=put.headers, expires_at=common["expires_at"])  # fmt: skip
+    # S3 allows 10,000 parts: past that the parts grow (in whole MiB).
+    part_size = max(part_size, math.ceil(size / MAX_PARTS / MIB) * MIB)
+    count = math.ceil(size / part_size)
+    upload_id = await store.create_multipart(key, content_type=common["content_type"])
+    try:
+        parts = []
+        for number in range(1, count + 1):
+            length = min(part_size, size - (number - 1) * part_size)
+            url = await store.presign_part(key, upload_id, number, expires_seconds=seconds,
+                                           content_length=length)  # fmt: skip
+            parts.append(UploadPart(number, url, length))
+        await uploads.create_session(ctx.pool, method=uploads.S3_MULTIPART, object_key=key,
+                                     multipart_upload_id=upload_id, part_size_bytes=part_size,
+                                     **common)  # fmt: skip
+    except BaseException:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_TIMEOUT_SECONDS):
+            await ctx.store.abort_multipart_upload(key, upload_id)
+        raise
+    return UploadInstructions(method="MULTIPART", credentials="none", upload_id=upload_id,
+                              part_size=part_size, parts=parts,
+                              expires_at=common["expires_at"])  # fmt: skip
+
+
+# -- PUT /v1/videos/{id}/upload (the local store) ----------------------------------------------
+
+
+@routes.put("/v1/videos/{video_id}/upload")
+async def upload_video(request: web.Request) -> web.Response:
+    """Stream the body into the store, counting and hashing; keep it only when its size and
+    SHA-256 are the declared ones. A refused attempt leaves the session open for another."""
+    ctx = context(request)
+    session = await _session(request)
+    if session.method != uploads.API_PUT:
+        raise ApiError(409, "this video uploads to its presigned URL(s), not to the API: "
+                       "use the `upload` instructions of POST /v1/videos")  # fmt: skip
+    if session.status == uploads.COMPLETED:
+        raise ApiError(409, "the upload is already completed", code="upload_completed")
+    _refuse_ended(session)
+    declared = session.declared_size_bytes
+    length = request.content_length
+    if length is not None and length != declared:
+        await _refused(
+            ctx,
+            session,
+            "size_mismatch",
+            f"Content-Length {length} differs from the declared size {declared}",
+        )
+    key = uploads.source_key(session.tenant_id, session.id, f"put-{uuid.uuid4().hex[:16]}")
+    hasher = hashlib.sha256()
+    received = 0
+    try:
+        async with await ctx.store.start_upload(key, content_type=session.content_type) as up:
+            async for chunk in request.content.iter_chunked(CHUNK_BYTES):
+                received += len(chunk)
+                if received > declared:
+                    await _refused(ctx, session, "size_mismatch",
+                                   f"more bytes than the declared {declared}")  # fmt: skip
+                await _update(hasher, chunk)
+                await up.write(chunk)
+            if received != declared:
+                await _refused(ctx, session, "size_mismatch",
+                               f"received {received} bytes, declared {declared}")  # fmt: skip
+            digest = hasher.hexdigest()
+            if digest != session.declared_sha256:
+                await _refused(ctx, session, "checksum_mismatch", f"the body's SHA-256 is "
+                               f"{digest}, declared {session.declared_sha256}")  # fmt: skip
+            await up.complete()
+    except (
+        ConnectionError,
+        aiohttp.ClientPayloadError,
+        http_exceptions.HttpProcessingError,
+    ) as exc:
+        raise ApiError(400, f"the request body ended early: {type(exc).__name__}") from None
+    try:
+        replaced = await uploads.record_received(ctx.pool, session.id, key=key, size=received,
+                                                 sha256=digest)  # fmt: skip
+    except StaleStateError:
+        await ctx.store.delete(key)  # the session ended while the bytes streamed in
+        _refuse_ended(await _session(request))
+        raise ApiError(409, "the upload is already completed", code="upload_completed") from None
+    except BaseException:
+        await ctx.store.delete(key)
+        raise
+    if replaced is not None:
+        await ctx.store.delete(replaced)
+    log.info("upload_received", video_id=str(session.id), bytes=received)
+    return schema.encode(UploadReceived(video_id=session.id, state="AWAITING_UPLOAD",
+                                        size_bytes=received, sha256=digest))  # fmt: skip
+
+
+async def _refused(
+    ctx: ApiContext, session: UploadSession, error_class: str, detail: str
+) -> NoReturn:
+    await uploads.note_refused(ctx.pool, session.id, error_class, detail)
+    raise ApiError(422, f"upload refused: {detail}; nothing was kept", code=error_class)
+
+
+# -- POST /v1/videos/{id}/complete -------------------------------------------------------------
+
+
+@routes.post("/v1/videos/{video_id}/complete")
+async def complete_video(request: web.Request) -> web.Response:
+    """Verify the uploaded object (size, SHA-256) and hand it to the pipeline: the asset and
+    its probe job in one transaction. Idempotent: a completed video answers the same."""
+    ctx = context(request)
+    body: CompleteVideo | None = await _decode(request, CompleteVideo, required=False)
+    session = await _session(request)
+    if session.status == uploads.COMPLETED:
+        return await _accepted(ctx, session)
+    _refuse_ended(session)
+    key, info = await _uploaded_object(ctx, session, body)
+    sha256 = await _verify(ctx, session, key, info)
+    probe = probe_spec(session.id, session.tenant_id)
+    done = await uploads.complete_session(ctx.pool, ctx.queue, session, key=key, size=info.size,
+                                          sha256=sha256, probe=probe)  # fmt: skip
+    now = await _session(request)
+    if not done:
+        if now.status == uploads.COMPLETED:
+            return await _accepted(ctx, now)
+        _refuse_ended(now)
+        raise ApiError(409, "another upload arrived while completing: complete again")
+    log.info("upload_completed", video_id=str(session.id), tenant_id=session.tenant_id,
+             bytes=info.size)  # fmt: skip
+    return await _accepted(ctx, now)
+
+
+async def _uploaded_object(
+    ctx: ApiContext, session: UploadSession, body: CompleteVideo | None
+) -> tuple[str, ObjectInfo]:
+    """The session's object, assembling a multipart upload first when that is still due."""
+    nothing = "nothing uploaded yet: send the bytes as the `upload` instructions say, then complete"
+    key = session.object_key
+    if key is None:
+        raise ApiError(409, nothing, code="not_uploaded")
+    info = await ctx.store.head(key)
+    if info is not None:
+        return key, info
+    if session.method != uploads.S3_MULTIPART:
+        raise ApiError(409, nothing, code="not_uploaded")
+    store = ctx.store
+    upload_id = session.multipart_upload_id
+    if not isinstance(store, PresigningStore) or upload_id is None:
+        raise ApiError(409, "this video's store cannot complete a multipart upload")
+    try:
+        if body is not None and body.parts:
+            parts = [UploadedPart(p.part_number, p.etag) for p in body.parts]
+        else:
+            parts = await store.list_parts(key, upload_id)
+            if not parts:
+                raise ApiError(409, nothing, code="not_uploaded")
+            got = sum(p.size or 0 for p in parts)
+            if got != session.declared_size_bytes:
+                raise ApiError(409, f"the parts received so far hold {got} bytes of the declared "
+                               f"{session.declared_size_bytes}: upload the missing parts, then "
+                               "complete", code="incomplete_upload")  # fmt: skip
+        info = await store.complete_multipart(key, upload_id, parts)
+    except NotFoundError:
+        # No such upload any more: a concurrent complete assembled it, or it is gone.
+        info = await store.head(key)
+        if info is None:
+            raise ApiError(
+                409, "the multipart upload no longer exists", code="not_uploaded"
+            ) from None
+    except ObjectStoreError as exc:
+        raise ApiError(422, f"the store refused the parts: {redact_text(exc.detail)}",
+                       code="invalid_parts") from None  # fmt: skip
+    return key, info
+
+
+async def _verify(ctx: ApiContext, session: UploadSession, key: str, info: ObjectInfo) -> str:
+    """The object's SHA-256 when it is the declared one; else the session fails (422).
+
+    Through the API the digest was measured while the bytes streamed in and the key was
+    written once, by that PUT. For presigned uploads the object is read back through SHA-256:
+    see the module docstring for why no store-side checksum can stand in for that.
+    """
+    declared = session.declared_size_bytes
+    if info.size != declared:
+        await _fail(
+            ctx,
+            session,
+            key,
+            "size_mismatch",
+            f"the uploaded object has {info.size} bytes, declared {declared}",
+        )
+    if session.method == uploads.API_PUT:
+        digest = session.received_sha256 or ""
+        if session.received_size_bytes != declared:
+            await _fail(
+                ctx,
+                session,
+                key,
+                "size_mismatch",
+                f"received {session.received_size_bytes} bytes, declared {declared}",
+            )
+    else:
+        hasher = hashlib.sha256()
+        stream = ctx.store.get(key)
+        try:
+            async for chunk in stream:
+                await _update(hasher, chunk)
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        digest = hasher.hexdigest()
+    if digest != session.declared_sha256:
+        await _fail(ctx, session, key, "checksum_mismatch",
+                    f"the uploaded object's SHA-256 is {digest}, declared "
+                    f"{session.declared_sha256}")  # fmt: skip
+    return digest
+
+
+async def _fail(
+    ctx: ApiContext, session: UploadSession, key: str, error_class: str, detail: str
+) -> NoReturn:
+    """The session FAILED with the reason, its objects removed; answers 422."""
+    if await uploads.fail_session(ctx.pool, session.id, error_class, detail):
+        await uploads.remove_session_objects(ctx.store, session)
+        await uploads.mark_cleaned(ctx.pool, session.id)
+        log.info("upload_failed", video_id=str(session.id), error_class=error_class)
+    raise ApiError(422, f"upload failed: {detail}; create a new video", code=error_class)
+
+
+async def _accepted(ctx: ApiContext, session: UploadSession) -> web.Response:
+    state = await ctx.pool.fetchval("SELECT status FROM assets WHERE id = $1", session.id)
+    accepted = VideoAccepted(video_id=session.id, state=str(state or "QUARANTINED"),
+                             size_bytes=session.received_size_bytes or session.declared_size_bytes,
+                             sha256=session.received_sha256 or session.declared_sha256,
+                             status_url=_status_path(session.id))  # fmt: skip
+    return schema.encode(accepted, 202, headers={"Location": _status_path(session.id)})
+
+
+# -- GET /v1/videos/{id}/status ----------------------------------------------------------------
+
+_SESSION_STATE = {uploads.AWAITING: "AWAITING_UPLOAD", uploads.FAILED: "UPLOAD_FAILED",
+                  uploads.EXPIRED: "UPLOAD_EXPIRED"}  # fmt: skip
+
+
+@routes.get("/v1/videos/{video_id}/status")
+async def video_status(request: web.Request) -> web.Response:
+    """An upload's state and timeline; once completed, its asset's (a video the pipeline
+    fetched from a provider has no session and is answered from its asset alone)."""
+    ctx = context(request)
+    tenant_id = tenant_of(request)
+    video_id = _video_id(request)
+    session = await uploads.load_session(ctx.pool, tenant_id, video_id)
+    if session is None:
+        owner = await ctx.pool.fetchval("SELECT tenant_id FROM assets WHERE id = $1", video_id)
+        if owner != tenant_id:
+            raise ApiError(404, "no such video")
+    timeline = _session_timeline(session) if session is not None else []
+    summary = _summary(session) if session is not None else None
+    if session is not None and session.status != uploads.COMPLETED:
+        state = "UPLOAD_EXPIRED" if session.expired() else _SESSION_STATE[session.status]
+        return schema.encode(VideoStatus(
+            video_id=video_id, state=state, timeline=timeline, upload=summary,
+            error_class=session.error_class, error_detail=session.error_detail))  # fmt: skip
+    status = await asset_status(ctx.pool, video_id)
+    if status is None:
+        raise ApiError(404, "no such video")
+    entries = [msgspec.convert(entry, TimelineEntry) for entry in status["timeline"]]
+    timeline = sorted([*timeline, *entries], key=lambda entry: entry.at)
+    detail = status["error_detail"]
+    return schema.encode(VideoStatus(
+        video_id=video_id, state=status["state"], timeline=timeline,
+        published_revision=status["current_revision"], moderation=status["moderation"],
+        error_class=status["error_class"], upload=summary,
+        error_detail=redact_text(detail) if detail else None))  # fmt: skip
+
+
+def _summary(session: UploadSession) -> UploadSummary:
+    return UploadSummary(size_bytes=session.declared_size_bytes, sha256=session.declared_sha256,
+                         content_type=session.content_type, expires_at=session.expires_at,
+                         filename=session.filename,
+                         received_bytes=session.received_size_bytes)  # fmt: skip
+
+
+def _session_timeline(session: UploadSession) -> list[TimelineEntry]:
+    entries = [TimelineEntry(at=session.created_at, stage="upload", event="session_created")]
+    if session.uploaded_at is not None:
+        entries.append(TimelineEntry(at=session.uploaded_at, stage="upload", event="received",
+                                     bytes=session.received_size_bytes))  # fmt: skip
+    ended = session.ended_at
+    if session.status == uploads.COMPLETED and session.completed_at is not None:
+        entries.append(TimelineEntry(at=session.completed_at, stage="upload", event="completed"))
+    elif session.status == uploads.FAILED and ended is not None:
+        entries.append(TimelineEntry(at=ended, stage="upload", event="failed",
+                                     error_class=session.error_class))  # fmt: skip
+    elif session.expired():
+        entries.append(TimelineEntry(at=ended or session.expires_at, stage="upload",
+                                     event="expired"))  # fmt: skip
+    return entries
+
+
+# -- the OpenAPI description -------------------------------------------------------------------
+
+_ID = schema.path_param("video_id", "the video's id (also its asset's id)")
+_GONE = {"410": {"description": "the upload session expired",
+                 "content": schema.json_content(schema.Error)}}  # fmt: skip
+PATHS: dict[str, Any] = {
+    "/v1/videos": {"post": {
+        "summary": "Open an upload session for a video",
+        "description": "Declare the file (exact size, SHA-256, type); the answer says where "
+                       "and how to send the bytes, which must then be confirmed with "
+                       "complete before the session expires.",
+        "operationId": "createVideo", "tags": ["videos"],
+        "requestBody": {"required": True, "content": schema.json_content(CreateVideo)},
+        "responses": schema.responses(
+            {"201": schema.ok_json(VideoCreated, "session open; send the bytes as `upload` says")},
+            400, 401, 413, 415, 422, 503),
+    }},
+    "/v1/videos/{video_id}/upload": {"put": {
+        "summary": "Send the bytes through the API (stores without presigned URLs)",
+        "description": "The whole file as the body; it is kept only when its size and SHA-256 "
+                       "are the declared ones. Sessions on S3 upload to their presigned URLs "
+                       "instead (409 here).",
+        "operationId": "uploadVideo", "tags": ["videos"], "parameters": [_ID],
+        "requestBody": {"required": True, "content": {"application/octet-stream": {
+            "schema": {"type": "string", "format": "binary"}}}},
+        "responses": schema.responses(
+            {"200": schema.ok_json(UploadReceived, "stored and verified; complete next"),
+             **_GONE}, 400, 401, 404, 409, 422, 503),
+    }},
+    "/v1/videos/{video_id}/complete": {"post": {
+        "summary": "Confirm the upload and start processing",
+        "description": "Verifies the object's size and SHA-256 against the declared ones, then "
+                       "creates the asset and its probe job. Idempotent.",
+        "operationId": "completeVideo", "tags": ["videos"], "parameters": [_ID],
+        "requestBody": {"required": False, "content": schema.json_content(CompleteVideo)},
+        "responses": schema.responses(
+            {"202": schema.ok_json(VideoAccepted, "verified; processing"), **_GONE},
+            400, 401, 404, 409, 413, 415, 422, 503),
+    }},
+    "/v1/videos/{video_id}/status": {"get": {
+        "summary": "The video's state and the timeline of its stages",
+        "operationId": "getVideoStatus", "tags": ["videos"], "parameters": [_ID],
+        "responses": schema.responses({"200": schema.ok_json(VideoStatus)}, 401, 404, 503),
+    }},
+}  # fmt: skip

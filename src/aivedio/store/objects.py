@@ -29,6 +29,9 @@ Design choices, and the failure each one prevents:
   of the object yields no bytes on both stores (S3 answers 416, the local store reads nothing).
 * **Stale multipart uploads are visible** (``list_multipart_uploads``) so a reaper can abort
   what crashed processes left behind; both stores report them the same way.
+* **Presigning is a capability, not part of the contract** (``PresigningStore``): S3 can hand
+  a client a URL that writes or reads one object directly; the local store cannot, and the
+  API then carries the bytes itself. Callers test ``isinstance(store, PresigningStore)``.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol, Self
+from typing import Protocol, Self, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
 import msgspec
@@ -194,6 +197,83 @@ class ObjectStore(Protocol):
     async def aclose(self) -> None:
         """Refuse new uploads and abort (shielded) the ones neither completed nor aborted;
         connections are released when the store's ``async with`` block exits."""
+        ...
+
+
+# SigV4 presigned URLs live at most a week.
+MAX_PRESIGN_SECONDS = 7 * 24 * 3600
+
+
+class PresignedRequest(msgspec.Struct, frozen=True):
+    """A request a client may send without credentials of its own: the URL carries the
+    signature, and every header in ``headers`` is signed, so it must be sent exactly."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+
+
+class UploadedPart(msgspec.Struct, frozen=True):
+    """One part of a multipart upload, as the store acknowledged it."""
+
+    part_number: int
+    etag: str
+    size: int | None = None
+
+
+@runtime_checkable
+class PresigningStore(Protocol):
+    """What a store that can presign offers (S3); the local store has none of it."""
+
+    async def presign_put(
+        self,
+        key: str,
+        *,
+        expires_seconds: int,
+        content_length: int,
+        content_type: str = DEFAULT_CONTENT_TYPE,
+        sha256_hex: str | None = None,
+    ) -> PresignedRequest:
+        """A single PUT of exactly ``content_length`` bytes to ``key``. With ``sha256_hex``
+        the request must carry that checksum, which S3 verifies against the body."""
+        ...
+
+    async def create_multipart(self, key: str, *, content_type: str = DEFAULT_CONTENT_TYPE) -> str:
+        """Start a multipart upload whose parts a client sends; returns its upload id."""
+        ...
+
+    async def presign_part(
+        self,
+        key: str,
+        upload_id: str,
+        part_number: int,
+        *,
+        expires_seconds: int,
+        content_length: int | None = None,
+    ) -> str:
+        """The URL that PUTs part ``part_number`` (of exactly ``content_length`` bytes)."""
+        ...
+
+    async def list_parts(self, key: str, upload_id: str) -> builtins.list[UploadedPart]:
+        """The parts received so far, by part number; ``NotFoundError`` if no such upload."""
+        ...
+
+    async def complete_multipart(
+        self, key: str, upload_id: str, parts: builtins.list[UploadedPart]
+    ) -> ObjectInfo:
+        """Assemble ``parts`` into the object. ``ObjectStoreError`` when the store refuses
+        the list (a wrong ETag, a part too small), ``NotFoundError`` if no such upload."""
+        ...
+
+    async def presign_get(
+        self,
+        key: str,
+        *,
+        expires_seconds: int,
+        content_type: str | None = None,
+        content_disposition: str | None = None,
+    ) -> str:
+        """A GET URL for ``key``; the optional values override the response's headers."""
         ...
 
 

@@ -15,10 +15,16 @@ Choices, and the failure each prevents:
   upload neither completed nor aborted, so a shutdown does not strand billed parts.
 * **The key prefix** of ``s3://bucket/prefix`` is added and stripped here; callers only ever
   see their own keys.
+* **Presigned URLs are SigV4** (``signature_version = "s3v4"``; botocore would otherwise
+  presign with SigV2 against custom endpoints), so the headers they name are signed: a
+  presigned PUT binds its Content-Length, Content-Type and SHA-256, and a client cannot
+  send a bigger or different object than the one the URL was made for. They point at
+  ``s3_endpoint_url``, which clients must therefore be able to reach.
 """
 
 from __future__ import annotations
 
+import base64
 import builtins
 import functools
 import weakref
@@ -45,13 +51,16 @@ from aivedio.errors import (
 )
 from aivedio.store.objects import (
     DEFAULT_CONTENT_TYPE,
+    MAX_PRESIGN_SECONDS,
     MIB,
     READ_CHUNK_BYTES,
     ObjectInfo,
     ObjectStoreConveniences,
     ObjectStoreError,
     PendingUpload,
+    PresignedRequest,
     Upload,
+    UploadedPart,
     parse_storage_url,
     validate_key,
     validate_prefix,
@@ -205,6 +214,7 @@ class S3ObjectStore(ObjectStoreConveniences):
             read_timeout=read_timeout_seconds,
             retries={"max_attempts": max_attempts, "mode": "standard"},
             max_pool_connections=MAX_POOL_CONNECTIONS,
+            signature_version="s3v4",
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
             # Custom endpoints (MinIO, Ceph, moto) rarely have wildcard DNS for buckets.
@@ -396,3 +406,109 @@ class S3ObjectStore(ObjectStoreConveniences):
         validate_key(key)
         with map_s3_errors(f"deleting {key!r}"):
             await self._client.delete_object(Bucket=self.bucket, Key=self._full_key(key))
+
+    # -- presigning: clients upload and read directly ------------------------------------
+
+    async def _presign(self, operation: str, params: dict[str, Any], expires_seconds: int) -> str:
+        if not 1 <= expires_seconds <= MAX_PRESIGN_SECONDS:
+            raise ValueError(f"expires_seconds must be 1..{MAX_PRESIGN_SECONDS}")
+        with map_s3_errors(f"presigning {operation}"):
+            url: str = await self._client.generate_presigned_url(
+                operation, Params={"Bucket": self.bucket, **params}, ExpiresIn=expires_seconds
+            )
+        return url
+
+    async def presign_put(
+        self,
+        key: str,
+        *,
+        expires_seconds: int,
+        content_length: int,
+        content_type: str = DEFAULT_CONTENT_TYPE,
+        sha256_hex: str | None = None,
+    ) -> PresignedRequest:
+        validate_key(key)
+        params: dict[str, Any] = {"Key": self._full_key(key), "ContentLength": content_length,
+                                  "ContentType": content_type}  # fmt: skip
+        headers = {"Content-Type": content_type, "Content-Length": str(content_length)}
+        if sha256_hex is not None:
+            checksum = base64.b64encode(bytes.fromhex(sha256_hex)).decode("ascii")
+            params["ChecksumSHA256"] = checksum
+            headers["x-amz-checksum-sha256"] = checksum
+        url = await self._presign("put_object", params, expires_seconds)
+        return PresignedRequest("PUT", url, headers)
+
+    async def create_multipart(self, key: str, *, content_type: str = DEFAULT_CONTENT_TYPE) -> str:
+        validate_key(key)
+        with map_s3_errors(f"starting a multipart upload of {key!r}"):
+            response = await self._client.create_multipart_upload(
+                Bucket=self.bucket, Key=self._full_key(key), ContentType=content_type
+            )
+        upload_id: str = response["UploadId"]
+        return upload_id
+
+    async def presign_part(
+        self,
+        key: str,
+        upload_id: str,
+        part_number: int,
+        *,
+        expires_seconds: int,
+        content_length: int | None = None,
+    ) -> str:
+        validate_key(key)
+        if not 1 <= part_number <= MAX_PARTS:
+            raise ValueError(f"part_number must be 1..{MAX_PARTS}")
+        params: dict[str, Any] = {"Key": self._full_key(key), "UploadId": upload_id,
+                                  "PartNumber": part_number}  # fmt: skip
+        if content_length is not None:
+            params["ContentLength"] = content_length
+        return await self._presign("upload_part", params, expires_seconds)
+
+    async def list_parts(self, key: str, upload_id: str) -> builtins.list[UploadedPart]:
+        validate_key(key)
+        found: builtins.list[UploadedPart] = []
+        marker: dict[str, int] = {}
+        while True:
+            with map_s3_errors(f"listing the parts of {key!r}"):
+                page = await self._client.list_parts(
+                    Bucket=self.bucket, Key=self._full_key(key), UploadId=upload_id, **marker
+                )
+            for part in page.get("Parts", []):
+                found.append(UploadedPart(int(part["PartNumber"]), _etag(part.get("ETag")) or "",
+                                          int(part.get("Size", 0))))  # fmt: skip
+            if not page.get("IsTruncated"):
+                return sorted(found, key=lambda p: p.part_number)
+            marker = {"PartNumberMarker": int(page["NextPartNumberMarker"])}
+
+    async def complete_multipart(
+        self, key: str, upload_id: str, parts: builtins.list[UploadedPart]
+    ) -> ObjectInfo:
+        validate_key(key)
+        listed = [{"PartNumber": p.part_number, "ETag": f'"{p.etag.strip(chr(34))}"'}
+                  for p in sorted(parts, key=lambda p: p.part_number)]  # fmt: skip
+        with map_s3_errors(f"completing the multipart upload of {key!r}"):
+            await self._client.complete_multipart_upload(
+                Bucket=self.bucket, Key=self._full_key(key), UploadId=upload_id,
+                MultipartUpload={"Parts": listed},
+            )  # fmt: skip
+        info = await self.head(key)
+        if info is None:
+            raise TransientError(f"completed the upload of {key!r} but cannot see it yet")
+        return info
+
+    async def presign_get(
+        self,
+        key: str,
+        *,
+        expires_seconds: int,
+        content_type: str | None = None,
+        content_disposition: str | None = None,
+    ) -> str:
+        validate_key(key)
+        params: dict[str, Any] = {"Key": self._full_key(key)}
+        if content_type is not None:
+            params["ResponseContentType"] = content_type
+        if content_disposition is not None:
+            params["ResponseContentDisposition"] = content_disposition
+        return await self._presign("get_object", params, expires_seconds)
