@@ -678,3 +678,33 @@ def test_sweep_dry_run_json_prints_findings_and_changes_nothing(
     assert text.fn(config, text) == 0
     out = capsys.readouterr().out
     assert "sweep (dry run): swept" in out and f"would_delete           {key}" in out
+
+
+async def test_upload_sessions_keep_their_bytes_until_they_expire_then_are_reaped(
+    rig: Rig,
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from aivedio.store.uploads import create_session, source_key
+
+    root = root_of(rig.config)
+    now = datetime.now(UTC)
+    keys_of: dict[str, str] = {}
+    for name, expires_in in (("live", 3600), ("expired", -60)):
+        video = uuid.uuid4()
+        key = source_key(rig.tenant_id, video)
+        await create_session(
+            rig.pool, video_id=video, tenant_id=rig.tenant_id, method="API_PUT",
+            content_type="video/mp4", filename=None, size_bytes=4, sha256="0" * 64,
+            expires_at=now + timedelta(seconds=expires_in), object_key=key,
+        )  # fmt: skip
+        await rig.store.put_bytes(key, b"half")
+        age(root, key, OLD)  # past the orphan grace period: only the session protects it
+        keys_of[name] = key
+    async with sweeper(rig) as s:
+        report = await s.sweep(dry_run=False)
+    assert await exists(rig.store, keys_of["live"])
+    assert not await exists(rig.store, keys_of["expired"])
+    assert [f.action for f in report.expired_uploads] == ["expired_and_cleaned"]
+    statuses = await rig.pool.fetch("SELECT status FROM upload_sessions ORDER BY expires_at")
+    assert [r["status"] for r in statuses] == ["EXPIRED", "AWAITING_UPLOAD"]

@@ -75,6 +75,8 @@ WHERE EXISTS (SELECT 1 FROM assets a WHERE a.source_object_key = c.k
               AND o.fetch_status <> ALL($3::text[]))
    OR EXISTS (SELECT 1 FROM jobs j WHERE j.kind = 'fetch'
               AND j.payload->>'provider_output_id' = c.output_id::text)
+   OR EXISTS (SELECT 1 FROM upload_sessions s WHERE s.id = c.output_id
+              AND s.status = 'AWAITING_UPLOAD')
 """
 
 # -- roots (pure) ---------------------------------------------------------------------------

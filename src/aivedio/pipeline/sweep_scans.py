@@ -31,6 +31,7 @@ from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectStore
 from aivedio.store.queue import Enqueued, JobSpec, Queue
 from aivedio.store.records import transition
+from aivedio.store.uploads import reap_expired_uploads
 from aivedio.sweeper_config import SweeperConfig
 
 log = get_logger("aivedio.sweeper")
@@ -130,7 +131,8 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 class SweepReport(msgspec.Struct, kw_only=True):
     SCANS: ClassVar[tuple[str, ...]] = (
         "reaped_jobs", "fetching_stale", "near_expiry", "tasks_without_output",
-        "stale_uploads", "stuck_assets", "integrity", "orphan_objects", "quarantine_orphans",
+        "stale_uploads", "expired_uploads", "stuck_assets", "integrity", "orphan_objects",
+        "quarantine_orphans",
     )  # fmt: skip
 
     outcome: str = "swept"  # or "another_sweeper_running"
@@ -142,6 +144,7 @@ class SweepReport(msgspec.Struct, kw_only=True):
     near_expiry: list[Finding] = msgspec.field(default_factory=list)
     tasks_without_output: list[Finding] = msgspec.field(default_factory=list)
     stale_uploads: list[Finding] = msgspec.field(default_factory=list)
+    expired_uploads: list[Finding] = msgspec.field(default_factory=list)
     stuck_assets: list[Finding] = msgspec.field(default_factory=list)
     integrity: list[Finding] = msgspec.field(default_factory=list)
     orphan_objects: list[Finding] = msgspec.field(default_factory=list)
@@ -248,8 +251,19 @@ class StalledWork:
 
     async def stale_uploads(self, report: SweepReport, now: datetime) -> None:
         cutoff = now - timedelta(seconds=self.cfg.multipart_stale_seconds)
-        for upload in await self.store.list_multipart_uploads(""):
-            if upload.initiated >= cutoff:
+        stale = [u for u in await self.store.list_multipart_uploads("") if u.initiated < cutoff]
+        # A client's multipart upload into a live upload session is not ours to abort: the
+        # session's own expiry ends it (``expired_uploads``).
+        live = {
+            r["multipart_upload_id"]
+            for r in await self.pool.fetch(
+                "SELECT multipart_upload_id FROM upload_sessions WHERE status = 'AWAITING_UPLOAD'"
+                " AND multipart_upload_id = ANY($1::text[])",
+                [u.upload_id for u in stale],
+            )
+        }
+        for upload in stale:
+            if upload.upload_id in live:
                 continue
             if not report.dry_run:
                 await self.store.abort_multipart_upload(upload.key, upload.upload_id)
@@ -257,6 +271,16 @@ class StalledWork:
             finding = Finding(subject=upload.key, action=report.act("aborted"),
                               detail=f"upload {upload.upload_id} started {age} s ago")  # fmt: skip
             report.add("stale_uploads", finding)
+
+    async def expired_uploads(self, report: SweepReport, now: datetime) -> None:
+        """Upload sessions past their expiry: EXPIRED, their bytes and parts removed."""
+        for reaped in await reap_expired_uploads(self.pool, self.store, now=now,
+                                                 dry_run=report.dry_run):  # fmt: skip
+            detail = (f"tenant {reaped.tenant_id}, expired {reaped.expires_at.isoformat()}: "
+                      f"{len(reaped.deleted_objects)} objects deleted, "
+                      f"{len(reaped.aborted_uploads)} uploads aborted")  # fmt: skip
+            report.add("expired_uploads", Finding(subject=str(reaped.video_id),
+                                                  action=reaped.action, detail=detail))  # fmt: skip
 
     # -- stuck assets ---------------------------------------------------------------------------
 

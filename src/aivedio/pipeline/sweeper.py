@@ -116,7 +116,8 @@ class Sweeper:
         scans = (
             ("fetching_stale", stalled.fetching), ("near_expiry", stalled.near_expiry),
             ("tasks_without_output", stalled.tasks_without_output),
-            ("stale_uploads", stalled.stale_uploads), ("stuck_assets", stalled.stuck),
+            ("stale_uploads", stalled.stale_uploads),
+            ("expired_uploads", stalled.expired_uploads), ("stuck_assets", stalled.stuck),
             ("integrity", self.integrity.audit), ("orphan_objects", gc.collect_assets),
             ("quarantine_orphans", gc.collect_quarantine),
         )  # fmt: skip
