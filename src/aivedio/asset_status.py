@@ -66,7 +66,10 @@ async def asset_status(pool: Pool, asset_id: uuid.UUID) -> dict[str, Any] | None
                          "stage": job["kind"] + (f":{what}" if what else ""),
                          "event": job["status"], "attempts": job["attempts"],
                          "finished_at": _iso(job["finished_at"]),
-                         "error_class": job["last_error_class"]})  # fmt: skip
+                         # A job that succeeded in the end (after a deferral or a retry)
+                         # did not fail: its last error would read like a failure.
+                         "error_class": None if job["status"] == "succeeded"
+                         else job["last_error_class"]})  # fmt: skip
     for release in await pool.fetch(
         "SELECT revision, previous_revision, published_at, outputs FROM releases"
         " WHERE asset_id = $1 ORDER BY published_at",
