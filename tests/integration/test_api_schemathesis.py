@@ -45,11 +45,16 @@ def artifacts() -> Path:
     return path
 
 
-async def run_schemathesis(base: str, key: str, name: str, cwd: Path, *args: str) -> str:
+async def run_schemathesis(
+    base: str, key: str, name: str, cwd: Path, *run_args: str, settings: Path | None = None
+) -> str:
     report = artifacts() / f"schemathesis-{name}.xml"
-    result = await anyio.run_process(
-        [
-            str(ST), "--no-color", *args, "run", f"{base}/openapi.json",
+    with anyio.fail_after(300):  # a hung request fails here, with the run's name
+        result = await anyio.run_process(
+            [
+            str(ST), "--no-color",
+            *(["--config-file", str(settings)] if settings else []),
+            "run", f"{base}/openapi.json", *run_args,
             "--checks", CHECKS,
             "--header", f"Authorization: Bearer {key}",
             "--phases", "examples,coverage,fuzzing",
@@ -100,7 +105,15 @@ include-operation-id = "deleteAsset"
 parameters = {{ "path.asset_id" = "{doomed}" }}
 """
         )
+        # The event stream of an existing asset is endless by design (its own tests read it);
+        # here it would only hold the run until the timeout.
         output = await run_schemathesis(
-            api.base, api.key, "existing", tmp_path, "--config-file", str(settings)
+            api.base,
+            api.key,
+            "existing",
+            tmp_path,
+            "--exclude-path-regex",
+            "/events$",
+            settings=settings,
         )
         assert "Authentication failed" not in output, output[-3000:]
