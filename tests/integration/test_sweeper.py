@@ -708,3 +708,30 @@ async def test_upload_sessions_keep_their_bytes_until_they_expire_then_are_reape
     assert [f.action for f in report.expired_uploads] == ["expired_and_cleaned"]
     statuses = await rig.pool.fetch("SELECT status FROM upload_sessions ORDER BY expires_at")
     assert [r["status"] for r in statuses] == ["EXPIRED", "AWAITING_UPLOAD"]
+
+
+async def test_an_upload_a_live_job_owns_is_never_aborted_whatever_its_reported_age(
+    rig: Rig, moto_endpoint: str
+) -> None:
+    """moto reports every multipart upload as started in 2010, as a store with a skewed
+    clock might: the stale-upload scan must still leave a running fetch's upload alone."""
+    from tests.s3_server import s3_config
+
+    storage = s3_config(moto_endpoint, f"stale-{uuid.uuid4().hex[:8]}")
+    async with open_object_store(storage, part_size_bytes=5 << 20) as store:
+        output = str(uuid.uuid4())
+        owned = await store.start_upload(f"quarantine/t/{output}/7/source.bin")
+        orphan = await store.start_upload(f"quarantine/t/{uuid.uuid4()}/8/source.bin")
+        for upload in (owned, orphan):  # past one part: the multipart upload exists
+            await upload.write(b"x" * ((5 << 20) + 1))
+        spec = JobSpec(kind="fetch", lane="fetch", idempotency_key=f"fetch:{output}:v1",
+                       tenant_id=rig.tenant_id, payload={"provider_output_id": output},
+                       max_attempts=3, timeout_seconds=60)  # fmt: skip
+        async with rig.pool.acquire() as conn:
+            await Queue(rig.pool).enqueue_one(conn, spec)
+        async with open_sweeper(rig.config, rig.pool, store, sweeper=CFG) as s:
+            report = await s.sweep(dry_run=False)
+        assert [f.subject for f in report.stale_uploads] == [orphan.key]
+        assert [u.key for u in await store.list_multipart_uploads()] == [owned.key]
+        await owned.abort()
+        await orphan.abort()

@@ -118,6 +118,23 @@ WHERE k.idempotency_key = $1
 # -- the report ----------------------------------------------------------------------------
 
 
+# $1 upload ids, $2 the owner segment of each upload's key (an output, video or asset id).
+LIVE_UPLOAD_OWNERS = """
+SELECT multipart_upload_id AS id FROM upload_sessions
+ WHERE status = 'AWAITING_UPLOAD' AND multipart_upload_id = ANY($1::text[])
+UNION
+SELECT coalesce(payload->>'provider_output_id', payload->>'asset_id') FROM jobs
+ WHERE coalesce(payload->>'provider_output_id', payload->>'asset_id') = ANY($2::text[])
+"""
+
+
+def _owner(key: str) -> str:
+    """The id a key belongs to: quarantine/{tenant}/{output or video}/…,
+    assets/{tenant}/{asset}/…"""
+    parts = key.split("/")
+    return parts[2] if len(parts) > 2 else ""
+
+
 class Finding(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One thing a scan found: what (a key or an id), why, and what the sweep did about it
     (``would_…`` in a dry run; ``reported`` when reporting is all there is to do)."""
@@ -252,18 +269,19 @@ class StalledWork:
     async def stale_uploads(self, report: SweepReport, now: datetime) -> None:
         cutoff = now - timedelta(seconds=self.cfg.multipart_stale_seconds)
         stale = [u for u in await self.store.list_multipart_uploads("") if u.initiated < cutoff]
-        # A client's multipart upload into a live upload session is not ours to abort: the
-        # session's own expiry ends it (``expired_uploads``).
+        # Not ours to abort, whatever the store says its age is (some S3 implementations
+        # report a fixed or skewed Initiated time): a client's multipart upload into a live
+        # upload session (its own expiry ends it, ``expired_uploads``), and an upload whose
+        # output or asset (the key's third segment) still has a live job, which may be
+        # writing it right now.
         live = {
-            r["multipart_upload_id"]
+            r["id"]
             for r in await self.pool.fetch(
-                "SELECT multipart_upload_id FROM upload_sessions WHERE status = 'AWAITING_UPLOAD'"
-                " AND multipart_upload_id = ANY($1::text[])",
-                [u.upload_id for u in stale],
+                LIVE_UPLOAD_OWNERS, [u.upload_id for u in stale], [_owner(u.key) for u in stale]
             )
         }
         for upload in stale:
-            if upload.upload_id in live:
+            if upload.upload_id in live or _owner(upload.key) in live:
                 continue
             if not report.dry_run:
                 await self.store.abort_multipart_upload(upload.key, upload.upload_id)
