@@ -22,6 +22,7 @@ from aivedio.pipeline.callbacks import sign
 from aivedio.store.api_keys import revoke_key
 from aivedio.store.database import Pool
 from tests.api_rig import PLAYLIST, SEGMENT, TOKEN_KEY, Api, open_api, published
+from tests.s3_server import s3_config
 
 pytestmark = pytest.mark.anyio
 
@@ -315,3 +316,24 @@ async def test_operations_endpoints_and_document(
             (path, "head") for path in doc["paths"]
         }
         assert served == described
+
+
+async def test_redirect_mode_sends_presigned_store_urls(
+    config: Config, pool: Pool, tmp_path: Path, moto_endpoint: str
+) -> None:
+    storage = s3_config(moto_endpoint, f"redirect-{uuid.uuid4().hex[:8]}")
+    async with open_api(config, pool, tmp_path, storage=storage, media_redirect=True) as api:
+        asset_id = await published(api)
+        play = await api.json("GET", f"/v1/videos/{asset_id}/playback")
+        segment = play["master_playlist"].replace("master.m3u8", "v0/seg_1.m4s")
+        status, headers, _ = await get(api, segment)
+        assert status == 302 and headers["Cache-Control"] == "no-store"
+        location = headers["Location"]
+        assert location.startswith(moto_endpoint) and "X-Amz-Signature=" in location
+        async with api.http.get(location, headers={"Range": "bytes=0-9"}) as resp:
+            assert resp.status == 206 and await resp.read() == SEGMENT[:10]
+        async with api.http.get(location) as resp:
+            assert resp.headers["Content-Type"] == "video/iso.segment"
+        # The checks still come first: a deleted asset gets no redirect.
+        await api.json("DELETE", f"/v1/assets/{asset_id}")
+        assert (await get(api, segment))[0] == 404

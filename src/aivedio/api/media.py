@@ -30,7 +30,7 @@ from aivedio.api.context import context
 from aivedio.api.problems import ApiError
 from aivedio.api.published import servable_prefix
 from aivedio.pipeline.media_outputs import MIME
-from aivedio.store.objects import InvalidKeyError, validate_key
+from aivedio.store.objects import InvalidKeyError, PresigningStore, validate_key
 
 routes = web.RouteTableDef()
 
@@ -100,9 +100,12 @@ async def _serve(request: web.Request) -> web.StreamResponse:
         "Access-Control-Allow-Origin": "*",
         "Accept-Ranges": "bytes",
     }
-    if ctx.config.api.media_redirect and hasattr(ctx.store, "presign_get"):
+    if ctx.config.api.media_redirect and isinstance(ctx.store, PresigningStore):
         ttl = min(ctx.config.api.presign_ttl_seconds, max(1.0, claims.expires_at - now))
-        url = await ctx.store.presign_get(key, expires_seconds=math.ceil(ttl))
+        # The object store answers Range itself; the type is the one this gateway would send.
+        url = await ctx.store.presign_get(
+            key, expires_seconds=math.ceil(ttl), content_type=content_type(path)
+        )
         raise web.HTTPFound(
             url, headers={"Cache-Control": "no-store", "Access-Control-Allow-Origin": "*"}
         )
