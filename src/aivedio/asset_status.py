@@ -3,6 +3,12 @@
 One answer to "where is it and what happened", shared by ``aivedio status`` and the API:
 the asset's state and current revision, each published variant of that revision, and the
 timeline (fetch attempts, jobs with their outcome and error class, releases), oldest first.
+Before an asset exists, ``output_status`` answers for the provider output it will come from:
+its fetch state, URL expiry, last error and fetch attempts.
+
+A timeline entry is a plain dict with ``at``, ``stage`` and ``event`` (and optional details);
+the fetch entries of an output are the same dicts in both answers, so a reader that follows
+an output and then its asset (``aivedio status --follow``) can tell which it has shown.
 """
 
 from __future__ import annotations
@@ -11,7 +17,16 @@ import uuid
 from datetime import datetime
 from typing import Any
 
+from aivedio.logs import redact_text
 from aivedio.store.database import Pool
+
+# States after which nothing more happens to an asset (seed §11.5; DELETED is the tombstone).
+FINAL_ASSET_STATES = frozenset(
+    {"ENRICHED", "REJECTED", "INVALID_MEDIA", "PROCESSING_FAILED", "DELETED"}
+)
+# A provider output that ends here never gets an asset. (STORED is final too, but it is
+# recorded in the transaction that creates the asset: from then on the asset answers.)
+FINAL_OUTPUT_STATES_WITHOUT_ASSET = frozenset({"OUTPUT_LOST", "INVALID_RESPONSE"})
 
 
 def _iso(value: Any) -> Any:
@@ -42,17 +57,7 @@ async def asset_status(pool: Pool, asset_id: uuid.UUID) -> dict[str, Any] | None
          "source": asset["source_type"].lower()}
     ]  # fmt: skip
     if asset["source_provider_output_id"] is not None:
-        for attempt in await pool.fetch(
-            "SELECT started_at, finished_at, outcome, error_class, http_status, bytes"
-            " FROM fetch_attempts WHERE provider_output_id = $1 ORDER BY id",
-            asset["source_provider_output_id"],
-        ):
-            entry = {"at": _iso(attempt["started_at"]), "stage": "fetch",
-                     "event": attempt["outcome"] or "started",
-                     "finished_at": _iso(attempt["finished_at"]),
-                     "error_class": attempt["error_class"],
-                     "http_status": attempt["http_status"], "bytes": attempt["bytes"]}  # fmt: skip
-            timeline.append(entry)
+        timeline.extend(await fetch_entries(pool, asset["source_provider_output_id"]))
     jobs = await pool.fetch(
         "SELECT kind, status, attempts, last_error_class, started_at, finished_at, payload,"
         " created_at FROM job_history WHERE payload->>'asset_id' = $1"
@@ -87,11 +92,67 @@ async def asset_status(pool: Pool, asset_id: uuid.UUID) -> dict[str, Any] | None
         "moderation": asset["moderation_status"],
         "provider": asset["provider"],
         "provider_task_id": asset["provider_task_id"],
+        "provider_output_id": _str(asset["source_provider_output_id"]),
+        "output_index": asset["output_index"],
         "error_class": asset["last_error_class"],
         "error_detail": asset["last_error_detail"],
         "variants": [_variant(v) for v in variants],
         "timeline": timeline,
     }
+
+
+async def fetch_entries(pool: Pool, provider_output_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The output's fetch attempts as timeline entries, oldest first (never a URL: the
+    attempts keep scheme, host and a path hash only)."""
+    return [
+        {"at": _iso(attempt["started_at"]), "stage": "fetch",
+         "event": attempt["outcome"] or "started", "attempt": attempt["attempt"],
+         "finished_at": _iso(attempt["finished_at"]), "error_class": attempt["error_class"],
+         "http_status": attempt["http_status"], "bytes": attempt["bytes"]}
+        for attempt in await pool.fetch(
+            "SELECT attempt, started_at, finished_at, outcome, error_class, http_status, bytes"
+            " FROM fetch_attempts WHERE provider_output_id = $1 ORDER BY id",
+            provider_output_id,
+        )
+    ]  # fmt: skip
+
+
+async def output_status(pool: Pool, provider_output_id: uuid.UUID) -> dict[str, Any] | None:
+    """A provider output's fetch state and attempts, and its asset's id once it has one (then
+    ``asset_status`` of that id says the rest). None when there is no such output."""
+    output = await pool.fetchrow(
+        "SELECT o.*, t.provider_status AS task_state, a.id AS asset_id"
+        " FROM provider_outputs o JOIN generation_tasks t ON t.id = o.generation_task_id"
+        " LEFT JOIN assets a ON a.source_provider_output_id = o.id WHERE o.id = $1",
+        provider_output_id,
+    )
+    if output is None:
+        return None
+    timeline: list[dict[str, Any]] = [
+        {"at": _iso(output["created_at"]), "stage": "output", "event": "recorded"},
+        *await fetch_entries(pool, provider_output_id),
+    ]
+    timeline.sort(key=lambda entry: entry["at"] or "")
+    detail = output["last_error_detail"]
+    return {
+        "provider_output_id": str(provider_output_id),
+        "asset_id": _str(output["asset_id"]),
+        "state": output["fetch_status"],
+        "provider": output["provider"],
+        "provider_task_id": output["provider_task_id"],
+        "output_index": output["output_index"],
+        "generation_task_id": str(output["generation_task_id"]),
+        "task_state": output["task_state"],
+        "url_expires_at": _iso(output["source_url_expires_at"]),
+        "expected_size_bytes": output["expected_size_bytes"],
+        "error_class": output["last_error_class"],
+        "error_detail": redact_text(detail) if detail else None,
+        "timeline": timeline,
+    }
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _variant(v: Any) -> dict[str, Any]:
