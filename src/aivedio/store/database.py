@@ -54,7 +54,16 @@ def map_db_errors(action: str) -> Iterator[None]:
     """Translate driver and socket errors into DatabaseError, naming what we were doing."""
     try:
         yield
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError) as exc:
+    except (
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        # What a pooled connection raises after the server restarted under it ("cannot
+        # switch to state …; another operation is in progress"): not an InterfaceError, and
+        # as transient as one.
+        asyncpg.InternalClientError,
+        OSError,
+        TimeoutError,
+    ) as exc:
         raise DatabaseError(f"{action}: {type(exc).__name__}: {exc}") from exc
 
 

@@ -1,0 +1,51 @@
+"""Regressions found by the chaos harness (``scripts/chaos``), one test per finding.
+
+Each was written failing, against the code the harness caught, and passes since the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asyncpg import InternalClientError
+
+from aivedio.errors import DatabaseError
+from aivedio.store.database import map_db_errors
+from aivedio.store.queue import Queue
+
+pytestmark = pytest.mark.anyio
+
+# What asyncpg raised in a worker right after `pg_ctl restart -m fast` (scripts/chaos
+# --seed 1 --n 20, and every N=200 seed tried): a pooled connection whose protocol still
+# believed an earlier operation was in progress.
+STALE_PROTOCOL = "cannot switch to state 12; another operation (2) is in progress"
+
+# Chaos finding 1 (fixed):
+WORKER_EXITS_ON_PG_RESTART = (
+    "chaos finding 1: asyncpg's InternalClientError is not an InterfaceError, so "
+    "map_db_errors lets it escape Queue.claim / Queue.retry_later as a raw exception; the "
+    "worker's claim loop and Worker._fail only catch DatabaseError, the task group dies and "
+    "`aivedio worker` exits 1 when PostgreSQL restarts"
+)
+
+
+class _BrokenPool:
+    """A pool whose connection is in asyncpg's stale-protocol state."""
+
+    async def fetch(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise InternalClientError(STALE_PROTOCOL)
+
+    async def fetchval(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise InternalClientError(STALE_PROTOCOL)
+
+
+def test_map_db_errors_turns_internal_client_error_into_database_error() -> None:
+    with pytest.raises(DatabaseError), map_db_errors("claiming jobs"):
+        raise InternalClientError(STALE_PROTOCOL)
+
+
+async def test_claim_on_a_stale_connection_is_a_database_error() -> None:
+    queue = Queue(_BrokenPool())  # type: ignore[arg-type]
+    with pytest.raises(DatabaseError):
+        await queue.claim("fetch", 1, "chaos-owner", 10.0, 64, 0)
