@@ -2,7 +2,8 @@
 
 ``list`` prints one JSON object per asset (newest first): status, current revision, the
 last error. ``show`` prints the asset, each revision (status, plan mode, required and
-optional outputs) and each variant (status, object key, size, checksum, error).
+optional outputs) and each variant (status, object key, size, checksum, error, and when
+it was deferred under backlog pressure); then the asset's media crashes (poison media).
 """
 
 from __future__ import annotations
@@ -47,9 +48,14 @@ def _text(document: dict[str, Any]) -> str:
             where = v["object_key"].rsplit("/rev/", 1)[-1]
             size = v["total_bytes"] or 0
             error = f"  {v['error']}" if v["error"] else ""
+            if v.get("deferred_at"):
+                error += f"  (deferred under backlog since {v['deferred_at']})"
             lines.append(
                 f"    {v['variant_type']:<10} {v['status']:<10} {size:>10} bytes  {where}{error}"
             )
+    for c in a.get("crashes", []):
+        lines.append(f"  crash: {c['cause']} in {c['kind']} job {c['job_id']} at "
+                     f"{c['created_at']}: {c['detail']}")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -102,11 +108,17 @@ def cmd_assets_show(config: Config, args: argparse.Namespace) -> int:
                 variants = await pool.fetch(
                     "SELECT revision, variant_type, status, object_key, mime_type, size_bytes,"
                     " checksum, width, height, codec, bitrate, extra->>'error' AS error,"
-                    " extra->'total_bytes' AS total_bytes FROM asset_variants"
+                    " extra->'total_bytes' AS total_bytes, deferred_at FROM asset_variants"
                     " WHERE asset_id = $1 ORDER BY revision, variant_type",
                     asset_id,
                 )
+                crashes = await pool.fetch(
+                    "SELECT job_id, kind, cause, detail, created_at FROM media_crashes"
+                    " WHERE asset_id = $1 ORDER BY created_at, job_id",
+                    asset_id,
+                )
         document = _plain(asset)
+        document["crashes"] = [_plain(c) for c in crashes]
         document["revisions"] = [_plain(r) for r in revisions]
         for revision in document["revisions"]:
             revision["variants"] = [

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from aivedio.api_config import ApiConfig, validate_api
+from aivedio.backlog_config import BacklogConfig, validate_backlog
 from aivedio.errors import ConfigError
 from aivedio.ledger_config import LedgerConfig, validate_ledger
 from aivedio.media_config import MediaConfig, validate_media
@@ -201,6 +202,7 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     outbox: OutboxConfig = msgspec.field(default_factory=OutboxConfig)
     sweeper: SweeperConfig = msgspec.field(default_factory=SweeperConfig)
     api: ApiConfig = msgspec.field(default_factory=ApiConfig)
+    backlog: BacklogConfig = msgspec.field(default_factory=BacklogConfig)
     providers: dict[str, ProviderConfig] = msgspec.field(default_factory=dict)
 
     @property
@@ -364,6 +366,7 @@ def validate(config: Config, *, require_secrets: bool = True) -> None:
     validate_outbox(config.outbox)
     validate_sweeper(config.sweeper)
     validate_api(config.api)
+    validate_backlog(config.backlog)
 
 
 def validate_net(config: Config) -> None:

@@ -151,6 +151,14 @@ class RenderError(AivedioError):
     retry = Retry.LIMITED
 
 
+class PoisonMediaError(AivedioError):
+    """The source crashed its media jobs too often (a decoder killed by a crash signal, or a
+    worker dying mid-job): the asset is quarantined with its source kept, never retried."""
+
+    error_class = "poison_media"
+    retry = Retry.NEVER
+
+
 class PolicyBlockedError(AivedioError):
     """The network policy refused the target (SSRF defence); never retried, always alerted."""
 

@@ -15,6 +15,13 @@ Leases. One heartbeat statement extends every lease this worker holds and return
 still owns; a running job missing from that answer was taken over (its lease expired while
 we stalled), so its task is cancelled: its results could not be committed anyway.
 
+Backlog pressure (``pipeline/backlog.py``). One task refreshes the reading every
+``[backlog] check_interval_seconds``; every stage of the worker reads the same one (it is the
+``backlog`` service). While outputs near URL expiry wait, a worker that has a fetch lane lets
+its media lane fill at most ``media_slots_under_expiry_pressure`` slots and its fetch lane
+``fetch_extra_slots_under_expiry_pressure`` more: a lane's claimer claims up to its current
+limit, and running jobs are never interrupted by a lower one.
+
 Drain. SIGTERM or SIGINT: stop claiming at once; let running jobs finish for up to
 ``drain_timeout_seconds``; then cancel what is left and release those leases without
 spending their attempt; flush acknowledgements; exit 0. A second signal skips the wait.
@@ -39,6 +46,7 @@ from aivedio.config import Config
 from aivedio.errors import AivedioError, DatabaseError, DeferredError, TransientError
 from aivedio.logs import get_logger, redact_text
 from aivedio.metrics import WorkerMetrics
+from aivedio.pipeline.backlog import BacklogMonitor, Reading
 from aivedio.pipeline.registry import JobContext, Registry
 from aivedio.scheduling import backoff_seconds, decide_retry
 from aivedio.store.database import Pool, open_connection
@@ -64,8 +72,14 @@ class _Lane:
     name: str
     slots: int
     busy: int = 0
+    # The slots it may fill now: ``slots``, adjusted under backlog pressure.
+    limit: int = -1
     tenant_cursor: int = 0
     wake: anyio.Event = field(default_factory=anyio.Event)
+
+    def __post_init__(self) -> None:
+        if self.limit < 0:
+            self.limit = self.slots
 
     def poke(self) -> None:
         self.wake.set()
@@ -104,7 +118,13 @@ class Worker:
             pool, default_start_within_seconds=config.queue.default_start_within_seconds
         )
         self.metrics = WorkerMetrics()
-        self.context = JobContext(owner=self.owner, services=services or {})
+        self.context = JobContext(owner=self.owner, services=dict(services or {}))
+        # Shared by every stage of this worker (the media stage defers optional outputs by
+        # it); a caller may supply its own.
+        self.backlog: BacklogMonitor = self.context.services.setdefault(
+            "backlog", BacklogMonitor(config.backlog, pool, self.metrics.backlog)
+        )
+        self.context.services.setdefault("metrics", self.metrics)
         self.draining = False
         self.http_port: int | None = None
         self._lanes = {
@@ -128,6 +148,7 @@ class Worker:
         for lane in self._lanes.values():
             self.metrics.slots_total.labels(lane.name).set(lane.slots)
             self.metrics.slots_busy.labels(lane.name).set(0)
+            self.metrics.slot_limit.labels(lane.name).set(lane.limit)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -148,6 +169,7 @@ class Worker:
             tg.start_soon(self._heartbeat_loop)
             tg.start_soon(self._maintenance_loop)
             tg.start_soon(self._ack_loop)
+            await tg.start(self.backlog.run, self._apply_pressure)
             async with anyio.create_task_group() as jobs_tg:
                 async with anyio.create_task_group() as claim_tg:
                     for lane in self._lanes.values():
@@ -211,7 +233,7 @@ class Worker:
         wc = self.config.worker
         failures = 0
         while not self.draining:
-            free = lane.slots - lane.busy
+            free = lane.limit - lane.busy
             if free <= 0:
                 await lane.sleep(None)
                 continue
@@ -253,6 +275,31 @@ class Worker:
             self.metrics.slots_busy.labels(lane.name).set(lane.busy)
             if len(jobs) < want:
                 await lane.sleep(wc.poll_interval_seconds)
+
+    def _apply_pressure(self, reading: Reading) -> None:
+        """Lane limits for this reading: while outputs near expiry wait, the media lane
+        yields to the fetch lane (only where both run, i.e. compete for this machine)."""
+        cfg = self.config.backlog
+        fetch, media = self._lanes.get("fetch"), self._lanes.get("media")
+        fetch_first = self.backlog.fetch_first and fetch is not None
+        limits: dict[str, int] = {}
+        if media is not None:
+            limits["media"] = (
+                min(media.slots, cfg.media_slots_under_expiry_pressure)
+                if fetch_first
+                else media.slots
+            )
+        if fetch is not None:
+            extra = cfg.fetch_extra_slots_under_expiry_pressure if fetch_first else 0
+            limits["fetch"] = fetch.slots + extra
+        for name, limit in limits.items():
+            lane = self._lanes[name]
+            if lane.limit != limit:
+                log.info("lane_limit_changed", lane=name, limit=limit, slots=lane.slots,
+                         reason=reading.describe())  # fmt: skip
+                lane.limit = limit
+                self.metrics.slot_limit.labels(name).set(limit)
+                lane.poke()
 
     async def _hand_back(self, jobs: list[Job]) -> None:
         """The claim raced the drain signal: release these untouched (attempts refunded)."""

@@ -10,6 +10,7 @@ from aivedio.api.tokens import TokenSigner
 from aivedio.config import Config
 from aivedio.crypto import UrlCipher
 from aivedio.metrics import ApiMetrics
+from aivedio.pipeline.backlog import BacklogMonitor
 from aivedio.pipeline.registry import Registry
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectStore
@@ -30,6 +31,12 @@ class ApiContext:
     draining: bool = False
     # Open Server-Sent Event streams, ended at shutdown so the server can stop.
     streams: set[web.StreamResponse] = field(default_factory=set)
+    # The backlog pressure, read from the database at most once per check interval
+    # (POST /v1/videos refuses new uploads while it is on). Made from config and pool.
+    backlog: BacklogMonitor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.backlog = BacklogMonitor(self.config.backlog, self.pool, self.metrics.backlog)
 
     def base_url(self, request: web.Request) -> str:
         """The origin clients use to reach us: configured, or the one this request came in on."""

@@ -44,6 +44,7 @@ async def readyz(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     ctx = context(request)
     ctx.metrics.draining.set(1 if ctx.draining else 0)
+    await ctx.backlog.current()  # the backlog gauges: cached, read at most once per interval
     return web.Response(
         body=ctx.metrics.render(),
         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"},

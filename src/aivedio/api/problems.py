@@ -59,11 +59,18 @@ REASONS = {
 class ApiError(Exception):
     """Raise from a handler to answer with this status, code and detail."""
 
-    def __init__(self, status: int, detail: str, code: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        detail: str,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(detail)
         self.status = status
         self.code = code or REASONS.get(status, "error")
         self.detail = detail
+        self.headers = headers
 
 
 def problem(
@@ -87,7 +94,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ApiError as exc:
-        return problem(exc.status, exc.detail, exc.code)
+        return problem(exc.status, exc.detail, exc.code, headers=exc.headers)
     except AivedioError as exc:
         status = status_for(exc)
         detail = redact_text(exc.detail) if status < 500 else exc.error_class

@@ -21,6 +21,11 @@ source to the pipeline, ``GET /v1/videos/{id}/status`` shows where it is.
   mismatch fails the session (422, reason recorded) and deletes the object.
 * **Every tenant sees only its own videos**: another tenant's id answers 404 exactly like a
   missing one. Ids that are not UUIDs are missing videos too (404).
+* **Backlog pressure refuses new sessions** (seed 004: when the transcode backlog grows,
+  limit new uploads first): ``POST /v1/videos`` answers 503 ``overloaded`` with
+  ``Retry-After`` while ``pipeline/backlog.py`` says so (a reading cached per check interval,
+  so a burst of refused clients costs the database one query). Sessions already open still
+  upload and complete; provider callbacks are never refused.
 * **Expired sessions** (``api.upload_session_ttl_seconds``; presigned URLs expire with the
   session) accept nothing more: 410. ``store/uploads.reap_expired_uploads`` marks them and
   removes what they left in quarantine.
@@ -293,6 +298,7 @@ def _status_path(video_id: uuid.UUID) -> str:
 async def create_video(request: web.Request) -> web.Response:
     ctx = context(request)
     body: CreateVideo = await _decode(request, CreateVideo, required=True)
+    await _refuse_under_pressure(ctx)
     limit = ctx.config.api.upload_max_bytes
     if body.size_bytes > limit:
         raise ApiError(413, f"size_bytes {body.size_bytes} is over this API's limit of "
@@ -324,6 +330,23 @@ async def create_video(request: web.Request) -> web.Response:
     created = VideoCreated(video_id=video_id, state="AWAITING_UPLOAD", expires_at=expires_at,
                            upload=instructions)  # fmt: skip
     return schema.encode(created, 201, headers={"Location": _status_path(video_id)})
+
+
+async def _refuse_under_pressure(ctx: ApiContext) -> None:
+    """503 + Retry-After while the backlog pressure is on (and refusing is configured)."""
+    reading = await ctx.backlog.current()
+    if not ctx.backlog.refuse_uploads:
+        return
+    ctx.metrics.uploads_refused.inc()
+    seconds = ctx.config.backlog.retry_after_seconds
+    log.warning("upload_refused", reason=reading.describe(), retry_after_seconds=seconds)
+    raise ApiError(
+        503,
+        f"new uploads are paused while the processing backlog drains ({reading.describe()}); "
+        f"retry after {seconds} s",
+        code="overloaded",
+        headers={"Retry-After": str(seconds)},
+    )
 
 
 async def _presigned(
@@ -652,7 +675,12 @@ PATHS: dict[str, Any] = {
         "requestBody": {"required": True, "content": schema.json_content(CreateVideo)},
         "responses": schema.responses(
             {"201": schema.ok_json(VideoCreated, "session open; send the bytes as `upload` says")},
-            400, 401, 413, 415, 422, 503),
+            400, 401, 413, 415, 422) | {"503": {
+                "description": "overloaded (the processing backlog is draining: try again "
+                               "after Retry-After seconds) or the database is unavailable",
+                "headers": {"Retry-After": {"description": "seconds to wait",
+                                            "schema": {"type": "integer"}}},
+                "content": schema.json_content(schema.Error)}},
     }},
     "/v1/videos/{video_id}/upload": {"put": {
         "summary": "Send the bytes through the API (stores without presigned URLs)",

@@ -16,16 +16,33 @@ and SHA-256) before its variant becomes SUCCEEDED. An output that exhausts its r
 becomes FAILED: a required one fails the revision (PROCESSING_FAILED); an optional one never
 blocks the required set. When every required variant has succeeded the revision's required
 set is complete and the publish stage takes over.
+
+Under backlog pressure (``pipeline/backlog.py``) a render makes the required set only: the
+optional outputs stay PENDING with ``deferred_at`` set, and their own render jobs defer
+themselves (``DeferredError``, attempt refunded, error class ``backlog_deferred``) until the
+pressure is gone or they have waited ``defer_max_seconds``; the enrichment path then
+publishes them.
+
+Poison media (seed 002 §11.11.3). Every attempt in which a sandboxed ffmpeg/ffprobe over the
+source died of a crash signal is a row in ``media_crashes``, and so is every media job whose
+worker died holding its lease (written by the queue's reap). Before a job runs ffmpeg on a
+source with ``poison_crash_count`` crashes, and right after the attempt that reaches it, the
+asset is quarantined: its PENDING outputs FAILED; a revision still building without its
+required set FAILED and an unpublished asset PROCESSING_FAILED with error class
+``poison_media`` (a published one keeps serving); the job ends with ``PoisonMediaError``,
+which is never retried. The source stays in quarantine storage for inspection.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import uuid
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -39,13 +56,16 @@ from aivedio.errors import (
     AivedioError,
     DeferredError,
     NotFoundError,
+    PoisonMediaError,
     RenderError,
     ResourceExhaustedError,
     StaleStateError,
     TransientError,
 )
 from aivedio.logs import get_logger
+from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline import media_objects
+from aivedio.pipeline.backlog import DEFERRED_CLASS, BacklogMonitor
 from aivedio.pipeline.dag import MediaRun
 from aivedio.pipeline.inspect import verdict_json
 from aivedio.pipeline.lifecycle import retire_if_cancelled
@@ -54,7 +74,7 @@ from aivedio.pipeline.moderation import moderate_spec
 from aivedio.pipeline.plan import Plan
 from aivedio.pipeline.publish import enqueue_publish_if_ready, publish_spec
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
-from aivedio.pipeline.sandbox import Sandbox
+from aivedio.pipeline.sandbox import CRASH_SIGNALS, Sandbox
 from aivedio.pipeline.validate import MediaSummary
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
@@ -78,6 +98,25 @@ PROBE_TIMEOUT_SECONDS = 4 * 3600.0
 PROBE_MAX_ATTEMPTS = 4
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """What a job of this stage takes from its worker: the shared backlog reading (deferral
+    of optional outputs) and the worker's metrics. Both optional: without them nothing is
+    deferred and nothing counted."""
+
+    backlog: BacklogMonitor | None = None
+    metrics: WorkerMetrics | None = None
+
+    async def deferring(self) -> bool:
+        if self.backlog is None:
+            return False
+        await self.backlog.current()
+        return self.backlog.defer_optional
+
+
+NO_HOOKS = Hooks()
+
+
 @dataclass
 class MediaServices:
     config: Config
@@ -93,7 +132,7 @@ class MediaStage:
 
     # -- probe -----------------------------------------------------------------------------
 
-    async def probe(self, job: Job) -> dict[str, Any]:
+    async def probe(self, job: Job, hooks: Hooks = NO_HOOKS) -> dict[str, Any]:
         asset_id = uuid.UUID(str(job.payload["asset_id"]))
         asset = await self._asset(asset_id)
         if asset["status"] not in ("QUARANTINED", "PROBING"):
@@ -108,7 +147,8 @@ class MediaStage:
                     await transition(conn, Entity.ASSET, (asset_id,), expected="QUARANTINED",
                                      new="PROBING")  # fmt: skip
         try:
-            return await self._probe(job, asset_id)
+            await self._refuse_poison(job, asset_id, hooks)
+            return await self._probe(job, asset_id, hooks)
         except DeferredError:
             raise
         except AivedioError as exc:
@@ -132,14 +172,17 @@ class MediaStage:
         log.error("probe_failed", asset_id=str(asset_id), error_class=exc.error_class,
                   detail=exc.detail[:300])  # fmt: skip
 
-    async def _probe(self, job: Job, asset_id: uuid.UUID) -> dict[str, Any]:
+    async def _probe(self, job: Job, asset_id: uuid.UUID, hooks: Hooks) -> dict[str, Any]:
         asset = await self._asset(asset_id)
         media = self.s.config.media
         with self.s.sandbox.scratch() as root:
             source = root / "source.bin"
             await media_objects.download_source(self.s.store, asset, source)
             run = MediaRun(self.s.sandbox, source, root)
-            report = await run.run(plan_only=True)
+            # A crash in the verdict itself is the verdict (INVALID_MEDIA, decoder_crashed);
+            # one in the keyframe scans after it fails the attempt and counts as a crash.
+            async with self._watch_crashes(job, asset_id, run, hooks):
+                report = await run.run(plan_only=True)
             verdict = verdict_json(report.verdict)
             if not report.verdict.valid:
                 return await self._invalid(asset_id, verdict)
@@ -148,7 +191,7 @@ class MediaStage:
                 asset, report.verdict.media, report.plan, verdict, job, media.pipeline_version
             )
 
-    async def reprocess(self, job: Job) -> dict[str, Any]:
+    async def reprocess(self, job: Job, hooks: Hooks = NO_HOOKS) -> dict[str, Any]:
         """A new revision from the retained source under the current pipeline version; the
         published revision serves until the new one is published. Nothing is re-fetched."""
         asset_id = uuid.UUID(str(job.payload["asset_id"]))
@@ -162,10 +205,13 @@ class MediaStage:
         )  # fmt: skip
         if building is not None:
             return {"outcome": "already_building", "revision": building}
+        await self._refuse_poison(job, asset_id, hooks)
         with self.s.sandbox.scratch() as root:
             source = root / "source.bin"
             await media_objects.download_source(self.s.store, asset, source)
-            report = await MediaRun(self.s.sandbox, source, root).run(plan_only=True)
+            run = MediaRun(self.s.sandbox, source, root)
+            async with self._watch_crashes(job, asset_id, run, hooks):
+                report = await run.run(plan_only=True)
             verdict = verdict_json(report.verdict)
             if not report.verdict.valid or report.plan is None:
                 log.warning("reprocess_source_invalid", asset_id=str(asset_id),
@@ -292,7 +338,7 @@ class MediaStage:
 
     # -- render ----------------------------------------------------------------------------
 
-    async def render(self, job: Job) -> dict[str, Any]:
+    async def render(self, job: Job, hooks: Hooks = NO_HOOKS) -> dict[str, Any]:
         asset_id = uuid.UUID(str(job.payload["asset_id"]))
         revision = int(job.payload["revision"])
         variant_type = str(job.payload["variant_type"])
@@ -308,6 +354,14 @@ class MediaStage:
         mine = await self._variant(asset_id, revision, variant_type)
         if mine is None or mine["status"] != "PENDING":
             return {"outcome": "already_" + (mine["status"].lower() if mine else "missing")}
+        deferring = await hooks.deferring()
+        if (
+            deferring
+            and variant_type not in state["required_outputs"]
+            and not self._overdue(mine["deferred_at"])
+        ):
+            await self._defer_outputs(asset_id, revision, [variant_type], hooks)
+            raise self._deferred(variant_type, hooks)
         async with self._revision_lock(asset_id, revision) as acquired:
             if not acquired:
                 raise DeferredError(
@@ -315,7 +369,9 @@ class MediaStage:
                     retry_after_seconds=LOCK_BUSY_RETRY_SECONDS,
                 )
             try:
-                return await self._render_locked(job, asset_id, revision, variant_type, state)
+                return await self._render_locked(
+                    job, asset_id, revision, variant_type, state, hooks, deferring=deferring
+                )
             except DeferredError:
                 raise
             except AivedioError as exc:
@@ -328,21 +384,29 @@ class MediaStage:
 
     async def _render_locked(
         self, job: Job, asset_id: uuid.UUID, revision: int, variant_type: str,
-        state: asyncpg.Record,
+        state: asyncpg.Record, hooks: Hooks, *, deferring: bool,
     ) -> dict[str, Any]:  # fmt: skip
-        pending = [
-            row["variant_type"]
-            for row in await self.s.pool.fetch(
-                "SELECT variant_type FROM asset_variants WHERE asset_id = $1 AND revision = $2"
-                " AND status = 'PENDING'",
-                asset_id,
-                revision,
-            )
-        ]
+        rows = await self.s.pool.fetch(
+            "SELECT variant_type, deferred_at IS NOT NULL AND deferred_at < now()"
+            " - make_interval(secs => $3) AS overdue FROM asset_variants WHERE asset_id = $1"
+            " AND revision = $2 AND status = 'PENDING'",
+            asset_id, revision, self.s.config.backlog.defer_max_seconds,
+        )  # fmt: skip
+        pending = [row["variant_type"] for row in rows]
         if variant_type not in pending:
             return {"outcome": "already_done"}
+        await self._refuse_poison(job, asset_id, hooks)
         # First attempt: everything pending in one DAG run. A retry: this output alone.
         group = pending if job.attempts <= 1 else [variant_type]
+        put_off: list[str] = []
+        if deferring:
+            # Under pressure: the required set only; optional outputs wait for enrichment.
+            overdue = {row["variant_type"] for row in rows if row["overdue"]}
+            required = set(state["required_outputs"])
+            put_off = [n for n in group if n not in required and n not in overdue
+                       and n != variant_type]  # fmt: skip
+            group = [n for n in group if n not in put_off]
+            await self._defer_outputs(asset_id, revision, put_off, hooks)
         plan = msgspec.convert(state["plan"], Plan)
         asset = await self._asset(asset_id)
         summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
@@ -368,10 +432,11 @@ class MediaStage:
                 await media_objects.download(
                     self.s.store, f"{prefix}/playback.mp4", run.layout.playback
                 )
-            report = await run.run(wants=group, plan=plan)
+            async with self._watch_crashes(job, asset_id, run, hooks):
+                report = await run.run(wants=group, plan=plan)
         failed = {n.name: n for n in report.failed()}
         log.info("render_done", asset_id=str(asset_id), revision=revision, group=group,
-                 done=done, failed=sorted(failed), job_id=job.id)  # fmt: skip
+                 done=done, failed=sorted(failed), deferred=put_off, job_id=job.id)  # fmt: skip
         await self._check_revision(asset_id, revision)
         if variant_type in failed:
             outcome = failed[variant_type]
@@ -379,8 +444,169 @@ class MediaStage:
             if outcome.error_class == ResourceExhaustedError.error_class:
                 raise ResourceExhaustedError(detail)
             raise RenderError(detail)
-        return {"outcome": "rendered", "done": done, "failed": sorted(failed),
-                "network_isolated": self.s.sandbox.network_isolated}  # fmt: skip
+        result: dict[str, Any] = {"outcome": "rendered", "done": done, "failed": sorted(failed),
+                                  "network_isolated": self.s.sandbox.network_isolated}  # fmt: skip
+        if put_off:
+            result["deferred"] = put_off
+        return result
+
+    # -- deferral under backlog pressure ---------------------------------------------------
+
+    def _overdue(self, deferred_at: datetime | None) -> bool:
+        """Deferred for longer than ``defer_max_seconds``: rendered whatever the pressure."""
+        limit = timedelta(seconds=self.s.config.backlog.defer_max_seconds)
+        return deferred_at is not None and datetime.now(UTC) - deferred_at > limit
+
+    def _deferred(self, variant_type: str, hooks: Hooks) -> DeferredError:
+        cfg = self.s.config.backlog
+        why = hooks.backlog.reading.describe() if hooks.backlog is not None else "pressure"
+        # Jittered, so the deferred jobs of a burst do not all look again at once.
+        error = DeferredError(
+            f"optional output {variant_type} deferred under backlog pressure ({why})",
+            retry_after_seconds=cfg.defer_seconds * (0.5 + random.random() / 2),
+        )
+        error.error_class = DEFERRED_CLASS
+        return error
+
+    async def _defer_outputs(
+        self, asset_id: uuid.UUID, revision: int, names: Sequence[str], hooks: Hooks
+    ) -> None:
+        """Mark PENDING outputs deferred (the first time only: that is what is counted)."""
+        if not names:
+            return
+        rows = await self.s.pool.fetch(
+            "UPDATE asset_variants SET deferred_at = now() WHERE asset_id = $1"
+            " AND revision = $2 AND variant_type = ANY($3::text[]) AND status = 'PENDING'"
+            " AND deferred_at IS NULL RETURNING variant_type",
+            asset_id, revision, list(names),
+        )  # fmt: skip
+        newly = sorted(r["variant_type"] for r in rows)
+        if not newly:
+            return
+        if hooks.metrics is not None:
+            for name in newly:
+                hooks.metrics.outputs_deferred.labels(name).inc()
+        log.info("outputs_deferred", asset_id=str(asset_id), revision=revision, outputs=newly,
+                 reason=hooks.backlog.reading.describe() if hooks.backlog else "")  # fmt: skip
+
+    # -- poison media ------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def _watch_crashes(
+        self, job: Job, asset_id: uuid.UUID, run: MediaRun, hooks: Hooks
+    ) -> AsyncIterator[None]:
+        """Around one attempt's DAG run: if any of its processes died of a crash signal,
+        one ``media_crashes`` row for this attempt, and the poison rule applied (which raises
+        PoisonMediaError at the limit, in place of the attempt's own outcome)."""
+        try:
+            yield
+        except AivedioError:
+            with anyio.CancelScope(shield=True):
+                await self._note_crashes(job, asset_id, run, hooks)
+            raise
+        await self._note_crashes(job, asset_id, run, hooks)
+
+    async def _note_crashes(
+        self, job: Job, asset_id: uuid.UUID, run: MediaRun, hooks: Hooks
+    ) -> None:
+        processes = run.report.processes if run.report is not None else []
+        crashed = [p for p in processes if p.returncode in CRASH_SIGNALS]
+        if not crashed:
+            return
+        detail = "; ".join(f"{p.step}: {p.tool} killed by signal {-p.returncode}"
+                           for p in crashed[:5])  # fmt: skip
+        await self.s.pool.execute(
+            "INSERT INTO media_crashes (job_id, lease_token, asset_id, kind, cause, detail)"
+            " VALUES ($1, $2, $3, $4, 'decoder_crashed', $5) ON CONFLICT DO NOTHING",
+            job.id, job.lease_token, asset_id, job.kind, detail[:1000],
+        )  # fmt: skip
+        log.error("media_decoder_crashed", asset_id=str(asset_id), job_id=job.id,
+                  kind=job.kind, detail=detail)  # fmt: skip
+        await self._refuse_poison(job, asset_id, hooks)
+
+    async def _refuse_poison(self, job: Job, asset_id: uuid.UUID, hooks: Hooks) -> None:
+        """Raise PoisonMediaError (after quarantining the asset) when the source has crashed
+        its media jobs ``poison_crash_count`` times; nothing otherwise."""
+        limit = self.s.config.backlog.poison_crash_count
+        if limit <= 0:
+            return
+        crashes = await self.s.pool.fetch(
+            "SELECT job_id, kind, cause FROM media_crashes WHERE asset_id = $1"
+            " ORDER BY created_at, job_id",
+            asset_id,
+        )
+        if len(crashes) < limit:
+            return
+        listed = ", ".join(f"{c['cause']} in {c['kind']} job {c['job_id']}" for c in crashes[:6])
+        detail = (f"poison media: the source crashed its media jobs {len(crashes)} times "
+                  f"({listed}); quarantined, not retried; the source is kept")  # fmt: skip
+        with anyio.CancelScope(shield=True):
+            await self._quarantine(asset_id, detail, job, hooks)
+        raise PoisonMediaError(detail)
+
+    async def _quarantine(self, asset_id: uuid.UUID, detail: str, job: Job, hooks: Hooks) -> None:
+        """No more media work on this source: PENDING outputs FAILED, a building revision
+        without its required set FAILED, an unpublished asset PROCESSING_FAILED (unless a
+        revision with a complete required set can still be published). Idempotent."""
+        values = {"last_error_class": PoisonMediaError.error_class,
+                  "last_error_detail": detail[:1000]}  # fmt: skip
+        async with self.s.pool.acquire() as conn, conn.transaction():
+            asset = await conn.fetchrow(
+                "SELECT status, last_error_class FROM assets WHERE id = $1 FOR UPDATE", asset_id
+            )
+            if asset is None:
+                return
+            failed = await conn.fetch(
+                "UPDATE asset_variants SET status = 'FAILED', extra = $2, completed_at = now()"
+                " WHERE asset_id = $1 AND status = 'PENDING' RETURNING revision, variant_type",
+                asset_id, {"error": detail[:1000]},
+            )  # fmt: skip
+            failed_revisions: set[int] = set()
+            publishable = False
+            for rev in await conn.fetch(
+                "SELECT r.revision, r.required_outputs <@ coalesce((SELECT array_agg("
+                "v.variant_type) FROM asset_variants v WHERE v.asset_id = r.asset_id AND"
+                " v.revision = r.revision AND v.status = 'SUCCEEDED'), ARRAY[]::text[])"
+                " AS complete FROM asset_revisions r WHERE r.asset_id = $1"
+                " AND r.status = 'BUILDING'",
+                asset_id,
+            ):
+                if rev["complete"]:
+                    publishable = True
+                    continue
+                await transition(conn, Entity.REVISION, (asset_id, rev["revision"]),
+                                 expected="BUILDING", new="FAILED")  # fmt: skip
+                failed_revisions.add(rev["revision"])
+            status = asset["status"]
+            ended = False
+            if status in ("QUARANTINED", "PROBING", "PROCESSING") and not publishable:
+                if status == "QUARANTINED":
+                    await transition(conn, Entity.ASSET, (asset_id,), expected=status,
+                                     new="PROBING")  # fmt: skip
+                    status = "PROBING"
+                await transition(conn, Entity.ASSET, (asset_id,), expected=status,
+                                 new="PROCESSING_FAILED", values=values)  # fmt: skip
+                await self._compensate(conn, asset_id, "poison_media")
+                ended = True
+            elif asset["last_error_class"] != PoisonMediaError.error_class:
+                # Published (or about to be): it keeps serving; the error says why its
+                # remaining outputs will not come.
+                await conn.execute(
+                    "UPDATE assets SET last_error_class = $2, last_error_detail = $3,"
+                    " updated_at = now() WHERE id = $1",
+                    asset_id, values["last_error_class"], values["last_error_detail"],
+                )  # fmt: skip
+        if not (ended or failed or failed_revisions):
+            return
+        if hooks.metrics is not None:
+            hooks.metrics.poison_quarantined.labels(job.kind).inc()
+        log.error("poison_media_quarantined", asset_id=str(asset_id), job_id=job.id,
+                  kind=job.kind, asset_failed=ended, outputs_failed=len(failed),
+                  revisions_failed=sorted(failed_revisions), detail=detail)  # fmt: skip
+        # What is left (a complete required set, a published revision's finished outputs)
+        # goes on by the usual rule: moderation and publish, or enrichment.
+        for revision in sorted({r["revision"] for r in failed} - failed_revisions):
+            await self._check_revision(asset_id, revision)
 
     async def _mark_failed(
         self, asset_id: uuid.UUID, revision: int, variant_type: str, detail: str
@@ -569,11 +795,20 @@ async def open_media_stage(
 
 
 async def handle_probe(ctx: JobContext, job: Job) -> dict[str, Any] | None:
-    return await _stage(ctx).probe(job)
+    return await _stage(ctx).probe(job, _hooks(ctx))
 
 
 async def handle_render(ctx: JobContext, job: Job) -> dict[str, Any] | None:
-    return await _stage(ctx).render(job)
+    return await _stage(ctx).render(job, _hooks(ctx))
+
+
+def _hooks(ctx: JobContext) -> Hooks:
+    backlog = ctx.services.get("backlog")
+    metrics = ctx.services.get("metrics")
+    return Hooks(
+        backlog=backlog if isinstance(backlog, BacklogMonitor) else None,
+        metrics=metrics if isinstance(metrics, WorkerMetrics) else None,
+    )
 
 
 def _stage(ctx: JobContext) -> MediaStage:
@@ -584,7 +819,7 @@ def _stage(ctx: JobContext) -> MediaStage:
 
 
 async def handle_reprocess(ctx: JobContext, job: Job) -> dict[str, Any] | None:
-    return await _stage(ctx).reprocess(job)
+    return await _stage(ctx).reprocess(job, _hooks(ctx))
 
 
 def reprocess_spec(asset_id: uuid.UUID, tenant_id: int, pipeline_version: int) -> JobSpec:

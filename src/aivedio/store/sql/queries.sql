@@ -178,11 +178,24 @@ RETURNING jobs.id, jobs.lease_token;
 
 -- name: reap
 -- Expired leases (the holder died or stalled): back to the queue, or dead when the claim
--- that expired was the last attempt.
+-- that expired was the last attempt. A media-lane job that names an asset and died holding
+-- its lease is also a crash of that asset's source (poison media, ``media_crashes``),
+-- recorded by this same statement so that no expiry is counted twice or lost.
 WITH expired AS (
     SELECT id FROM jobs
     WHERE status = 'running' AND lease_until < now()
     FOR UPDATE SKIP LOCKED
+), crashed AS (
+    INSERT INTO media_crashes (job_id, lease_token, asset_id, kind, cause, detail)
+    SELECT id, lease_token, asset_id, kind, 'lease_expired',
+           'lease expired while ' || coalesce(lease_owner, '?') || ' ran it'
+    FROM (SELECT j.id, j.lease_token, j.kind, j.lease_owner,
+                 CASE WHEN j.payload->>'asset_id' ~* '^[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$'
+                      THEN (j.payload->>'asset_id')::uuid END AS asset_id
+          FROM jobs j JOIN expired e USING (id)
+          WHERE j.lane = 'media') m
+    WHERE asset_id IS NOT NULL
+    ON CONFLICT DO NOTHING
 ), requeued AS (
     UPDATE jobs j
     SET status = 'queued', lease_owner = NULL, lease_until = NULL, run_after = now(),
@@ -266,6 +279,20 @@ SELECT * FROM (
 ) all_jobs
 ORDER BY id DESC
 LIMIT $3;
+
+-- name: backlog_pressure
+-- The two pressure signals in one statement, each an index range scan: the age of the
+-- oldest queued job of the media lane (jobs_queued_age), and the provider outputs not yet
+-- stored whose URL expires between now and now + $1 seconds (provider_outputs_expiring).
+-- An output whose URL already expired is the refresh path's, not a race the fetch lane can
+-- still win, so it is not counted.
+SELECT
+    (SELECT extract(epoch FROM now() - min(run_after)) FROM jobs
+     WHERE lane = 'media' AND status = 'queued') AS media_oldest_seconds,
+    (SELECT count(*) FROM provider_outputs
+     WHERE fetch_status NOT IN ('STORED', 'OUTPUT_LOST', 'INVALID_RESPONSE')
+       AND source_url_expires_at >= now()
+       AND source_url_expires_at < now() + make_interval(secs => $1)) AS near_expiry;
 
 -- name: queue_stats
 SELECT kind, count(*) AS depth, extract(epoch FROM now() - min(run_after)) AS oldest_seconds
