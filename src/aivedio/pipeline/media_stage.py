@@ -360,8 +360,9 @@ class MediaStage:
             and variant_type not in state["required_outputs"]
             and not self._overdue(mine["deferred_at"])
         ):
-            await self._defer_outputs(asset_id, revision, [variant_type], hooks)
-            raise self._deferred(variant_type, hooks)
+            if mine["deferred_at"] is None:  # marked once; later looks change nothing
+                await self._defer_outputs(asset_id, revision, [variant_type], hooks)
+            raise self._deferred(variant_type, hooks, mine["deferred_at"])
         async with self._revision_lock(asset_id, revision) as acquired:
             if not acquired:
                 raise DeferredError(
@@ -457,13 +458,19 @@ class MediaStage:
         limit = timedelta(seconds=self.s.config.backlog.defer_max_seconds)
         return deferred_at is not None and datetime.now(UTC) - deferred_at > limit
 
-    def _deferred(self, variant_type: str, hooks: Hooks) -> DeferredError:
+    def _deferred(
+        self, variant_type: str, hooks: Hooks, deferred_at: datetime | None = None
+    ) -> DeferredError:
         cfg = self.s.config.backlog
         why = hooks.backlog.reading.describe() if hooks.backlog is not None else "pressure"
-        # Jittered, so the deferred jobs of a burst do not all look again at once.
+        # Each look waits about as long as the output has already waited (doubling, from
+        # defer_seconds), so a long backlog costs a few looks per job, not one a minute;
+        # never past defer_max_seconds. Jittered, so a burst's jobs do not look at once.
+        waited = (datetime.now(UTC) - deferred_at).total_seconds() if deferred_at else 0.0
+        delay = max(cfg.defer_seconds, min(waited, cfg.defer_max_seconds - waited))
         error = DeferredError(
             f"optional output {variant_type} deferred under backlog pressure ({why})",
-            retry_after_seconds=cfg.defer_seconds * (0.5 + random.random() / 2),
+            retry_after_seconds=delay * (0.5 + random.random() / 2),
         )
         error.error_class = DEFERRED_CLASS
         return error

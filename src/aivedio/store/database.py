@@ -67,6 +67,15 @@ def map_db_errors(action: str) -> Iterator[None]:
         raise DatabaseError(f"{action}: {type(exc).__name__}: {exc}") from exc
 
 
+async def _keep_session(_conn: Connection) -> None:
+    """What a pooled connection needs on release beyond asyncpg's own rollback of an open
+    transaction (which runs before this): nothing. Session state of ours (LISTEN, session
+    advisory locks) lives only on dedicated connections (``open_connection``), and nothing
+    SETs a session variable, so asyncpg's default reset query (unlock all, UNLISTEN, RESET
+    ALL, CLOSE ALL) would cost a round trip on every pool call for nothing: 45% of all round
+    trips in the fleet benchmark."""
+
+
 @asynccontextmanager
 async def open_pool(
     config: DatabaseConfig, *, min_size: int | None = None, max_size: int | None = None
@@ -78,6 +87,7 @@ async def open_pool(
             max_size=config.pool_max_size if max_size is None else max_size,
             server_settings=_server_settings(config),
             init=_init_connection,
+            reset=_keep_session,
             timeout=config.connect_timeout_seconds,
         )
     try:
