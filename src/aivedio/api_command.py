@@ -42,8 +42,8 @@ def cmd_api(config: Config, args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with open_pool(config.database, max_size=config.api.pool_max_size) as pool:
-            async with pool.acquire() as conn:
-                with map_db_errors("checking migrations"):
+            with map_db_errors("checking migrations"):
+                async with pool.acquire() as conn:
                     pending = await migrations.pending(conn)
             if pending:
                 raise ConfigError(

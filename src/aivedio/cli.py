@@ -85,8 +85,8 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
         async with open_pool(
             config.database, max_size=max(6, min(total_slots // 4 + 6, 32))
         ) as pool:
-            async with pool.acquire() as conn:
-                with map_db_errors("checking migrations"):
+            with map_db_errors("checking migrations"):
+                async with pool.acquire() as conn:
                     pending = await migrations.pending(conn)
             if pending:
                 raise ConfigError(

@@ -49,3 +49,22 @@ async def test_claim_on_a_stale_connection_is_a_database_error() -> None:
     queue = Queue(_BrokenPool())  # type: ignore[arg-type]
     with pytest.raises(DatabaseError):
         await queue.claim("fetch", 1, "chaos-owner", 10.0, 64, 0)
+
+
+class _RefusingPool:
+    """A pool whose server went away between two statements (PostgreSQL restarting)."""
+
+    def acquire(self) -> Any:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+async def test_a_worker_starting_during_a_restart_gets_a_database_error() -> None:
+    """Chaos finding 2 (seed 202): a worker that started while PostgreSQL restarted died in
+    ``seed_periodic_sweep`` with a raw ConnectionResetError and a traceback, because the
+    pool's acquire sat outside ``map_db_errors``; it now exits with the command's clean
+    database error, which its supervisor restarts."""
+    from aivedio.pipeline.sweeper import seed_periodic_sweep
+    from aivedio.sweeper_config import SweeperConfig
+
+    with pytest.raises(DatabaseError, match="seeding the periodic sweep"):
+        await seed_periodic_sweep(_RefusingPool(), Queue(_RefusingPool()), SweeperConfig())  # type: ignore[arg-type]

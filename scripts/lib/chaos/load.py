@@ -109,7 +109,7 @@ class Load:
                     "status": reply.status,
                     "t_start": t_start,
                     "t_end": time.time(),
-                    "answer": reply.body[:200].decode("replace"),
+                    "answer": reply.body[:200].decode("utf-8", "replace"),
                 }
             time.sleep(1.0)
 
@@ -166,7 +166,7 @@ class Load:
         reply = self.callback(output, event_id)
         self.note(output.task_id, callback=reply.status, callback_at=time.time() - self.t0)
         if reply.status not in (202, 409):
-            self.note(output.task_id, callback_detail=reply.body[:300].decode("replace"))
+            self.note(output.task_id, callback_detail=reply.body[:300].decode("utf-8", "replace"))
             return
         kind = output.kind
         if kind == "duplicate_same_event":

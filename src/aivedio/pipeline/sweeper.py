@@ -161,8 +161,10 @@ class Sweeper:
 
 async def seed_periodic_sweep(pool: Pool, queue: Queue, cfg: SweeperConfig) -> Enqueued:
     """The current bucket's sweep job (a no-op when it exists); call at worker start."""
-    async with pool.acquire() as conn:
-        with map_db_errors("seeding the periodic sweep"):
+    # The acquire too: a worker starting while PostgreSQL restarts gets a DatabaseError
+    # (a clean exit its supervisor restarts), not a raw socket error.
+    with map_db_errors("seeding the periodic sweep"):
+        async with pool.acquire() as conn:
             return await queue.enqueue_one(
                 conn, sweep_spec(_utcnow(), cfg.interval_seconds, following=False)
             )
