@@ -419,7 +419,7 @@ class Run:
         lines = worker.log.read_text(errors="replace").strip().splitlines()
         if not lines or not lines[-1].startswith("aivedio: database error: "):
             return None
-        if any("Traceback" in line for line in lines):
+        if _unexplained_traceback(lines):
             return None
         last_write = worker.log.stat().st_mtime - self.t0
         end = pg["at"] + pg.get("seconds", 60.0) + STARTUP_WINDOW_SECONDS
@@ -787,3 +787,26 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# asyncpg logs this itself (pool.py, _maintain_min_size) with the traceback of the failed
+# reconnect, then retries: a warning of a background task, not a crash of the process.
+ASYNCPG_FLOOR_WARNING = "Failed to restore the pool connection floor; retrying"
+
+
+def _unexplained_traceback(lines: list[str]) -> bool:
+    """A traceback in the log other than asyncpg's own logged reconnect warning (a block
+    right after ``ASYNCPG_FLOOR_WARNING`` ending in an ``asyncpg.exceptions.`` line)."""
+    i = 0
+    while i < len(lines):
+        if "Traceback" not in lines[i]:
+            i += 1
+            continue
+        explained = i > 0 and ASYNCPG_FLOOR_WARNING in lines[i - 1]
+        j = i + 1
+        while j < len(lines) and (lines[j].startswith((" ", "\t")) or not lines[j].strip()):
+            j += 1
+        if not (explained and j < len(lines) and lines[j].startswith("asyncpg.exceptions.")):
+            return True
+        i = j + 1
+    return False
