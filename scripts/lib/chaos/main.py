@@ -785,10 +785,6 @@ def main() -> int:
     return run(args)
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 # asyncpg logs this itself (pool.py, _maintain_min_size) with the traceback of the failed
 # reconnect, then retries: a warning of a background task, not a crash of the process.
 ASYNCPG_FLOOR_WARNING = "Failed to restore the pool connection floor; retrying"
@@ -810,3 +806,7 @@ def _unexplained_traceback(lines: list[str]) -> bool:
             return True
         i = j + 1
     return False
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
