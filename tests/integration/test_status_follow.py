@@ -201,9 +201,10 @@ async def test_follows_an_output_into_its_asset_until_enriched(pool: Pool, confi
     assert lines.count("probe              succeeded") == 1
     assert lines.count("publish            released") == 1
     # Nothing twice: the fetch attempt (shown for the output, then in the asset's timeline)
-    # and every state change appear once. (Its start was not notified and was over by the
-    # next re-read, so it is shown finished only.)
-    assert lines.count("fetch              started") == 0
+    # and every state change appear once. Whether the attempt is also shown as started
+    # depends on whether the re-read that → FETCHING caused ran before it finished: at most
+    # once either way.
+    assert lines.count("fetch              started") <= 1
     once = ("fetch              stored", "→ FETCHING", "→ STORED", "→ PROBING", "→ ENRICHED",
             "asset              created")  # fmt: skip
     for fragment in once:
