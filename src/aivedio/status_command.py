@@ -286,6 +286,15 @@ async def _listener(database: DatabaseConfig | None, bell: _Doorbell) -> AsyncIt
         await listen.close()
 
 
+async def _quietly_open(cm: Any) -> Connection | None:
+    """Enter ``open_connection``; None when the database does not answer."""
+    try:
+        conn: Connection = await cm.__aenter__()
+    except DatabaseError:
+        return None
+    return conn
+
+
 class _Listen:
     """One LISTEN connection, reopened (at most every RELISTEN_SECONDS) when it drops. Its
     failures never stop the command: the timer re-reads whatever it misses."""
@@ -305,15 +314,16 @@ class _Listen:
         self._tried = time.monotonic()
         await self.close()
         cm = open_connection(self._database)
+        conn = await _quietly_open(cm)
+        if conn is None:
+            return
+        # Owned from here: close() runs on every way out, cancellation included.
+        self._cm, self._conn = cm, conn
         try:
-            conn = await cm.__aenter__()
             with map_db_errors("listening for stage events"):
                 await conn.add_listener(NOTIFY_CHANNEL, self._bell.heard)
         except DatabaseError:
-            with suppress(Exception):
-                await cm.__aexit__(None, None, None)
-            return
-        self._cm, self._conn = cm, conn
+            await self.close()
 
     async def close(self) -> None:
         cm, self._cm, self._conn = self._cm, None, None

@@ -104,7 +104,11 @@ async def open_connection(config: DatabaseConfig) -> AsyncIterator[Connection]:
             server_settings=_server_settings(config),
             timeout=config.connect_timeout_seconds,
         )
-        await _init_connection(conn)
+        try:
+            await _init_connection(conn)
+        except BaseException:  # cancelled or failed half-way: the connection is still ours
+            conn.terminate()
+            raise
     try:
         yield conn
     finally:
