@@ -21,18 +21,8 @@ SERVABLE_STATES = ("PLAYABLE", "ENRICHED")
 
 
 async def is_servable(pool: Pool, tenant_id: int, asset_id: uuid.UUID, revision: int) -> bool:
-    with map_db_errors("checking playback"):
-        return bool(
-            await pool.fetchval(
-                "SELECT 1 FROM assets a JOIN releases r ON r.asset_id = a.id"
-                " WHERE a.id = $1 AND a.tenant_id = $2 AND r.revision = $3"
-                " AND a.status = ANY($4::text[])",
-                asset_id,
-                tenant_id,
-                revision,
-                list(SERVABLE_STATES),
-            )
-        )
+    """The one servability rule is ``servable_prefix``'s; this only asks it."""
+    return await servable_prefix(pool, tenant_id, asset_id, revision) is not None
 
 
 async def servable_prefix(
