@@ -54,6 +54,9 @@ SECRET_KEYS = frozenset(
         "callback_secret",
         "secret",
         "playback_token_secret",
+        "api_key",
+        "secret_key",
+        "webhook_secret",
     }
 )
 
@@ -144,9 +147,32 @@ class NetConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True)
     per_host_connections: int = 8
 
 
-class ProviderConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """One provider. Unset net keys fall back to [net]; set ones may only narrow it."""
+# The vendor adapters (src/aivedio/providers/); "generic" is the configurable one below.
+ADAPTER_KINDS = frozenset(
+    {
+        "generic",
+        "runway",
+        "openai",
+        "veo_gemini",
+        "veo_vertex",
+        "replicate",
+        "fal",
+        "luma",
+        "kling",
+        "minimax",
+    }
+)
 
+
+class ProviderConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One provider. Unset net keys fall back to [net]; set ones may only narrow it.
+
+    ``adapter`` picks the vendor's adapter (docs/providers.md); an unset ``api_base_url``
+    means the vendor's public API. Vendor credentials (``api_key``, Kling's key pair) are
+    secrets: sent to the vendor's own API origin (and its download origin where the
+    vendor requires it), never across a redirect to another host, never logged."""
+
+    adapter: str = "generic"
     api_base_url: str = ""
     task_path: str = "/v1/tasks/{task_id}"
     refresh_path: str = "/v1/tasks/{task_id}/outputs/{output_index}/refresh"
@@ -159,6 +185,23 @@ class ProviderConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=
     allowed_host_suffixes: list[str] | None = None
     allowed_ports: list[int] | None = None
     max_bytes: int | None = None
+    # Vendor adapters. api_key: OpenAI, Replicate, Runway, Luma, MiniMax bearer; Gemini API
+    # key; Vertex access token (also sent to download_base_url for GCS); fal "Key" auth.
+    api_key: str = ""
+    access_key: str = ""  # Kling: the JWT issuer
+    secret_key: str = ""  # Kling: the JWT's HMAC key (secret)
+    webhook_secret: str = ""  # Standard Webhooks "whsec_..." (OpenAI, Replicate)
+    jwks: str = ""  # fal: the JWKS document itself, or
+    jwks_url: str = ""  # fal: where to fetch it (through the guarded fetcher), cached
+    jwks_cache_seconds: float = 3600.0
+    app_id: str = ""  # fal: the app's queue path, e.g. "fal-ai/pika"
+    task_type: str = "text2video"  # Kling: the {type} of /v1/videos/{type}/{task_id}
+    download_base_url: str = ""  # Gemini files / GCS download origin (default: the vendor's)
+    # Polling: None means the vendor's documented cadence (or our assumption, docs/providers.md).
+    poll_interval_seconds: float | None = None
+    poll_jitter_seconds: float | None = None
+    poll_requests_per_second: float = 2.0  # per worker process, for this provider
+    watch_max_seconds: float = 2 * 86400.0  # give a watched task up after this long
 
 
 class FetchConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -396,10 +439,19 @@ def validate_net(config: Config) -> None:
         raise ConfigError("config error: fetch.part_size_bytes: S3 needs at least 5 MiB parts")
     for provider, pc in config.providers.items():
         where = f"providers.{provider}"
-        if pc.api_base_url and urlsplit(pc.api_base_url).scheme not in net.allowed_schemes:
+        if pc.adapter not in ADAPTER_KINDS:
             raise ConfigError(
-                f"config error: {where}.api_base_url: scheme not in net.allowed_schemes"
+                f"config error: {where}.adapter: one of {', '.join(sorted(ADAPTER_KINDS))}"
             )
+        if pc.poll_requests_per_second <= 0 or pc.watch_max_seconds <= 0:
+            raise ConfigError(
+                f"config error: {where}.poll_requests_per_second and watch_max_seconds: "
+                "must be positive"
+            )
+        for key in ("api_base_url", "download_base_url", "jwks_url"):
+            value = getattr(pc, key)
+            if value and urlsplit(value).scheme not in net.allowed_schemes:
+                raise ConfigError(f"config error: {where}.{key}: scheme not in net.allowed_schemes")
         if pc.allowed_ports is not None and not set(pc.allowed_ports) <= set(net.allowed_ports):
             raise ConfigError(
                 f"config error: {where}.allowed_ports: may only narrow net.allowed_ports"

@@ -207,7 +207,7 @@ class FetchStage:
                 key, content_type=output.content_type or "application/octet-stream"
             )
             try:
-                result = await fetcher.stream(url, upload.write)
+                result = await fetcher.stream(url, upload.write, headers=self._headers(output, url))
                 self._check_integrity(output, result)
                 try:
                     info = await upload.complete()
@@ -271,6 +271,13 @@ class FetchStage:
 
     # -- records ---------------------------------------------------------------------------
 
+    def _headers(self, output: OutputRow, url: str) -> dict[str, str]:
+        """The provider's download credential, when ``url`` is on the provider's own origin
+        (OpenAI's content endpoint, Gemini files, GCS); never logged, and the fetcher drops
+        it on any hop to another origin."""
+        adapter = self.s.adapters.get(output.provider)
+        return adapter.download_headers(url) if adapter is not None else {}
+
     def _url(self, output: OutputRow) -> str:
         return self.s.cipher.decrypt(
             output.source_url_ciphertext, output.source_url_key_id, bound_to=str(output.id)
@@ -288,7 +295,11 @@ class FetchStage:
                 raise OutputLostError(
                     f"no adapter for provider {output.provider}: cannot refresh an expired URL"
                 )
-            fresh = await adapter.refresh_output_url(output.provider_task_id, output.output_index)
+            fresh = await adapter.refresh_output_url(
+                output.provider_task_id,
+                output.output_index,
+                expires_at=output.source_url_expires_at,
+            )
         except OutputLostError as exc:
             await records.mark_lost(self.s.pool, output, exc.detail, ledger=self.s.config.ledger)
             return None

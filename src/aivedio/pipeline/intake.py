@@ -21,9 +21,11 @@ from typing import Any
 
 import msgspec
 
+from aivedio.config import Config
 from aivedio.crypto import UrlCipher
 from aivedio.errors import ConfigError, NotFoundError, PolicyBlockedError
 from aivedio.ledger_config import LedgerConfig
+from aivedio.pipeline.providers import ProviderTask
 from aivedio.pipeline.registry import Registry
 from aivedio.states import TERMINAL_OUTPUT_STATES, Entity
 from aivedio.store.database import Connection, map_db_errors
@@ -238,3 +240,46 @@ def _decrypts_to(cipher: UrlCipher, row: Any, url: str) -> bool:
 async def tenant_exists(conn: Connection, tenant_id: int) -> bool:
     with map_db_errors("looking up a tenant"):
         return bool(await conn.fetchval("SELECT 1 FROM tenants WHERE id = $1", tenant_id))
+
+
+async def record_task_outputs(
+    conn: Connection,
+    *,
+    queue: Queue,
+    registry: Registry,
+    cipher: UrlCipher,
+    config: Config,
+    provider: str,
+    task: ProviderTask,
+    tenant_id: int,
+) -> list[Recorded]:
+    """A SUCCEEDED task's outputs, each recorded as above, in the caller's transaction: the
+    one way a verified callback and the poller record a provider's success."""
+    pc = config.providers.get(provider)
+    recorded = []
+    for output in task.outputs:
+        descriptor = OutputDescriptor(
+            provider=provider,
+            provider_task_id=task.provider_task_id,
+            output_index=output.index,
+            url=output.url,
+            expires_at=output.expires_at,
+            sha256=output.sha256.lower() if output.sha256 else None,
+            size=output.size,
+            content_type=output.content_type,
+        )
+        recorded.append(
+            await record_provider_output(
+                conn,
+                queue=queue,
+                registry=registry,
+                cipher=cipher,
+                tenant_id=tenant_id,
+                descriptor=descriptor,
+                pipeline_version=config.fetch.pipeline_version,
+                default_ttl_seconds=pc.default_url_ttl_seconds if pc else 3600.0,
+                estimated_bytes_per_second=config.fetch.estimated_bytes_per_second,
+                ledger=config.ledger,
+            )
+        )
+    return recorded

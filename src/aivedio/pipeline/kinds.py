@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from aivedio.pipeline import diagnostics, fetch, media_stage, moderation, publish, sweeper
+from aivedio.pipeline import (
+    diagnostics,
+    fetch,
+    media_stage,
+    moderation,
+    poller,
+    publish,
+    sweeper,
+)
 from aivedio.pipeline.registry import Registry
 
 
@@ -12,6 +20,7 @@ def default_registry() -> Registry:
     fetch.register(registry)
     media_stage.register(registry)
     moderation.register(registry)
+    poller.register(registry)
     publish.register(registry)
     sweeper.register(registry)
     return registry

@@ -39,15 +39,34 @@ class RefreshedUrl(msgspec.Struct, frozen=True, kw_only=True):
     expires_at: datetime | None
 
 
+TERMINAL_TASK_STATUSES = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
+
+
 class ProviderAdapter(Protocol):
+    """One provider's API, as the fetch stage, the poller and the callback route need it.
+
+    Statuses are normalised to RUNNING, SUCCEEDED, FAILED or CANCELLED."""
+
     name: str
+    poll_interval_seconds: float  # the provider's documented cadence (or our assumption)
+    poll_jitter_seconds: float  # ± this much, uniformly
 
     async def get_task(self, task_id: str) -> ProviderTask:
         """The task as the provider sees it now. Raises the classified network errors."""
         ...
 
-    async def refresh_output_url(self, task_id: str, output_index: int) -> RefreshedUrl:
-        """A fresh download URL for an existing output; OutputLostError when none can be had."""
+    async def refresh_output_url(
+        self, task_id: str, output_index: int, *, expires_at: datetime | None = None
+    ) -> RefreshedUrl:
+        """A fresh download URL for an existing output; OutputLostError when none can be had.
+
+        ``expires_at`` is when the stored URL was said to expire: a provider that never
+        re-issues a URL answers OutputLostError once it has passed."""
+        ...
+
+    def download_headers(self, url: str) -> dict[str, str]:
+        """Credentials a download of ``url`` needs: empty unless ``url`` is on one of this
+        provider's own origins (the fetcher drops them again on any cross-origin hop)."""
         ...
 
 
@@ -65,10 +84,21 @@ class GenericAdapter:
     ``{"url", "expires_at"}``, 404 or 410 when the output is gone.
     """
 
+    poll_interval_seconds = 5.0
+    poll_jitter_seconds = 1.0
+
     def __init__(self, name: str, config: ProviderConfig, fetcher: Fetcher) -> None:
         self.name = name
         self._config = config
         self._fetcher = fetcher
+        if config.poll_interval_seconds is not None:
+            self.poll_interval_seconds = config.poll_interval_seconds
+        if config.poll_jitter_seconds is not None:
+            self.poll_jitter_seconds = config.poll_jitter_seconds
+
+    def download_headers(self, url: str) -> dict[str, str]:
+        # Generic providers hand out self-authorising (signed) URLs.
+        return {}
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": self._config.auth_header} if self._config.auth_header else {}
@@ -107,7 +137,9 @@ class GenericAdapter:
             raise InvalidResponseError(f"provider {self.name}: malformed task document") from None
         return ProviderTask(provider_task_id=doc.id, status=doc.status.upper(), outputs=outputs)
 
-    async def refresh_output_url(self, task_id: str, output_index: int) -> RefreshedUrl:
+    async def refresh_output_url(
+        self, task_id: str, output_index: int, *, expires_at: datetime | None = None
+    ) -> RefreshedUrl:
         url = self._url(self._config.refresh_path, task_id=task_id, output_index=output_index)
         try:
             raw = await self._fetcher.fetch_json("POST", url, headers=self._headers(), json_body={})

@@ -12,7 +12,8 @@ from aivedio.net.fetch import Fetcher, FetchLimits
 from aivedio.net.limits import HostLimiter
 from aivedio.net.policy import FetchPolicy
 from aivedio.pipeline.fetch import FetchServices, FetchStage
-from aivedio.pipeline.providers import GenericAdapter, ProviderAdapter
+from aivedio.pipeline.providers import ProviderAdapter
+from aivedio.providers import build_adapter
 from aivedio.store.database import Pool
 from aivedio.store.objects import open_object_store
 from aivedio.store.queue import Queue
@@ -83,8 +84,9 @@ async def open_fetch_stage(config: Config, pool: Pool, queue: Queue) -> AsyncIte
         adapters: dict[str, ProviderAdapter] = {}
         for name, pc in config.providers.items():
             fetchers[name] = make_fetcher(config.net, pc)
-            if pc.api_base_url:
-                adapters[name] = GenericAdapter(name, pc, fetchers[name])
+            adapter = build_adapter(name, pc, fetchers[name])
+            if adapter is not None:
+                adapters[name] = adapter
         for fetcher in fetchers.values():
             stack.push_async_callback(fetcher.aclose)
         services = FetchServices(

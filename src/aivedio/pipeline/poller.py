@@ -1,0 +1,387 @@
+"""The poller: watched generation tasks, read from their provider until they end.
+
+A task submitted elsewhere is registered (``POST /v1/generation-tasks``, ``aivedio watch``,
+or a callback that is only a hint) with ``register_watch``: one ``task_watches`` row and one
+control-lane job per ``(provider, provider task id)``, so registering twice changes nothing.
+
+Each run of the job reads the task once and then puts itself off (``DeferredError``: the
+attempt is refunded, so a long generation never exhausts a retry budget):
+
+* still running: again after the provider's cadence, ± its jitter;
+* 429, 5xx, a network failure: again after an exponential backoff with jitter, never sooner
+  than the provider's ``Retry-After``; given up after ``MAX_CONSECUTIVE_FAILURES``;
+* this worker's budget of requests to the provider is spent (``poll_requests_per_second``):
+  again when it has one, without asking;
+* SUCCEEDED: the outputs are recorded by ``intake.record_task_outputs``, exactly as a
+  verified callback records them, and the watch ends; FAILED or CANCELLED: the task is
+  marked PROVIDER_FAILED and the watch ends. A watch older than ``watch_max_seconds`` is
+  given up. Nothing here ever submits a generation.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from aivedio.config import Config
+from aivedio.errors import (
+    AivedioError,
+    DeferredError,
+    NotFoundError,
+    PolicyBlockedError,
+    TransientError,
+)
+from aivedio.logs import get_logger
+from aivedio.pipeline.intake import record_task_outputs
+from aivedio.pipeline.providers import ProviderAdapter, ProviderTask
+from aivedio.pipeline.registry import JobContext, JobKind, Registry
+from aivedio.states import Entity, allowed
+from aivedio.store.database import Connection, map_db_errors
+from aivedio.store.queue import Job, Queue
+from aivedio.store.records import transition
+
+log = get_logger("aivedio.poller")
+
+KIND = "provider.poll"
+LANE = "control"
+MAX_CONSECUTIVE_FAILURES = 30
+MAX_BACKOFF_SECONDS = 600.0
+MIN_DELAY_SECONDS = 0.05
+FINISHED_TASK_STATES = {"PROVIDER_SUCCEEDED": "SUCCEEDED", "PROVIDER_FAILED": "FAILED",
+                        "CANCELLED": "FAILED"}  # fmt: skip
+
+
+class WatchRegistration(msgspec.Struct, frozen=True, kw_only=True):
+    generation_task_id: uuid.UUID
+    provider: str
+    provider_task_id: str
+    status: str
+    created: bool
+    poll_job_id: int | None
+
+
+def poll_job_key(generation_task_id: uuid.UUID) -> str:
+    return f"poll:{generation_task_id}"
+
+
+def can_poll(config: Config, provider: str) -> bool:
+    pc = config.providers.get(provider)
+    return pc is not None and (pc.adapter != "generic" or bool(pc.api_base_url))
+
+
+async def register_watch(
+    conn: Connection,
+    *,
+    queue: Queue,
+    registry: Registry,
+    config: Config,
+    provider: str,
+    provider_task_id: str,
+    tenant_id: int,
+    hurry: bool = False,
+) -> WatchRegistration:
+    """Watch a task (idempotent); ``hurry`` makes a waiting poll due now (a callback hint).
+
+    Raises NotFoundError for a provider we cannot poll, PolicyBlockedError
+    (``tenant_mismatch``) for a task another tenant registered."""
+    if not can_poll(config, provider):
+        raise NotFoundError(f"provider {provider!r} is not configured with an API to poll")
+    pc = config.providers[provider]
+    async with conn.transaction():
+        with map_db_errors("registering a watched task"):
+            task_id = await conn.fetchval(
+                "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
+                " provider_status, watch) VALUES ($1, $2, $3, $4, 'SUBMITTED', true)"
+                " ON CONFLICT (provider, provider_task_id) DO NOTHING RETURNING id",
+                uuid.uuid4(),
+                tenant_id,
+                provider,
+                provider_task_id,
+            )
+            row = await conn.fetchrow(
+                "SELECT id, tenant_id, provider_status FROM generation_tasks"
+                " WHERE provider = $1 AND provider_task_id = $2 FOR UPDATE",
+                provider,
+                provider_task_id,
+            )
+            assert row is not None
+            if row["tenant_id"] != tenant_id:
+                raise PolicyBlockedError(
+                    f"tenant_mismatch: task {provider}/{provider_task_id} belongs to another tenant"
+                )
+            task_id = row["id"]
+            finished = FINISHED_TASK_STATES.get(row["provider_status"])
+            inserted = await conn.fetchval(
+                "INSERT INTO task_watches (generation_task_id, tenant_id, provider,"
+                " provider_task_id, status, give_up_at) VALUES ($1, $2, $3, $4, $5,"
+                " now() + make_interval(secs => $6)) ON CONFLICT DO NOTHING RETURNING 1",
+                task_id,
+                tenant_id,
+                provider,
+                provider_task_id,
+                finished or "WATCHING",
+                pc.watch_max_seconds,
+            )
+            status = await conn.fetchval(
+                "SELECT status FROM task_watches WHERE generation_task_id = $1", task_id
+            )
+            if finished is None:
+                await conn.execute(
+                    "UPDATE generation_tasks SET watch = true WHERE id = $1 AND NOT watch", task_id
+                )
+        job_id = None
+        if status == "WATCHING":
+            spec = registry.spec(
+                KIND,
+                poll_job_key(task_id),
+                tenant_id=tenant_id,
+                payload={"generation_task_id": str(task_id)},
+            )
+            enqueued = await queue.enqueue_one(conn, spec)
+            job_id = enqueued.job_id
+            if hurry and not enqueued.created:
+                await queue.replay_in(conn, job_id)
+    return WatchRegistration(
+        generation_task_id=uuid.UUID(str(task_id)),
+        provider=provider,
+        provider_task_id=provider_task_id,
+        status=str(status),
+        created=inserted is not None,
+        poll_job_id=job_id,
+    )
+
+
+# -- pure rules ------------------------------------------------------------------------------
+
+
+def next_poll_delay(
+    *,
+    interval_seconds: float,
+    jitter_seconds: float,
+    failures: int,
+    retry_after_seconds: float | None,
+    rng: random.Random,
+) -> float:
+    """When to ask again. An answer: the cadence ± jitter. ``failures`` in a row: an
+    exponential backoff from the cadence, halved-to-whole jitter ("equal jitter", so two
+    workers never line up yet the delay never collapses), capped, and never sooner than
+    ``Retry-After``."""
+    if failures <= 0:
+        delay = interval_seconds + rng.uniform(-jitter_seconds, jitter_seconds)
+    else:
+        backoff = min(MAX_BACKOFF_SECONDS, interval_seconds * 2 ** min(failures - 1, 30))
+        delay = rng.uniform(backoff / 2, backoff)
+        if retry_after_seconds is not None:
+            delay = max(delay, retry_after_seconds)
+    return max(MIN_DELAY_SECONDS, delay)
+
+
+@dataclass
+class RateLimiter:
+    """Requests per second to each provider from this process (a spacing, not a burst)."""
+
+    clock: Callable[[], float] = time.monotonic
+    _next_free: dict[str, float] = field(default_factory=dict)
+
+    def acquire(self, provider: str, per_second: float) -> float:
+        """0 when a request may go now (and takes the slot); else seconds until one may."""
+        now = self.clock()
+        free_at = self._next_free.get(provider, 0.0)
+        if now < free_at:
+            return free_at - now
+        self._next_free[provider] = now + 1.0 / per_second
+        return 0.0
+
+
+@dataclass
+class PollerState:
+    limiter: RateLimiter = field(default_factory=RateLimiter)
+    rng: random.Random = field(default_factory=random.Random)
+
+
+# -- the job -----------------------------------------------------------------------------------
+
+
+async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
+    stage = ctx.services.get("fetch")
+    if stage is None:
+        raise TransientError("this worker has no provider adapters configured")
+    state: PollerState = ctx.services.setdefault("poller", PollerState())
+    return await poll_once(stage.s, state, uuid.UUID(str(job.payload["generation_task_id"])))
+
+
+async def poll_once(services: Any, state: PollerState, task_uuid: uuid.UUID) -> dict[str, Any]:
+    """One read of a watched task (``services`` is the fetch stage's FetchServices)."""
+    config: Config = services.config
+    pool = services.pool
+    watch = await pool.fetchrow(
+        "SELECT w.*, t.provider_status, t.version AS task_version FROM task_watches w"
+        " JOIN generation_tasks t ON t.id = w.generation_task_id"
+        " WHERE w.generation_task_id = $1",
+        task_uuid,
+    )
+    if watch is None:
+        return {"outcome": "not_watched"}
+    if watch["status"] != "WATCHING":
+        return {"outcome": watch["status"].lower()}
+    provider = watch["provider"]
+    adapter: ProviderAdapter | None = services.adapters.get(provider)
+    if adapter is None or watch["give_up_at"] <= datetime.now(UTC):
+        why = "no adapter for the provider" if adapter is None else "watched for too long"
+        await _end(pool, task_uuid, "GAVE_UP", error=("gave_up", why))
+        log.warning("watch_gave_up", provider=provider, task_id=watch["provider_task_id"],
+                    reason=why)  # fmt: skip
+        return {"outcome": "gave_up"}
+    pc = config.providers[provider]
+    wait = state.limiter.acquire(provider, pc.poll_requests_per_second)
+    if wait > 0:
+        raise _defer(f"rate limit for provider {provider}", wait, "rate_limited")
+    try:
+        task = await adapter.get_task(watch["provider_task_id"])
+        if task.status == "SUCCEEDED" and not task.outputs:
+            raise TransientError(f"provider {provider} says SUCCEEDED but lists no output")
+    except AivedioError as exc:
+        if isinstance(exc, DeferredError):
+            raise
+        return await _failed_poll(pool, state, adapter, watch, exc)
+    if task.status == "SUCCEEDED":
+        return await _succeeded(services, watch, task)
+    if task.status in ("FAILED", "CANCELLED"):
+        async with pool.acquire() as conn, conn.transaction():
+            await _move_task(conn, task_uuid, "PROVIDER_FAILED")
+            await _end(conn, task_uuid, "FAILED", provider_status=task.status)
+        log.info("watch_ended", provider=provider, task_id=task.provider_task_id,
+                 status=task.status)  # fmt: skip
+        return {"outcome": "failed", "provider_status": task.status}
+    async with pool.acquire() as conn, conn.transaction():
+        await _move_task(conn, task_uuid, "PROVIDER_RUNNING")
+        await conn.execute(
+            "UPDATE task_watches SET polls = polls + 1, consecutive_failures = 0,"
+            " last_provider_status = $2, last_polled_at = now(), updated_at = now()"
+            " WHERE generation_task_id = $1",
+            task_uuid,
+            task.status,
+        )
+    delay = next_poll_delay(
+        interval_seconds=adapter.poll_interval_seconds,
+        jitter_seconds=adapter.poll_jitter_seconds,
+        failures=0,
+        retry_after_seconds=None,
+        rng=state.rng,
+    )
+    raise _defer(f"task {task.status.lower()} at provider {provider}", delay, "polling")
+
+
+def _defer(detail: str, seconds: float, error_class: str) -> DeferredError:
+    error = DeferredError(detail, retry_after_seconds=seconds)
+    error.error_class = error_class
+    return error
+
+
+async def _failed_poll(
+    pool: Any, state: PollerState, adapter: ProviderAdapter, watch: Any, exc: AivedioError
+) -> dict[str, Any]:
+    failures = int(watch["consecutive_failures"]) + 1
+    task_uuid = watch["generation_task_id"]
+    if failures >= MAX_CONSECUTIVE_FAILURES:
+        await _end(pool, task_uuid, "GAVE_UP", error=(exc.error_class, exc.detail))
+        log.warning("watch_gave_up", provider=watch["provider"],
+                    task_id=watch["provider_task_id"], error_class=exc.error_class,
+                    detail=exc.detail, failures=failures)  # fmt: skip
+        return {"outcome": "gave_up"}
+    await pool.execute(
+        "UPDATE task_watches SET polls = polls + 1, consecutive_failures = $2,"
+        " last_error_class = $3, last_error_detail = $4, last_polled_at = now(),"
+        " updated_at = now() WHERE generation_task_id = $1",
+        task_uuid,
+        failures,
+        exc.error_class,
+        exc.detail[:2000],
+    )
+    delay = next_poll_delay(
+        interval_seconds=adapter.poll_interval_seconds,
+        jitter_seconds=adapter.poll_jitter_seconds,
+        failures=failures,
+        retry_after_seconds=exc.retry_after_seconds,
+        rng=state.rng,
+    )
+    log.info("watch_poll_failed", provider=watch["provider"], task_id=watch["provider_task_id"],
+             error_class=exc.error_class, failures=failures,
+             delay_seconds=round(delay, 3))  # fmt: skip
+    raise _defer(f"poll failed: {exc.detail}", delay, f"poll_{exc.error_class}")
+
+
+async def _succeeded(services: Any, watch: Any, task: ProviderTask) -> dict[str, Any]:
+    task_uuid = watch["generation_task_id"]
+    async with services.pool.acquire() as conn, conn.transaction():
+        recorded = await record_task_outputs(
+            conn,
+            queue=services.queue,
+            registry=_registry(),
+            cipher=services.cipher,
+            config=services.config,
+            provider=watch["provider"],
+            task=task,
+            tenant_id=int(watch["tenant_id"]),
+        )
+        await _end(conn, task_uuid, "SUCCEEDED", provider_status=task.status)
+    log.info("watch_succeeded", provider=watch["provider"], task_id=task.provider_task_id,
+             outputs=len(recorded))  # fmt: skip
+    return {"outcome": "succeeded", "outputs": len(recorded)}
+
+
+@functools.cache
+def _registry() -> Registry:
+    # The kinds module imports this one: the registry that knows the fetch kind is built on
+    # first use, once per process.
+    from aivedio.pipeline.kinds import default_registry
+
+    return default_registry()
+
+
+async def _move_task(conn: Connection, task_uuid: uuid.UUID, new: str) -> None:
+    row = await conn.fetchrow(
+        "SELECT provider_status, version FROM generation_tasks WHERE id = $1 FOR UPDATE",
+        task_uuid,
+    )
+    if row is not None and allowed(Entity.GENERATION_TASK, row["provider_status"], new):
+        await transition(conn, Entity.GENERATION_TASK, (task_uuid,),
+                         expected=row["provider_status"], new=new,
+                         version=row["version"])  # fmt: skip
+
+
+async def _end(
+    conn: Any,
+    task_uuid: uuid.UUID,
+    status: str,
+    *,
+    provider_status: str | None = None,
+    error: tuple[str, str] | None = None,
+) -> None:
+    await conn.execute(
+        "UPDATE task_watches SET status = $2, polls = polls + $3,"
+        " last_provider_status = coalesce($4, last_provider_status),"
+        " last_error_class = coalesce($5, last_error_class),"
+        " last_error_detail = coalesce($6, last_error_detail),"
+        " last_polled_at = now(), updated_at = now()"
+        " WHERE generation_task_id = $1 AND status = 'WATCHING'",
+        task_uuid,
+        status,
+        1 if provider_status else 0,
+        provider_status,
+        error[0] if error else None,
+        error[1][:2000] if error else None,
+    )
+    await conn.execute("UPDATE generation_tasks SET watch = false WHERE id = $1", task_uuid)
+
+
+def register(registry: Registry) -> None:
+    registry.register(JobKind(KIND, LANE, handle, timeout_seconds=120, max_attempts=8))

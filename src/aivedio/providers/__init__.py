@@ -1,0 +1,50 @@
+"""Vendor adapters behind the ``ProviderAdapter`` seam (``pipeline/providers.py``).
+
+``[providers.NAME] adapter`` picks one; ``generic`` is the path-configured adapter for
+providers of our own making. docs/providers.md tabulates what each supports and assumes.
+"""
+
+from __future__ import annotations
+
+from aivedio.config import ProviderConfig
+from aivedio.net.fetch import Fetcher
+from aivedio.pipeline.providers import GenericAdapter, ProviderAdapter
+from aivedio.providers.base import VendorAdapter
+from aivedio.providers.fal import FalAdapter
+from aivedio.providers.kling import KlingAdapter
+from aivedio.providers.luma import LumaAdapter
+from aivedio.providers.minimax import MiniMaxAdapter
+from aivedio.providers.openai import OpenAIAdapter
+from aivedio.providers.replicate import ReplicateAdapter
+from aivedio.providers.runway import RunwayAdapter
+from aivedio.providers.veo_gemini import VeoGeminiAdapter
+from aivedio.providers.veo_vertex import VeoVertexAdapter
+
+VENDORS: dict[str, type[VendorAdapter]] = {
+    cls.kind: cls
+    for cls in (
+        RunwayAdapter,
+        OpenAIAdapter,
+        VeoGeminiAdapter,
+        VeoVertexAdapter,
+        ReplicateAdapter,
+        FalAdapter,
+        LumaAdapter,
+        KlingAdapter,
+        MiniMaxAdapter,
+    )
+}
+GENERIC_CALLBACK_SCHEME = "aivedio_hmac"
+
+
+def build_adapter(name: str, config: ProviderConfig, fetcher: Fetcher) -> ProviderAdapter | None:
+    """The adapter ``config`` selects; None for a generic provider without an API to ask."""
+    if config.adapter == "generic":
+        return GenericAdapter(name, config, fetcher) if config.api_base_url else None
+    return VENDORS[config.adapter](name, config, fetcher)
+
+
+def callback_scheme(config: ProviderConfig) -> str:
+    if config.adapter == "generic":
+        return GENERIC_CALLBACK_SCHEME if config.callback_secret else "none"
+    return VENDORS[config.adapter].callback_scheme

@@ -1,0 +1,194 @@
+"""What every vendor adapter shares: its API origin, credentials, polling cadence, refresh rule.
+
+Each vendor module states only its knowledge (paths, status names, where outputs live, how
+long they last); the rules that must hold for all of them live here once:
+
+* API calls go through the provider's guarded fetcher (same network policy as downloads,
+  no redirects followed), with the vendor's credentials on the API origin only.
+* ``download_headers`` hands a credential to a download only when the URL is on one of the
+  vendor's own origins; the fetcher drops it again on any cross-origin redirect hop.
+* A refresh re-reads the task; it never submits a generation. A vendor that never re-issues
+  a URL (``refreshable = False``) answers OutputLostError once the documented lifetime has
+  passed, so the fetch stage ends in OUTPUT_LOST instead of retrying a dead URL.
+* Statuses are normalised to RUNNING, SUCCEEDED, FAILED, CANCELLED; a status a vendor adds
+  later reads as RUNNING (keep polling) rather than as a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, ClassVar
+from urllib.parse import urlencode, urlsplit
+
+import msgspec
+
+from aivedio.config import ProviderConfig
+from aivedio.errors import AivedioError, ConfigError, InvalidResponseError, OutputLostError
+from aivedio.net.fetch import Fetcher
+from aivedio.pipeline.providers import ProviderOutput, ProviderTask, RefreshedUrl
+
+
+class CallbackHint(msgspec.Struct, frozen=True, kw_only=True):
+    """What a callback body says. ``outputs`` is None when the body carries none we may use
+    (unsigned bodies, or a scheme that names the task only): then the task is read from the
+    provider before anything is recorded."""
+
+    task_id: str
+    status: str
+    outputs: list[ProviderOutput] | None = None
+
+
+def origin(url: str) -> tuple[str, str, int]:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    port = parts.port or (443 if scheme == "https" else 80)
+    return scheme, (parts.hostname or "").lower(), port
+
+
+def parse_time(value: Any) -> datetime | None:
+    """ISO 8601 text, or Unix seconds (or milliseconds, as Kling sends)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise InvalidResponseError("a time field is a boolean")
+    if isinstance(value, int | float):
+        seconds = value / 1000 if value > 10**11 else value
+        return datetime.fromtimestamp(seconds, UTC)
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidResponseError("a time field is not ISO 8601") from None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    raise InvalidResponseError("a time field has an unexpected type")
+
+
+def decode_object(body: bytes | Any) -> dict[str, Any]:
+    if isinstance(body, bytes | bytearray | memoryview):
+        try:
+            body = msgspec.json.decode(bytes(body))
+        except msgspec.DecodeError:
+            raise InvalidResponseError("body is not JSON") from None
+    if not isinstance(body, dict):
+        raise InvalidResponseError("body is not a JSON object")
+    return body
+
+
+def text(doc: Mapping[str, Any], key: str) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidResponseError(f"field {key!r} is missing or not text")
+    return value
+
+
+class VendorAdapter:
+    """The shared half of a vendor adapter; subclasses set the class attributes and
+    implement ``get_task`` (and, for callbacks, ``parse_callback``)."""
+
+    kind: ClassVar[str]
+    default_api_base_url: ClassVar[str]
+    default_poll_interval_seconds: ClassVar[float]
+    default_poll_jitter_seconds: ClassVar[float] = 1.0
+    # None: the vendor does not say; [providers.NAME] default_url_ttl_seconds applies.
+    lifetime_seconds: ClassVar[float | None] = None
+    refreshable: ClassVar[bool] = True
+    # "none", "standard_webhooks", "fal_ed25519", "unsigned", "minimax_challenge"
+    callback_scheme: ClassVar[str] = "none"
+    required_secrets: ClassVar[tuple[str, ...]] = ("api_key",)
+    statuses: ClassVar[Mapping[str, str]] = {}
+
+    def __init__(self, name: str, config: ProviderConfig, fetcher: Fetcher) -> None:
+        for key in self.required_secrets:
+            if not getattr(config, key):
+                raise ConfigError(
+                    f"config error: providers.{name}.{key}: the {self.kind} adapter needs it"
+                )
+        self.name = name
+        self.config = config
+        self.fetcher = fetcher
+        self.api_base = (config.api_base_url or self.default_api_base_url).rstrip("/")
+        self.poll_interval_seconds = (
+            config.poll_interval_seconds
+            if config.poll_interval_seconds is not None
+            else self.default_poll_interval_seconds
+        )
+        self.poll_jitter_seconds = (
+            config.poll_jitter_seconds
+            if config.poll_jitter_seconds is not None
+            else self.default_poll_jitter_seconds
+        )
+
+    # -- the vendor's API ------------------------------------------------------------------
+
+    def api_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.config.api_key}"}
+
+    def api_url(self, path: str, **query: str) -> str:
+        return self.api_base + path + (f"?{urlencode(query)}" if query else "")
+
+    async def call(self, method: str, url: str, json_body: object = None) -> dict[str, Any]:
+        raw = await self.fetcher.fetch_json(
+            method, url, headers=self.api_headers(), json_body=json_body
+        )
+        return decode_object(raw)
+
+    def status(self, value: object) -> str:
+        return self.statuses.get(str(value), "RUNNING")
+
+    def expiry(self, start: datetime | None = None) -> datetime:
+        """When an output seen now (or made at ``start``) stops being downloadable."""
+        seconds = self.lifetime_seconds or self.config.default_url_ttl_seconds
+        return (start or datetime.now(UTC)) + timedelta(seconds=seconds)
+
+    async def get_task(self, task_id: str) -> ProviderTask:
+        raise NotImplementedError
+
+    @classmethod
+    def parse_callback(cls, body: bytes, config: ProviderConfig) -> CallbackHint:
+        raise InvalidResponseError(f"{cls.kind} sends no callbacks")
+
+    # -- downloads ---------------------------------------------------------------------------
+
+    def credential_origins(self) -> set[tuple[str, str, int]]:
+        """Origins that may receive ``download_credentials`` (none by default: signed URLs)."""
+        return set()
+
+    def download_credentials(self) -> dict[str, str]:
+        return {}
+
+    def download_headers(self, url: str) -> dict[str, str]:
+        if origin(url) in self.credential_origins():
+            return self.download_credentials()
+        return {}
+
+    # -- refresh ---------------------------------------------------------------------------
+
+    async def refresh_output_url(
+        self, task_id: str, output_index: int, *, expires_at: datetime | None = None
+    ) -> RefreshedUrl:
+        now = datetime.now(UTC)
+        if not self.refreshable and expires_at is not None and expires_at <= now:
+            raise OutputLostError(
+                f"provider {self.name} ({self.kind}) does not re-issue output URLs and the "
+                "output's documented lifetime has passed"
+            )
+        try:
+            task = await self.get_task(task_id)
+        except AivedioError as exc:
+            if exc.http_status in (404, 410):
+                raise OutputLostError(
+                    f"provider {self.name} no longer knows task ({exc.http_status})"
+                ) from None
+            raise
+        for output in task.outputs:
+            if output.index == output_index:
+                if output.expires_at is not None and output.expires_at <= now:
+                    raise OutputLostError(
+                        f"provider {self.name} says the output expired at "
+                        f"{output.expires_at.isoformat()}"
+                    )
+                return RefreshedUrl(url=output.url, expires_at=output.expires_at)
+        raise OutputLostError(
+            f"provider {self.name} lists no output {output_index} for the task any more"
+        )

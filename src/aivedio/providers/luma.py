@@ -1,0 +1,48 @@
+"""Luma Dream Machine: poll ``GET /dream-machine/v1/generations/{id}``, or a ``callback_url``.
+
+Callbacks carry no signature, so one is a hint: the generation is read from Luma before
+anything is recorded. The output is ``assets.video``; its lifetime and whether a new URL is
+issued later are not documented: [providers.NAME] default_url_ttl_seconds applies, and a
+refresh reads the generation again. Cadence: not documented; we assume 3 s.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from aivedio.config import ProviderConfig
+from aivedio.errors import InvalidResponseError
+from aivedio.pipeline.providers import ProviderOutput, ProviderTask
+from aivedio.providers.base import CallbackHint, VendorAdapter, decode_object, text
+
+
+class LumaAdapter(VendorAdapter):
+    kind = "luma"
+    default_api_base_url = "https://api.lumalabs.ai"
+    default_poll_interval_seconds = 3.0
+    default_poll_jitter_seconds = 0.75
+    callback_scheme = "unsigned"
+    statuses: ClassVar[dict[str, str]] = {
+        "queued": "RUNNING",
+        "dreaming": "RUNNING",
+        "completed": "SUCCEEDED",
+        "failed": "FAILED",
+    }
+
+    async def get_task(self, task_id: str) -> ProviderTask:
+        doc = await self.call("GET", self.api_url(f"/dream-machine/v1/generations/{task_id}"))
+        status = self.status(doc.get("state"))
+        outputs: list[ProviderOutput] = []
+        if status == "SUCCEEDED":
+            assets = doc.get("assets")
+            if not isinstance(assets, dict):
+                raise InvalidResponseError("luma generation: assets is not an object")
+            outputs = [ProviderOutput(index=0, url=text(assets, "video"), expires_at=self.expiry())]
+        return ProviderTask(provider_task_id=text(doc, "id"), status=status, outputs=outputs)
+
+    @classmethod
+    def parse_callback(cls, body: bytes, config: ProviderConfig) -> CallbackHint:
+        doc = decode_object(body)
+        return CallbackHint(
+            task_id=text(doc, "id"), status=cls.statuses.get(str(doc.get("state")), "RUNNING")
+        )
