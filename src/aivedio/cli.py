@@ -415,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
         media_command,
         status_command,
         sweep_command,
+        watch_command,
     )
 
     for module in (
@@ -425,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
         status_command,
         ledger_command,
         sweep_command,
+        watch_command,
     ):
         module.add_parsers(sub, common)
     return parser

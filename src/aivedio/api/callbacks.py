@@ -1,5 +1,9 @@
 """``POST /v1/providers/{provider}/callbacks``: a provider says a task finished.
 
+Vendor adapters verify by their own scheme (``vendor_callbacks.py``: Standard Webhooks,
+fal's ED25519, MiniMax's challenge, unsigned hints confirmed by a task read). A generic
+provider's callback is ours, below.
+
 Verified before anything is parsed or recorded (``pipeline/callbacks.py``): the body is read
 up to ``[api] max_callback_bytes`` (413 past it), ``X-Aivedio-Signature: sha256=<hex>`` must
 be the HMAC-SHA256 of ``"{X-Aivedio-Timestamp}.{body}"`` under the provider's
@@ -24,13 +28,14 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
-from aivedio.api import schema
+from aivedio.api import schema, vendor_callbacks
 from aivedio.api.context import ApiContext, context
 from aivedio.api.problems import ApiError
 from aivedio.errors import PolicyBlockedError
 from aivedio.logs import get_logger
 from aivedio.pipeline.callbacks import CallbackRejected, accept_event_once, verify_signature
 from aivedio.pipeline.intake import OutputDescriptor, record_provider_output
+from aivedio.providers import GENERIC_CALLBACK_SCHEME, callback_scheme
 from aivedio.states import Entity, allowed
 from aivedio.store.database import Connection, map_db_errors
 from aivedio.store.records import transition
@@ -101,9 +106,20 @@ async def callback(request: web.Request) -> web.Response:
     ctx = context(request)
     provider = request.match_info["provider"]
     provider_config = ctx.config.providers.get(provider)
-    if provider_config is None or not provider_config.callback_secret:
+    scheme = callback_scheme(provider_config) if provider_config is not None else "none"
+    if provider_config is None or not (
+        scheme == GENERIC_CALLBACK_SCHEME or vendor_callbacks.configured(provider_config, scheme)
+    ):
         raise ApiError(404, f"no provider {provider!r} accepts callbacks here")
     body = await _read_body(request, ctx, provider)
+    if scheme != GENERIC_CALLBACK_SCHEME:
+
+        def reject(status: int, reason: str, detail: str) -> ApiError:
+            return _reject(ctx, provider, status, reason, detail)
+
+        return await vendor_callbacks.handle(
+            ctx, request, provider, provider_config, scheme, body, reject
+        )
     timestamp = request.headers.get(TIMESTAMP_HEADER)
     signature = request.headers.get(SIGNATURE_HEADER)
     if not timestamp or not signature:
@@ -268,14 +284,14 @@ def _paths() -> dict[str, Any]:
         {
             "name": TIMESTAMP_HEADER,
             "in": "header",
-            "required": True,
+            "required": False,
             "schema": {"type": "string"},
             "description": "Unix seconds when the provider signed",
         },
         {
             "name": SIGNATURE_HEADER,
             "in": "header",
-            "required": True,
+            "required": False,
             "schema": {"type": "string"},
             "description": "sha256=<hex HMAC-SHA256 of '{timestamp}.{body}' with the secret>",
         },
@@ -283,7 +299,14 @@ def _paths() -> dict[str, Any]:
     return {
         "/v1/providers/{provider}/callbacks": {
             "post": {
-                "summary": "A provider reports a task's outcome (HMAC-signed)",
+                "summary": "A provider reports a task's outcome",
+                "description": (
+                    "Generic providers sign with the X-Aivedio headers (required for them). "
+                    "Vendor adapters use their own scheme: Standard Webhooks (OpenAI, "
+                    "Replicate), fal's ED25519 headers, MiniMax's challenge echo, or none "
+                    "(Luma, Kling, MiniMax: a hint, confirmed by reading the task); those "
+                    "answer VendorCallbackAccepted. See docs/providers.md."
+                ),
                 "operationId": "postProviderCallback",
                 "tags": ["providers"],
                 "security": [],
@@ -293,7 +316,21 @@ def _paths() -> dict[str, Any]:
                 ],
                 "requestBody": {"required": True, "content": schema.json_content(CallbackBody)},
                 "responses": schema.responses(
-                    {"202": schema.ok_json(CallbackAccepted, "recorded; fetches enqueued")},
+                    {
+                        "200": schema.ok_json(
+                            {"type": "object", "properties": {"challenge": {"type": "string"}}},
+                            "MiniMax's challenge, echoed",
+                        ),
+                        "202": schema.ok_json(
+                            {
+                                "oneOf": [
+                                    schema.ref(CallbackAccepted),
+                                    schema.ref(vendor_callbacks.VendorCallbackAccepted),
+                                ]
+                            },
+                            "recorded and fetches enqueued, or the task is read first",
+                        ),
+                    },
                     400,
                     401,
                     404,
@@ -308,4 +345,8 @@ def _paths() -> dict[str, Any]:
 
 
 PATHS = _paths()
-SCHEMAS: tuple[type, ...] = (CallbackBody, CallbackAccepted)
+SCHEMAS: tuple[type, ...] = (
+    CallbackBody,
+    CallbackAccepted,
+    vendor_callbacks.VendorCallbackAccepted,
+)

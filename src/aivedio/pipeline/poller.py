@@ -55,8 +55,11 @@ LANE = "control"
 MAX_CONSECUTIVE_FAILURES = 30
 MAX_BACKOFF_SECONDS = 600.0
 MIN_DELAY_SECONDS = 0.05
-FINISHED_TASK_STATES = {"PROVIDER_SUCCEEDED": "SUCCEEDED", "PROVIDER_FAILED": "FAILED",
-                        "CANCELLED": "FAILED"}  # fmt: skip
+FINISHED_TASK_STATES = {
+    "PROVIDER_SUCCEEDED": "SUCCEEDED",
+    "PROVIDER_FAILED": "FAILED",
+    "CANCELLED": "FAILED",
+}
 
 
 class WatchRegistration(msgspec.Struct, frozen=True, kw_only=True):
@@ -237,8 +240,9 @@ async def poll_once(services: Any, state: PollerState, task_uuid: uuid.UUID) -> 
     if adapter is None or watch["give_up_at"] <= datetime.now(UTC):
         why = "no adapter for the provider" if adapter is None else "watched for too long"
         await _end(pool, task_uuid, "GAVE_UP", error=("gave_up", why))
-        log.warning("watch_gave_up", provider=provider, task_id=watch["provider_task_id"],
-                    reason=why)  # fmt: skip
+        log.warning(
+            "watch_gave_up", provider=provider, task_id=watch["provider_task_id"], reason=why
+        )
         return {"outcome": "gave_up"}
     pc = config.providers[provider]
     wait = state.limiter.acquire(provider, pc.poll_requests_per_second)
@@ -258,8 +262,9 @@ async def poll_once(services: Any, state: PollerState, task_uuid: uuid.UUID) -> 
         async with pool.acquire() as conn, conn.transaction():
             await _move_task(conn, task_uuid, "PROVIDER_FAILED")
             await _end(conn, task_uuid, "FAILED", provider_status=task.status)
-        log.info("watch_ended", provider=provider, task_id=task.provider_task_id,
-                 status=task.status)  # fmt: skip
+        log.info(
+            "watch_ended", provider=provider, task_id=task.provider_task_id, status=task.status
+        )
         return {"outcome": "failed", "provider_status": task.status}
     async with pool.acquire() as conn, conn.transaction():
         await _move_task(conn, task_uuid, "PROVIDER_RUNNING")
@@ -293,9 +298,14 @@ async def _failed_poll(
     task_uuid = watch["generation_task_id"]
     if failures >= MAX_CONSECUTIVE_FAILURES:
         await _end(pool, task_uuid, "GAVE_UP", error=(exc.error_class, exc.detail))
-        log.warning("watch_gave_up", provider=watch["provider"],
-                    task_id=watch["provider_task_id"], error_class=exc.error_class,
-                    detail=exc.detail, failures=failures)  # fmt: skip
+        log.warning(
+            "watch_gave_up",
+            provider=watch["provider"],
+            task_id=watch["provider_task_id"],
+            error_class=exc.error_class,
+            detail=exc.detail,
+            failures=failures,
+        )
         return {"outcome": "gave_up"}
     await pool.execute(
         "UPDATE task_watches SET polls = polls + 1, consecutive_failures = $2,"
@@ -313,9 +323,14 @@ async def _failed_poll(
         retry_after_seconds=exc.retry_after_seconds,
         rng=state.rng,
     )
-    log.info("watch_poll_failed", provider=watch["provider"], task_id=watch["provider_task_id"],
-             error_class=exc.error_class, failures=failures,
-             delay_seconds=round(delay, 3))  # fmt: skip
+    log.info(
+        "watch_poll_failed",
+        provider=watch["provider"],
+        task_id=watch["provider_task_id"],
+        error_class=exc.error_class,
+        failures=failures,
+        delay_seconds=round(delay, 3),
+    )
     raise _defer(f"poll failed: {exc.detail}", delay, f"poll_{exc.error_class}")
 
 
@@ -333,8 +348,12 @@ async def _succeeded(services: Any, watch: Any, task: ProviderTask) -> dict[str,
             tenant_id=int(watch["tenant_id"]),
         )
         await _end(conn, task_uuid, "SUCCEEDED", provider_status=task.status)
-    log.info("watch_succeeded", provider=watch["provider"], task_id=task.provider_task_id,
-             outputs=len(recorded))  # fmt: skip
+    log.info(
+        "watch_succeeded",
+        provider=watch["provider"],
+        task_id=task.provider_task_id,
+        outputs=len(recorded),
+    )
     return {"outcome": "succeeded", "outputs": len(recorded)}
 
 
@@ -353,9 +372,14 @@ async def _move_task(conn: Connection, task_uuid: uuid.UUID, new: str) -> None:
         task_uuid,
     )
     if row is not None and allowed(Entity.GENERATION_TASK, row["provider_status"], new):
-        await transition(conn, Entity.GENERATION_TASK, (task_uuid,),
-                         expected=row["provider_status"], new=new,
-                         version=row["version"])  # fmt: skip
+        await transition(
+            conn,
+            Entity.GENERATION_TASK,
+            (task_uuid,),
+            expected=row["provider_status"],
+            new=new,
+            version=row["version"],
+        )
 
 
 async def _end(

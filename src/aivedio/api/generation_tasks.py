@@ -1,0 +1,116 @@
+"""``POST /v1/generation-tasks``: watch a generation task submitted to a provider elsewhere.
+
+The tenant is the API key's. The task is polled by the worker (``pipeline/poller.py``) at the
+provider's cadence until it ends; its outputs are then recorded exactly as a verified
+callback records them. Registering the same ``(provider, task_id)`` again answers 200 with
+the same watch (201 the first time); another tenant's task is refused 409.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+import msgspec
+from aiohttp import web
+
+from aivedio.api import schema
+from aivedio.api.auth import tenant_of
+from aivedio.api.context import context
+from aivedio.api.problems import ApiError
+from aivedio.errors import NotFoundError, PolicyBlockedError
+from aivedio.logs import get_logger
+from aivedio.pipeline.poller import register_watch
+
+log = get_logger("aivedio.api")
+routes = web.RouteTableDef()
+BODY_MAX_BYTES = 16 * 1024
+
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")]
+TaskId = Annotated[str, msgspec.Meta(min_length=1, max_length=400, pattern=r"^[\x21-\x7e]+$")]
+
+
+class WatchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A task the provider is running for this tenant."""
+
+    provider: Name
+    task_id: TaskId
+
+
+class WatchedTask(msgspec.Struct, frozen=True, kw_only=True):
+    generation_task_id: uuid.UUID
+    provider: str
+    task_id: str
+    # WATCHING, or how the watch ended: SUCCEEDED, FAILED, GAVE_UP
+    watch_status: str
+    created: bool
+
+
+@routes.post("/v1/generation-tasks")
+async def watch_task(request: web.Request) -> web.Response:
+    ctx = context(request)
+    if (request.content_length or 0) > BODY_MAX_BYTES:
+        raise ApiError(413, f"the request body is over {BODY_MAX_BYTES} bytes")
+    body = await request.content.read(BODY_MAX_BYTES + 1)
+    if len(body) > BODY_MAX_BYTES:
+        raise ApiError(413, f"the request body is over {BODY_MAX_BYTES} bytes")
+    try:
+        wanted = msgspec.json.decode(body, type=WatchTask)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ApiError(400, f"request body: {exc}") from None
+    tenant_id = tenant_of(request)
+    try:
+        async with ctx.pool.acquire() as conn:
+            watch = await register_watch(
+                conn,
+                queue=ctx.queue,
+                registry=ctx.registry,
+                config=ctx.config,
+                provider=wanted.provider,
+                provider_task_id=wanted.task_id,
+                tenant_id=tenant_id,
+            )
+    except NotFoundError as exc:
+        raise ApiError(422, exc.detail, "unknown_provider") from None
+    except PolicyBlockedError:
+        raise ApiError(409, "this task is registered by another tenant", "conflict") from None
+    log.info(
+        "task_watch_registered",
+        tenant_id=tenant_id,
+        provider=wanted.provider,
+        task_id=wanted.task_id,
+        created=watch.created,
+    )
+    answer = WatchedTask(
+        generation_task_id=watch.generation_task_id,
+        provider=watch.provider,
+        task_id=watch.provider_task_id,
+        watch_status=watch.status,
+        created=watch.created,
+    )
+    return schema.encode(answer, status=201 if watch.created else 200)
+
+
+PATHS: dict[str, Any] = {
+    "/v1/generation-tasks": {
+        "post": {
+            "summary": "Watch a generation task submitted to a provider elsewhere",
+            "operationId": "watchGenerationTask",
+            "tags": ["providers"],
+            "requestBody": {"required": True, "content": schema.json_content(WatchTask)},
+            "responses": schema.responses(
+                {
+                    "201": schema.ok_json(WatchedTask, "watching; the worker polls the task"),
+                    "200": schema.ok_json(WatchedTask, "already registered; nothing changed"),
+                },
+                400,
+                401,
+                409,
+                413,
+                422,
+                503,
+            ),
+        }
+    }
+}
+SCHEMAS: tuple[type, ...] = (WatchTask, WatchedTask)

@@ -1,0 +1,270 @@
+"""Vendor callbacks on ``POST /v1/providers/{provider}/callbacks``, by the adapter's scheme.
+
+* ``standard_webhooks`` (OpenAI, Replicate): ``webhook-id``/``-timestamp``/``-signature``
+  verified against ``webhook_secret`` (401 otherwise); the ``webhook-id`` is accepted once.
+* ``fal_ed25519`` (fal, Pika): ED25519 over fal's message against the JWKS, from
+  ``jwks`` or fetched from ``jwks_url`` through the guarded fetcher and cached for
+  ``jwks_cache_seconds`` (fetched again once, at most every minute, when no key matches: a
+  rotation); the request id is accepted once.
+* ``minimax_challenge``: a ``{"challenge": …}`` body is echoed at once (MiniMax wants it in
+  3 s); any other body is unsigned.
+* ``unsigned`` (Luma, Kling, MiniMax): nothing to verify, so nothing in the body is trusted.
+
+A verified body that carries its outputs (Replicate, fal) is recorded at once by
+``intake.record_task_outputs``, the function the poller uses. Anything else (an unsigned
+body, or OpenAI's, which names the video only) is a hint: the task is watched and its poll
+made due now, and the poller reads the task from the provider before anything is recorded.
+Nothing is downloaded here; the answer takes milliseconds.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+from aiohttp import web
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from aivedio.api import schema
+from aivedio.api.context import ApiContext
+from aivedio.api.problems import ApiError
+from aivedio.config import ProviderConfig
+from aivedio.errors import AivedioError, ConfigError, PolicyBlockedError
+from aivedio.logs import get_logger
+from aivedio.pipeline import fal_webhooks, standard_webhooks
+from aivedio.pipeline.callbacks import CallbackRejected, accept_event_once
+from aivedio.pipeline.intake import record_task_outputs
+from aivedio.pipeline.poller import can_poll, register_watch
+from aivedio.pipeline.providers import ProviderTask
+from aivedio.providers import VENDORS
+from aivedio.providers.base import CallbackHint
+from aivedio.store.database import Connection, map_db_errors
+from aivedio.store.tenants import tenant_id_by_name
+
+log = get_logger("aivedio.api.callbacks")
+JWKS_REFETCH_SECONDS = 60.0
+
+
+class VendorCallbackAccepted(msgspec.Struct, frozen=True, kw_only=True):
+    task_id: str
+    status: str
+    event_id: str | None
+    generation_task_id: uuid.UUID | None
+    # "recorded": a verified body's outputs were recorded; "task_read": the task will be
+    # read from the provider before anything is recorded.
+    outcome: str
+    outputs: int
+
+
+def challenge_of(body: bytes) -> str | None:
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(doc, dict) and isinstance(doc.get("challenge"), str) and len(doc) == 1:
+        return str(doc["challenge"])
+    return None
+
+
+class _JwksCache:
+    """Ed25519 keys by JWKS URL (public documents, so one cache per process is right)."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, tuple[float, list[Ed25519PublicKey]]] = {}
+
+    async def keys(
+        self, ctx: ApiContext, provider: str, pc: ProviderConfig, *, stale_ok: bool = True
+    ) -> list[Ed25519PublicKey]:
+        if pc.jwks:
+            return fal_webhooks.public_keys(pc.jwks)
+        cached = self._keys.get(pc.jwks_url)
+        now = time.monotonic()
+        if cached is not None:
+            age = now - cached[0]
+            if age < pc.jwks_cache_seconds and (stale_ok or age < JWKS_REFETCH_SECONDS):
+                return cached[1]
+        from aivedio.pipeline.services import make_fetcher
+
+        fetcher = make_fetcher(ctx.config.net, pc)
+        try:
+            raw = await fetcher.fetch_json("GET", pc.jwks_url)
+        except AivedioError as exc:
+            if cached is not None:
+                return cached[1]
+            raise ApiError(503, f"fal JWKS unavailable: {exc.detail}", "jwks_unavailable") from None
+        finally:
+            await fetcher.aclose()
+        keys = fal_webhooks.public_keys(msgspec.json.encode(raw))
+        self._keys[pc.jwks_url] = (now, keys)
+        log.info("jwks_fetched", provider=provider, keys=len(keys))
+        return keys
+
+
+JWKS = _JwksCache()
+
+
+def configured(pc: ProviderConfig, scheme: str) -> bool:
+    if scheme == "standard_webhooks":
+        return bool(pc.webhook_secret)
+    if scheme == "fal_ed25519":
+        return bool(pc.jwks or pc.jwks_url)
+    return scheme in ("unsigned", "minimax_challenge")
+
+
+async def verify(
+    ctx: ApiContext,
+    provider: str,
+    pc: ProviderConfig,
+    scheme: str,
+    request: web.Request,
+    body: bytes,
+) -> str | None:
+    """The event id to accept once (None for unsigned schemes); raises CallbackRejected."""
+    tolerance = ctx.config.api.callback_skew_seconds
+    if scheme == "standard_webhooks":
+        try:
+            key = standard_webhooks.secret_key(pc.webhook_secret)
+        except ConfigError as exc:
+            raise ApiError(500, f"providers.{provider}.webhook_secret: {exc.detail}") from None
+        return standard_webhooks.verify(key, request.headers, body, tolerance_seconds=tolerance)
+    if scheme == "fal_ed25519":
+        keys = await JWKS.keys(ctx, provider, pc)
+        try:
+            return fal_webhooks.verify(keys, request.headers, body, tolerance_seconds=tolerance)
+        except CallbackRejected:
+            if pc.jwks:
+                raise
+            fresh = await JWKS.keys(ctx, provider, pc, stale_ok=False)
+            if fresh is keys:
+                raise
+            return fal_webhooks.verify(fresh, request.headers, body, tolerance_seconds=tolerance)
+    return None
+
+
+def parse(pc: ProviderConfig, body: bytes) -> CallbackHint:
+    return VENDORS[pc.adapter].parse_callback(body, pc)
+
+
+async def tenant_for(ctx: ApiContext, conn: Connection, provider: str, task_id: str) -> int | None:
+    with map_db_errors("looking up the generation task"):
+        known = await conn.fetchval(
+            "SELECT tenant_id FROM generation_tasks WHERE provider = $1 AND provider_task_id = $2",
+            provider,
+            task_id,
+        )
+    if known is not None:
+        return int(known)
+    name = ctx.config.providers[provider].tenant
+    return await tenant_id_by_name(conn, name) if name else None
+
+
+async def record(
+    ctx: ApiContext,
+    conn: Connection,
+    provider: str,
+    hint: CallbackHint,
+    event_id: str | None,
+) -> VendorCallbackAccepted:
+    """Inside the receipt's transaction: record a verified body's outputs, or watch the task."""
+    tenant_id = await tenant_for(ctx, conn, provider, hint.task_id)
+    if tenant_id is None:
+        raise ApiError(
+            422,
+            f"task {hint.task_id!r} is unknown and [providers.{provider}] names no tenant",
+            "unknown_task",
+        )
+    if event_id is not None and hint.status == "SUCCEEDED" and hint.outputs:
+        task = ProviderTask(provider_task_id=hint.task_id, status="SUCCEEDED", outputs=hint.outputs)
+        try:
+            recorded = await record_task_outputs(
+                conn,
+                queue=ctx.queue,
+                registry=ctx.registry,
+                cipher=ctx.cipher,
+                config=ctx.config,
+                provider=provider,
+                task=task,
+                tenant_id=tenant_id,
+            )
+        except PolicyBlockedError as exc:
+            raise ApiError(422, exc.detail, "invalid_output") from None
+        return VendorCallbackAccepted(
+            task_id=hint.task_id,
+            status=hint.status,
+            event_id=event_id,
+            generation_task_id=recorded[0].generation_task_id,
+            outcome="recorded",
+            outputs=len(recorded),
+        )
+    if not can_poll(ctx.config, provider):
+        raise ApiError(404, f"provider {provider!r} cannot be asked about its tasks")
+    try:
+        watch = await register_watch(
+            conn,
+            queue=ctx.queue,
+            registry=ctx.registry,
+            config=ctx.config,
+            provider=provider,
+            provider_task_id=hint.task_id,
+            tenant_id=tenant_id,
+            hurry=True,
+        )
+    except PolicyBlockedError as exc:
+        raise ApiError(422, exc.detail, "tenant_mismatch") from None
+    return VendorCallbackAccepted(
+        task_id=hint.task_id,
+        status=hint.status,
+        event_id=event_id,
+        generation_task_id=watch.generation_task_id,
+        outcome="task_read",
+        outputs=0,
+    )
+
+
+async def handle(
+    ctx: ApiContext,
+    request: web.Request,
+    provider: str,
+    pc: ProviderConfig,
+    scheme: str,
+    body: bytes,
+    reject: Any,
+) -> web.Response:
+    """The vendor half of the callback route; ``reject`` counts and logs a refusal."""
+    if scheme == "minimax_challenge":
+        challenge = challenge_of(body)
+        if challenge is not None:
+            ctx.metrics.callbacks.labels(provider, "challenge").inc()
+            return web.json_response({"challenge": challenge})
+    try:
+        event_id = await verify(ctx, provider, pc, scheme, request, body)
+    except CallbackRejected as exc:
+        raise reject(401, "bad_signature", exc.detail) from None
+    try:
+        hint = parse(pc, body)
+    except AivedioError as exc:
+        raise reject(400, "malformed", f"callback body: {exc.detail}") from None
+    async with ctx.pool.acquire() as conn, conn.transaction():
+        if event_id is not None:
+            with map_db_errors("recording a callback"):
+                fresh = await accept_event_once(conn, provider, event_id)
+            if not fresh:
+                raise reject(
+                    409,
+                    "replayed_event",
+                    f"event {event_id!r} was already received; nothing recorded",
+                )
+        accepted = await record(ctx, conn, provider, hint, event_id)
+    ctx.metrics.callbacks.labels(provider, accepted.outcome).inc()
+    log.info(
+        "callback_accepted",
+        provider=provider,
+        task_id=hint.task_id,
+        event_id=event_id,
+        status=hint.status,
+        outcome=accepted.outcome,
+        outputs=accepted.outputs,
+    )
+    return schema.encode(accepted, status=202)
