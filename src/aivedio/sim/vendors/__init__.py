@@ -1,0 +1,31 @@
+"""One simulated vendor per adapter (``src/aivedio/providers/``), on loopback HTTPS."""
+
+from __future__ import annotations
+
+from aivedio.sim.vendors.base import SimTask, VendorSim
+from aivedio.sim.vendors.fal import FalSim
+from aivedio.sim.vendors.kling import KlingSim
+from aivedio.sim.vendors.luma import LumaSim
+from aivedio.sim.vendors.minimax import MiniMaxSim
+from aivedio.sim.vendors.openai import OpenAISim
+from aivedio.sim.vendors.replicate import ReplicateSim
+from aivedio.sim.vendors.runway import RunwaySim
+from aivedio.sim.vendors.veo_gemini import VeoGeminiSim
+from aivedio.sim.vendors.veo_vertex import VeoVertexSim
+
+SIMS: dict[str, type[VendorSim]] = {
+    cls.vendor: cls
+    for cls in (
+        RunwaySim,
+        OpenAISim,
+        VeoGeminiSim,
+        VeoVertexSim,
+        ReplicateSim,
+        FalSim,
+        LumaSim,
+        KlingSim,
+        MiniMaxSim,
+    )
+}
+
+__all__ = ["SIMS", "SimTask", "VendorSim"]

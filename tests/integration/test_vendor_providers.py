@@ -1,0 +1,294 @@
+"""Every vendor adapter end to end: its simulator, the API, the poller and the fetch stage.
+
+Per vendor: a watched task polled to stored sources (several outputs where the vendor gives
+several, each its own index), the download credential only on the vendor's own origin and
+never in a log; an expired output refreshed where the vendor allows it and OUTPUT_LOST where
+it does not, with no generation requested; signed callbacks refused when forged, stale or
+replayed; unsigned callbacks confirmed by a task read before anything is recorded.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import ssl
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import msgspec
+import pytest
+from structlog.testing import capture_logs
+
+from aivedio.config import Config
+from aivedio.pipeline.services import url_cipher
+from aivedio.sim.provider import Faults
+from aivedio.sim.tls import make_test_ca
+from aivedio.store.database import Pool
+from aivedio.store.objects import open_object_store
+from tests.dns_server import dns_server
+from tests.vendor_rig import API_HOST, API_KEY, CDN_HOST, MULTI_OUTPUT, VENDORS, VendorRig
+from tests.vendor_rig import open_vendor as _open_vendor
+
+pytestmark = pytest.mark.anyio
+Opener = Callable[..., AbstractAsyncContextManager[VendorRig]]
+
+# After the documented lifetime: refreshed (a new URL, or the same one still served) or lost.
+AFTER_LIFETIME = {
+    "runway": "STORED",  # the task read signs fresh URLs
+    "openai": "OUTPUT_LOST",  # content only until expires_at
+    "veo_gemini": "OUTPUT_LOST",  # files deleted after two days, never re-issued
+    "veo_vertex": "STORED",  # the caller's bucket keeps it
+    "replicate": "OUTPUT_LOST",  # removed an hour after completion
+    "fal": "STORED",  # the result read gives the URL again
+    "luma": "STORED",  # the generation read gives the URL again
+    "kling": "OUTPUT_LOST",  # cleared after 30 days
+    "minimax": "STORED",  # retrieve again
+}
+LIFETIME_PASSED_SECONDS = 31 * 86400
+
+
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, Path]:
+    _ca, server_ctx, pem = make_test_ca(
+        ("localhost", API_HOST, CDN_HOST), tmp_path_factory.mktemp("ca")
+    )
+    return server_ctx, pem
+
+
+@pytest.fixture
+def nameserver() -> Iterator[str]:
+    with dns_server() as (zone, ns):
+        zone.set(API_HOST, ["127.0.0.1"])
+        zone.set(CDN_HOST, ["127.0.0.1"])
+        yield ns
+
+
+@pytest.fixture
+def open_vendor(
+    config: Config,
+    pool: Pool,
+    tmp_path: Path,
+    ca: tuple[ssl.SSLContext, Path],
+    nameserver: str,
+) -> Opener:
+    def opener(vendor: str, **overrides: Any) -> AbstractAsyncContextManager[VendorRig]:
+        return _open_vendor(vendor, config, pool, tmp_path, ca, nameserver, **overrides)
+
+    return opener
+
+
+def bodies(vendor: str, task: str) -> list[bytes]:
+    count = 2 if vendor in MULTI_OUTPUT else 1
+    return [f"{vendor}/{task}/{i}:".encode() * 5000 for i in range(count)]
+
+
+async def stored(rig: VendorRig, key: str) -> bytes:
+    async with open_object_store(rig.config.storage) as store:
+        return b"".join([chunk async for chunk in store.get(key)])
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+async def test_a_watched_task_is_polled_to_stored_sources_with_the_credential_kept_home(
+    vendor: str, open_vendor: Opener
+) -> None:
+    async with open_vendor(vendor) as rig:
+        sim = rig.sim
+        # Every download is redirected to another host: a credential must not follow it.
+        sent = bodies(vendor, "t1")
+        sim.add_task("t1", sent, faults=Faults(cross_host_redirect=CDN_HOST))
+        task_id = rig.task_id("t1")
+        with capture_logs() as logs:
+            watched = await rig.watch(task_id)
+            assert watched["watch_status"] == "WATCHING"
+            async with rig.worker():
+                await rig.pool.fetchval("SELECT 1")
+                deadline = time.monotonic() + 10
+                while sim.requests["task"] < 2 and time.monotonic() < deadline:
+                    await anyio.sleep(0.05)
+                assert await rig.outputs() == []  # still running at the provider
+                sim.complete("t1")
+                rows = await rig.wait_outputs(len(sent))
+        assert [r["output_index"] for r in rows] == list(range(len(sent)))
+        for row, body in zip(rows, sent, strict=True):
+            assert await stored(rig, row["source_object_key"]) == body
+        watch = await rig.pool.fetchrow("SELECT status, polls FROM task_watches")
+        assert watch is not None
+        assert watch["status"] == "SUCCEEDED" and watch["polls"] >= 2
+        assert await rig.pool.fetchval("SELECT provider_status FROM generation_tasks") == (
+            "PROVIDER_SUCCEEDED"
+        )
+        assert sim.requests["create"] == 0
+        # The credential went to the vendor's API origin only, never to the CDN host...
+        cdn = [r for r in sim.seen if r.host.startswith(CDN_HOST)]
+        assert cdn and all(
+            "Authorization" not in r.headers and "x-goog-api-key" not in r.headers for r in cdn
+        )
+        assert sim.credential_seen_by(API_KEY) <= {f"{API_HOST}:{sim.port}"}
+        # ...and into no log line.
+        assert API_KEY not in json.dumps(logs, default=str)
+        again = await rig.watch(task_id, expect=200)  # idempotent per (provider, task id)
+        assert again == watched | {"created": False, "watch_status": "SUCCEEDED"}
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
+async def test_after_its_lifetime_an_output_is_refreshed_or_lost_never_regenerated(
+    vendor: str, open_vendor: Opener
+) -> None:
+    async with open_vendor(vendor) as rig:
+        sim = rig.sim
+        sent = bodies(vendor, "t1")
+        sim.add_task("t1", sent, done=True)
+        sim.issue_expired = True  # the URLs we record are already dead
+        await rig.record_now("t1")
+        sim.issue_expired = False
+        # The documented lifetime passes, at the provider and in our records.
+        sim.age("t1", LIFETIME_PASSED_SECONDS)
+        await rig.pool.execute(
+            "UPDATE provider_outputs SET source_url_expires_at = now() - interval '1 minute'"
+        )
+        reads_before = sim.requests["task"]
+        expected = AFTER_LIFETIME[vendor]
+        async with rig.worker():
+            rows = await rig.wait_outputs(len(sent), (expected,))
+        assert sim.requests["create"] == 0
+        if expected == "STORED":
+            assert sim.requests["task"] > reads_before  # the refresh read the task again
+            for row, body in zip(rows, sent, strict=True):
+                assert await stored(rig, row["source_object_key"]) == body
+        else:
+            events = await rig.pool.fetch(
+                "SELECT event_type FROM outbox_events WHERE event_type = 'output.lost'"
+            )
+            assert len(events) == len(sent)
+
+
+SIGNED = ["openai", "replicate", "fal"]
+
+
+@pytest.mark.parametrize("vendor", SIGNED)
+async def test_signed_callbacks_forged_stale_or_replayed_are_refused(
+    vendor: str, open_vendor: Opener
+) -> None:
+    async with open_vendor(vendor) as rig:
+        sim = rig.sim
+        sim.add_task("t1", bodies(vendor, "t1"), done=True)
+        make = sim.callback  # type: ignore[attr-defined]
+        headers, body = make("t1")
+        forged = dict(headers)
+        if vendor == "fal":
+            forged, body_forged = sim.forged_callback("t1")  # type: ignore[attr-defined]
+        else:
+            forged["webhook-signature"] = "v1," + "A" * 43 + "="
+            body_forged = body
+        stale_headers, stale_body = make("t1", timestamp=int(time.time()) - 3600)
+        await rig.callback(forged, body_forged, 401)
+        await rig.callback(stale_headers, stale_body, 401)
+        tampered = body.replace(b"t1", b"t2")
+        await rig.callback(headers, tampered, 401)
+        assert await rig.pool.fetchval("SELECT count(*) FROM generation_tasks") == 0
+        first = await rig.callback(headers, body, 202)
+        await rig.callback(headers, body, 409)  # the same delivery again
+        receipts = await rig.pool.fetchval("SELECT count(*) FROM callback_receipts")
+        assert receipts == 1
+        if vendor == "openai":
+            # The webhook names the video only: the task is read before anything is recorded.
+            assert first["outcome"] == "task_read"
+            assert await rig.outputs() == []
+            async with rig.worker():
+                await rig.wait_outputs(1)
+        else:
+            assert first["outcome"] == "recorded"
+            assert first["outputs"] == len(bodies(vendor, "t1"))
+            async with rig.worker():
+                await rig.wait_outputs(first["outputs"])
+        assert sim.requests["create"] == 0
+
+
+UNSIGNED = ["luma", "kling", "minimax"]
+
+
+def forged_success(vendor: str, body: bytes) -> bytes:
+    """The same task, claimed done, with an output URL of the forger's choosing."""
+    doc = msgspec.json.decode(body)
+    evil = "https://evil.example/stolen.mp4"
+    if vendor == "luma":
+        doc.update(state="completed", assets={"video": evil})
+    elif vendor == "kling":
+        doc.update(task_status="succeed", task_result={"videos": [{"id": "x", "url": evil}]})
+    else:
+        doc.update(status="success", file_id="file-evil", download_url=evil)
+    return msgspec.json.encode(doc)
+
+
+@pytest.mark.parametrize("vendor", UNSIGNED)
+async def test_an_unsigned_callback_is_confirmed_by_a_task_read_before_anything_is_recorded(
+    vendor: str, open_vendor: Opener
+) -> None:
+    # A long cadence: only the callbacks' hints make the poller read the task now.
+    async with open_vendor(vendor, poll_interval_seconds=60.0) as rig:
+        sim = rig.sim
+        sent = bodies(vendor, "t1")
+        sim.add_task("t1", sent)
+        headers, body = sim.callback("t1")  # type: ignore[attr-defined]
+        async with rig.worker():
+            answer = await rig.callback(headers, forged_success(vendor, body), 202)
+            assert answer["outcome"] == "task_read"
+            deadline = time.monotonic() + 10
+            while sim.requests["task"] < 1 and time.monotonic() < deadline:
+                await anyio.sleep(0.05)
+            assert sim.requests["task"] >= 1  # the provider was asked...
+            await anyio.sleep(0.3)
+            assert await rig.outputs() == []  # ...said "running", so nothing was recorded
+            sim.complete("t1")
+            headers, body = sim.callback("t1")  # type: ignore[attr-defined]
+            await rig.callback(headers, body, 202)
+            rows = await rig.wait_outputs(len(sent))
+        cipher = url_cipher(rig.config)
+        for row in rows:
+            url = cipher.decrypt(
+                row["source_url_ciphertext"], row["source_url_key_id"], bound_to=str(row["id"])
+            )
+            assert urlsplit(url).hostname == API_HOST  # the provider's URL, not the forger's
+        assert sim.requests["create"] == 0
+
+
+async def test_minimax_challenge_is_echoed(open_vendor: Opener) -> None:
+    async with open_vendor("minimax") as rig:
+        answer = await rig.callback({}, b'{"challenge": "c-123"}', 200)
+        assert answer == {"challenge": "c-123"}
+        assert await rig.pool.fetchval("SELECT count(*) FROM generation_tasks") == 0
+
+
+async def test_the_poller_honours_retry_after_and_the_provider_rate_limit(
+    open_vendor: Opener,
+) -> None:
+    async with open_vendor("runway", poll_requests_per_second=4.0) as rig:
+        sim = rig.sim
+        sim.retry_after_seconds = 1.0
+        sim.throttle_task_reads = 1
+        for name in ("a", "b", "c"):
+            sim.add_task(name, bodies("runway", name)[:1])
+            await rig.watch(name)
+        async with rig.worker():
+            await anyio.sleep(1.5)
+            for name in ("a", "b", "c"):
+                sim.complete(name)
+            await rig.wait_outputs(3)
+        times = [t for t, _ in sim.task_reads]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
+        # One worker, 4 requests a second to this provider: never two reads 0.25 s apart.
+        assert min(gaps) >= 0.2, gaps
+        # The first read was throttled with Retry-After: 1. That task was not read again
+        # sooner; the others were read meanwhile, not starved.
+        first_at, throttled = sim.task_reads[0]
+        again = [t for t, name in sim.task_reads[1:] if name == throttled]
+        assert again[0] - first_at >= 1.0
+        others = [t for t, name in sim.task_reads[1:] if name != throttled]
+        assert others[0] - first_at < 1.0
+        polled = await rig.pool.fetch("SELECT polls, status FROM task_watches")
+        assert [(r["polls"] > 1, r["status"]) for r in polled] == [(True, "SUCCEEDED")] * 3
