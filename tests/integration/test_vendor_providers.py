@@ -195,6 +195,8 @@ async def test_signed_callbacks_forged_stale_or_replayed_are_refused(
         await rig.callback(headers, body, 409)  # the same delivery again
         receipts = await rig.pool.fetchval("SELECT count(*) FROM callback_receipts")
         assert receipts == 1
+        if vendor == "fal":
+            assert sim.requests["jwks"] == 1  # fetched through the guarded fetcher, cached
         if vendor == "openai":
             # The webhook names the video only: the task is read before anything is recorded.
             assert first["outcome"] == "task_read"

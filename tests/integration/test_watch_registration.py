@@ -1,0 +1,92 @@
+"""Registering a watched task: ``POST /v1/generation-tasks`` and ``aivedio watch``.
+
+Idempotent per (provider, task id); the tenant is the API key's (or ``--tenant``); another
+tenant's task is refused; a provider without an API to poll is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from aivedio.config import Config, ProviderConfig
+from aivedio.store.database import Pool
+from tests.api_rig import open_api
+from tests.conftest import TEST_KEY
+
+pytestmark = pytest.mark.anyio
+
+PROVIDERS = {
+    "runway": ProviderConfig(adapter="runway", api_key="sk-never-used"),
+    "plain": ProviderConfig(callback_secret="s"),  # generic, no API to ask
+}
+
+
+async def test_the_api_registers_once_per_task_and_keeps_tenants_apart(
+    config: Config, pool: Pool, tmp_path: Path
+) -> None:
+    cfg = msgspec.structs.replace(config, providers=PROVIDERS)
+    async with open_api(cfg, pool, tmp_path) as api:
+        body = {"provider": "runway", "task_id": "task-1"}
+        first = await api.json("POST", "/v1/generation-tasks", json=body, expect=201)
+        again = await api.json("POST", "/v1/generation-tasks", json=body, expect=200)
+        assert again == first | {"created": False}
+        assert first["watch_status"] == "WATCHING"
+        _other, other_key = await api.tenant("globex")
+        await api.json("POST", "/v1/generation-tasks", json=body, key=other_key, expect=409)
+        for wrong in (
+            {"provider": "plain", "task_id": "t"},
+            {"provider": "nobody", "task_id": "t"},
+        ):
+            await api.json("POST", "/v1/generation-tasks", json=wrong, expect=422)
+        await api.json("POST", "/v1/generation-tasks", json={"provider": "runway"}, expect=400)
+        await api.json(
+            "POST", "/v1/generation-tasks", json=body, headers={"Authorization": ""}, expect=401
+        )
+        jobs = await pool.fetch("SELECT kind, lane, payload FROM jobs")
+        assert [(j["kind"], j["lane"]) for j in jobs] == [("provider.poll", "control")]
+        assert jobs[0]["payload"] == {"generation_task_id": first["generation_task_id"]}
+        task = await pool.fetchrow("SELECT tenant_id, provider_status, watch FROM generation_tasks")
+        assert task is not None
+        assert (task["tenant_id"], task["provider_status"], task["watch"]) == (
+            api.rig.tenant_id,
+            "SUBMITTED",
+            True,
+        )
+
+
+async def test_aivedio_watch_registers_once(database: str, pool: Pool, tmp_path: Path) -> None:
+    await pool.execute("INSERT INTO tenants (name) VALUES ('acme')")
+    path = tmp_path / "aivedio.toml"
+    path.write_text('[providers.runway]\nadapter = "runway"\napi_key = "sk-never-used"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
+    env.update(AIVEDIO_DATABASE_URL=database, AIVEDIO_URL_ENCRYPTION_KEY=TEST_KEY)
+    argv = [
+        sys.executable,
+        "-m",
+        "aivedio",
+        "watch",
+        "--config",
+        str(path),
+        "--provider",
+        "runway",
+        "--task-id",
+        "T-9",
+        "--tenant",
+        "acme",
+    ]
+    outputs = []
+    for _ in range(2):
+        with anyio.fail_after(60):
+            proc = await anyio.run_process(argv, check=False, env=env)
+        assert proc.returncode == 0, proc.stderr.decode()
+        outputs.append(msgspec.json.decode(proc.stdout.splitlines()[-1]))
+    assert [o["created"] for o in outputs] == [True, False]
+    assert outputs[0]["generation_task_id"] == outputs[1]["generation_task_id"]
+    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE kind = 'provider.poll'") == 1
+    assert "sk-never-used" not in proc.stdout.decode() + proc.stderr.decode()
