@@ -51,6 +51,13 @@ async def test_the_api_registers_once_per_task_and_keeps_tenants_apart(
         jobs = await pool.fetch("SELECT kind, lane, payload FROM jobs")
         assert [(j["kind"], j["lane"]) for j in jobs] == [("provider.poll", "control")]
         assert jobs[0]["payload"] == {"generation_task_id": first["generation_task_id"]}
+        # A watch that gave up is registered again: a new round with its own poll job.
+        await pool.execute("UPDATE task_watches SET status = 'GAVE_UP'")
+        await pool.execute("DELETE FROM jobs")
+        revived = await api.json("POST", "/v1/generation-tasks", json=body, expect=200)
+        assert revived["watch_status"] == "WATCHING"
+        keys = await pool.fetch("SELECT idempotency_key FROM jobs")
+        assert [k["idempotency_key"] for k in keys] == [f"poll:{first['generation_task_id']}:r2"]
         task = await pool.fetchrow("SELECT tenant_id, provider_status, watch FROM generation_tasks")
         assert task is not None
         assert (task["tenant_id"], task["provider_status"], task["watch"]) == (

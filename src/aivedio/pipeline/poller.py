@@ -15,7 +15,7 @@ attempt is refunded, so a long generation never exhausts a retry budget):
 * SUCCEEDED: the outputs are recorded by ``intake.record_task_outputs``, exactly as a
   verified callback records them, and the watch ends; FAILED or CANCELLED: the task is
   marked PROVIDER_FAILED and the watch ends. A watch older than ``watch_max_seconds`` is
-  given up. Nothing here ever submits a generation.
+  given up (registering it again starts a new round). Nothing here ever submits a generation.
 """
 
 from __future__ import annotations
@@ -71,8 +71,8 @@ class WatchRegistration(msgspec.Struct, frozen=True, kw_only=True):
     poll_job_id: int | None
 
 
-def poll_job_key(generation_task_id: uuid.UUID) -> str:
-    return f"poll:{generation_task_id}"
+def poll_job_key(generation_task_id: uuid.UUID, round_: int) -> str:
+    return f"poll:{generation_task_id}:r{round_}"
 
 
 def can_poll(config: Config, provider: str) -> bool:
@@ -133,9 +133,22 @@ async def register_watch(
                 finished or "WATCHING",
                 pc.watch_max_seconds,
             )
-            status = await conn.fetchval(
-                "SELECT status FROM task_watches WHERE generation_task_id = $1", task_id
+            watch = await conn.fetchrow(
+                "SELECT status, round FROM task_watches WHERE generation_task_id = $1", task_id
             )
+            assert watch is not None
+            status, round_ = watch["status"], watch["round"]
+            if status == "GAVE_UP" and finished is None:
+                # Registered again after the cause was fixed: a new round, a new poll job.
+                round_ = await conn.fetchval(
+                    "UPDATE task_watches SET status = 'WATCHING', round = round + 1,"
+                    " consecutive_failures = 0, updated_at = now(),"
+                    " give_up_at = now() + make_interval(secs => $2)"
+                    " WHERE generation_task_id = $1 RETURNING round",
+                    task_id,
+                    pc.watch_max_seconds,
+                )
+                status = "WATCHING"
             if finished is None:
                 await conn.execute(
                     "UPDATE generation_tasks SET watch = true WHERE id = $1 AND NOT watch", task_id
@@ -144,7 +157,7 @@ async def register_watch(
         if status == "WATCHING":
             spec = registry.spec(
                 KIND,
-                poll_job_key(task_id),
+                poll_job_key(task_id, round_),
                 tenant_id=tenant_id,
                 payload={"generation_task_id": str(task_id)},
             )

@@ -10,6 +10,8 @@ CREATE TABLE task_watches (
     provider_task_id      text NOT NULL,
     status                text NOT NULL DEFAULT 'WATCHING'
                           CHECK (status IN ('WATCHING', 'SUCCEEDED', 'FAILED', 'GAVE_UP')),
+    -- Registering a GAVE_UP watch again starts a new round (and a new poll job).
+    round                 integer NOT NULL DEFAULT 1,
     polls                 integer NOT NULL DEFAULT 0,
     -- Failed polls in a row (429, 5xx, network): the backoff's exponent, reset by an answer.
     consecutive_failures  integer NOT NULL DEFAULT 0,
