@@ -284,14 +284,14 @@ def _paths() -> dict[str, Any]:
         {
             "name": TIMESTAMP_HEADER,
             "in": "header",
-            "required": False,
+            "required": True,
             "schema": {"type": "string"},
             "description": "Unix seconds when the provider signed",
         },
         {
             "name": SIGNATURE_HEADER,
             "in": "header",
-            "required": False,
+            "required": True,
             "schema": {"type": "string"},
             "description": "sha256=<hex HMAC-SHA256 of '{timestamp}.{body}' with the secret>",
         },
