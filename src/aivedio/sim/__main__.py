@@ -5,6 +5,11 @@ one JSON line once it serves: ``port``, ``base_url``, ``ca_file`` and each outpu
 ``sha256`` and ``size``. Runs until killed. Loopback only.
 
     python -m aivedio.sim --ca-dir DIR --file task-1:0:clip.mp4 --generate bench:0:1073741824
+
+``--vendor NAME`` speaks one vendor's API instead (``aivedio.sim.vendors``: runway, openai,
+veo_gemini, veo_vertex, replicate, fal, luma, kling, minimax), with the given outputs as
+finished tasks and ``--api-key`` as the credential it expects; point a ``[providers.NAME]``
+section with that adapter at ``base_url``.
 """
 
 from __future__ import annotations
@@ -31,13 +36,18 @@ async def serve(args: argparse.Namespace) -> None:
     if not args.plain:
         _ca, server_ctx, pem = make_test_ca((args.public_host,), Path(args.ca_dir))
         ca_file = str(pem)
-    async with open_simulated_provider(
-        ssl_context=server_ctx,
-        host=args.host,
-        port=args.port,
-        public_host=args.public_host,
-        url_ttl_seconds=args.url_ttl_seconds,
-    ) as sim:
+    settings: dict[str, Any] = {
+        "ssl_context": server_ctx,
+        "host": args.host,
+        "port": args.port,
+        "public_host": args.public_host,
+        "url_ttl_seconds": args.url_ttl_seconds,
+    }
+    if args.vendor:
+        from aivedio.sim.vendors import SIMS
+
+        settings.update(factory=SIMS[args.vendor], api_key=args.api_key)
+    async with open_simulated_provider(**settings) as sim:
         tasks: list[str] = []
         for task_id, index, path in map(_spec, args.file):
             sim.add_output(task_id, index, await anyio.Path(path).read_bytes())
@@ -45,6 +55,13 @@ async def serve(args: argparse.Namespace) -> None:
         for task_id, index, size in map(_spec, args.generate):
             sim.add_output(task_id, index, size=int(size))
             tasks.append(task_id)
+        if args.vendor:
+            from aivedio.sim.vendors import SimTask, VendorSim
+
+            assert isinstance(sim, VendorSim)
+            for task_id in dict.fromkeys(tasks):
+                sim.tasks[task_id] = SimTask(task_id, len(sim.task_json(task_id)["outputs"]))
+                sim.complete(task_id)
         outputs: list[dict[str, Any]] = []
         for task_id in dict.fromkeys(tasks):
             for output in sim.task_json(task_id)["outputs"]:
@@ -70,6 +87,8 @@ def main() -> int:
     parser.add_argument("--url-ttl-seconds", type=float, default=3600)
     parser.add_argument("--file", action="append", default=[], metavar="TASK:INDEX:PATH")
     parser.add_argument("--generate", action="append", default=[], metavar="TASK:INDEX:BYTES")
+    parser.add_argument("--vendor", help="speak this vendor's API (aivedio.sim.vendors)")
+    parser.add_argument("--api-key", default="sim-api-key", help="the credential it expects")
     args = parser.parse_args()
     if args.host not in ("127.0.0.1", "::1", "localhost"):
         parser.error("the simulated provider listens on loopback only")

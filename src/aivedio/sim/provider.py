@@ -517,13 +517,15 @@ class SimulatedProvider:
 
 @asynccontextmanager
 async def open_simulated_provider(**kwargs: Any) -> AsyncIterator[SimulatedProvider]:
-    """A started :class:`SimulatedProvider` (keyword arguments as its constructor's).
+    """A started :class:`SimulatedProvider` (keyword arguments as its constructor's;
+    ``factory`` a subclass to start instead, e.g. a simulated vendor).
 
     ``ssl_context`` defaults to None (plain HTTP); ``port`` 0 picks a free one. Shut down on
     exit, shielded and bounded.
     """
     kwargs.setdefault("ssl_context", None)
-    provider = SimulatedProvider(**kwargs)
+    factory = kwargs.pop("factory", SimulatedProvider)
+    provider = factory(**kwargs)
     await provider.start()
     try:
         yield provider
