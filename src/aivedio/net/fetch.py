@@ -323,8 +323,13 @@ class Fetcher:
         hasher = hashlib.sha256()
         try:
             while True:
-                chunk = await response.content.readany()
+                # One received chunk at a time, as aiohttp's parser made it: ``readany`` would
+                # join what is buffered into a new object (a copy, and a page fault a page
+                # once that reaches glibc's mmap threshold).
+                chunk, end_of_http_chunk = await response.content.readchunk()
                 if not chunk:
+                    if end_of_http_chunk:
+                        continue  # the end of a chunk of a chunked body, not of the body
                     break
                 state.received += len(chunk)
                 if state.received > cap:
