@@ -752,6 +752,66 @@ def patch_sps_dimensions(sps: bytes, width_mbs: int, height_mbs: int) -> bytes:
 # -- sharing within a session -----------------------------------------------------------------
 
 
+# -- a long source whose frames and seconds can be read back ----------------------------------
+
+COUNTER_BITS = 16
+COUNTER_BLOCK = 16  # pixels per bit, in a band at the top of a 320-wide frame
+
+
+def tone_hz(second: int) -> int:
+    """The tone of ``counted_av``'s audio during ``second``: it changes every second."""
+    return 500 + 250 * (second % 4)
+
+
+def counted_av(
+    directory: Path, *, seconds: int = 180, fps: int = 24, keyint: int = 50,
+    pix_fmt: str = "yuv444p",
+) -> Path:  # fmt: skip
+    """320x240 H.264 + AAC whose frame ``n`` shows ``n`` in binary (16 blocks of 16x16 at
+    the top, white = 1, lowest bit left) and whose audio is a tone that changes every second
+    (``tone_hz``). A keyframe every ``keyint`` frames (off the segment grid by default);
+    ``yuv444p`` makes it need a transcode, ``yuv420p`` allows a remux."""
+    out = _fresh(directory, f"counted_{seconds}s_{pix_fmt}.mp4")
+    bits = "255*mod(floor(N/pow(2,floor(X/16))),2)"
+    tone = "+".join(f"eq(mod(floor(t),4),{k})*{tone_hz(k)}" for k in range(4))
+    run_ffmpeg(
+        "-f", "lavfi", "-i", f"testsrc2=s=320x240:r={fps}:d={seconds}",
+        "-f", "lavfi", "-i",
+        f"color=black:s={COUNTER_BITS * COUNTER_BLOCK}x{COUNTER_BLOCK}:r={fps}:d={seconds},"
+        f"geq=lum='{bits}':cb=128:cr=128",
+        "-f", "lavfi", "-i", f"aevalsrc='0.5*sin(2*PI*({tone})*t)':s=48000:d={seconds}",
+        "-filter_complex", "[0:v][1:v]overlay=0:0,format=" + pix_fmt + "[v]",
+        "-map", "[v]", "-map", "2:a", "-c:v", "libx264", "-preset", "ultrafast", "-qp", "10",
+        "-g", str(keyint), "-keyint_min", str(keyint), "-sc_threshold", "0",
+        "-c:a", "aac", "-b:a", "128k", "-ac", "1", str(out),
+    )  # fmt: skip
+    return out
+
+
+def read_counters(path: Path, *, width: int) -> list[int]:
+    """The counter of every decoded frame of ``path`` (a file or a playlist), in order."""
+    scale = width / 320
+    block = COUNTER_BLOCK * scale
+    band_h = max(2, round(block))
+    result = subprocess.run(
+        ["ffmpeg", "-v", "error", "-i", str(path), "-map", "0:v:0", "-fps_mode", "passthrough",
+         "-vf", f"crop={width}:{band_h}:0:0,format=gray", "-f", "rawvideo", "-"],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    frame = width * band_h
+    data = result.stdout
+    counters = []
+    row = band_h // 2
+    for start in range(0, len(data) - frame + 1, frame):
+        value = 0
+        for bit in range(COUNTER_BITS):
+            x = int((bit + 0.5) * block)
+            if data[start + row * width + x] > 128:
+                value |= 1 << bit
+        counters.append(value)
+    return counters
+
+
 class MediaCache:
     """Generate each named fixture once and hand out the same path afterwards.
 

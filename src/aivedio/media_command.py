@@ -92,7 +92,7 @@ def cmd_process(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         sandbox = Sandbox(config.media)
         with sandbox.scratch() as root:
-            run = MediaRun(sandbox, path, root)
+            run = MediaRun(sandbox, path, root, parallel=_media_slots(config))
             report = await run.run(wants=wants, declared=_declared(args), tolerance=tolerance)
             if report.verdict.valid:
                 files = [f.path for r in report.outputs.values() for f in r.files]
@@ -129,3 +129,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser],
             parser.add_argument("--out", required=True, help="directory for the outputs")
             parser.add_argument("--only", help="comma-separated outputs (default: all)")
         parser.set_defaults(fn=fn, needs_secret=False)
+
+
+def _media_slots(config: Config) -> int:
+    """The media lane's slots: as many local ffmpeg processes as a worker would run."""
+    lane = config.worker.lanes.get("media")
+    return lane.slots if lane is not None and lane.slots > 0 else 1

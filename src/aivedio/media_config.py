@@ -85,6 +85,10 @@ class MediaConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # Plan and outputs.
     ladder: list[RungConfig] = msgspec.field(default_factory=_default_ladder)
     segment_seconds: float = 4.0
+    # Sources longer than this are split at keyframes and encoded as (chunk, rendition)
+    # jobs any worker can take (0: never); a chunk is a whole number of segments.
+    chunk_threshold_seconds: float = 60.0
+    chunk_seconds: float = 20.0
     x264_preset: str = "veryfast"
     audio_bitrate_kbps: int = 128
     proxy_height: int = 540
@@ -163,6 +167,14 @@ def validate_media(media: MediaConfig) -> None:
     ):
         if getattr(media, name) <= 0:
             raise ConfigError(f"config error: media.{name}: must be positive")
+    if media.chunk_threshold_seconds < 0:
+        raise ConfigError("config error: media.chunk_threshold_seconds: 0 (off) or more")
+    steps = media.chunk_seconds / media.segment_seconds
+    if media.chunk_seconds <= 0 or steps < 1 or abs(steps - round(steps)) > 1e-9:
+        raise ConfigError(
+            "config error: media.chunk_seconds: a whole multiple of media.segment_seconds"
+            f" ({media.segment_seconds:g})"
+        )
     if media.proxy_height % 2 or media.sprite_width % 2:
         raise ConfigError("config error: media.proxy_height/sprite_width: must be even")
     if not media.waveform_zooms or any(z <= 0 for z in media.waveform_zooms):

@@ -31,6 +31,7 @@ class Entity(enum.Enum):
     ASSET = "asset"
     REVISION = "revision"
     VARIANT = "variant"
+    PIECE = "piece"
 
 
 # entity -> (table, status column, key columns)
@@ -40,6 +41,7 @@ TABLES: Mapping[Entity, tuple[str, str, tuple[str, ...]]] = {
     Entity.ASSET: ("assets", "status", ("id",)),
     Entity.REVISION: ("asset_revisions", "status", ("asset_id", "revision")),
     Entity.VARIANT: ("asset_variants", "status", ("id",)),
+    Entity.PIECE: ("media_pieces", "status", ("asset_id", "revision", "piece")),
 }
 
 _ASSET_LIVE = ("QUARANTINED", "PROBING", "PROCESSING", "PLAYABLE", "ENRICHED")
@@ -96,6 +98,13 @@ TRANSITIONS: Mapping[Entity, Mapping[str, frozenset[str]]] = {
         "SUCCEEDED": frozenset(),
         "FAILED": frozenset(),
     },
+    # A piece of a chunked revision (seed 004's transcoding task): done once, by whichever
+    # attempt commits first; a later duplicate finds it DONE and keeps nothing of its own.
+    Entity.PIECE: {
+        "PENDING": frozenset({"DONE", "FAILED"}),
+        "DONE": frozenset(),
+        "FAILED": frozenset(),
+    },
 }
 
 INITIAL: Mapping[Entity, frozenset[str]] = {
@@ -104,6 +113,7 @@ INITIAL: Mapping[Entity, frozenset[str]] = {
     Entity.ASSET: frozenset({"QUARANTINED"}),
     Entity.REVISION: frozenset({"BUILDING"}),
     Entity.VARIANT: frozenset({"PENDING", "SUCCEEDED"}),
+    Entity.PIECE: frozenset({"PENDING", "DONE"}),
 }
 
 TERMINAL_OUTPUT_STATES = frozenset({"STORED", "INVALID_RESPONSE", "OUTPUT_LOST"})

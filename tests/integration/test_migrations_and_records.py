@@ -113,12 +113,19 @@ async def _seed(pool: Pool) -> dict[Entity, tuple[object, ...]]:
         variant,
         asset,
     )
+    # A piece with its object recorded, so that forcing it DONE meets the table's CHECK.
+    await pool.execute(
+        "INSERT INTO media_pieces (asset_id, revision, piece, status, object_key, size_bytes,"
+        " sha256) VALUES ($1, 1, 'video:360p:0000', 'PENDING', 'k', 1, 'x')",
+        asset,
+    )
     return {
         Entity.GENERATION_TASK: (task,),
         Entity.PROVIDER_OUTPUT: (output,),
         Entity.ASSET: (asset,),
         Entity.REVISION: (asset, 1),
         Entity.VARIANT: (variant,),
+        Entity.PIECE: (asset, 1, "video:360p:0000"),
     }
 
 

@@ -25,6 +25,8 @@ from aivedio.errors import AivedioError, InvalidMediaError, RenderError, Resourc
 from aivedio.logs import get_logger
 from aivedio.media_config import MediaConfig, ToleranceConfig
 from aivedio.pipeline import hls, keyframes, thumbnails, waveform
+from aivedio.pipeline.chunk_steps import ChunkSteps
+from aivedio.pipeline.chunks import CHUNK_OUTPUTS
 from aivedio.pipeline.inspect import Verdict, inspect_file
 from aivedio.pipeline.media_outputs import (
     NodeOutcome,
@@ -35,7 +37,7 @@ from aivedio.pipeline.media_outputs import (
     require_faststart,
     require_jpeg,
 )
-from aivedio.pipeline.plan import Plan, make_plan
+from aivedio.pipeline.plan import Plan, Rung, make_plan
 from aivedio.pipeline.render import (
     EncodeJob,
     Layout,
@@ -62,12 +64,15 @@ class MediaRun:
     """One source through the DAG in a scratch directory. Not reusable."""
 
     def __init__(
-        self, sandbox: Sandbox, source: Path, root: Path, *, on_done: OnDone | None = None
-    ) -> None:
+        self, sandbox: Sandbox, source: Path, root: Path, *, on_done: OnDone | None = None,
+        parallel: int = 1,
+    ) -> None:  # fmt: skip
         """``on_done(record)`` runs as each output is verified (the worker uploads and
         records it then, so the required set is published without waiting for the rest);
-        if it raises, that output counts as failed."""
+        if it raises, that output counts as failed. ``parallel``: ffmpeg processes at once
+        on the chunked path (the media lane's slots)."""
         self.on_done = on_done
+        self.parallel = max(1, parallel)
         self.sandbox = sandbox
         self.media: MediaConfig = sandbox.media
         self.source = source
@@ -78,10 +83,11 @@ class MediaRun:
 
     # -- entry points ----------------------------------------------------------------------
 
-    def assume_valid(self, summary: MediaSummary) -> None:
+    def assume_valid(self, summary: MediaSummary, *, sniff: Sniff | None = None) -> None:
         """Skip the verdict: the probe job already passed this source (same bytes, checked
-        against the recorded SHA-256 on download)."""
-        self._sniff = sniff_file(self.source)
+        against the recorded SHA-256 on download). ``sniff``: the source's, when the source
+        itself is not in the scratch directory (a chunked assembly that never reads it)."""
+        self._sniff = sniff or sniff_file(self.source)
         self._summary = summary
         self.report = Report(
             verdict=Verdict(verdict="valid", error_class=None, reasons=[],
@@ -127,11 +133,16 @@ class MediaRun:
         if plan is None:
             self.layout.make_dirs()
             # Only HLS needs the source's keyframes (the cut points of a copied rung).
+            # (and the chunked path: a long source is split at its keyframes).
             needs_cuts = plan_only or wants is None or "hls" in set(wants)
-            source_keys, start = (
-                await self._source_keyframes(summary) if needs_cuts else (None, None)
+            needs_cuts = needs_cuts or 0 < self.media.chunk_threshold_seconds < (
+                summary.duration_seconds
             )
-            plan = make_plan(summary, self.media, source_keyframes=source_keys, stream_start=start)
+            source_keys, start, packets = (
+                await self._source_keyframes(summary) if needs_cuts else (None, None, None)
+            )
+            plan = make_plan(summary, self.media, source_keyframes=source_keys,
+                             stream_start=start, video_packets=packets)  # fmt: skip
         report.plan = plan
         self.layout.make_dirs(plan)
         if plan_only:
@@ -177,23 +188,27 @@ class MediaRun:
             raise RenderError(f"{step}: {result.error_detail()}")
         return result.stdout.decode("utf-8", "replace")
 
-    async def _source_keyframes(self, summary: MediaSummary) -> tuple[list[float], float | None]:
-        """The source's video keyframe times and the earliest audio packet's time."""
+    async def _source_keyframes(
+        self, summary: MediaSummary
+    ) -> tuple[list[float], float | None, list[keyframes.Packet]]:
+        """The source's video keyframe times, the earliest audio packet's time, and the
+        video packets (decode order) the chunked path splits by."""
         assert self._sniff is not None and self.report is not None
         started = time.monotonic()
         video = str(summary.video_stream_index)
         args = _packet_args(self._sniff, self.source, stream=video)
         text = await self._ffprobe_csv("keyframe_scan", args)
-        times = keyframes.keyframe_pts(keyframes.parse_packets(text))
+        packets = keyframes.parse_packets(text)
+        times = keyframes.keyframe_pts(packets)
         audio_start: float | None = None
         if summary.audio_stream_index is not None:
             index = str(summary.audio_stream_index)
             args = _packet_args(self._sniff, self.source, stream=index, first=8)
-            packets = keyframes.parse_packets(await self._ffprobe_csv("audio_start_scan", args))
-            starts = [p.pts for p in packets if p.pts is not None]
+            heads = keyframes.parse_packets(await self._ffprobe_csv("audio_start_scan", args))
+            starts = [p.pts for p in heads if p.pts is not None]
             audio_start = min(starts) if starts else None
         self.report.steps["keyframe_scan"] = time.monotonic() - started
-        return times, audio_start
+        return times, audio_start, packets
 
     async def _hls_offset(self, plan: Plan, has_audio: bool) -> float:
         """The one timestamp offset for every rendition: the earliest timestamp among the
@@ -213,7 +228,37 @@ class MediaRun:
                         earliest = min(earliest, value)
         return 0.0 if earliest >= 0 else round(-earliest + 0.001, 3)
 
+    @property
+    def sniff(self) -> Sniff:
+        assert self._sniff is not None, "inspect() or assume_valid() first"
+        return self._sniff
+
+    def chunk_steps(self, plan: Plan) -> ChunkSteps:
+        """The chunked path's steps, running their processes as this run's."""
+        return ChunkSteps(self._ffmpeg, self._ffprobe_csv, self.media, plan, self.layout)
+
+    async def package_encoded(self, plan: Plan, nodes: list[str]) -> Report:
+        """The chunked assembly: the rung videos (and the audio) are already in ``work/``;
+        package, finalize and verify ``nodes`` (a failure fails them all)."""
+        assert self.report is not None and self._summary is not None
+        self.report.plan = plan
+        self.layout.make_dirs(plan)
+        nodes = [n for n in CHUNK_OUTPUTS if n in nodes]
+        self.report.wanted = set(nodes)
+        try:
+            await self._run_group(nodes, plan, self._summary, encoded=True)
+        except (RenderError, ResourceExhaustedError, InvalidMediaError, OSError) as exc:
+            for node in nodes:
+                if node not in self.report.nodes:
+                    self._fail(node, exc)
+        return self.report
+
     async def _produce(self, plan: Plan, summary: MediaSummary, want: set[str]) -> None:
+        if plan.chunking is not None:
+            chunked = [n for n in CHUNK_OUTPUTS if n in want]
+            want = want - set(chunked)
+            if chunked:
+                await self._chunked(plan, summary, chunked)
         required = [n for n in plan.required if n in want]
         optional = [n for n in plan.optional if n in want]
         if plan.mode == "remux":
@@ -223,6 +268,47 @@ class MediaRun:
             await self._attempt([n for n in optional], plan, summary)
         else:
             await self._attempt(required + optional, plan, summary)
+
+    async def _chunked(self, plan: Plan, summary: MediaSummary, nodes: list[str]) -> None:
+        """The fleet's chunked path on one machine: split, every ``(chunk, rendition)`` and
+        the audio as concurrent local processes (up to ``parallel``), join, package."""
+        assert self._sniff is not None and self.report is not None
+        sniff = self._sniff
+        started = time.monotonic()
+        steps = self.chunk_steps(plan)
+        try:
+            chunks = await steps.split(sniff, self.source)
+            pieces: dict[tuple[str, int], tuple[Path, int]] = {}
+            limiter = anyio.CapacityLimiter(self.parallel)
+
+            async def encode(rung: Rung, index: int, chunk: Path) -> None:
+                async with limiter:
+                    pieces[(rung.name, index)] = await steps.encode(rung, index, chunk)
+
+            async def audio() -> None:
+                async with limiter:
+                    await steps.audio(sniff, self.source, summary)
+
+            async with anyio.create_task_group() as group:
+                if plan.audio != "none":
+                    group.start_soon(audio)
+                for index, chunk in enumerate(chunks):
+                    for rung in steps.encoded_rungs:
+                        group.start_soon(encode, rung, index, chunk)
+            for rung in steps.encoded_rungs:
+                await steps.join(rung, [pieces[(rung.name, i)] for i in range(len(chunks))])
+        except (RenderError, ResourceExhaustedError, InvalidMediaError, OSError) as exc:
+            for node in nodes:
+                self._fail(node, exc)
+            return
+        finally:
+            self.report.steps["chunked_encode"] = time.monotonic() - started
+        try:
+            await self._run_group(nodes, plan, summary, encoded=True)
+        except (RenderError, ResourceExhaustedError, InvalidMediaError, OSError) as exc:
+            for node in nodes:
+                if node not in self.report.nodes:
+                    self._fail(node, exc)
 
     async def _attempt(self, nodes: list[str], plan: Plan, summary: MediaSummary) -> None:
         """Run ``nodes`` together; on failure split them (required first, then one by one)."""
@@ -263,12 +349,19 @@ class MediaRun:
             detail=str(exc)[:500],
         )  # fmt: skip
 
-    async def _run_group(self, nodes: list[str], plan: Plan, summary: MediaSummary) -> None:
+    async def _run_group(
+        self, nodes: list[str], plan: Plan, summary: MediaSummary, *, encoded: bool = False
+    ) -> None:
+        """Encode (unless ``encoded``: the chunked path made the rung videos and the audio),
+        package, then finalize and verify each node."""
         assert self._sniff is not None and self.report is not None
         wants = set(nodes)
         has_audio = summary.audio_codec is not None
         started = time.monotonic()
         job = encode_job(plan, wants, has_audio=has_audio)
+        if encoded:
+            job = EncodeJob(rungs=(), proxy=False, poster=False, sprite=False, pcm=False,
+                            audio=False)  # fmt: skip
         if not job.empty:
             args = encode_args(
                 plan, job, self.media, self._sniff, self.source, self.layout,

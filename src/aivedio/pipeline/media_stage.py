@@ -64,7 +64,7 @@ from aivedio.errors import (
 )
 from aivedio.logs import get_logger
 from aivedio.metrics import WorkerMetrics
-from aivedio.pipeline import media_objects
+from aivedio.pipeline import chunk_stage, media_objects
 from aivedio.pipeline.backlog import DEFERRED_CLASS, BacklogMonitor
 from aivedio.pipeline.dag import MediaRun
 from aivedio.pipeline.inspect import verdict_json
@@ -308,6 +308,13 @@ class MediaStage:
             )  # fmt: skip
             prefix = keys.revision_prefix(tenant_id, asset_id, revision)
             specs: list[JobSpec] = []
+            by_chunks = chunk_stage.chunk_outputs(plan)
+            if by_chunks:
+                media = self.s.config.media
+                specs += await chunk_stage.start(
+                    conn, asset_id, tenant_id, revision, plan, media.process_timeout_seconds,
+                    media.process_timeout_per_media_second,
+                )  # fmt: skip
             for output in plan.outputs:
                 primary = _primary(output, plan)
                 await conn.execute(
@@ -317,6 +324,8 @@ class MediaStage:
                     uuid.uuid4(), asset_id, revision, output, f"{prefix}/{primary}",
                     MIME.get(Path(primary).suffix, "application/octet-stream"),
                 )  # fmt: skip
+                if output in by_chunks:
+                    continue  # made by the chunk jobs' assembly
                 specs.append(
                     JobSpec(
                         kind=RENDER_KIND, lane=LANE, tenant_id=tenant_id,
@@ -332,8 +341,9 @@ class MediaStage:
                 )  # fmt: skip
             await self.s.queue.enqueue(conn, specs)
         log.info("revision_building", asset_id=str(asset_id), revision=revision,
-                 mode=plan.mode, outputs=plan.outputs, job_id=job.id)  # fmt: skip
+                 mode=plan.mode, path=plan.path, outputs=plan.outputs, job_id=job.id)  # fmt: skip
         return {"outcome": "processing", "revision": revision, "plan": plan.mode,
+                "path": plan.path,
                 "network_isolated": verdict["network_isolated"]}  # fmt: skip
 
     # -- render ----------------------------------------------------------------------------
@@ -393,7 +403,9 @@ class MediaStage:
             " AND revision = $2 AND status = 'PENDING'",
             asset_id, revision, self.s.config.backlog.defer_max_seconds,
         )  # fmt: skip
-        pending = [row["variant_type"] for row in rows]
+        plan = msgspec.convert(state["plan"], Plan)
+        by_chunks = set(chunk_stage.chunk_outputs(plan))  # the assembly makes these
+        pending = [row["variant_type"] for row in rows if row["variant_type"] not in by_chunks]
         if variant_type not in pending:
             return {"outcome": "already_done"}
         await self._refuse_poison(job, asset_id, hooks)
@@ -408,7 +420,6 @@ class MediaStage:
                        and n != variant_type]  # fmt: skip
             group = [n for n in group if n not in put_off]
             await self._defer_outputs(asset_id, revision, put_off, hooks)
-        plan = msgspec.convert(state["plan"], Plan)
         asset = await self._asset(asset_id)
         summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
         prefix = keys.revision_prefix(asset["tenant_id"], asset_id, revision)
@@ -839,7 +850,28 @@ def reprocess_spec(asset_id: uuid.UUID, tenant_id: int, pipeline_version: int) -
     )  # fmt: skip
 
 
+def _chunks(ctx: JobContext) -> chunk_stage.ChunkStage:
+    return chunk_stage.ChunkStage(_stage(ctx), _will_retry)
+
+
+async def handle_chunk_split(ctx: JobContext, job: Job) -> dict[str, Any] | None:
+    return await _chunks(ctx).split(job)
+
+
+async def handle_chunk_encode(ctx: JobContext, job: Job) -> dict[str, Any] | None:
+    return await _chunks(ctx).encode(job)
+
+
+async def handle_chunk_assemble(ctx: JobContext, job: Job) -> dict[str, Any] | None:
+    return await _chunks(ctx).assemble(job)
+
+
 def register(registry: Registry) -> None:
+    for kind, handler in ((chunk_stage.SPLIT_KIND, handle_chunk_split),
+                          (chunk_stage.ENCODE_KIND, handle_chunk_encode),
+                          (chunk_stage.ASSEMBLE_KIND, handle_chunk_assemble)):  # fmt: skip
+        registry.register(JobKind(kind, LANE, handler, timeout_seconds=3 * 3600,
+                                  max_attempts=chunk_stage.MAX_ATTEMPTS))  # fmt: skip
     registry.register(
         JobKind(REPROCESS_KIND, LANE, handle_reprocess, timeout_seconds=900, max_attempts=4)
     )

@@ -21,7 +21,8 @@ import math
 import msgspec
 
 from aivedio.media_config import MediaConfig
-from aivedio.pipeline.keyframes import segment_boundaries
+from aivedio.pipeline.chunks import Chunking, make_chunking
+from aivedio.pipeline.keyframes import Packet, segment_boundaries
 from aivedio.pipeline.validate import MediaSummary
 
 REMUX_PROFILES = frozenset({"Constrained Baseline", "Baseline", "Main", "High"})
@@ -64,6 +65,13 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     # The source streams used, by absolute index (a cover picture may be stream 0).
     video_stream: int = 0
     audio_stream: int | None = None
+    # A long source: split at keyframes, (chunk, rendition) encoded as separate jobs; None:
+    # one pass. Recorded here so the worker and ``aivedio process`` take the same path.
+    chunking: Chunking | None = None
+
+    @property
+    def path(self) -> str:
+        return "chunked" if self.chunking is not None else "single_pass"
 
     @property
     def video_map(self) -> str:
@@ -152,10 +160,13 @@ def make_plan(
     source_keyframes: list[float] | None = None,
     stream_start: float | None = None,
     outputs: list[str] | None = None,
+    video_packets: list[Packet] | None = None,
 ) -> Plan:
     """The plan for this media. ``source_keyframes`` (seconds) is needed to remux with HLS;
     ``stream_start`` is the earliest packet of any stream muxed with the video (AAC priming
-    starts about 23 ms before the video), from which the HLS muxer measures its cuts."""
+    starts about 23 ms before the video), from which the HLS muxer measures its cuts.
+    ``video_packets`` (decode order) lets a source longer than
+    ``chunk_threshold_seconds`` take the chunked path."""
     reasons = transcode_reasons(s)
     mode = "transcode" if reasons else "remux"
     short = min(s.display_width, s.display_height)
@@ -206,6 +217,15 @@ def make_plan(
     else:
         audio = "aac"
     duration = max(s.duration_seconds, 0.0)
+    chunking = None
+    # Only encoding is worth spreading: a remux whose ladder is the copied rung alone is not.
+    encodes = any(not rung.copy for rung in rungs)
+    if video_packets and encodes and 0 < media.chunk_threshold_seconds < duration:
+        chunking = make_chunking(
+            video_packets, end=max(p.pts or 0.0 for p in video_packets) + 1.0 / rate,
+            rate=rate, chunk_seconds=media.chunk_seconds,
+            segment_seconds=media.segment_seconds, allowed=cut_points,
+        )  # fmt: skip
     return Plan(
         mode=mode,
         transcode_reasons=reasons,
@@ -229,4 +249,5 @@ def make_plan(
         pipeline_version=media.pipeline_version,
         video_stream=s.video_stream_index,
         audio_stream=s.audio_stream_index,
+        chunking=chunking,
     )

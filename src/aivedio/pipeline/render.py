@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aivedio.media_config import MediaConfig
+from aivedio.pipeline.chunks import NUT, Chunking, forced_keyframes, timing_filter
 from aivedio.pipeline.plan import Plan, Rung
 from aivedio.pipeline.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.thumbnails import sprite_filter
@@ -230,6 +231,30 @@ def encode_args(
             args += _audio_encode(media, audio_channels, audio_rate)
         args += ["-f", "mp4", str(layout.audio)]
     return args
+
+
+def piece_args(
+    plan: Plan,
+    chunking: Chunking,
+    index: int,
+    rung: Rung,
+    media: MediaConfig,
+    chunk: Path,
+    output: Path,
+) -> list[str]:
+    """One ``(chunk, rendition)`` encode: the rung's scaling and x264 settings of the
+    single pass, on exactly the chunk's share of the output frames (``chunks``)."""
+    chain = (
+        timing_filter(chunking, index, plan.frame_rate_expr)
+        + f",scale={rung.width}:{rung.height}:flags=bicubic,format=yuv420p,setsar=1"
+    )
+    gop = 1_000_000 if plan.mode == "remux" else max(plan.gop_frames * 10, 250)
+    cuts = plan.cut_points if plan.mode == "remux" else None
+    keys = forced_keyframes(chunking, index, segment_seconds=plan.segment_seconds, cut_points=cuts)
+    return [
+        *input_args(NUT, chunk), "-map", "0:v:0", "-vf", chain,
+        *_x264(rung, media, keys, gop=gop), "-an", "-f", "mp4", str(output),
+    ]  # fmt: skip
 
 
 def package_args(

@@ -74,6 +74,7 @@ SETTABLE: Mapping[Entity, frozenset[str]] = {
             "completed_at",
         }
     ),
+    Entity.PIECE: frozenset({"object_key", "size_bytes", "sha256", "frames", "detail"}),
 }
 
 

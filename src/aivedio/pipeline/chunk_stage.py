@@ -1,0 +1,453 @@
+"""Chunked transcoding across the fleet: split, ``(chunk, rendition)`` encodes, assembly.
+
+A revision whose plan has ``chunking`` (a source longer than ``chunk_threshold_seconds``)
+makes ``playback``, ``hls`` and ``keyframes`` this way; its other outputs render from the
+source as usual. Seed 004 keys transcoding work by ``(video, source version, profile,
+segment)``; here a piece is ``(asset, revision, piece)`` with the pipeline version in its job
+key, each a row of ``media_pieces`` moved PENDING → DONE once (``states.Entity.PIECE``):
+
+* ``chunk_split`` (one per revision): cut the source's video at clean keyframes by stream
+  copy; every chunk uploaded and read back, then in one transaction the chunks recorded DONE
+  (size, SHA-256), one PENDING ``video:RUNG:NNNN`` piece and one ``chunk_encode`` job per
+  encoded rung and chunk;
+* ``chunk_encode`` (one per piece, and one for ``audio``, which is never chunked): any
+  worker takes it; it downloads its chunk (checked against the recorded SHA-256), encodes,
+  verifies the frame count, uploads under a key of its own attempt and commits the piece;
+  the commit that leaves nothing pending enqueues the assembly (the revision row is locked
+  for it, so two last pieces finishing at once cannot both miss it);
+* ``chunk_assemble`` (one per revision): every piece DONE, each download checked against its
+  record, the renditions joined in chunk order, then packaged, verified, uploaded and
+  recorded like any render; the revision then goes on to moderation and publish.
+
+A retried piece redoes only itself. A duplicate finds its piece DONE and stops; one whose
+attempt loses the commit race deletes its own upload. Piece jobs rank below a short video's
+required renders (priority), so one long video cannot starve short ones; within that, the
+queue's tenant fairness applies. Work objects live under the revision's ``work/`` prefix,
+are deleted after the assembly and are otherwise collected by the sweeper's GC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import msgspec
+
+from aivedio.errors import (
+    AivedioError,
+    ChecksumMismatchError,
+    RenderError,
+    StaleStateError,
+    TransientError,
+)
+from aivedio.logs import get_logger
+from aivedio.pipeline import media_objects
+from aivedio.pipeline.chunks import CHUNK_OUTPUTS, chunk_name
+from aivedio.pipeline.dag import MediaRun
+from aivedio.pipeline.media_outputs import OutputRecord
+from aivedio.pipeline.plan import Plan, Rung
+from aivedio.pipeline.sniff import MP4
+from aivedio.pipeline.validate import MediaSummary
+from aivedio.states import Entity
+from aivedio.store import keys
+from aivedio.store.queue import Job, JobSpec
+from aivedio.store.records import transition
+
+log = get_logger("aivedio.media")
+
+SPLIT_KIND = "chunk_split"
+ENCODE_KIND = "chunk_encode"
+ASSEMBLE_KIND = "chunk_assemble"
+LANE = "media"
+# Below a short video's required renders (10), above optional renders (0).
+PIECE_PRIORITY = 5
+MAX_ATTEMPTS = 4
+SPLIT_PIECE = "split"
+AUDIO_PIECE = "audio"
+
+
+def video_piece(rung: Rung | str, index: int) -> str:
+    name = rung if isinstance(rung, str) else rung.name
+    return f"video:{name}:{index:04d}"
+
+
+def chunk_piece(index: int) -> str:
+    return f"chunk:{index:04d}"
+
+
+def chunk_outputs(plan: Plan) -> list[str]:
+    """The outputs the chunked path makes for this plan (none on the single pass)."""
+    if plan.chunking is None:
+        return []
+    return [o for o in CHUNK_OUTPUTS if o in plan.outputs]
+
+
+def _timeout(plan: Plan, media_seconds: float, per_run: float, per_second: float) -> float:
+    return (per_run + per_second * max(media_seconds, 0.0)) * 2 + 120
+
+
+def _spec(kind: str, asset_id: uuid.UUID, tenant_id: int, revision: int, plan: Plan,
+          piece: str, timeout: float) -> JobSpec:  # fmt: skip
+    return JobSpec(
+        kind=kind, lane=LANE, tenant_id=tenant_id,
+        idempotency_key=f"{kind}:{asset_id}:{revision}:{piece}:v{plan.pipeline_version}",
+        payload={"asset_id": str(asset_id), "revision": revision, "piece": piece},
+        priority=PIECE_PRIORITY, timeout_seconds=timeout, max_attempts=MAX_ATTEMPTS,
+    )  # fmt: skip
+
+
+async def start(
+    conn: Any, asset_id: uuid.UUID, tenant_id: int, revision: int, plan: Plan,
+    per_run: float, per_second: float,
+) -> list[JobSpec]:  # fmt: skip
+    """Inside the transaction that creates a chunked revision: its first pieces (the split,
+    and the audio, which needs no chunk) and their jobs."""
+    pieces = [SPLIT_PIECE] + ([AUDIO_PIECE] if plan.audio != "none" else [])
+    await conn.executemany(
+        "INSERT INTO media_pieces (asset_id, revision, piece, status) VALUES ($1, $2, $3,"
+        " 'PENDING') ON CONFLICT DO NOTHING",
+        [(asset_id, revision, piece) for piece in pieces],
+    )
+    whole = _timeout(plan, plan.duration_seconds, per_run, per_second)
+    return [_spec(SPLIT_KIND if p == SPLIT_PIECE else ENCODE_KIND, asset_id, tenant_id,
+                  revision, plan, p, whole) for p in pieces]  # fmt: skip
+
+
+class ChunkStage:
+    """The three job kinds, on the media stage's services and revision checks.
+
+    ``stage`` is the worker's ``MediaStage`` (typed loosely: that module registers these
+    kinds and imports this one); ``will_retry(exc, job)`` is the queue's own retry rule."""
+
+    def __init__(self, stage: Any, will_retry: Callable[[AivedioError, Job], bool]) -> None:
+        self.stage = stage
+        self.s = stage.s
+        self.will_retry = will_retry
+
+    # -- shared ----------------------------------------------------------------------------
+
+    async def _live(self, job: Job) -> tuple[uuid.UUID, int, str, asyncpg.Record] | dict[str, Any]:
+        asset_id = uuid.UUID(str(job.payload["asset_id"]))
+        revision = int(job.payload["revision"])
+        piece = str(job.payload["piece"])
+        state = await self.stage._revision(asset_id, revision)
+        if state is None:
+            return {"outcome": "no_such_revision"}
+        if state["status"] != "BUILDING":
+            return {"outcome": "revision_" + state["status"].lower()}
+        if await self.stage._stopped(asset_id, state):
+            return {"outcome": "asset_deleted_or_cancelled"}
+        return asset_id, revision, piece, state
+
+    async def _piece(self, asset_id: uuid.UUID, revision: int, piece: str) -> asyncpg.Record:
+        row: asyncpg.Record | None = await self.s.pool.fetchrow(
+            "SELECT * FROM media_pieces WHERE asset_id = $1 AND revision = $2 AND piece = $3",
+            asset_id, revision, piece,
+        )  # fmt: skip
+        if row is None:
+            raise TransientError(f"piece {piece} of {asset_id}/{revision} is not recorded yet")
+        return row
+
+    def _run(self, root: Path, summary: MediaSummary, *, source_present: bool) -> MediaRun:
+        """A run in ``root``; with ``source_present`` the source is already at
+        ``root/source.bin`` (downloaded and checked), otherwise no step reads it."""
+        run = MediaRun(self.s.sandbox, root / "source.bin", root)
+        run.assume_valid(summary, sniff=None if source_present else MP4)
+        return run
+
+    async def _source_run(self, root: Path, asset: asyncpg.Record,
+                          summary: MediaSummary) -> MediaRun:  # fmt: skip
+        await media_objects.download_source(self.s.store, asset, root / "source.bin")
+        return self._run(root, summary, source_present=True)
+
+    async def _upload(self, key: str, path: Path) -> tuple[str, int]:
+        """Write a work object and read it back: its SHA-256 and size as stored."""
+        async with await self.s.store.start_upload(key) as upload:
+            async with await anyio.open_file(path, "rb") as handle:
+                while block := await handle.read(1024 * 1024):
+                    await upload.write(block)
+            await upload.complete()
+        digest, size = await _read_digest(self.s.store, key)
+        expected = await anyio.to_thread.run_sync(_file_digest, path)
+        if (digest, size) != expected:
+            raise ChecksumMismatchError(f"{key}: read back {size} bytes, sha256 {digest}")
+        return digest, size
+
+    async def _download(self, row: asyncpg.Record, target: Path) -> None:
+        digest, size = await media_objects.download(self.s.store, row["object_key"], target)
+        if digest != row["sha256"] or size != row["size_bytes"]:
+            raise ChecksumMismatchError(
+                f"{row['object_key']}: {size} bytes, sha256 {digest}; recorded"
+                f" {row['size_bytes']} bytes, sha256 {row['sha256']}"
+            )
+
+    async def _discard(self, *object_keys: str) -> None:
+        with anyio.CancelScope(shield=True):
+            for key in object_keys:
+                with contextlib.suppress(Exception):
+                    await self.s.store.delete(key)
+
+    async def _fail_outputs(self, asset_id: uuid.UUID, revision: int, plan: Plan,
+                            piece: str, detail: str) -> None:  # fmt: skip
+        """A piece out of retries: the outputs made from pieces can no longer be made."""
+        with anyio.CancelScope(shield=True):
+            async with self.s.pool.acquire() as conn:
+                with contextlib.suppress(StaleStateError):
+                    await transition(conn, Entity.PIECE, (asset_id, revision, piece),
+                                     expected="PENDING", new="FAILED",
+                                     values={"detail": detail[:1000]})  # fmt: skip
+            for output in chunk_outputs(plan):
+                await self.stage._mark_failed(asset_id, revision, output, f"{piece}: {detail}")
+
+    async def _guarded(self, job: Job, body: Any) -> dict[str, Any]:
+        """Run a job body; when the queue will not retry its failure, fail the outputs."""
+        live = await self._live(job)
+        if isinstance(live, dict):
+            return live
+        asset_id, revision, piece, state = live
+        plan = msgspec.convert(state["plan"], Plan)
+        try:
+            result: dict[str, Any] = await body(asset_id, revision, piece, plan)
+            return result
+        except Exception as exc:
+            # Out of retries (the queue's rule; anything unclassified is retried until the
+            # budget is spent): the outputs fail instead of staying PENDING forever.
+            if isinstance(exc, AivedioError):
+                retry, detail = self.will_retry(exc, job), exc.detail
+            else:
+                retry, detail = job.attempts < job.max_attempts, f"{type(exc).__name__}: {exc}"
+            if not retry:
+                await self._fail_outputs(asset_id, revision, plan, piece, detail)
+            raise
+
+    def _work(self, asset_id: uuid.UUID, tenant_id: int, revision: int) -> str:
+        return f"{keys.revision_prefix(tenant_id, asset_id, revision)}/work"
+
+    # -- split -----------------------------------------------------------------------------
+
+    async def split(self, job: Job) -> dict[str, Any]:
+        async def body(asset_id: uuid.UUID, revision: int, piece: str,
+                       plan: Plan) -> dict[str, Any]:  # fmt: skip
+            if (await self._piece(asset_id, revision, SPLIT_PIECE))["status"] != "PENDING":
+                return {"outcome": "already_done"}
+            asset = await self.stage._asset(asset_id)
+            summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
+            work = self._work(asset_id, asset["tenant_id"], revision)
+            attempt = f"{job.id}-{job.attempts}"
+            made: list[tuple[str, str, int]] = []
+            with self.s.sandbox.scratch() as root:
+                run = await self._source_run(root, asset, summary)
+                steps = run.chunk_steps(plan)
+                for index, path in enumerate(await steps.split(run.sniff, run.source)):
+                    key = f"{work}/chunks/{attempt}/{chunk_name(index)}"
+                    made.append((key, *await self._upload(key, path)))
+            total = sum(size for _, _, size in made)
+            manifest = hashlib.sha256("".join(d for _, d, _ in made).encode()).hexdigest()
+            assert plan.chunking is not None
+            specs: list[JobSpec] = []
+            rungs = [r for r in plan.rungs if not r.copy]
+            async with self.s.pool.acquire() as conn, conn.transaction():
+                await _lock_revision(conn, asset_id, revision)
+                try:
+                    await transition(
+                        conn, Entity.PIECE, (asset_id, revision, SPLIT_PIECE),
+                        expected="PENDING", new="DONE",
+                        values={"object_key": f"{work}/chunks/{attempt}/", "size_bytes": total,
+                                "sha256": manifest},
+                    )  # fmt: skip
+                except StaleStateError:
+                    made_keys = [key for key, _, _ in made]
+                    await self._discard(*made_keys)
+                    return {"outcome": "already_done"}
+                rows: list[tuple[Any, ...]] = []
+                for index, (key, digest, size) in enumerate(made):
+                    rows.append((asset_id, revision, chunk_piece(index), "DONE", key, size,
+                                 digest, plan.chunking.frames[index]))  # fmt: skip
+                    span = plan.chunking.chunk_seconds
+                    for rung in rungs:
+                        name = video_piece(rung, index)
+                        rows.append((asset_id, revision, name, "PENDING", None, None, None, None))
+                        timeout = _timeout(
+                            plan,
+                            span,
+                            self.s.config.media.process_timeout_seconds,
+                            self.s.config.media.process_timeout_per_media_second,
+                        )
+                        specs.append(_spec(ENCODE_KIND, asset_id, asset["tenant_id"], revision,
+                                           plan, name, timeout))  # fmt: skip
+                await conn.executemany(
+                    "INSERT INTO media_pieces (asset_id, revision, piece, status, object_key,"
+                    " size_bytes, sha256, frames) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+                    " ON CONFLICT DO NOTHING",
+                    rows,
+                )
+                await self.s.queue.enqueue(conn, specs)
+            log.info("chunks_split", asset_id=str(asset_id), revision=revision,
+                     chunks=len(made), pieces=len(specs), bytes=total, job_id=job.id)  # fmt: skip
+            return {"outcome": "split", "chunks": len(made), "pieces": len(specs)}
+
+        return await self._guarded(job, body)
+
+    # -- encode ----------------------------------------------------------------------------
+
+    async def encode(self, job: Job) -> dict[str, Any]:
+        async def body(asset_id: uuid.UUID, revision: int, piece: str,
+                       plan: Plan) -> dict[str, Any]:  # fmt: skip
+            if (await self._piece(asset_id, revision, piece))["status"] != "PENDING":
+                return {"outcome": "already_done"}
+            asset = await self.stage._asset(asset_id)
+            summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
+            work = self._work(asset_id, asset["tenant_id"], revision)
+            attempt = f"{job.id}-{job.attempts}"
+            with self.s.sandbox.scratch() as root:
+                if piece == AUDIO_PIECE:
+                    run = await self._source_run(root, asset, summary)
+                    path = await run.chunk_steps(plan).audio(run.sniff, run.source, summary)
+                    frames: int | None = None
+                    key = f"{work}/pieces/audio.{attempt}.m4a"
+                else:
+                    _, rung_name, index_text = piece.split(":")
+                    index = int(index_text)
+                    rung = next(r for r in plan.rungs if r.name == rung_name)
+                    run = self._run(root, summary, source_present=False)
+                    chunk_row = await self._piece(asset_id, revision, chunk_piece(index))
+                    steps = run.chunk_steps(plan)
+                    chunk = steps.chunk_path(index)
+                    await self._download(chunk_row, chunk)
+                    path, frames = await steps.encode(rung, index, chunk)
+                    key = f"{work}/pieces/{rung.name}/{index:04d}.{attempt}.mp4"
+                digest, size = await self._upload(key, path)
+            async with self.s.pool.acquire() as conn, conn.transaction():
+                await _lock_revision(conn, asset_id, revision)
+                try:
+                    await transition(
+                        conn, Entity.PIECE, (asset_id, revision, piece), expected="PENDING",
+                        new="DONE", values={"object_key": key, "size_bytes": size,
+                                            "sha256": digest, "frames": frames},
+                    )  # fmt: skip
+                except StaleStateError:
+                    await self._discard(key)
+                    return {"outcome": "already_done"}
+                pending = await conn.fetchval(
+                    "SELECT count(*) FROM media_pieces WHERE asset_id = $1 AND revision = $2"
+                    " AND status <> 'DONE'",
+                    asset_id, revision,
+                )  # fmt: skip
+                if pending == 0:
+                    timeout = _timeout(
+                        plan,
+                        plan.duration_seconds,
+                        self.s.config.media.process_timeout_seconds,
+                        self.s.config.media.process_timeout_per_media_second,
+                    )
+                    await self.s.queue.enqueue_one(
+                        conn, _spec(ASSEMBLE_KIND, asset_id, asset["tenant_id"], revision,
+                                    plan, "all", timeout),
+                    )  # fmt: skip
+            log.info("piece_done", asset_id=str(asset_id), revision=revision, piece=piece,
+                     frames=frames, bytes=size, remaining=pending, job_id=job.id)  # fmt: skip
+            return {"outcome": "encoded", "piece": piece, "frames": frames,
+                    "remaining": pending}  # fmt: skip
+
+        return await self._guarded(job, body)
+
+    # -- assemble --------------------------------------------------------------------------
+
+    async def assemble(self, job: Job) -> dict[str, Any]:
+        async def body(asset_id: uuid.UUID, revision: int, piece: str,
+                       plan: Plan) -> dict[str, Any]:  # fmt: skip
+            rows = await self.s.pool.fetch(
+                "SELECT * FROM media_pieces WHERE asset_id = $1 AND revision = $2",
+                asset_id, revision,
+            )  # fmt: skip
+            pieces = {row["piece"]: row for row in rows}
+            missing = sorted(name for name, row in pieces.items() if row["status"] != "DONE")
+            if missing or SPLIT_PIECE not in pieces:
+                raise TransientError(f"pieces not done: {', '.join(missing[:5]) or 'split'}")
+            variants = await self.s.pool.fetch(
+                "SELECT variant_type FROM asset_variants WHERE asset_id = $1 AND revision = $2"
+                " AND status = 'PENDING' AND variant_type = ANY($3::text[])",
+                asset_id, revision, chunk_outputs(plan),
+            )  # fmt: skip
+            nodes = [row["variant_type"] for row in variants]
+            if not nodes:
+                return {"outcome": "already_done"}
+            asset = await self.stage._asset(asset_id)
+            summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
+            prefix = keys.revision_prefix(asset["tenant_id"], asset_id, revision)
+            assert plan.chunking is not None
+            done: list[str] = []
+            with self.s.sandbox.scratch() as root:
+                if any(rung.copy for rung in plan.rungs):
+                    # The copied rung and its audio come from the source itself.
+                    run = await self._source_run(root, asset, summary)
+                else:
+                    run = self._run(root, summary, source_present=False)
+                steps = run.chunk_steps(plan)
+                if plan.audio != "none":
+                    await self._download(pieces[AUDIO_PIECE], run.layout.audio)
+                for rung in steps.encoded_rungs:
+                    joined: list[tuple[Path, int]] = []
+                    for index in range(plan.chunking.count):
+                        row = pieces[video_piece(rung, index)]
+                        path = steps.piece_path(rung, index)
+                        await self._download(row, path)
+                        joined.append((path, int(row["frames"])))
+                    await steps.join(rung, joined)
+
+                async def record_now(record: OutputRecord) -> None:
+                    await media_objects.upload_and_verify(self.s.store, prefix, root / "out",
+                                                          record)  # fmt: skip
+                    if await media_objects.record_variant(
+                        self.s.pool, asset_id, revision, record, prefix
+                    ):
+                        done.append(record.variant_type)
+                        await self.stage._check_revision(asset_id, revision)
+
+                run.on_done = record_now
+                report = await run.package_encoded(plan, nodes)
+            failed = {n.name: n for n in report.failed()}
+            log.info("chunks_assembled", asset_id=str(asset_id), revision=revision,
+                     done=done, failed=sorted(failed), job_id=job.id)  # fmt: skip
+            await self.stage._check_revision(asset_id, revision)
+            if failed:
+                first = failed[sorted(failed)[0]]
+                raise RenderError(first.detail or f"{first.name} failed")
+            # The work objects are garbage now (the sweeper's GC would collect them too).
+            work = [row["object_key"] for row in rows if row["piece"] != SPLIT_PIECE]
+            await self._discard(*[key for key in work if key])
+            return {"outcome": "assembled", "done": done}
+
+        return await self._guarded(job, body)
+
+
+async def _lock_revision(conn: Any, asset_id: uuid.UUID, revision: int) -> None:
+    await conn.execute(
+        "SELECT 1 FROM asset_revisions WHERE asset_id = $1 AND revision = $2 FOR UPDATE",
+        asset_id, revision,
+    )  # fmt: skip
+
+
+async def _read_digest(store: Any, key: str) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    async for block in store.get(key):
+        digest.update(block)
+        size += len(block)
+    return digest.hexdigest(), size
+
+
+def _file_digest(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        while block := handle.read(1024 * 1024):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
