@@ -4,13 +4,17 @@
 against the checksum recorded at fetch, run the verdict (sniff, probe, validate, decode
 check). Invalid media moves the asset to INVALID_MEDIA with its reason codes and the job
 ends (never retried). Valid media gets, in one transaction: the media columns, the plan, a
-BUILDING revision, one PENDING variant per output and one render job per variant, keyed
+BUILDING revision, one PENDING variant per output and ONE render job, for the first output
+(a chunked plan's split and audio jobs too, see ``chunk_stage``), keyed
 ``render:{asset}:{revision}:{variant_type}:v{pipeline_version}``.
 
-``render`` (one per variant): under a per-revision advisory lock (held on its own
-connection, so a crashed worker releases it), the first job to run renders every output
-still pending in one DAG run (one decode feeds many outputs); the jobs of outputs it made
-find them done and end at once. A job retried after a failure renders its own output alone.
+``render``: under a per-revision advisory lock (held on its own connection, so a crashed
+worker releases it), its first attempt renders every output still pending in one DAG run
+(one decode feeds many outputs). An output that run fails, or puts off under backlog
+pressure, gets a render job of its own with the same key scheme; a job retried after a
+failure renders its own output alone and gives every other pending output its own job, as
+does a job that fails for good. So every pending output always has a job, and a healthy
+revision costs one render job, not one per output.
 Each output's files are uploaded under the revision prefix, read back and verified (size
 and SHA-256) before its variant becomes SUCCEEDED. An output that exhausts its retries
 becomes FAILED: a required one fails the revision (PROCESSING_FAILED); an optional one never
@@ -315,30 +319,24 @@ class MediaStage:
                     conn, asset_id, tenant_id, revision, plan, media.process_timeout_seconds,
                     media.process_timeout_per_media_second,
                 )  # fmt: skip
-            for output in plan.outputs:
-                primary = _primary(output, plan)
-                await conn.execute(
-                    "INSERT INTO asset_variants (id, asset_id, revision, variant_type,"
-                    " object_key, mime_type, size_bytes, checksum_alg, checksum, status)"
-                    " VALUES ($1, $2, $3, $4, $5, $6, 0, 'sha256', '', 'PENDING')",
-                    uuid.uuid4(), asset_id, revision, output, f"{prefix}/{primary}",
-                    MIME.get(Path(primary).suffix, "application/octet-stream"),
-                )  # fmt: skip
-                if output in by_chunks:
-                    continue  # made by the chunk jobs' assembly
-                specs.append(
-                    JobSpec(
-                        kind=RENDER_KIND, lane=LANE, tenant_id=tenant_id,
-                        idempotency_key=(
-                            f"render:{asset_id}:{revision}:{output}:v{pipeline_version}"
-                        ),
-                        payload={"asset_id": str(asset_id), "revision": revision,
-                                 "variant_type": output},
-                        priority=10 if output in plan.required else 0,
-                        timeout_seconds=_render_timeout(self.s.config, summary),
-                        max_attempts=4,
-                    )
-                )  # fmt: skip
+            outputs = plan.outputs
+            await conn.execute(
+                "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
+                " mime_type, size_bytes, checksum_alg, checksum, status) SELECT"
+                " gen_random_uuid(), $1, $2, o.variant_type, o.object_key, o.mime_type, 0,"
+                " 'sha256', '', 'PENDING' FROM unnest($3::text[], $4::text[], $5::text[])"
+                " AS o(variant_type, object_key, mime_type)",
+                asset_id, revision, outputs,
+                [f"{prefix}/{_primary(o, plan)}" for o in outputs],
+                [MIME.get(Path(_primary(o, plan)).suffix, "application/octet-stream")
+                 for o in outputs],
+            )  # fmt: skip
+            # One render job, for the first output the chunk jobs do not make: its first run
+            # renders every pending output in one DAG run. An output it fails or puts off gets
+            # a job of its own then (``_spawn``), so no output ever waits without a job.
+            lead = [o for o in outputs if o not in by_chunks][:1]
+            timeout = _render_timeout(self.s.config, summary)
+            specs += [_render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
             await self.s.queue.enqueue(conn, specs)
         log.info("revision_building", asset_id=str(asset_id), revision=revision,
                  mode=plan.mode, path=plan.path, outputs=plan.outputs, job_id=job.id)  # fmt: skip
@@ -391,6 +389,7 @@ class MediaStage:
                 if not _will_retry(exc, job):
                     with anyio.CancelScope(shield=True):
                         await self._mark_failed(asset_id, revision, variant_type, exc.detail)
+                        await self._spawn_rest(asset_id, revision, state, variant_type)
                 raise
 
     async def _render_locked(
@@ -409,8 +408,14 @@ class MediaStage:
         if variant_type not in pending:
             return {"outcome": "already_done"}
         await self._refuse_poison(job, asset_id, hooks)
-        # First attempt: everything pending in one DAG run. A retry: this output alone.
+        asset = await self._asset(asset_id)
+        summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
+        # First attempt: everything pending in one DAG run. A retry: this output alone, and
+        # every other pending output gets a job of its own (idempotent if it has one).
         group = pending if job.attempts <= 1 else [variant_type]
+        if job.attempts > 1:
+            await self._spawn(asset, revision, plan, summary,
+                              [n for n in pending if n != variant_type])  # fmt: skip
         put_off: list[str] = []
         if deferring:
             # Under pressure: the required set only; optional outputs wait for enrichment.
@@ -420,8 +425,6 @@ class MediaStage:
                        and n != variant_type]  # fmt: skip
             group = [n for n in group if n not in put_off]
             await self._defer_outputs(asset_id, revision, put_off, hooks)
-        asset = await self._asset(asset_id)
-        summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
         prefix = keys.revision_prefix(asset["tenant_id"], asset_id, revision)
         with self.s.sandbox.scratch() as root:
             source = root / "source.bin"
@@ -450,6 +453,9 @@ class MediaStage:
         log.info("render_done", asset_id=str(asset_id), revision=revision, group=group,
                  done=done, failed=sorted(failed), deferred=put_off, job_id=job.id)  # fmt: skip
         await self._check_revision(asset_id, revision)
+        # Outputs of this run that failed (retried alone) or were put off (deferred).
+        await self._spawn(asset, revision, plan, summary,
+                          [n for n in [*failed, *put_off] if n != variant_type])  # fmt: skip
         if variant_type in failed:
             outcome = failed[variant_type]
             detail = outcome.detail or f"{variant_type} failed"
@@ -461,6 +467,37 @@ class MediaStage:
         if put_off:
             result["deferred"] = put_off
         return result
+
+    async def _spawn(
+        self, asset: asyncpg.Record, revision: int, plan: Plan, summary: MediaSummary,
+        outputs: Sequence[str],
+    ) -> None:  # fmt: skip
+        """A render job of its own for each of ``outputs`` (same key as ever: idempotent)."""
+        if not outputs:
+            return
+        timeout = _render_timeout(self.s.config, summary)
+        specs = [_render_spec(asset["id"], asset["tenant_id"], revision, o, plan, timeout)
+                 for o in outputs]  # fmt: skip
+        async with self.s.pool.acquire() as conn:
+            await self.s.queue.enqueue(conn, specs)
+
+    async def _spawn_rest(
+        self, asset_id: uuid.UUID, revision: int, state: asyncpg.Record, done_with: str
+    ) -> None:
+        """This job is finished with its output for good: any other output still pending
+        gets its own job (the run that would have made it may never have started)."""
+        rows = await self.s.pool.fetch(
+            "SELECT variant_type FROM asset_variants WHERE asset_id = $1 AND revision = $2"
+            " AND status = 'PENDING'",
+            asset_id, revision,
+        )  # fmt: skip
+        plan = msgspec.convert(state["plan"], Plan)
+        skip = {*chunk_stage.chunk_outputs(plan), done_with}
+        rest = [r["variant_type"] for r in rows if r["variant_type"] not in skip]
+        if rest:
+            asset = await self._asset(asset_id)
+            summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
+            await self._spawn(asset, revision, plan, summary, rest)
 
     # -- deferral under backlog pressure ---------------------------------------------------
 
@@ -765,6 +802,17 @@ def _will_retry(exc: AivedioError, job: Job) -> bool:
     return decide_retry(retry_class=exc.retry, attempts=job.attempts,
                         max_attempts=job.max_attempts, base_seconds=1.0,
                         max_seconds=1.0).retry  # fmt: skip
+
+
+def _render_spec(
+    asset_id: uuid.UUID, tenant_id: int, revision: int, output: str, plan: Plan, timeout: float
+) -> JobSpec:
+    return JobSpec(
+        kind=RENDER_KIND, lane=LANE, tenant_id=tenant_id,
+        idempotency_key=f"render:{asset_id}:{revision}:{output}:v{plan.pipeline_version}",
+        payload={"asset_id": str(asset_id), "revision": revision, "variant_type": output},
+        priority=10 if output in plan.required else 0, timeout_seconds=timeout, max_attempts=4,
+    )  # fmt: skip
 
 
 def probe_spec(asset_id: uuid.UUID, tenant_id: int) -> JobSpec:
