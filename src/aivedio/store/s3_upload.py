@@ -188,7 +188,9 @@ class S3Upload(UploadContextMixin):
                         self._pool.pop() if self._pool else bytearray(self._part_size_bytes)
                     )
                 taken = min(len(view), self._part_size_bytes - self._filled)
-                self._part[self._filled : self._filled + taken] = view[:taken]
+                # Through a memoryview: a bytearray's own slice assignment first copies any
+                # value that is not a bytearray into a temporary one (twice the copying).
+                memoryview(self._part)[self._filled : self._filled + taken] = view[:taken]
                 self._filled += taken
                 view = view[taken:]
                 if self._filled == self._part_size_bytes:
