@@ -24,6 +24,8 @@ pytestmark = pytest.mark.anyio
 PROVIDERS = {
     "runway": ProviderConfig(adapter="runway", api_key="sk-never-used"),
     "plain": ProviderConfig(callback_secret="s"),  # generic, no API to ask
+    "gemini": ProviderConfig(adapter="veo_gemini", api_key="sk-never-used"),
+    "vertex": ProviderConfig(adapter="veo_vertex", api_key="sk-never-used"),
 }
 
 
@@ -97,3 +99,34 @@ async def test_aivedio_watch_registers_once(database: str, pool: Pool, tmp_path:
     assert outputs[0]["generation_task_id"] == outputs[1]["generation_task_id"]
     assert await pool.fetchval("SELECT count(*) FROM jobs WHERE kind = 'provider.poll'") == 1
     assert "sk-never-used" not in proc.stdout.decode() + proc.stderr.decode()
+
+
+async def test_a_task_id_that_would_leave_the_tasks_url_is_refused_before_it_is_watched(
+    config: Config, pool: Pool, tmp_path: Path
+) -> None:
+    # The id goes into a URL sent with the provider's key: "../" (resolved by URL parsers,
+    # also when written %2e%2e), "/", "?" or "#" would point that key at another endpoint.
+    cfg = msgspec.structs.replace(config, providers=PROVIDERS)
+    refused = {
+        "runway": ["../../v1/organization", "..", "a/b", "t?limit=1", "t#x", "%2e%2e"],
+        "gemini": ["models/../../v1beta/files/operations/x", "v1/operations/x", "models/m"],
+        "vertex": ["projects/../../v1/x/operations/y", "projects/p/operations/../x"],
+    }
+    async with open_api(cfg, pool, tmp_path) as api:
+        for provider, ids in refused.items():
+            for task_id in ids:
+                body = {"provider": provider, "task_id": task_id}
+                answer = await api.json("POST", "/v1/generation-tasks", json=body, expect=422)
+                assert answer["error"]["code"] == "invalid_task_id", (provider, task_id)
+        assert await pool.fetchval("SELECT count(*) FROM generation_tasks") == 0
+        assert await pool.fetchval("SELECT count(*) FROM jobs") == 0
+        for provider, task_id in (
+            ("runway", "17f20503-6c24-4c16-946b-35dbbce2af2f"),
+            ("gemini", "models/veo-3.0-generate-001/operations/abc123"),
+            (
+                "vertex",
+                "projects/p/locations/us-central1/publishers/google/models/veo/operations/9",
+            ),
+        ):
+            body = {"provider": provider, "task_id": task_id}
+            await api.json("POST", "/v1/generation-tasks", json=body, expect=201)

@@ -12,15 +12,17 @@ import msgspec
 import pytest
 
 from aivedio.config import ProviderConfig
-from aivedio.errors import ConfigError, InvalidResponseError, OutputLostError
+from aivedio.errors import ConfigError, InvalidResponseError, OutputLostError, PolicyBlockedError
 from aivedio.net.fetch import Fetcher, FetchLimits
 from aivedio.net.policy import FetchPolicy
 from aivedio.pipeline.poller import RateLimiter, next_poll_delay
 from aivedio.providers import VENDORS, build_adapter, callback_scheme
+from aivedio.providers.base import path_segment
 from aivedio.providers.fal import FalAdapter
 from aivedio.providers.kling import KlingAdapter, jwt_token
 from aivedio.providers.minimax import MiniMaxAdapter
 from aivedio.providers.openai import OpenAIAdapter
+from aivedio.providers.operations import operation_path
 from aivedio.providers.replicate import ReplicateAdapter
 
 FETCHER = Fetcher(FetchPolicy(), FetchLimits())
@@ -205,3 +207,33 @@ def test_rate_limiter_spaces_requests_per_provider() -> None:
     assert limiter.acquire("b", 4) == 0  # another provider has its own budget
     now[0] += 0.25
     assert limiter.acquire("a", 4) == 0
+
+
+def test_a_task_id_fills_one_path_segment_or_is_refused() -> None:
+    # The id lands in a URL sent with the vendor's key; a URL parser resolves "..", and
+    # "/", "?", "#", "%" would change the path or the query.
+    assert path_segment("17f2-a_b.c~d:e@f") == "17f2-a_b.c~d:e@f"
+    for bad in ("", ".", "..", "../x", "a/b", "a?b", "a#b", "%2e%2e", "a\\b", "a b", "a\nb"):
+        with pytest.raises(PolicyBlockedError, match="invalid_task_id"):
+            path_segment(bad)
+        for kind in VENDORS:
+            with pytest.raises(PolicyBlockedError, match="invalid_task_id"):
+                VENDORS[kind].check_task_id(bad)
+    with pytest.raises(PolicyBlockedError, match="invalid_task_id"):
+        path_segment("x" * 401)
+
+
+def test_an_operation_name_stays_an_operation_name() -> None:
+    name = "projects/p/locations/l/publishers/google/models/m@1/operations/9"
+    assert operation_path(name, "projects") == name
+    assert operation_path("models/veo/operations/a1", "models") == "models/veo/operations/a1"
+    for bad in (
+        "models/../../v1beta/files/operations/x",
+        "models/veo/operations/..",
+        "models/veo/operations/a/b",
+        "tunedModels/x/operations/y",
+        "models/veo",
+        "models/veo/operations/a?alt=media",
+    ):
+        with pytest.raises(PolicyBlockedError, match="invalid_task_id"):
+            operation_path(bad, "models")

@@ -3,7 +3,8 @@
 The tenant is the API key's. The task is polled by the worker (``pipeline/poller.py``) at the
 provider's cadence until it ends; its outputs are then recorded exactly as a verified
 callback records them. Registering the same ``(provider, task_id)`` again answers 200 with
-the same watch (201 the first time); another tenant's task is refused 409.
+the same watch (201 the first time); another tenant's task is refused 409; an id the provider
+cannot have issued (one that would put the provider's key on another URL) 422.
 """
 
 from __future__ import annotations
@@ -72,8 +73,11 @@ async def watch_task(request: web.Request) -> web.Response:
             )
     except NotFoundError as exc:
         raise ApiError(422, exc.detail, "unknown_provider") from None
-    except PolicyBlockedError:
-        raise ApiError(409, "this task is registered by another tenant", "conflict") from None
+    except PolicyBlockedError as exc:
+        reason = exc.detail.partition(":")[0]
+        if reason == "tenant_mismatch":
+            raise ApiError(409, "this task is registered by another tenant", "conflict") from None
+        raise ApiError(422, exc.detail, reason) from None
     log.info(
         "task_watch_registered",
         tenant_id=tenant_id,

@@ -212,7 +212,7 @@ async def record(
             hurry=True,
         )
     except PolicyBlockedError as exc:
-        raise ApiError(422, exc.detail, "tenant_mismatch") from None
+        raise ApiError(422, exc.detail, exc.detail.partition(":")[0]) from None
     return VendorCallbackAccepted(
         task_id=hint.task_id,
         status=hint.status,

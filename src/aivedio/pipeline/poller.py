@@ -43,6 +43,7 @@ from aivedio.logs import get_logger
 from aivedio.pipeline.intake import record_task_outputs
 from aivedio.pipeline.providers import ProviderAdapter, ProviderTask
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
+from aivedio.providers import check_task_id
 from aivedio.states import Entity, allowed
 from aivedio.store.database import Connection, map_db_errors
 from aivedio.store.queue import Job, Queue
@@ -93,11 +94,13 @@ async def register_watch(
 ) -> WatchRegistration:
     """Watch a task (idempotent); ``hurry`` makes a waiting poll due now (a callback hint).
 
-    Raises NotFoundError for a provider we cannot poll, PolicyBlockedError
-    (``tenant_mismatch``) for a task another tenant registered."""
+    Raises NotFoundError for a provider we cannot poll, PolicyBlockedError whose detail
+    starts with its reason: ``invalid_task_id`` (not an id the provider issues) or
+    ``tenant_mismatch`` (a task another tenant registered)."""
     if not can_poll(config, provider):
         raise NotFoundError(f"provider {provider!r} is not configured with an API to poll")
     pc = config.providers[provider]
+    check_task_id(pc, provider_task_id)
     async with conn.transaction():
         with map_db_errors("registering a watched task"):
             task_id = await conn.fetchval(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from aivedio.config import ProviderConfig
 from aivedio.net.fetch import Fetcher
 from aivedio.pipeline.providers import GenericAdapter, ProviderAdapter
-from aivedio.providers.base import VendorAdapter
+from aivedio.providers.base import VendorAdapter, path_segment
 from aivedio.providers.fal import FalAdapter
 from aivedio.providers.kling import KlingAdapter
 from aivedio.providers.luma import LumaAdapter
@@ -42,6 +42,15 @@ def build_adapter(name: str, config: ProviderConfig, fetcher: Fetcher) -> Provid
     if config.adapter == "generic":
         return GenericAdapter(name, config, fetcher) if config.api_base_url else None
     return VENDORS[config.adapter](name, config, fetcher)
+
+
+def check_task_id(config: ProviderConfig, task_id: str) -> None:
+    """PolicyBlockedError (``invalid_task_id``) for an id this provider cannot have issued:
+    a registered id is put into URLs that carry the provider's credentials."""
+    if config.adapter == "generic":
+        path_segment(task_id)
+    else:
+        VENDORS[config.adapter].check_task_id(task_id)
 
 
 def callback_scheme(config: ProviderConfig) -> str:

@@ -12,6 +12,11 @@ long they last); the rules that must hold for all of them live here once:
   passed, so the fetch stage ends in OUTPUT_LOST instead of retrying a dead URL.
 * Statuses are normalised to RUNNING, SUCCEEDED, FAILED, CANCELLED; a status a vendor adds
   later reads as RUNNING (keep polling) rather than as a failure.
+* A task id comes from a tenant (``POST /v1/generation-tasks``) or from an unsigned callback
+  body, and is put into a URL that carries our credentials: ``check_task_id`` refuses one
+  that is not a plain id (``/``, ``?``, ``#``, ``%``, ``..``: a path of the vendor's API other
+  than the task's, since URL parsers resolve dot segments), and ``path_segment`` encodes it
+  where it is used all the same.
 """
 
 from __future__ import annotations
@@ -19,12 +24,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 
 import msgspec
 
 from aivedio.config import ProviderConfig
-from aivedio.errors import AivedioError, ConfigError, InvalidResponseError, OutputLostError
+from aivedio.errors import (
+    AivedioError,
+    ConfigError,
+    InvalidResponseError,
+    OutputLostError,
+    PolicyBlockedError,
+)
 from aivedio.net.fetch import Fetcher
 from aivedio.pipeline.providers import ProviderOutput, ProviderTask, RefreshedUrl
 
@@ -75,6 +86,26 @@ def decode_object(body: bytes | Any) -> dict[str, Any]:
     return body
 
 
+MAX_TASK_ID_CHARS = 400
+# Characters that would change which URL a task id lands on, beyond the segment it fills.
+_NOT_IN_AN_ID = frozenset("/?#%\\")
+
+
+def path_segment(task_id: str) -> str:
+    """``task_id`` as one URL path segment; PolicyBlockedError (``invalid_task_id``) for an id
+    that is not a plain one, which no vendor issues."""
+    if (
+        not task_id
+        or task_id in (".", "..")
+        or len(task_id) > MAX_TASK_ID_CHARS
+        or not task_id.isprintable()
+        or any(c.isspace() or c in _NOT_IN_AN_ID for c in task_id)
+    ):
+        shown = task_id[:80].encode("unicode_escape").decode()
+        raise PolicyBlockedError(f"invalid_task_id: {shown!r} is not a provider task id")
+    return quote(task_id, safe=":@")  # pchar: neither changes which path it is
+
+
 def text(doc: Mapping[str, Any], key: str) -> str:
     value = doc.get(key)
     if not isinstance(value, str) or not value:
@@ -123,6 +154,11 @@ class VendorAdapter:
 
     def api_headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.config.api_key}"}
+
+    @classmethod
+    def check_task_id(cls, task_id: str) -> None:
+        """Refuse (PolicyBlockedError, ``invalid_task_id``) an id this vendor cannot have issued."""
+        path_segment(task_id)
 
     def api_url(self, path: str, **query: str) -> str:
         return self.api_base + path + (f"?{urlencode(query)}" if query else "")

@@ -17,7 +17,7 @@ from typing import Any
 from aivedio.config import ProviderConfig
 from aivedio.errors import AivedioError, InvalidResponseError
 from aivedio.pipeline.providers import ProviderOutput, ProviderTask
-from aivedio.providers.base import CallbackHint, VendorAdapter, decode_object, text
+from aivedio.providers.base import CallbackHint, VendorAdapter, decode_object, path_segment, text
 
 
 class FalAdapter(VendorAdapter):
@@ -32,7 +32,7 @@ class FalAdapter(VendorAdapter):
         return {"Authorization": f"Key {self.config.api_key}"}
 
     async def get_task(self, task_id: str) -> ProviderTask:
-        base = f"/{self.config.app_id.strip('/')}/requests/{task_id}"
+        base = f"/{self.config.app_id.strip('/')}/requests/{path_segment(task_id)}"
         try:
             doc = await self.call("GET", self.api_url(base + "/status"))
         except AivedioError as exc:

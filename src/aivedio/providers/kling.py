@@ -21,7 +21,14 @@ import msgspec
 from aivedio.config import ProviderConfig
 from aivedio.errors import InvalidResponseError
 from aivedio.pipeline.providers import ProviderOutput, ProviderTask
-from aivedio.providers.base import CallbackHint, VendorAdapter, decode_object, parse_time, text
+from aivedio.providers.base import (
+    CallbackHint,
+    VendorAdapter,
+    decode_object,
+    parse_time,
+    path_segment,
+    text,
+)
 
 TOKEN_SECONDS = 1800
 
@@ -61,7 +68,9 @@ class KlingAdapter(VendorAdapter):
         return {"Authorization": f"Bearer {token}"}
 
     async def get_task(self, task_id: str) -> ProviderTask:
-        doc = await self.call("GET", self.api_url(f"/v1/videos/{self.config.task_type}/{task_id}"))
+        doc = await self.call(
+            "GET", self.api_url(f"/v1/videos/{self.config.task_type}/{path_segment(task_id)}")
+        )
         data = doc.get("data", doc)
         if not isinstance(data, dict):
             raise InvalidResponseError("kling task: data is not an object")

@@ -13,7 +13,7 @@ from typing import ClassVar
 from aivedio.config import ProviderConfig
 from aivedio.errors import InvalidResponseError
 from aivedio.pipeline.providers import ProviderOutput, ProviderTask
-from aivedio.providers.base import CallbackHint, VendorAdapter, decode_object, text
+from aivedio.providers.base import CallbackHint, VendorAdapter, decode_object, path_segment, text
 
 
 class LumaAdapter(VendorAdapter):
@@ -30,7 +30,9 @@ class LumaAdapter(VendorAdapter):
     }
 
     async def get_task(self, task_id: str) -> ProviderTask:
-        doc = await self.call("GET", self.api_url(f"/dream-machine/v1/generations/{task_id}"))
+        doc = await self.call(
+            "GET", self.api_url(f"/dream-machine/v1/generations/{path_segment(task_id)}")
+        )
         status = self.status(doc.get("state"))
         outputs: list[ProviderOutput] = []
         if status == "SUCCEEDED":

@@ -35,6 +35,7 @@ class MiniMaxAdapter(VendorAdapter):
     }
 
     async def get_task(self, task_id: str) -> ProviderTask:
+        self.check_task_id(task_id)  # a query value (encoded), but held to the same rule
         doc = await self.call("GET", self.api_url("/v1/query/video_generation", task_id=task_id))
         status = self.status(doc.get("status"))
         outputs: list[ProviderOutput] = []

@@ -22,6 +22,7 @@ from aivedio.providers.base import (
     decode_object,
     origin,
     parse_time,
+    path_segment,
     text,
 )
 
@@ -43,10 +44,10 @@ class OpenAIAdapter(VendorAdapter):
     }
 
     def content_url(self, video_id: str) -> str:
-        return self.api_url(f"/v1/videos/{video_id}/content", variant="video")
+        return self.api_url(f"/v1/videos/{path_segment(video_id)}/content", variant="video")
 
     async def get_task(self, task_id: str) -> ProviderTask:
-        doc = await self.call("GET", self.api_url(f"/v1/videos/{task_id}"))
+        doc = await self.call("GET", self.api_url(f"/v1/videos/{path_segment(task_id)}"))
         video_id = text(doc, "id")
         status = self.status(doc.get("status"))
         outputs: list[ProviderOutput] = []

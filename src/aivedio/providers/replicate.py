@@ -15,7 +15,14 @@ from typing import Any, ClassVar
 from aivedio.config import ProviderConfig
 from aivedio.errors import InvalidResponseError
 from aivedio.pipeline.providers import ProviderOutput, ProviderTask
-from aivedio.providers.base import CallbackHint, VendorAdapter, decode_object, parse_time, text
+from aivedio.providers.base import (
+    CallbackHint,
+    VendorAdapter,
+    decode_object,
+    parse_time,
+    path_segment,
+    text,
+)
 
 LIFETIME = timedelta(hours=1)
 
@@ -38,7 +45,9 @@ class ReplicateAdapter(VendorAdapter):
     }
 
     async def get_task(self, task_id: str) -> ProviderTask:
-        return self.prediction(await self.call("GET", self.api_url(f"/v1/predictions/{task_id}")))
+        return self.prediction(
+            await self.call("GET", self.api_url(f"/v1/predictions/{path_segment(task_id)}"))
+        )
 
     def prediction(self, doc: dict[str, Any]) -> ProviderTask:
         status = self.status(doc.get("status"))

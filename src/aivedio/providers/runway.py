@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from aivedio.errors import InvalidResponseError
 from aivedio.pipeline.providers import ProviderOutput, ProviderTask
-from aivedio.providers.base import VendorAdapter, text
+from aivedio.providers.base import VendorAdapter, path_segment, text
 
 API_VERSION = "2024-11-06"
 
@@ -35,7 +35,7 @@ class RunwayAdapter(VendorAdapter):
         return {**super().api_headers(), "X-Runway-Version": API_VERSION}
 
     async def get_task(self, task_id: str) -> ProviderTask:
-        doc = await self.call("GET", self.api_url(f"/v1/tasks/{task_id}"))
+        doc = await self.call("GET", self.api_url(f"/v1/tasks/{path_segment(task_id)}"))
         status = self.status(doc.get("status"))
         outputs: list[ProviderOutput] = []
         if status == "SUCCEEDED":

@@ -16,7 +16,7 @@ from typing import Any
 from aivedio.errors import InvalidResponseError
 from aivedio.pipeline.providers import ProviderOutput, ProviderTask
 from aivedio.providers.base import VendorAdapter, origin, text
-from aivedio.providers.operations import operation_status
+from aivedio.providers.operations import operation_path, operation_status
 
 
 class VeoGeminiAdapter(VendorAdapter):
@@ -30,8 +30,12 @@ class VeoGeminiAdapter(VendorAdapter):
     def api_headers(self) -> dict[str, str]:
         return {"x-goog-api-key": self.config.api_key}
 
+    @classmethod
+    def check_task_id(cls, task_id: str) -> None:
+        operation_path(task_id, "models")
+
     async def get_task(self, task_id: str) -> ProviderTask:
-        doc = await self.call("GET", self.api_url(f"/v1beta/{task_id}"))
+        doc = await self.call("GET", self.api_url(f"/v1beta/{operation_path(task_id, 'models')}"))
         status = operation_status(doc)
         outputs: list[ProviderOutput] = []
         if status == "SUCCEEDED":

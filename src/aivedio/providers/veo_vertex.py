@@ -18,7 +18,7 @@ from urllib.parse import quote
 from aivedio.errors import InvalidResponseError
 from aivedio.pipeline.providers import ProviderOutput, ProviderTask
 from aivedio.providers.base import VendorAdapter, origin, text
-from aivedio.providers.operations import operation_status
+from aivedio.providers.operations import operation_path, operation_status
 
 GCS_BASE_URL = "https://storage.googleapis.com"
 
@@ -33,10 +33,12 @@ class VeoVertexAdapter(VendorAdapter):
     def gcs_base(self) -> str:
         return (self.config.download_base_url or GCS_BASE_URL).rstrip("/")
 
+    @classmethod
+    def check_task_id(cls, task_id: str) -> None:
+        operation_path(task_id, "projects")
+
     async def get_task(self, task_id: str) -> ProviderTask:
-        model, sep, _op = task_id.partition("/operations/")
-        if not sep or not model.startswith("projects/"):
-            raise InvalidResponseError("vertex task id is not an operation name")
+        model = operation_path(task_id, "projects").rpartition("/operations/")[0]
         doc = await self.call(
             "POST",
             self.api_url(f"/v1/{model}:fetchPredictOperation"),
