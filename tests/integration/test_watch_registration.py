@@ -26,6 +26,8 @@ PROVIDERS = {
     "plain": ProviderConfig(callback_secret="s"),  # generic, no API to ask
     "gemini": ProviderConfig(adapter="veo_gemini", api_key="sk-never-used"),
     "vertex": ProviderConfig(adapter="veo_vertex", api_key="sk-never-used"),
+    # acme's own account: its tasks and its key are acme's alone.
+    "acme_luma": ProviderConfig(adapter="luma", api_key="sk-never-used", tenant="acme"),
 }
 
 
@@ -130,3 +132,21 @@ async def test_a_task_id_that_would_leave_the_tasks_url_is_refused_before_it_is_
         ):
             body = {"provider": provider, "task_id": task_id}
             await api.json("POST", "/v1/generation-tasks", json=body, expect=201)
+
+
+async def test_a_provider_account_named_for_a_tenant_is_watched_for_that_tenant_only(
+    config: Config, pool: Pool, tmp_path: Path
+) -> None:
+    cfg = msgspec.structs.replace(config, providers=PROVIDERS)
+    async with open_api(cfg, pool, tmp_path) as api:
+        body = {"provider": "acme_luma", "task_id": "gen-1"}
+        _other, other_key = await api.tenant("globex")
+        # globex may not poll acme's account with acme's key, nor squat acme's task id (a
+        # later callback for it would then be recorded for globex).
+        answer = await api.json(
+            "POST", "/v1/generation-tasks", json=body, key=other_key, expect=422
+        )
+        assert answer["error"]["code"] == "provider_of_another_tenant"
+        assert await pool.fetchval("SELECT count(*) FROM generation_tasks") == 0
+        mine = await api.json("POST", "/v1/generation-tasks", json=body, expect=201)
+        assert mine["watch_status"] == "WATCHING"

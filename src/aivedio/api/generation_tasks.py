@@ -3,8 +3,8 @@
 The tenant is the API key's. The task is polled by the worker (``pipeline/poller.py``) at the
 provider's cadence until it ends; its outputs are then recorded exactly as a verified
 callback records them. Registering the same ``(provider, task_id)`` again answers 200 with
-the same watch (201 the first time); another tenant's task is refused 409; an id the provider
-cannot have issued (one that would put the provider's key on another URL) 422.
+the same watch (201 the first time); another tenant's task is refused 409; a provider whose
+``[providers.NAME] tenant`` is another tenant, or an id the provider cannot have issued, 422.
 """
 
 from __future__ import annotations

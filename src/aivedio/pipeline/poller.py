@@ -95,14 +95,23 @@ async def register_watch(
     """Watch a task (idempotent); ``hurry`` makes a waiting poll due now (a callback hint).
 
     Raises NotFoundError for a provider we cannot poll, PolicyBlockedError whose detail
-    starts with its reason: ``invalid_task_id`` (not an id the provider issues) or
-    ``tenant_mismatch`` (a task another tenant registered)."""
+    starts with its reason: ``invalid_task_id`` (not an id the provider issues),
+    ``provider_of_another_tenant`` (``[providers.NAME] tenant`` names another tenant: that
+    account's tasks and credentials are its own) or ``tenant_mismatch`` (a task another
+    tenant registered)."""
     if not can_poll(config, provider):
         raise NotFoundError(f"provider {provider!r} is not configured with an API to poll")
     pc = config.providers[provider]
     check_task_id(pc, provider_task_id)
     async with conn.transaction():
         with map_db_errors("registering a watched task"):
+            if pc.tenant:
+                owner = await conn.fetchval("SELECT id FROM tenants WHERE name = $1", pc.tenant)
+                if owner != tenant_id:
+                    raise PolicyBlockedError(
+                        f"provider_of_another_tenant: provider {provider!r} is another "
+                        "tenant's account; its tasks cannot be watched for this tenant"
+                    )
             task_id = await conn.fetchval(
                 "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
                 " provider_status, watch) VALUES ($1, $2, $3, $4, 'SUBMITTED', true)"
