@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import random
 import socket
 import ssl
 import threading
@@ -114,6 +115,20 @@ async def test_download_streams_the_exact_bytes(rig: Rig) -> None:
     assert result.bytes == len(body)
     assert result.addresses == ["127.0.0.1"]
     assert "sig=" not in result.url
+
+
+async def test_a_chunked_body_streams_the_exact_bytes(rig: Rig) -> None:
+    # No Content-Length: the body comes in HTTP chunks and is read chunk by chunk; only the
+    # reader's end of body ends it (there is no length to check truncation against).
+    body = random.Random(7).randbytes(3 * (1 << 20) + 12_345)
+    rig.sim.add_output("t1", 0, body, faults=Faults(omit_content_length=True))
+    fetcher = rig.fetcher()
+    sink = Sink()
+    result = await fetcher.stream(rig.sim.signed_url("t1", 0), sink)
+    await fetcher.aclose()
+    assert result.content_length is None
+    assert bytes(sink.data) == body
+    assert (result.bytes, result.sha256) == (len(body), hashlib.sha256(body).hexdigest())
 
 
 class Listener:
