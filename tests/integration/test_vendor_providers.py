@@ -197,18 +197,48 @@ async def test_signed_callbacks_forged_stale_or_replayed_are_refused(
         assert receipts == 1
         if vendor == "fal":
             assert sim.requests["jwks"] == 1  # fetched through the guarded fetcher, cached
-        if vendor == "openai":
-            # The webhook names the video only: the task is read before anything is recorded.
+        if vendor in ("openai", "fal"):
+            # OpenAI's webhook names the video only; fal's key signs any fal customer's
+            # webhooks, and this request is not one we know: the task is read first.
             assert first["outcome"] == "task_read"
             assert await rig.outputs() == []
             async with rig.worker():
-                await rig.wait_outputs(1)
+                await rig.wait_outputs(len(bodies(vendor, "t1")))
         else:
             assert first["outcome"] == "recorded"
             assert first["outputs"] == len(bodies(vendor, "t1"))
             async with rig.worker():
                 await rig.wait_outputs(first["outputs"])
         assert sim.requests["create"] == 0
+
+
+async def test_a_fal_signed_callback_for_a_request_we_never_saw_is_only_a_hint(
+    open_vendor: Opener,
+) -> None:
+    # fal signs every customer's webhooks with the same key: a valid signature proves fal
+    # sent the body, not that the request is ours. Anyone can point a request's webhook here.
+    async with open_vendor("fal", poll_interval_seconds=60.0) as rig:
+        sim = rig.sim
+        headers, body = sim.foreign_callback(  # type: ignore[attr-defined]
+            "req-of-someone-else", "https://evil.example/planted.mp4"
+        )
+        async with rig.worker():
+            answer = await rig.callback(headers, body, 202)
+            assert answer["outcome"] == "task_read"
+            deadline = time.monotonic() + 10
+            while sim.requests["task"] < 1 and time.monotonic() < deadline:
+                await anyio.sleep(0.05)
+            # Our account does not know the request (404): nothing is recorded.
+            assert sim.requests["task"] >= 1
+            await anyio.sleep(0.3)
+        assert await rig.outputs() == []
+        assert await rig.pool.fetchval("SELECT count(*) FROM provider_outputs") == 0
+        # A request we know (watched here) is recorded from its verified body at once.
+        sim.add_task("t1", bodies("fal", "t1"), done=True)
+        await rig.watch("t1")
+        headers, body = sim.callback("t1")  # type: ignore[attr-defined]
+        answer = await rig.callback(headers, body, 202)
+        assert answer["outcome"] == "recorded" and answer["outputs"] == 2
 
 
 UNSIGNED = ["luma", "kling", "minimax"]

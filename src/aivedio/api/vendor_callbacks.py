@@ -11,9 +11,13 @@
 * ``unsigned`` (Luma, Kling, MiniMax): nothing to verify, so nothing in the body is trusted.
 
 A verified body that carries its outputs (Replicate, fal) is recorded at once by
-``intake.record_task_outputs``, the function the poller uses. Anything else (an unsigned
-body, or OpenAI's, which names the video only) is a hint: the task is watched and its poll
-made due now, and the poller reads the task from the provider before anything is recorded.
+``intake.record_task_outputs``, the function the poller uses, when the signature proves our
+account sent it (Replicate's ``whsec_`` secret is the account's) or the task is one we know:
+fal signs every fal customer's webhooks with the same JWKS, so anyone can have fal sign a
+body naming a request of their own, with outputs of their choosing, and post it here.
+Anything else (an unsigned body, OpenAI's, which names the video only, or a fal body for a
+task we never saw) is a hint: the task is watched and its poll made due now, and the poller
+reads the task from the provider with our key before anything is recorded.
 Nothing is downloaded here; the answer takes milliseconds.
 """
 
@@ -35,13 +39,12 @@ from aivedio.errors import AivedioError, ConfigError, PolicyBlockedError
 from aivedio.logs import get_logger
 from aivedio.pipeline import fal_webhooks, standard_webhooks
 from aivedio.pipeline.callbacks import CallbackRejected, accept_event_once
-from aivedio.pipeline.intake import record_task_outputs
+from aivedio.pipeline.intake import record_task_outputs, task_tenant
 from aivedio.pipeline.poller import can_poll, register_watch
 from aivedio.pipeline.providers import ProviderTask
 from aivedio.providers import VENDORS
 from aivedio.providers.base import CallbackHint
 from aivedio.store.database import Connection, map_db_errors
-from aivedio.store.tenants import tenant_id_by_name
 
 log = get_logger("aivedio.api.callbacks")
 JWKS_REFETCH_SECONDS = 60.0
@@ -147,19 +150,6 @@ def parse(pc: ProviderConfig, body: bytes) -> CallbackHint:
     return VENDORS[pc.adapter].parse_callback(body, pc)
 
 
-async def tenant_for(ctx: ApiContext, conn: Connection, provider: str, task_id: str) -> int | None:
-    with map_db_errors("looking up the generation task"):
-        known = await conn.fetchval(
-            "SELECT tenant_id FROM generation_tasks WHERE provider = $1 AND provider_task_id = $2",
-            provider,
-            task_id,
-        )
-    if known is not None:
-        return int(known)
-    name = ctx.config.providers[provider].tenant
-    return await tenant_id_by_name(conn, name) if name else None
-
-
 async def record(
     ctx: ApiContext,
     conn: Connection,
@@ -168,14 +158,16 @@ async def record(
     event_id: str | None,
 ) -> VendorCallbackAccepted:
     """Inside the receipt's transaction: record a verified body's outputs, or watch the task."""
-    tenant_id = await tenant_for(ctx, conn, provider, hint.task_id)
+    tenant_id, known = await task_tenant(conn, ctx.config, provider, hint.task_id)
     if tenant_id is None:
         raise ApiError(
             422,
             f"task {hint.task_id!r} is unknown and [providers.{provider}] names no tenant",
             "unknown_task",
         )
-    if event_id is not None and hint.status == "SUCCEEDED" and hint.outputs:
+    adapter = VENDORS[ctx.config.providers[provider].adapter]
+    trusted = event_id is not None and (known or adapter.callback_signed_by_account)
+    if trusted and hint.status == "SUCCEEDED" and hint.outputs:
         task = ProviderTask(provider_task_id=hint.task_id, status="SUCCEEDED", outputs=hint.outputs)
         try:
             recorded = await record_task_outputs(

@@ -32,6 +32,7 @@ from aivedio.store.database import Connection, map_db_errors
 from aivedio.store.ledger import record_generation_charge
 from aivedio.store.queue import Queue
 from aivedio.store.records import transition
+from aivedio.store.tenants import tenant_id_by_name
 
 FETCH_KIND = "fetch"
 
@@ -235,6 +236,26 @@ def _decrypts_to(cipher: UrlCipher, row: Any, url: str) -> bool:
     except ConfigError:
         return False
     return hmac.compare_digest(stored.encode(), url.encode())
+
+
+async def task_tenant(
+    conn: Connection, config: Config, provider: str, provider_task_id: str
+) -> tuple[int | None, bool]:
+    """Whose task a callback names, and whether we knew it: a known task keeps its tenant; a
+    task we never saw belongs to ``[providers.NAME] tenant`` (one provider account per
+    tenant), or to nobody (None) when that is unset."""
+    with map_db_errors("looking up the generation task"):
+        known = await conn.fetchval(
+            "SELECT tenant_id FROM generation_tasks WHERE provider = $1 AND provider_task_id = $2",
+            provider,
+            provider_task_id,
+        )
+    if known is not None:
+        return int(known), True
+    pc = config.providers.get(provider)
+    if pc is None or not pc.tenant:
+        return None, False
+    return await tenant_id_by_name(conn, pc.tenant), False
 
 
 async def tenant_exists(conn: Connection, tenant_id: int) -> bool:

@@ -126,6 +126,11 @@ class VendorAdapter:
     refreshable: ClassVar[bool] = True
     # "none", "standard_webhooks", "fal_ed25519", "unsigned", "minimax_challenge"
     callback_scheme: ClassVar[str] = "none"
+    # True when a verified callback can only come from our own account (a secret of the
+    # account's, as Standard Webhooks' whsec_): its body may be recorded for a task we never
+    # saw. fal signs every customer's webhooks with one key, so a verified fal body proves
+    # fal sent it, not that the request is ours: for an unknown task it is a hint.
+    callback_signed_by_account: ClassVar[bool] = False
     required_secrets: ClassVar[tuple[str, ...]] = ("api_key",)
     statuses: ClassVar[Mapping[str, str]] = {}
 

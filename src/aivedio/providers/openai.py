@@ -36,6 +36,7 @@ class OpenAIAdapter(VendorAdapter):
     default_poll_jitter_seconds = 2.0
     refreshable = True
     callback_scheme = "standard_webhooks"
+    callback_signed_by_account = True
     statuses: ClassVar[dict[str, str]] = {
         "queued": "RUNNING",
         "in_progress": "RUNNING",

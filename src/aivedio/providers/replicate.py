@@ -35,6 +35,7 @@ class ReplicateAdapter(VendorAdapter):
     lifetime_seconds = LIFETIME.total_seconds()
     refreshable = False
     callback_scheme = "standard_webhooks"
+    callback_signed_by_account = True
     statuses: ClassVar[dict[str, str]] = {
         "starting": "RUNNING",
         "processing": "RUNNING",

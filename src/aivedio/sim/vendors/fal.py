@@ -95,6 +95,25 @@ class FalSim(VendorSim):
         }
         return headers, body
 
+    def foreign_callback(self, request_id: str, video_url: str) -> tuple[dict[str, str], bytes]:
+        """A webhook for another fal customer's request (one this account never made), with a
+        result of that customer's choosing, signed by fal's key all the same."""
+        doc = {"request_id": request_id, "status": "OK", "payload": {"video": {"url": video_url}}}
+        body = msgspec.json.encode(doc)
+        stamp = str(int(time.time()))
+        user = "another-fal-customer"
+        signature = self.signing_key_ed25519.sign(
+            fal_webhooks.message(request_id, user, stamp, body)
+        ).hex()
+        headers = {
+            "X-Fal-Webhook-Request-Id": request_id,
+            "X-Fal-Webhook-User-Id": user,
+            "X-Fal-Webhook-Timestamp": stamp,
+            "X-Fal-Webhook-Signature": signature,
+            "Content-Type": "application/json",
+        }
+        return headers, body
+
     def forged_callback(self, task_id: str) -> tuple[dict[str, str], bytes]:
         """Signed by a key that is not in the JWKS."""
         headers, body = self.callback(task_id)
