@@ -44,11 +44,14 @@ def sort_at(
     expires_at: datetime | None,
     estimated_seconds: float,
     default_start_within_seconds: float,
+    start_later_seconds: float = 0.0,
 ) -> datetime:
-    """The latest time a job should start: the key the claim orders by."""
+    """The latest time a job should start: the key the claim orders by. A job without an
+    expiry may ask to be due ``start_later_seconds`` after the default (a long video's later
+    chunks: a short video enqueued meanwhile goes before them)."""
     if expires_at is not None:
         return expires_at - timedelta(seconds=estimated_seconds)
-    return now + timedelta(seconds=default_start_within_seconds)
+    return now + timedelta(seconds=default_start_within_seconds + start_later_seconds)
 
 
 @dataclass(frozen=True, slots=True)

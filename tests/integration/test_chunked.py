@@ -15,6 +15,7 @@ import math
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -303,3 +304,33 @@ async def test_a_duplicate_chunk_job_keeps_one_output(rig: Rig, short_source: Pa
     stored = [i.key async for i in rig.store.list(f"{prefix}/work/pieces/{rung.name}/")]
     assert stored == [row["object_key"]]
     assert row["frames"] == plan.chunking.output_frames(0, plan.frame_rate)  # type: ignore[union-attr]
+
+
+async def test_a_long_videos_later_chunks_wait_behind_a_short_video_enqueued_after_them(
+    pool: Pool,
+) -> None:
+    """Claim order: a chunk is due as far after the default deadline as it lies into its
+    video, so the short video's render (enqueued 30 s later) goes before the chunks that lie
+    more than 30 s in, and after those that do not."""
+    from aivedio.pipeline.media_stage import _render_spec
+    from tests.unit.test_render_args import make_plan
+
+    tenant = await pool.fetchval("INSERT INTO tenants (name) VALUES ('t') RETURNING id")
+    plan = make_plan()
+    queue = Queue(pool)
+    long_id, short_id = uuid.uuid4(), uuid.uuid4()
+    start = datetime.now(UTC)
+    async with pool.acquire() as conn:
+        specs = [
+            chunk_stage._spec(chunk_stage.ENCODE_KIND, long_id, tenant, 1, plan,
+                              f"video:720p:{i:04d}", 60.0, later=20.0 * i)
+            for i in range(6)
+        ]  # fmt: skip
+        await queue.enqueue(conn, specs, now=start)
+        short = _render_spec(short_id, tenant, 1, "playback", plan, 60.0)
+        await queue.enqueue(conn, [short], now=start + timedelta(seconds=30))
+    order = []
+    while jobs := await queue.claim("media", 1, "test", 30.0):
+        order.append(jobs[0].payload.get("piece") or "short:" + jobs[0].payload["variant_type"])
+    assert order == ["video:720p:0000", "video:720p:0001", "short:playback", "video:720p:0002",
+                     "video:720p:0003", "video:720p:0004", "video:720p:0005"]  # fmt: skip

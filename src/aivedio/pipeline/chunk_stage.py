@@ -20,9 +20,12 @@ key, each a row of ``media_pieces`` moved PENDING → DONE once (``states.Entity
   recorded like any render; the revision then goes on to moderation and publish.
 
 A retried piece redoes only itself. A duplicate finds its piece DONE and stops; one whose
-attempt loses the commit race deletes its own upload. Piece jobs rank below a short video's
-required renders (priority), so one long video cannot starve short ones; within that, the
-queue's tenant fairness applies. Work objects live under the revision's ``work/`` prefix,
+attempt loses the commit race deletes its own upload. The claim orders by deadline
+(``sort_at``), then priority: a chunk is due as many seconds after the default deadline as it
+lies into its video, so a short video enqueued while a long one's chunks wait is claimed
+before the chunks further into the long one (one long video cannot starve short ones), and on
+equal deadlines piece jobs rank below required renders; the queue's tenant fairness applies on
+top. An asset's pieces go to whichever workers are free. Work objects live under the revision's ``work/`` prefix,
 are deleted after the assembly and are otherwise collected by the sweeper's GC.
 """
 
@@ -93,12 +96,15 @@ def _timeout(plan: Plan, media_seconds: float, per_run: float, per_second: float
 
 
 def _spec(kind: str, asset_id: uuid.UUID, tenant_id: int, revision: int, plan: Plan,
-          piece: str, timeout: float) -> JobSpec:  # fmt: skip
+          piece: str, timeout: float, *, later: float = 0.0) -> JobSpec:  # fmt: skip
+    """``later``: a chunk is due as many seconds after the default as it lies into the
+    video, so a short video enqueued meanwhile is not queued behind a long one's tail."""
     return JobSpec(
         kind=kind, lane=LANE, tenant_id=tenant_id,
         idempotency_key=f"{kind}:{asset_id}:{revision}:{piece}:v{plan.pipeline_version}",
         payload={"asset_id": str(asset_id), "revision": revision, "piece": piece},
         priority=PIECE_PRIORITY, timeout_seconds=timeout, max_attempts=MAX_ATTEMPTS,
+        start_later_seconds=later,
     )  # fmt: skip
 
 
@@ -279,8 +285,9 @@ class ChunkStage:
                             self.s.config.media.process_timeout_seconds,
                             self.s.config.media.process_timeout_per_media_second,
                         )
+                        later = plan.chunking.starts[index] - plan.chunking.origin
                         specs.append(_spec(ENCODE_KIND, asset_id, asset["tenant_id"], revision,
-                                           plan, name, timeout))  # fmt: skip
+                                           plan, name, timeout, later=later))  # fmt: skip
                 await conn.executemany(
                     "INSERT INTO media_pieces (asset_id, revision, piece, status, object_key,"
                     " size_bytes, sha256, frames) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"

@@ -46,6 +46,8 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     estimated_seconds: float = 0.0
     max_attempts: int = 8
     timeout_seconds: float = 300.0
+    # Due this much later than the default deadline (no effect with ``expires_at``).
+    start_later_seconds: float = 0.0
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +112,7 @@ class Queue:
                         expires_at=s.expires_at,
                         estimated_seconds=s.estimated_seconds,
                         default_start_within_seconds=self._default_start_within,
+                        start_later_seconds=s.start_later_seconds,
                     )
                     for s in items
                 ],
