@@ -207,6 +207,11 @@ def test_rate_limiter_spaces_requests_per_provider() -> None:
     assert limiter.acquire("b", 4) == 0  # another provider has its own budget
     now[0] += 0.25
     assert limiter.acquire("a", 4) == 0
+    limiter.hold("a", 30)  # a 429 with Retry-After: 30 holds the provider, not one task
+    assert limiter.acquire("a", 4) == pytest.approx(30)
+    limiter.hold("a", 1)  # a shorter hold never shortens a longer one
+    assert limiter.acquire("a", 4) == pytest.approx(30)
+    assert limiter.acquire("b", 4) == 0  # the other provider is not held
 
 
 def test_a_task_id_fills_one_path_segment_or_is_refused() -> None:

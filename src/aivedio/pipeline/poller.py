@@ -9,7 +9,13 @@ attempt is refunded, so a long generation never exhausts a retry budget):
 
 * still running: again after the provider's cadence, ± its jitter;
 * 429, 5xx, a network failure: again after an exponential backoff with jitter, never sooner
-  than the provider's ``Retry-After``; given up after ``MAX_CONSECUTIVE_FAILURES``;
+  than the provider's ``Retry-After``; given up after ``MAX_CONSECUTIVE_FAILURES``. A 429
+  is about our account, not the one task: it also holds every poll of that provider in this
+  worker until ``Retry-After`` (or the backoff) has passed, so other watched tasks do not
+  keep a throttling vendor busy;
+* 404, the provider does not know the task (a mistyped id, or a forged hint for an id it
+  never issued): given up after ``MAX_NOT_FOUND_READS`` such answers, not after hours of
+  backoff that spend the provider's request budget of every other watched task;
 * this worker's budget of requests to the provider is spent (``poll_requests_per_second``):
   again when it has one, without asking;
 * SUCCEEDED: the outputs are recorded by ``intake.record_task_outputs``, exactly as a
@@ -37,6 +43,7 @@ from aivedio.errors import (
     DeferredError,
     NotFoundError,
     PolicyBlockedError,
+    ThrottledError,
     TransientError,
 )
 from aivedio.logs import get_logger
@@ -54,6 +61,7 @@ log = get_logger("aivedio.poller")
 KIND = "provider.poll"
 LANE = "control"
 MAX_CONSECUTIVE_FAILURES = 30
+MAX_NOT_FOUND_READS = 3
 MAX_BACKOFF_SECONDS = 600.0
 MIN_DELAY_SECONDS = 0.05
 FINISHED_TASK_STATES = {
@@ -219,6 +227,10 @@ class RateLimiter:
     clock: Callable[[], float] = time.monotonic
     _next_free: dict[str, float] = field(default_factory=dict)
 
+    def hold(self, provider: str, seconds: float) -> None:
+        """No request to ``provider`` for ``seconds`` (it answered 429)."""
+        self._next_free[provider] = max(self._next_free.get(provider, 0.0), self.clock() + seconds)
+
     def acquire(self, provider: str, per_second: float) -> float:
         """0 when a request may go now (and takes the slot); else seconds until one may."""
         now = self.clock()
@@ -321,7 +333,8 @@ async def _failed_poll(
 ) -> dict[str, Any]:
     failures = int(watch["consecutive_failures"]) + 1
     task_uuid = watch["generation_task_id"]
-    if failures >= MAX_CONSECUTIVE_FAILURES:
+    not_found = exc.http_status == 404
+    if failures >= MAX_CONSECUTIVE_FAILURES or (not_found and failures >= MAX_NOT_FOUND_READS):
         await _end(pool, task_uuid, "GAVE_UP", error=(exc.error_class, exc.detail))
         log.warning(
             "watch_gave_up",
@@ -348,6 +361,8 @@ async def _failed_poll(
         retry_after_seconds=exc.retry_after_seconds,
         rng=state.rng,
     )
+    if isinstance(exc, ThrottledError):
+        state.limiter.hold(watch["provider"], delay)
     log.info(
         "watch_poll_failed",
         provider=watch["provider"],
