@@ -119,6 +119,7 @@ class Report:
 
     def to_json(self) -> dict[str, Any]:
         ffmpeg_wall = sum(p.wall_seconds for p in self.processes)
+        overlapped = self.plan is not None and self.plan.chunking is not None
         rss = [p.max_rss_bytes for p in self.processes if p.max_rss_bytes is not None]
         return {
             "verdict": msgspec.to_builtins(self.verdict),
@@ -129,8 +130,11 @@ class Report:
             "steps": {k: round(v, 4) for k, v in self.steps.items()},
             "processes": [msgspec.to_builtins(p) for p in self.processes],
             "wall_seconds": round(self.wall_seconds, 4),
+            # Summed over processes; on the chunked path they overlap, so the sum can
+            # exceed the wall time and no overhead is derived from it.
             "ffmpeg_wall_seconds": round(ffmpeg_wall, 4),
-            "overhead_seconds": round(self.wall_seconds - ffmpeg_wall, 4),
+            "ffmpeg_cpu_seconds": round(sum(p.cpu_seconds or 0.0 for p in self.processes), 4),
+            "overhead_seconds": (None if overlapped else round(self.wall_seconds - ffmpeg_wall, 4)),
             "peak_rss_bytes": max(rss) if rss else None,
         }
 
