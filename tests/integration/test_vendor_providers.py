@@ -24,6 +24,7 @@ import msgspec
 import pytest
 from structlog.testing import capture_logs
 
+from aivedio.api import vendor_callbacks
 from aivedio.config import Config
 from aivedio.pipeline.services import url_cipher
 from aivedio.sim.provider import Faults
@@ -264,6 +265,33 @@ async def test_a_task_the_provider_does_not_know_is_given_up_after_a_few_reads(
         assert watch["last_error_class"] == "not_yet_available"
         assert len(rig.sim.task_reads) == 3
         assert await rig.outputs() == []
+
+
+async def test_fal_keys_are_fetched_once_for_a_burst_and_again_after_a_rotation(
+    open_vendor: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_vendor("fal", poll_interval_seconds=60.0) as rig:
+        sim = rig.sim
+        deliveries = [
+            sim.foreign_callback(f"req-{n}", "https://x.example/v.mp4")  # type: ignore[attr-defined]
+            for n in range(6)
+        ]
+        async with anyio.create_task_group() as tg:  # a burst on a cold cache
+            for headers, body in deliveries:
+                tg.start_soon(rig.callback, headers, body, 202)
+        assert sim.requests["jwks"] == 1
+        sim.rotate_key()  # type: ignore[attr-defined]
+        sim.add_task("t1", bodies("fal", "t1"), done=True)
+        headers, body = sim.callback("t1")  # type: ignore[attr-defined]
+        # Signed by a key the cache does not hold yet, moments after the last fetch: the
+        # JWKS is asked again at most once a minute, so this delivery is refused (fal
+        # retries it)...
+        await rig.callback(headers, body, 401)
+        assert sim.requests["jwks"] == 1
+        # ...and once that minute has passed, the next one fetches the new key and passes.
+        monkeypatch.setattr(vendor_callbacks, "JWKS_REFETCH_SECONDS", 0.0)
+        await rig.callback(headers, body, 202)
+        assert sim.requests["jwks"] == 2
 
 
 UNSIGNED = ["luma", "kling", "minimax"]

@@ -23,10 +23,12 @@ Nothing is downloaded here; the answer takes milliseconds.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any
 
+import anyio
 import msgspec
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -72,37 +74,61 @@ def challenge_of(body: bytes) -> str | None:
 
 
 class _JwksCache:
-    """Ed25519 keys by JWKS URL (public documents, so one cache per process is right)."""
+    """Ed25519 keys by JWKS URL (public documents, so one cache per process is right).
+
+    One fetch at a time (a burst of webhooks after a restart, or of forged ones, fetches once),
+    and at most one attempt per ``JWKS_REFETCH_SECONDS`` unless the cache has expired: a
+    failed or useless fetch keeps the keys we had rather than asking again on every request."""
 
     def __init__(self) -> None:
-        self._keys: dict[str, tuple[float, list[Ed25519PublicKey]]] = {}
+        self._keys: dict[str, list[Ed25519PublicKey]] = {}
+        self._tried_at: dict[str, float] = {}  # the last attempt, whatever its outcome
+        self._fetched_at: dict[str, float] = {}  # the last attempt that gave keys
+        self._lock = anyio.Lock()
 
     async def keys(
         self, ctx: ApiContext, provider: str, pc: ProviderConfig, *, stale_ok: bool = True
     ) -> list[Ed25519PublicKey]:
+        """The keys; ``stale_ok=False`` (no key matched: a rotation?) fetches again unless
+        the last attempt was under ``JWKS_REFETCH_SECONDS`` ago."""
         if pc.jwks:
             return fal_webhooks.public_keys(pc.jwks)
-        cached = self._keys.get(pc.jwks_url)
-        now = time.monotonic()
-        if cached is not None:
-            age = now - cached[0]
-            if age < pc.jwks_cache_seconds and (stale_ok or age < JWKS_REFETCH_SECONDS):
-                return cached[1]
+        url = pc.jwks_url
+        async with self._lock:
+            cached = self._keys.get(url)
+            now = time.monotonic()
+            tried = now - self._tried_at.get(url, -math.inf)
+            fresh = now - self._fetched_at.get(url, -math.inf) < pc.jwks_cache_seconds
+            if cached is not None and fresh and stale_ok:
+                return cached
+            if tried < min(JWKS_REFETCH_SECONDS, pc.jwks_cache_seconds):
+                if cached is not None:
+                    return cached
+                raise ApiError(503, "fal JWKS unavailable (tried moments ago)", "jwks_unavailable")
+            self._tried_at[url] = now
+            try:
+                keys = await self._fetch(ctx, pc)
+            except AivedioError as exc:
+                log.warning("jwks_fetch_failed", provider=provider, detail=exc.detail)
+                if cached is not None:
+                    return cached
+                raise ApiError(
+                    503, f"fal JWKS unavailable: {exc.detail}", "jwks_unavailable"
+                ) from None
+            self._keys[url], self._fetched_at[url] = keys, now
+        log.info("jwks_fetched", provider=provider, keys=len(keys))
+        return keys
+
+    @staticmethod
+    async def _fetch(ctx: ApiContext, pc: ProviderConfig) -> list[Ed25519PublicKey]:
         from aivedio.pipeline.services import make_fetcher
 
         fetcher = make_fetcher(ctx.config.net, pc)
         try:
             raw = await fetcher.fetch_json("GET", pc.jwks_url)
-        except AivedioError as exc:
-            if cached is not None:
-                return cached[1]
-            raise ApiError(503, f"fal JWKS unavailable: {exc.detail}", "jwks_unavailable") from None
         finally:
             await fetcher.aclose()
-        keys = fal_webhooks.public_keys(msgspec.json.encode(raw))
-        self._keys[pc.jwks_url] = (now, keys)
-        log.info("jwks_fetched", provider=provider, keys=len(keys))
-        return keys
+        return fal_webhooks.public_keys(msgspec.json.encode(raw))  # ConfigError: no key
 
 
 JWKS = _JwksCache()

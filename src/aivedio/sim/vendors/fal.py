@@ -27,14 +27,23 @@ class FalSim(VendorSim):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.signing_key_ed25519 = Ed25519PrivateKey.generate()
+        self.retired_keys: list[Ed25519PrivateKey] = []
+
+    def rotate_key(self) -> None:
+        """Sign with a new key from now on; the JWKS publishes it beside the old one."""
+        self.retired_keys.append(self.signing_key_ed25519)
+        self.signing_key_ed25519 = Ed25519PrivateKey.generate()
 
     def authorized(self, request: web.Request) -> bool:
         return request.headers.get("Authorization") == f"Key {self.api_key}"
 
     def jwks(self) -> dict[str, object]:
-        raw = self.signing_key_ed25519.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-        x = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-        return {"keys": [{"kty": "OKP", "crv": "Ed25519", "x": x, "kid": "sim"}]}
+        keys = []
+        for n, key in enumerate([self.signing_key_ed25519, *reversed(self.retired_keys)]):
+            raw = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+            x = base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+            keys.append({"kty": "OKP", "crv": "Ed25519", "x": x, "kid": f"sim-{n}"})
+        return {"keys": keys}
 
     def add_routes(self, app: web.Application) -> None:
         base = f"/{APP_ID}/requests/{{task_id}}"
