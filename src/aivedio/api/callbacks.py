@@ -11,8 +11,8 @@ be the HMAC-SHA256 of ``"{X-Aivedio-Timestamp}.{body}"`` under the provider's
 ``[api] callback_skew_seconds`` of now (401). Then one transaction records the event id (a
 second delivery of the same id is refused with 409 ``replayed_event``: the first one was
 recorded, since the receipt commits only together with what it recorded), and for a
-SUCCEEDED task records each output and enqueues its fetch (``pipeline/intake.py``, the
-same path as the poller and ``aivedio ingest``). Nothing is downloaded here: the answer
+SUCCEEDED task records each output and enqueues its fetch (``intake.record_task_outputs``,
+the function vendor callbacks and the poller use). Nothing is downloaded here: the answer
 takes milliseconds.
 
 The tenant is the known task's; a task we never saw belongs to ``[providers.NAME] tenant``
@@ -34,12 +34,12 @@ from aivedio.api.problems import ApiError
 from aivedio.errors import PolicyBlockedError
 from aivedio.logs import get_logger
 from aivedio.pipeline.callbacks import CallbackRejected, accept_event_once, verify_signature
-from aivedio.pipeline.intake import OutputDescriptor, record_provider_output
+from aivedio.pipeline.intake import record_task_outputs, task_tenant
+from aivedio.pipeline.providers import ProviderOutput, ProviderTask
 from aivedio.providers import GENERIC_CALLBACK_SCHEME, callback_scheme
 from aivedio.states import Entity, allowed
 from aivedio.store.database import Connection, map_db_errors
 from aivedio.store.records import transition
-from aivedio.store.tenants import tenant_id_by_name
 
 log = get_logger("aivedio.api.callbacks")
 routes = web.RouteTableDef()
@@ -171,23 +171,10 @@ async def callback(request: web.Request) -> web.Response:
     return schema.encode(accepted, status=202)
 
 
-async def _tenant(ctx: ApiContext, conn: Connection, provider: str, task_id: str) -> int | None:
-    with map_db_errors("looking up the generation task"):
-        known = await conn.fetchval(
-            "SELECT tenant_id FROM generation_tasks WHERE provider = $1 AND provider_task_id = $2",
-            provider,
-            task_id,
-        )
-    if known is not None:
-        return int(known)
-    name = ctx.config.providers[provider].tenant
-    return await tenant_id_by_name(conn, name) if name else None
-
-
 async def _record(
     ctx: ApiContext, conn: Connection, provider: str, event: CallbackBody, status: str
 ) -> CallbackAccepted:
-    tenant_id = await _tenant(ctx, conn, provider, event.task_id)
+    tenant_id, _known = await task_tenant(conn, ctx.config, provider, event.task_id)
     if status != "SUCCEEDED":
         task_id = await _note_progress(conn, provider, event.task_id, status)
         return CallbackAccepted(
@@ -205,45 +192,45 @@ async def _record(
             "unknown_task",
             f"task {event.task_id!r} is unknown and [providers.{provider}] names no tenant",
         )
-    provider_config = ctx.config.providers[provider]
-    recorded: list[RecordedOutput] = []
-    task_uuid: uuid.UUID | None = None
-    for output in event.outputs:
-        descriptor = OutputDescriptor(
+    task = ProviderTask(
+        provider_task_id=event.task_id,
+        status=status,
+        outputs=[
+            ProviderOutput(
+                index=o.index,
+                url=o.url,
+                expires_at=o.expires_at,
+                sha256=o.sha256,
+                size=o.size,
+                content_type=o.content_type,
+            )
+            for o in event.outputs
+        ],
+    )
+    try:
+        results = await record_task_outputs(
+            conn,
+            queue=ctx.queue,
+            registry=ctx.registry,
+            cipher=ctx.cipher,
+            config=ctx.config,
             provider=provider,
-            provider_task_id=event.task_id,
-            output_index=output.index,
-            url=output.url,
-            expires_at=output.expires_at,
-            sha256=output.sha256.lower() if output.sha256 else None,
-            size=output.size,
-            content_type=output.content_type,
+            task=task,
+            tenant_id=tenant_id,
         )
-        try:
-            result = await record_provider_output(
-                conn,
-                queue=ctx.queue,
-                registry=ctx.registry,
-                cipher=ctx.cipher,
-                tenant_id=tenant_id,
-                descriptor=descriptor,
-                pipeline_version=ctx.config.fetch.pipeline_version,
-                default_ttl_seconds=provider_config.default_url_ttl_seconds,
-                estimated_bytes_per_second=ctx.config.fetch.estimated_bytes_per_second,
-                ledger=ctx.config.ledger,
-            )
-        except PolicyBlockedError as exc:
-            raise _reject(ctx, provider, 422, "invalid_output", exc.detail) from None
-        task_uuid = result.generation_task_id
-        recorded.append(
-            RecordedOutput(
-                index=output.index,
-                provider_output_id=result.provider_output_id,
-                fetch_job_id=result.fetch_job_id,
-                fetch_status=result.fetch_status,
-                created=result.output_created,
-            )
+    except PolicyBlockedError as exc:
+        raise _reject(ctx, provider, 422, "invalid_output", exc.detail) from None
+    recorded = [
+        RecordedOutput(
+            index=output.index,
+            provider_output_id=result.provider_output_id,
+            fetch_job_id=result.fetch_job_id,
+            fetch_status=result.fetch_status,
+            created=result.output_created,
         )
+        for output, result in zip(event.outputs, results, strict=True)
+    ]
+    task_uuid = results[-1].generation_task_id if results else None
     return CallbackAccepted(
         event_id=event.event_id,
         task_id=event.task_id,
