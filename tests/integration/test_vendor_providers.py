@@ -346,6 +346,19 @@ async def test_minimax_challenge_is_echoed(open_vendor: Opener) -> None:
     async with open_vendor("minimax") as rig:
         answer = await rig.callback({}, b'{"challenge": "c-123"}', 200)
         assert answer == {"challenge": "c-123"}
+        url = f"{rig.api.base}/v1/providers/minimax/callbacks"
+        async with rig.api.http.post(url, data=b'{"challenge": "<b>x</b>"}') as resp:
+            assert resp.content_type == "application/json"
+            assert resp.headers["X-Content-Type-Options"] == "nosniff"
+            assert await resp.json() == {"challenge": "<b>x</b>"}
+        # Not a challenge (control characters, overlong, another key beside it): not echoed,
+        # and as an unsigned callback it names no task.
+        for body in (
+            b'{"challenge": "a\\r\\nSet-Cookie: x=1"}',
+            b'{"challenge": "' + b"c" * 1025 + b'"}',
+            b'{"challenge": "c", "extra": 1}',
+        ):
+            await rig.callback({}, body, 400)
         assert await rig.pool.fetchval("SELECT count(*) FROM generation_tasks") == 0
 
 

@@ -63,13 +63,25 @@ class VendorCallbackAccepted(msgspec.Struct, frozen=True, kw_only=True):
     outputs: int
 
 
+MAX_CHALLENGE_CHARS = 1024
+
+
 def challenge_of(body: bytes) -> str | None:
+    """The handshake's token: a body that is exactly ``{"challenge": "<printable text>"}``.
+    It is echoed unauthenticated on our origin, so anything else is not echoed."""
     try:
         doc = msgspec.json.decode(body)
     except msgspec.DecodeError:
         return None
-    if isinstance(doc, dict) and isinstance(doc.get("challenge"), str) and len(doc) == 1:
-        return str(doc["challenge"])
+    if not isinstance(doc, dict) or len(doc) != 1:
+        return None
+    challenge = doc.get("challenge")
+    if (
+        isinstance(challenge, str)
+        and 0 < len(challenge) <= MAX_CHALLENGE_CHARS
+        and challenge.isprintable()
+    ):
+        return challenge
     return None
 
 
@@ -255,7 +267,10 @@ async def handle(
         challenge = challenge_of(body)
         if challenge is not None:
             ctx.metrics.callbacks.labels(provider, "challenge").inc()
-            return web.json_response({"challenge": challenge})
+            return web.json_response(
+                {"challenge": challenge},
+                headers={"X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"},
+            )
     try:
         event_id = await verify(ctx, provider, pc, scheme, request, body)
     except CallbackRejected as exc:
