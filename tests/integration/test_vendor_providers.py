@@ -168,6 +168,26 @@ async def test_after_its_lifetime_an_output_is_refreshed_or_lost_never_regenerat
             assert len(events) == len(sent)
 
 
+async def test_a_refused_file_that_is_never_reissued_keeps_its_first_expiry_and_is_lost(
+    open_vendor: Opener,
+) -> None:
+    # Gemini files last two days from our first read and are never re-issued: a refresh
+    # after the file was refused reads the same URI again, which must not restart the clock.
+    async with open_vendor("veo_gemini") as rig:
+        sim = rig.sim
+        sim.add_task("t1", bodies("veo_gemini", "t1")[:1], faults=Faults(expired=True), done=True)
+        await rig.record_now("t1")
+        first_expiry = await rig.pool.fetchval(
+            "UPDATE provider_outputs SET source_url_expires_at = now() + interval '2 seconds'"
+            " RETURNING source_url_expires_at"
+        )
+        async with rig.worker():
+            rows = await rig.wait_outputs(1, ("OUTPUT_LOST",), timeout=30)
+        assert rows[0]["source_url_expires_at"] == first_expiry
+        assert sim.requests["task"] >= 2  # the refresh read the operation again
+        assert sim.requests["create"] == 0
+
+
 SIGNED = ["openai", "replicate", "fal"]
 
 

@@ -229,7 +229,12 @@ class VendorAdapter:
                         f"provider {self.name} says the output expired at "
                         f"{output.expires_at.isoformat()}"
                     )
-                return RefreshedUrl(url=output.url, expires_at=output.expires_at)
+                expires = output.expires_at
+                if not self.refreshable and expires_at is not None:
+                    # The same file, not a re-issued one: reading the task again never
+                    # extends its lifetime (Gemini's expiry is counted from our first read).
+                    expires = min(expires, expires_at) if expires else expires_at
+                return RefreshedUrl(url=output.url, expires_at=expires)
         raise OutputLostError(
             f"provider {self.name} lists no output {output_index} for the task any more"
         )
