@@ -137,6 +137,30 @@ async def test_a_watched_task_is_polled_to_stored_sources_with_the_credential_ke
 
 
 @pytest.mark.parametrize("vendor", VENDORS)
+async def test_an_api_call_redirected_to_another_host_is_not_followed_with_the_credential(
+    vendor: str, open_vendor: Opener
+) -> None:
+    async with open_vendor(vendor) as rig:
+        sim = rig.sim
+        sim.add_task("t1", bodies(vendor, "t1"), done=True)
+        sim.redirect_task_reads = CDN_HOST
+        with capture_logs() as logs:
+            await rig.watch(rig.task_id("t1"))
+            async with rig.worker():
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    error = await rig.pool.fetchval("SELECT last_error_class FROM task_watches")
+                    if error is not None:
+                        break
+                    await anyio.sleep(0.05)
+        assert error == "invalid_response"  # a redirect is not an answer
+        assert [r for r in sim.seen if r.host.startswith(CDN_HOST)] == []
+        assert sim.credential_seen_by(API_KEY) <= {f"{API_HOST}:{sim.port}"}
+        assert API_KEY not in json.dumps(logs, default=str)
+        assert await rig.outputs() == []
+
+
+@pytest.mark.parametrize("vendor", VENDORS)
 async def test_after_its_lifetime_an_output_is_refreshed_or_lost_never_regenerated(
     vendor: str, open_vendor: Opener
 ) -> None:

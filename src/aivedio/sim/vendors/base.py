@@ -8,6 +8,8 @@ and JSON shapes of its task API, and builds its callbacks (signed or not). What 
 * ``issue_expired``: task reads hand out already-expired signed URLs (a stored URL that
   outlived its lifetime); ``age`` moves a task's times into the past;
 * ``throttle_task_reads``: the next N task API reads answer 429 with ``Retry-After``;
+* ``redirect_task_reads``: task API reads answer 302 to the same path on that host (an API
+  call must not follow it with our credentials);
 * API credentials checked on every API call (401 otherwise) and, for vendors whose
   downloads need them, on downloads;
 * every request recorded (host, path, headers), so tests can see where a credential went;
@@ -54,6 +56,7 @@ class VendorSim(SimulatedProvider):
         self.tasks: dict[str, SimTask] = {}
         self.issue_expired = False
         self.throttle_task_reads = 0
+        self.redirect_task_reads: str | None = None
         self.task_reads: list[tuple[float, str]] = []  # (monotonic time, task id)
         self.seen: list[SeenRequest] = []
 
@@ -132,6 +135,11 @@ class VendorSim(SimulatedProvider):
         """The common half of a task read: credentials, throttling, the task."""
         self.requests["task"] += 1
         self.task_reads.append((time.monotonic(), task_id))
+        if self.redirect_task_reads is not None:
+            target = self._cross_host_origin(self.redirect_task_reads)
+            if request.url.host != target.host:
+                location = f"{str(target).rstrip('/')}{request.path_qs}"
+                return web.Response(status=302, headers={"Location": location})
         if not self.authorized(request):
             return _error(401, "unauthorized")
         if self.throttle_task_reads > 0:
