@@ -7,11 +7,40 @@ Degradation under backlog (``pipeline/backlog.py``), in both the worker's and th
 ``aivedio_outputs_deferred_total{output}``, ``aivedio_poison_quarantined_total{kind}`` and
 ``aivedio_lane_slot_limit{lane}`` (the slots a lane may fill now); the API adds
 ``aivedio_uploads_refused_total``.
+
+The scaling signals of seed 002 §11.10.4 that need more than the queue, each recorded where
+its fact is known:
+
+* fetch: ``aivedio_fetch_duration_seconds{provider}`` (request to stored object, transfers
+  that stored their bytes) and ``aivedio_fetch_responses_total{provider,status}`` (the status
+  that ended each download attempt; ``none`` when no status ended it: no connection, a
+  policy refusal, a deadline, a body cut short); both recorded by the fetch stage;
+* object store: ``aivedio_object_store_requests_total{operation,outcome}`` (``ok`` or the
+  error class) and ``aivedio_object_store_bytes_total{direction}`` (``upload``,
+  ``download``), recorded by ``store/metered.py`` around the store the worker opens;
+* ``aivedio_jobs_running_oldest_age_seconds{kind}``: this worker's running jobs, read at
+  scrape time;
+* real-time factor: ``aivedio_media_processing_seconds_total{path,mode}`` (ffmpeg wall
+  seconds) over ``aivedio_media_source_seconds_total{path,mode}`` (source seconds those
+  runs covered): a single-pass render covers the plan's duration, a chunk piece its span.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# A provider download takes from well under a second (a short clip) to the fetcher's total
+# deadline (an hour by default).
+FETCH_DURATION_BUCKETS_SECONDS = (
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+)  # fmt: skip
+# Label values of the media RTF counters (``Plan.path`` and ``Plan.mode``).
+MEDIA_PATHS = ("single_pass", "chunked")
+MEDIA_MODES = ("remux", "transcode")
+# ``aivedio_fetch_responses_total{status}`` when no HTTP status ended the attempt.
+NO_STATUS = "none"
 
 
 class BacklogMetrics:
@@ -39,6 +68,24 @@ class BacklogMetrics:
             "aivedio_backlog_checked_timestamp_seconds",
             "When the pressure was last read (Unix time)",
             registry=r,
+        )
+
+
+class StoreMetrics:
+    """Object store calls through the seam (``store/metered.py`` records them)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "aivedio_object_store_requests",
+            "Object store calls by operation and outcome (ok, or the error class)",
+            ["operation", "outcome"],
+            registry=registry,
+        )
+        self.bytes = Counter(
+            "aivedio_object_store_bytes",
+            "Bytes written to (upload) or read from (download) the object store",
+            ["direction"],
+            registry=registry,
         )
 
 
@@ -98,8 +145,57 @@ class WorkerMetrics:
             ["kind"],
             registry=r,
         )
+        self.running_oldest = Gauge(
+            "aivedio_jobs_running_oldest_age_seconds",
+            "Seconds since this worker claimed its oldest running job of the kind (0: none)",
+            ["kind"],
+            registry=r,
+        )
+        self.fetch_duration = Histogram(
+            "aivedio_fetch_duration_seconds",
+            "Provider downloads that stored their bytes: request to completed upload",
+            ["provider"],
+            buckets=FETCH_DURATION_BUCKETS_SECONDS,
+            registry=r,
+        )
+        self.fetch_responses = Counter(
+            "aivedio_fetch_responses",
+            "Download attempts by the HTTP status that ended them (none: no status did)",
+            ["provider", "status"],
+            registry=r,
+        )
+        self.store = StoreMetrics(r)
+        self.media_processing = Counter(
+            "aivedio_media_processing_seconds",
+            "Wall seconds of the media tools (ffmpeg, ffprobe) of renders and chunk pieces",
+            ["path", "mode"],
+            registry=r,
+        )
+        self.media_source = Counter(
+            "aivedio_media_source_seconds",
+            "Source seconds the renders and chunk pieces of media_processing covered",
+            ["path", "mode"],
+            registry=r,
+        )
+        self._before_scrape: list[Callable[[], None]] = []
+
+    def media_processed(
+        self, path: str, mode: str, processing_seconds: float, source_seconds: float
+    ) -> None:
+        """One render (``path`` single_pass, or chunked for the outputs rendered from the
+        source) or one chunk piece finished its tools: the real-time factor is the rate of
+        the first counter over the rate of the second."""
+        self.media_processing.labels(path, mode).inc(max(processing_seconds, 0.0))
+        self.media_source.labels(path, mode).inc(max(source_seconds, 0.0))
+
+    def before_scrape(self, refresh: Callable[[], None]) -> None:
+        """Run ``refresh`` at each scrape, before the text is made (gauges read from the
+        process's state at that moment)."""
+        self._before_scrape.append(refresh)
 
     def render(self) -> bytes:
+        for refresh in self._before_scrape:
+            refresh()
         return generate_latest(self.registry)
 
 
