@@ -95,36 +95,43 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                     + "); run `aivedio migrate` first"
                 )
             registry = _registry()
+            from aivedio.metrics import WorkerMetrics
             from aivedio.pipeline.diagnostics import Journal
             from aivedio.pipeline.media_stage import open_media_stage
             from aivedio.pipeline.moderation import open_moderation_stage
             from aivedio.pipeline.outbox_relay import open_outbox_relay
             from aivedio.pipeline.publish import PublishStage
-            from aivedio.pipeline.services import open_fetch_stage
+            from aivedio.pipeline.services import open_fetch_stage, open_fetch_store
             from aivedio.pipeline.sweeper import open_sweeper, seed_periodic_sweep
+            from aivedio.store.metered import MeteredObjectStore
 
             journal = Journal(config.diagnostics.execution_journal_dir)
             queue = Queue(
                 pool, default_start_within_seconds=config.queue.default_start_within_seconds
             )
+            # Every stage's object store calls are counted on this worker's /metrics.
+            metrics = WorkerMetrics()
             try:
                 async with (
-                    open_fetch_stage(config, pool, queue) as fetch_stage,
-                    open_media_stage(config, pool, queue, fetch_stage.s.store) as media_stage,
-                    open_moderation_stage(config, pool, queue, fetch_stage.s.store) as moderation,
-                    open_sweeper(config, pool, fetch_stage.s.store) as sweeper,
+                    open_fetch_store(config) as opened,
+                    open_fetch_stage(
+                        config, pool, queue, store := MeteredObjectStore(opened, metrics.store)
+                    ) as fetch_stage,
+                    open_media_stage(config, pool, queue, store) as media_stage,
+                    open_moderation_stage(config, pool, queue, store) as moderation,
+                    open_sweeper(config, pool, store) as sweeper,
                 ):
                     services = {
                         "journal": journal,
                         "fetch": fetch_stage,
                         "media": media_stage,
                         "moderation": moderation,
-                        "publish": PublishStage(config, pool, queue, fetch_stage.s.store),
+                        "publish": PublishStage(config, pool, queue, store),
                         "sweeper": sweeper,
                     }
                     if config.sweeper.periodic:
                         await seed_periodic_sweep(pool, queue, config.sweeper)
-                    worker = Worker(config, pool, registry, services=services)
+                    worker = Worker(config, pool, registry, services=services, metrics=metrics)
                     async with AsyncExitStack() as stack:
                         if config.outbox.webhooks:
                             await stack.enter_async_context(

@@ -22,6 +22,11 @@ its media lane fill at most ``media_slots_under_expiry_pressure`` slots and its 
 ``fetch_extra_slots_under_expiry_pressure`` more: a lane's claimer claims up to its current
 limit, and running jobs are never interrupted by a lower one.
 
+Metrics. The worker's ``WorkerMetrics`` (given, or its own) reach every stage as the
+``metrics`` service; the command that opens the object store wraps it in
+``store.metered.MeteredObjectStore`` over the same metrics before the stages get it. The age
+of the oldest running job of each kind is read from the running set at each scrape.
+
 Drain. SIGTERM or SIGINT: stop claiming at once; let running jobs finish for up to
 ``drain_timeout_seconds``; then cancel what is left and release those leases without
 spending their attempt; flush acknowledgements; exit 0. A second signal skips the wait.
@@ -109,6 +114,7 @@ class Worker:
         services: dict[str, Any] | None = None,
         owner: str | None = None,
         readiness: Callable[[], Any] | None = None,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -117,7 +123,7 @@ class Worker:
         self.queue = Queue(
             pool, default_start_within_seconds=config.queue.default_start_within_seconds
         )
-        self.metrics = WorkerMetrics()
+        self.metrics = metrics or WorkerMetrics()
         self.context = JobContext(owner=self.owner, services=dict(services or {}))
         # Shared by every stage of this worker (the media stage defers optional outputs by
         # it); a caller may supply its own.
@@ -149,6 +155,9 @@ class Worker:
             self.metrics.slots_total.labels(lane.name).set(lane.slots)
             self.metrics.slots_busy.labels(lane.name).set(0)
             self.metrics.slot_limit.labels(lane.name).set(lane.limit)
+        # The kinds this worker can run (a 0 while none runs), plus any it has run.
+        self._running_kinds = {kind.name for kind in registry if kind.lane in self._lanes}
+        self.metrics.before_scrape(self._observe_running)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -226,6 +235,16 @@ class Worker:
         for running in unfinished:
             running.released = True
             running.scope.cancel()
+
+    def _observe_running(self) -> None:
+        now = time.monotonic()
+        oldest: dict[str, float] = {}
+        for running in self._running.values():
+            kind = running.job.kind
+            oldest[kind] = max(oldest.get(kind, 0.0), now - running.claimed_at)
+        self._running_kinds.update(oldest)
+        for kind in self._running_kinds:
+            self.metrics.running_oldest.labels(kind).set(oldest.get(kind, 0.0))
 
     # -- claiming and running --------------------------------------------------------------
 

@@ -25,8 +25,9 @@ attempt loses the commit race deletes its own upload. The claim orders by deadli
 lies into its video, so a short video enqueued while a long one's chunks wait is claimed
 before the chunks further into the long one (one long video cannot starve short ones), and on
 equal deadlines piece jobs rank below required renders; the queue's tenant fairness applies on
-top. An asset's pieces go to whichever workers are free. Work objects live under the revision's ``work/`` prefix,
-are deleted after the assembly and are otherwise collected by the sweeper's GC.
+top. An asset's pieces go to whichever workers are free. Work objects live under the
+revision's ``work/`` prefix, are deleted after the assembly and are otherwise collected by the
+sweeper's GC.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from aivedio.errors import (
     TransientError,
 )
 from aivedio.logs import get_logger
+from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline import media_objects
 from aivedio.pipeline.chunks import CHUNK_OUTPUTS, chunk_name
 from aivedio.pipeline.dag import MediaRun
@@ -303,7 +305,7 @@ class ChunkStage:
 
     # -- encode ----------------------------------------------------------------------------
 
-    async def encode(self, job: Job) -> dict[str, Any]:
+    async def encode(self, job: Job, metrics: WorkerMetrics | None = None) -> dict[str, Any]:
         async def body(asset_id: uuid.UUID, revision: int, piece: str,
                        plan: Plan) -> dict[str, Any]:  # fmt: skip
             if (await self._piece(asset_id, revision, piece))["status"] != "PENDING":
@@ -330,6 +332,10 @@ class ChunkStage:
                     path, frames = await steps.encode(rung, index, chunk)
                     key = f"{work}/pieces/{rung.name}/{index:04d}.{attempt}.mp4"
                 digest, size = await self._upload(key, path)
+            if metrics is not None and run.report is not None:
+                span = plan.duration_seconds if piece == AUDIO_PIECE else steps._span(index)
+                metrics.media_processed(plan.path, plan.mode, sum(
+                    p.wall_seconds for p in run.report.processes), span)  # fmt: skip
             async with self.s.pool.acquire() as conn, conn.transaction():
                 await _lock_revision(conn, asset_id, revision)
                 try:

@@ -18,11 +18,17 @@ One job per ``(provider_output_id, pipeline_version)``. Each attempt:
 
 Failures leave the output in the state its error class calls for (seed §11.8, §11.9.4) and
 raise that error, so the queue retries, waits for Retry-After, or buries the job.
+
+Metrics (given the worker's, as the media stage gets them through its hooks): every download
+attempt counts the HTTP status that ended it by provider (``none`` when none did: no
+connection, a policy refusal, a deadline, a body cut short), so a provider's 429 rate is its
+own; a transfer that stored its bytes observes its seconds, request to completed upload.
 """
 
 from __future__ import annotations
 
 import hashlib
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,6 +58,7 @@ from aivedio.errors import (
     UrlExpiredError,
 )
 from aivedio.logs import get_logger, url_for_log
+from aivedio.metrics import NO_STATUS, WorkerMetrics
 from aivedio.net.fetch import Fetcher, FetchResult
 from aivedio.net.limits import CircuitBreaker, HostLimiter
 from aivedio.pipeline import output_records as records
@@ -106,14 +113,16 @@ class FetchStage:
     def __init__(self, services: FetchServices) -> None:
         self.s = services
 
-    async def handle(self, _ctx: JobContext, job: Job) -> dict[str, Any] | None:
+    async def handle(
+        self, _ctx: JobContext, job: Job, *, metrics: WorkerMetrics | None = None
+    ) -> dict[str, Any] | None:
         token = records.current_job.set(job)
         try:
-            return await self._handle(job)
+            return await self._handle(job, metrics)
         finally:
             records.current_job.reset(token)
 
-    async def _handle(self, job: Job) -> dict[str, Any] | None:
+    async def _handle(self, job: Job, metrics: WorkerMetrics | None) -> dict[str, Any] | None:
         output_id = uuid.UUID(str(job.payload["provider_output_id"]))
         output = await records.load(self.s.pool, output_id)
         if output.fetch_status == "STORED":
@@ -140,7 +149,7 @@ class FetchStage:
         refreshed_once = False
         while True:
             try:
-                info, result = await self._fetch_into_store(output, url, key)
+                info, result = await self._fetch_into_store(output, url, key, metrics)
                 breaker.success()
                 break
             except (UrlExpiredError, NotYetAvailableError) as exc:
@@ -186,7 +195,7 @@ class FetchStage:
     # -- transfer ------------------------------------------------------------------------
 
     async def _fetch_into_store(
-        self, output: OutputRow, url: str, key: str
+        self, output: OutputRow, url: str, key: str, metrics: WorkerMetrics | None = None
     ) -> tuple[ObjectInfo, FetchResult | _Resumed]:
         existing = await self.s.store.head(key)
         if existing is not None:
@@ -203,11 +212,19 @@ class FetchStage:
         host = _host(url)
         fetcher = self.s.fetcher(output.provider)
         async with self.s.hosts.slot(host):
+            started = time.monotonic()
             upload = await self.s.store.start_upload(
                 key, content_type=output.content_type or "application/octet-stream"
             )
             try:
-                result = await fetcher.stream(url, upload.write, headers=self._headers(output, url))
+                try:
+                    result = await fetcher.stream(
+                        url, upload.write, headers=self._headers(output, url)
+                    )
+                except AivedioError as exc:
+                    _count_response(metrics, output.provider, exc.http_status)
+                    raise
+                _count_response(metrics, output.provider, result.status)
                 self._check_integrity(output, result)
                 try:
                     info = await upload.complete()
@@ -220,6 +237,8 @@ class FetchStage:
                     await upload.abort()
                 raise
         self.s.hosts.succeeded(host)
+        if metrics is not None:
+            metrics.fetch_duration.labels(output.provider).observe(time.monotonic() - started)
         head = await self.s.store.head(key)
         if head is None or head.size != result.bytes:
             raise TransientError(
@@ -473,6 +492,12 @@ class FetchStage:
         return asset_id
 
 
+def _count_response(metrics: WorkerMetrics | None, provider: str, status: int | None) -> None:
+    if metrics is not None:
+        label = str(status) if status is not None else NO_STATUS
+        metrics.fetch_responses.labels(provider, label).inc()
+
+
 def _host(url: str) -> str:
     from urllib.parse import urlsplit
 
@@ -483,7 +508,10 @@ async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
     stage = ctx.services.get("fetch")
     if not isinstance(stage, FetchStage):
         raise TransientError("this worker has no fetch stage configured")
-    return await stage.handle(ctx, job)
+    metrics = ctx.services.get("metrics")
+    return await stage.handle(
+        ctx, job, metrics=metrics if isinstance(metrics, WorkerMetrics) else None
+    )
 
 
 def register(registry: Registry) -> None:

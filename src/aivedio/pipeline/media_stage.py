@@ -449,6 +449,9 @@ class MediaStage:
                 )
             async with self._watch_crashes(job, asset_id, run, hooks):
                 report = await run.run(wants=group, plan=plan)
+        if hooks.metrics is not None:
+            hooks.metrics.media_processed(plan.path, plan.mode, sum(
+                p.wall_seconds for p in report.processes), plan.duration_seconds)  # fmt: skip
         failed = {n.name: n for n in report.failed()}
         log.info("render_done", asset_id=str(asset_id), revision=revision, group=group,
                  done=done, failed=sorted(failed), deferred=put_off, job_id=job.id)  # fmt: skip
@@ -907,7 +910,7 @@ async def handle_chunk_split(ctx: JobContext, job: Job) -> dict[str, Any] | None
 
 
 async def handle_chunk_encode(ctx: JobContext, job: Job) -> dict[str, Any] | None:
-    return await _chunks(ctx).encode(job)
+    return await _chunks(ctx).encode(job, _hooks(ctx).metrics)
 
 
 async def handle_chunk_assemble(ctx: JobContext, job: Job) -> dict[str, Any] | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 
 from aivedio.config import Config, NetConfig, ProviderConfig
 from aivedio.crypto import UrlCipher
@@ -15,7 +15,7 @@ from aivedio.pipeline.fetch import FetchServices, FetchStage
 from aivedio.pipeline.providers import ProviderAdapter
 from aivedio.providers import build_adapter
 from aivedio.store.database import Pool
-from aivedio.store.objects import open_object_store
+from aivedio.store.objects import ObjectStore, open_object_store
 from aivedio.store.queue import Queue
 
 
@@ -70,16 +70,22 @@ def make_fetcher(net: NetConfig, provider: ProviderConfig | None = None) -> Fetc
     )
 
 
+def open_fetch_store(config: Config) -> AbstractAsyncContextManager[ObjectStore]:
+    """The store as the fetch stage tunes it (multipart part size and parts in flight)."""
+    return open_object_store(
+        config.storage,
+        part_size_bytes=config.fetch.part_size_bytes,
+        parts_in_flight=config.fetch.parts_in_flight,
+    )
+
+
 @asynccontextmanager
-async def open_fetch_stage(config: Config, pool: Pool, queue: Queue) -> AsyncIterator[FetchStage]:
+async def open_fetch_stage(
+    config: Config, pool: Pool, queue: Queue, store: ObjectStore | None = None
+) -> AsyncIterator[FetchStage]:
     async with AsyncExitStack() as stack:
-        store = await stack.enter_async_context(
-            open_object_store(
-                config.storage,
-                part_size_bytes=config.fetch.part_size_bytes,
-                parts_in_flight=config.fetch.parts_in_flight,
-            )
-        )
+        if store is None:
+            store = await stack.enter_async_context(open_fetch_store(config))
         fetchers: dict[str, Fetcher] = {"": make_fetcher(config.net)}
         adapters: dict[str, ProviderAdapter] = {}
         for name, pc in config.providers.items():
