@@ -10,7 +10,8 @@ Checked offline, with tools from PyPI (dev dependencies):
   against KEDA's documented scaler parameters;
 * promql-parser: Prometheus's PromQL grammar (Rust port, with type checks), for every rule
   and every dashboard query; metric names, label names and label values are checked against
-  what the code exports (src/aivedio/metrics.py, the job kinds, the error classes);
+  what the code exports (src/aivedio/metrics.py, the job kinds, the error classes, the object
+  store's operations and outcomes, the media plan's paths and modes);
 * yamllint for every YAML file.
 
 The KEDA queries run against a real migrated database (the ``pool`` fixture).
@@ -40,8 +41,9 @@ from yamllint.config import YamlLintConfig
 
 from aivedio.api.app import SHUTDOWN_SECONDS
 from aivedio.config import Config, load_config
-from aivedio.metrics import ApiMetrics, WorkerMetrics
+from aivedio.metrics import MEDIA_MODES, MEDIA_PATHS, ApiMetrics, WorkerMetrics
 from aivedio.pipeline.kinds import default_registry
+from aivedio.store import metered
 from aivedio.store.database import Pool
 from aivedio.store.queue import JobSpec, Queue
 
@@ -99,6 +101,10 @@ def exported_metrics() -> dict[str, set[str]]:
             if kind == "counter":
                 out[f"{name}_total"] = labels
                 out[f"{name}_created"] = labels
+            elif kind == "histogram":
+                out[f"{name}_bucket"] = labels | {"le"}
+                for suffix in ("count", "sum", "created"):
+                    out[f"{name}_{suffix}"] = labels
             else:
                 out[name] = labels
     return out
@@ -456,6 +462,17 @@ def check_promql(expr: str, where: str) -> set[str]:
         "lane": default_registry().lanes(),
         "error_class": error_classes(),
     }
+    plan = {"path": set(MEDIA_PATHS), "mode": set(MEDIA_MODES)}
+    # Label values of one metric only (``outcome`` means another thing on the API's).
+    metric_values = {
+        "aivedio_object_store_requests_total": {
+            "operation": set(metered.OPERATIONS),
+            "outcome": error_classes() | {metered.OK, metered.CANCELLED, metered.INTERNAL},
+        },
+        "aivedio_object_store_bytes_total": {"direction": set(metered.DIRECTIONS)},
+        "aivedio_media_processing_seconds_total": plan,
+        "aivedio_media_source_seconds_total": plan,
+    }
     grouping: set[str] = set()
 
     def visit(node: Any) -> None:
@@ -466,9 +483,10 @@ def check_promql(expr: str, where: str) -> set[str]:
         assert node.name in exported, f"{where}: {node.name} is not an exported metric"
         for m in node.matchers.matchers:
             assert m.name in exported[node.name] | TARGET_LABELS, f"{where}: label {m.name}"
-            if m.name in values:
+            known = metric_values.get(node.name, {}).get(m.name) or values.get(m.name)
+            if known is not None:
                 alternatives = m.value.split("|") if "Re" in str(m.op) else [m.value]
-                unknown = set(alternatives) - values[m.name]
+                unknown = set(alternatives) - known
                 assert not unknown, f"{where}: {m.name} values {unknown} do not exist"
 
     promql_parser.walk(ast, visit)
@@ -476,6 +494,7 @@ def check_promql(expr: str, where: str) -> set[str]:
 
 
 RULE_KEYS = {"alert", "expr", "for", "labels", "annotations", "keep_firing_for"}
+RECORD_KEYS = {"record", "expr", "labels"}
 
 
 def rule_groups() -> list[dict[str, Any]]:
@@ -488,7 +507,7 @@ def rule_groups() -> list[dict[str, Any]]:
 def test_alert_rules_are_well_formed_and_their_promql_parses() -> None:
     groups = rule_groups()
     assert len({g["name"] for g in groups}) == len(groups)
-    alerts = [rule for g in groups for rule in g["rules"]]
+    alerts = [rule for g in groups for rule in g["rules"] if "record" not in rule]
     assert len({r["alert"] for r in alerts}) == len(alerts)
     for rule in alerts:
         name = rule["alert"]
@@ -506,23 +525,50 @@ def test_alert_rules_are_well_formed_and_their_promql_parses() -> None:
             assert text.count("{{") == text.count("}}"), name
 
 
+def test_recording_rules_are_well_formed_and_their_promql_parses() -> None:
+    records = [rule for g in rule_groups() for rule in g["rules"] if "record" in rule]
+    assert len({r["record"] for r in records}) == len(records) >= 1
+    exported = exported_metrics()
+    for rule in records:
+        name = rule["record"]
+        assert set(rule) <= RECORD_KEYS, name
+        # level:metric:operations, and never a name the code exports itself.
+        assert re.fullmatch(r"aivedio:[a-z0-9_]+:[a-z0-9_]+", name), name
+        assert name not in exported
+        check_promql(rule["expr"], name)
+
+
 def test_alert_rules_cover_the_scaling_signals() -> None:
-    exprs = {r["alert"]: r["expr"] for g in rule_groups() for r in g["rules"]}
+    rules = [r for g in rule_groups() for r in g["rules"]]
+    exprs = {r["alert"]: r["expr"] for r in rules if "alert" in r}
+    records = {r["record"]: r["expr"] for r in rules if "record" in r}
     joined = "\n".join(exprs.values())
     assert "aivedio_queue_oldest_age_seconds" in exprs["AivedioQueueOldestJobAgeHigh"]
     assert "aivedio_outputs_near_expiry" in exprs["AivedioOutputsNearUrlExpiry"]
     assert 'error_class="url_expired"' in joined  # outputs past URL expiry
-    assert 'error_class="throttled"' in joined  # 429s
-    assert 'error_class="object_store"' in joined  # store errors
+    assert 'error_class="object_store"' in joined  # store refusals
     assert 'kind=~"probe|render|reprocess"' in exprs["AivedioMediaQueueOldestJobAgeHigh"]
-    assert 'error_class="resource_exhausted"' in joined  # RTF (proxy)
+    # The signals that had no metric of their own now read it, per provider where it applies.
+    assert "aivedio_fetch_duration_seconds_bucket" in exprs["AivedioFetchSlow"]
+    for alert in ("AivedioFetchThrottled", "AivedioFetchSlow", "AivedioProviderErrors"):
+        assert "by (provider" in exprs[alert], alert
+    assert 'aivedio_fetch_responses_total{status="429"}' in exprs["AivedioFetchThrottled"]
+    assert "aivedio_object_store_requests_total" in exprs["AivedioObjectStoreErrorRate"]
+    assert "aivedio_jobs_running_oldest_age_seconds" in exprs["AivedioMediaRunningJobOld"]
+    for rtf in (exprs["AivedioMediaRtfHigh"], records["aivedio:media_rtf:ratio_rate15m"]):
+        assert "aivedio_media_processing_seconds_total" in rtf
+        assert "aivedio_media_source_seconds_total" in rtf
+    assert "aivedio_object_store_bytes_total" in records["aivedio:object_store_bytes:rate5m"]
     header = (DEPLOY / "prometheus" / "aivedio-alerts.yaml").read_text().split("\ngroups:")[0]
-    for missing in (
-        "aivedio_fetch_duration_seconds",
-        "aivedio_fetch_responses_total", "aivedio_object_store_requests_total",
+    assert "NO METRIC" not in header
+    for wanted in (
+        "aivedio_fetch_duration_seconds", "aivedio_fetch_responses_total",
+        "aivedio_object_store_requests_total", "aivedio_object_store_bytes_total",
         "aivedio_jobs_running_oldest_age_seconds", "aivedio_media_processing_seconds_total",
+        "aivedio_media_source_seconds_total",
     ):  # fmt: skip
-        assert missing in header and missing not in exported_metrics()
+        assert wanted in header
+        assert any(name.startswith(wanted) for name in exported_metrics()), wanted
 
 
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__range": "1h", "$__interval": "1m"}
@@ -561,6 +607,10 @@ def test_dashboard_queries_parse_and_use_exported_metrics() -> None:
         "aivedio_lane_slots", "aivedio_worker_draining", "aivedio_api_draining",
         "aivedio_api_requests_total", "aivedio_api_callbacks_total",
         "aivedio_outputs_near_expiry", "aivedio_media_oldest_job_age_seconds",
+        "aivedio_fetch_duration_seconds_bucket", "aivedio_fetch_responses_total",
+        "aivedio_object_store_requests_total", "aivedio_object_store_bytes_total",
+        "aivedio_jobs_running_oldest_age_seconds", "aivedio_media_processing_seconds_total",
+        "aivedio_media_source_seconds_total",
     ):  # fmt: skip
         assert metric in joined, metric
 
@@ -570,6 +620,10 @@ def test_the_promql_check_rejects_unknown_metrics_and_values() -> None:
         check_promql("sum(rate(aivedio_jobs_finished_total[5m]))", "probe")
     with pytest.raises(AssertionError, match="do not exist"):
         check_promql('aivedio_queue_depth{kind=~"fetch|transcode"}', "probe")
+    with pytest.raises(AssertionError, match="do not exist"):
+        check_promql('aivedio_object_store_requests_total{operation="upload_part"}', "probe")
+    with pytest.raises(AssertionError, match="label le"):
+        check_promql("aivedio_fetch_duration_seconds_count{le='1'}", "probe")
     with pytest.raises(pytest.fail.Exception):
         check_promql("rate(aivedio_queue_depth)", "probe")
 
