@@ -231,11 +231,10 @@ async def test_a_worker_killed_mid_chunk_loses_only_that_chunks_attempt(
     assert killed["attempts"] == 2 and killed["lease_owner"] != doomed.owner
     events = [e for w in workers if w is not doomed for e in w.events()]
     assert any(e.get("event") == "lease_expired" for e in events)
-    # The reap counts the loss as one crash of the source (poison media counts these).
-    crashes = await rig.pool.fetch(
-        "SELECT job_id, kind, cause FROM media_crashes WHERE asset_id = $1", asset_id
-    )
-    assert [tuple(c) for c in crashes] == [(job_id, chunk_stage.ENCODE_KIND, "lease_expired")]
+    # A lost piece is not counted as a crash of the source: a long video has many pieces,
+    # and poison media is for sources that crash the decoder, not for lost nodes.
+    crashes = await rig.pool.fetch("SELECT 1 FROM media_crashes WHERE asset_id = $1", asset_id)
+    assert crashes == []
 
     # Every piece is DONE, committed by exactly one job whose attempt made its object.
     plan = msgspec.convert((await rig.revisions(asset_id))[0]["plan"], Plan)

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -561,3 +562,36 @@ def test_media_deadline_grows_with_duration() -> None:
     assert media_deadline(media, None) == 100
     assert media_deadline(media, -5) == 100
     assert media_deadline(media, 30) == 160
+
+
+async def test_scratch_left_by_a_killed_process_of_this_host_is_reclaimed_at_check(
+    tmp_path: Path,
+) -> None:
+    media = MediaConfig(scratch_dir=str(tmp_path), network_isolation="off")
+    box = Sandbox(media)
+    # A child makes its scratch and is SIGKILLed inside it: nothing removes the directory.
+    code = (
+        "import os, signal, sys\n"
+        "from aivedio.media_config import MediaConfig\n"
+        "from aivedio.pipeline.sandbox import Sandbox\n"
+        f"box = Sandbox(MediaConfig(scratch_dir={str(tmp_path)!r}))\n"
+        "with box.scratch() as p:\n"
+        "    (p / 'partial.mp4').write_bytes(b'x' * 1000)\n"
+        "    print(p, flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert child.returncode == -signal.SIGKILL
+    left = Path(child.stdout.strip())
+    assert left.is_dir() and left.parent == tmp_path.resolve()
+    # Another host's scratch and a live process's (ours) are never touched; nor is any other
+    # directory that merely looks alike.
+    other_host = tmp_path / f"aivedio-media-otherhost-{os.getpid() + 1}-abc"
+    other_host.mkdir()
+    foreign = tmp_path / "aivedio-media-notours"
+    foreign.mkdir()
+    with box.scratch() as live:
+        await box.check()
+        assert live.is_dir()
+    assert not left.exists()
+    assert other_host.is_dir() and foreign.is_dir()

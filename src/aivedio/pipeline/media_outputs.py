@@ -124,6 +124,7 @@ class Report:
         return {
             "verdict": msgspec.to_builtins(self.verdict),
             "plan": msgspec.to_builtins(self.plan) if self.plan else None,
+            "path": self.plan.path if self.plan else None,  # single_pass | chunked
             "required_done": self.required_done,
             "outputs": {k: msgspec.to_builtins(v) for k, v in self.outputs.items()},
             "nodes": {k: msgspec.to_builtins(v) for k, v in self.nodes.items()},

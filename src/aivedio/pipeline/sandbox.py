@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -58,6 +59,25 @@ CRASH_SIGNALS = {-signal.SIGSEGV, -signal.SIGABRT, -signal.SIGBUS, -signal.SIGIL
 _ERROR_LEVEL = re.compile(r"\[(error|fatal|panic)\]")
 
 ProgressCallback = Callable[[dict[str, str]], Awaitable[None] | None]
+
+
+SCRATCH_PREFIX = "aivedio-media-"
+
+
+def _host_tag() -> str:
+    """This host's name as a scratch-name part (no dashes, so the pid that follows parses)."""
+    name = socket.gethostname() or "host"
+    return "".join(c if c.isalnum() else "_" for c in name)[:40]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,18 +169,43 @@ class Sandbox:
 
     # -- scratch ------------------------------------------------------------------------
 
+    def _scratch_base(self) -> Path:
+        if self.media.scratch_dir:
+            return Path(self.media.scratch_dir).resolve()
+        return Path(tempfile.gettempdir()).resolve()
+
     @contextlib.contextmanager
     def scratch(self) -> Iterator[Path]:
-        """An empty private directory, removed with everything in it afterwards."""
-        base = str(Path(self.media.scratch_dir).resolve()) if self.media.scratch_dir else None
-        if base:
-            Path(base).mkdir(parents=True, exist_ok=True)
+        """An empty private directory, removed with everything in it afterwards. Its name
+        carries this host and process (``reclaim_scratch`` after a crash)."""
+        base = self._scratch_base()
+        base.mkdir(parents=True, exist_ok=True)
         # Absolute: ffmpeg runs with its cwd inside, so a relative path would point elsewhere.
-        path = Path(tempfile.mkdtemp(prefix="aivedio-media-", dir=base)).resolve()
+        prefix = f"{SCRATCH_PREFIX}{_host_tag()}-{os.getpid()}-"
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=base)).resolve()
         try:
             yield path
         finally:
             shutil.rmtree(path, ignore_errors=True)
+
+    def reclaim_scratch(self) -> list[Path]:
+        """Remove the scratch directories that processes of this host left behind when they
+        died (SIGKILL, OOM): those naming this host and a process that no longer exists.
+        Another host's, or a live process's, are never touched. Returns what was removed."""
+        base = self._scratch_base()
+        removed: list[Path] = []
+        if not base.is_dir():
+            return removed
+        mine = f"{SCRATCH_PREFIX}{_host_tag()}-"
+        for entry in base.iterdir():
+            if not entry.name.startswith(mine) or not entry.is_dir() or entry.is_symlink():
+                continue
+            pid_text = entry.name[len(mine) :].split("-", 1)[0]
+            if not pid_text.isdigit() or _alive(int(pid_text)):
+                continue
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+        return removed
 
     # -- setup --------------------------------------------------------------------------
 
@@ -176,7 +221,12 @@ class Sandbox:
         return self._paths[tool]
 
     async def check(self) -> None:
-        """Everything a run needs, checked once at start; ConfigError names what is missing."""
+        """Everything a run needs, checked once at start; ConfigError names what is missing.
+        Scratch left by this host's dead processes is removed first."""
+        removed = await anyio.to_thread.run_sync(self.reclaim_scratch)
+        if removed:
+            log.warning("scratch_reclaimed", directories=len(removed),
+                        detail="left by processes of this host that died")  # fmt: skip
         for tool in self._tools:
             self._tool_path(tool)
         self._limit_prefix()

@@ -180,7 +180,10 @@ RETURNING jobs.id, jobs.lease_token;
 -- Expired leases (the holder died or stalled): back to the queue, or dead when the claim
 -- that expired was the last attempt. A media-lane job that names an asset and died holding
 -- its lease is also a crash of that asset's source (poison media, ``media_crashes``),
--- recorded by this same statement so that no expiry is counted twice or lost.
+-- recorded by this same statement so that no expiry is counted twice or lost. Not the
+-- chunked path's pieces (kinds ``chunk_*``, pipeline/chunk_stage.py): a long video has many,
+-- a lost node says nothing about the source, and a piece that keeps killing workers ends
+-- its outputs when its own retries run out.
 WITH expired AS (
     SELECT id FROM jobs
     WHERE status = 'running' AND lease_until < now()
@@ -193,7 +196,7 @@ WITH expired AS (
                  CASE WHEN j.payload->>'asset_id' ~* '^[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$'
                       THEN (j.payload->>'asset_id')::uuid END AS asset_id
           FROM jobs j JOIN expired e USING (id)
-          WHERE j.lane = 'media') m
+          WHERE j.lane = 'media' AND j.kind NOT LIKE 'chunk\_%') m
     WHERE asset_id IS NOT NULL
     ON CONFLICT DO NOTHING
 ), requeued AS (
