@@ -242,3 +242,19 @@ def test_an_operation_name_stays_an_operation_name() -> None:
     ):
         with pytest.raises(PolicyBlockedError, match="invalid_task_id"):
             operation_path(bad, "models")
+
+
+def test_the_generic_adapter_puts_a_task_id_in_one_path_segment_or_refuses_it() -> None:
+    from aivedio.pipeline.providers import GenericAdapter
+
+    config = ProviderConfig(api_base_url="https://api.example.com/v1", task_path="/tasks/{task_id}")
+    adapter = GenericAdapter("custom", config, FETCHER)
+    assert (
+        adapter._url(config.task_path, task_id="t:1@x") == "https://api.example.com/v1/tasks/t:1@x"
+    )
+    path = "/tasks/{task_id}/outputs/{output_index}"
+    url = adapter._url(path, task_id="a_b", output_index=2)
+    assert url == "https://api.example.com/v1/tasks/a_b/outputs/2"
+    for hostile in ("../../v1/organization", "..", "a/b", "a?b=1", "%2e%2e", "a#b"):
+        with pytest.raises(PolicyBlockedError):
+            adapter._url(config.task_path, task_id=hostile)

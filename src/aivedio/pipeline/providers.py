@@ -11,12 +11,37 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import msgspec
 
 from aivedio.config import ProviderConfig
-from aivedio.errors import AivedioError, InvalidResponseError, OutputLostError
+from aivedio.errors import (
+    AivedioError,
+    InvalidResponseError,
+    OutputLostError,
+    PolicyBlockedError,
+)
 from aivedio.net.fetch import Fetcher
+
+MAX_TASK_ID_CHARS = 400
+# Characters that would change which URL a task id lands on, beyond the segment it fills.
+_NOT_IN_AN_ID = frozenset("/?#%\\")
+
+
+def path_segment(task_id: str) -> str:
+    """``task_id`` as one URL path segment; PolicyBlockedError (``invalid_task_id``) for an id
+    that is not a plain one, which no vendor issues."""
+    if (
+        not task_id
+        or task_id in (".", "..")
+        or len(task_id) > MAX_TASK_ID_CHARS
+        or not task_id.isprintable()
+        or any(c.isspace() or c in _NOT_IN_AN_ID for c in task_id)
+    ):
+        shown = task_id[:80].encode("unicode_escape").decode()
+        raise PolicyBlockedError(f"invalid_task_id: {shown!r} is not a provider task id")
+    return quote(task_id, safe=":@")  # pchar: neither changes which path it is
 
 
 class ProviderOutput(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,7 +131,9 @@ class GenericAdapter:
     def _url(self, path: str, **values: object) -> str:
         if not self._config.api_base_url:
             raise OutputLostError(f"provider {self.name} has no api_base_url: cannot ask it")
-        return self._config.api_base_url.rstrip("/") + path.format(**values)
+        # A task id fills one path segment, never more (``path_segment``).
+        safe = {k: path_segment(v) if isinstance(v, str) else v for k, v in values.items()}
+        return self._config.api_base_url.rstrip("/") + path.format(**safe)
 
     def _expiry(self, value: Any) -> datetime | None:
         if value is None:

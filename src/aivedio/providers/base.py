@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import msgspec
 
@@ -34,10 +34,16 @@ from aivedio.errors import (
     ConfigError,
     InvalidResponseError,
     OutputLostError,
-    PolicyBlockedError,
 )
 from aivedio.net.fetch import Fetcher
-from aivedio.pipeline.providers import ProviderOutput, ProviderTask, RefreshedUrl
+from aivedio.pipeline.providers import (
+    ProviderOutput,
+    ProviderTask,
+    RefreshedUrl,
+)
+from aivedio.pipeline.providers import (
+    path_segment as path_segment,  # re-exported: the adapters import it from here
+)
 
 
 class CallbackHint(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,26 +90,6 @@ def decode_object(body: bytes | Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise InvalidResponseError("body is not a JSON object")
     return body
-
-
-MAX_TASK_ID_CHARS = 400
-# Characters that would change which URL a task id lands on, beyond the segment it fills.
-_NOT_IN_AN_ID = frozenset("/?#%\\")
-
-
-def path_segment(task_id: str) -> str:
-    """``task_id`` as one URL path segment; PolicyBlockedError (``invalid_task_id``) for an id
-    that is not a plain one, which no vendor issues."""
-    if (
-        not task_id
-        or task_id in (".", "..")
-        or len(task_id) > MAX_TASK_ID_CHARS
-        or not task_id.isprintable()
-        or any(c.isspace() or c in _NOT_IN_AN_ID for c in task_id)
-    ):
-        shown = task_id[:80].encode("unicode_escape").decode()
-        raise PolicyBlockedError(f"invalid_task_id: {shown!r} is not a provider task id")
-    return quote(task_id, safe=":@")  # pchar: neither changes which path it is
 
 
 def text(doc: Mapping[str, Any], key: str) -> str:
