@@ -227,14 +227,20 @@ async def test_three_minutes_through_the_chunked_path_give_exact_frames_in_sync(
 
 @pytest.fixture
 def short_source(media_cache: MediaCache) -> Path:
-    # 70 s, yuv420p H.264: a remux (the copied top rung plus one encoded rung), 3 chunks.
-    return media_cache.get("counted_70", counted_av, seconds=70, fps=FPS, keyint=47,
+    # 40 s, yuv420p H.264: a remux (the copied top rung plus one encoded rung); with
+    # ``short_chunks`` 4 chunks of about 10 s.
+    return media_cache.get("counted_40", counted_av, seconds=40, fps=FPS, keyint=47,
                            pix_fmt="yuv420p")  # fmt: skip
+
+
+def short_chunks(rig: Rig) -> Rig:
+    return chunked(rig, chunk_threshold_seconds=30.0, chunk_seconds=10.0)
 
 
 async def test_a_chunk_failing_twice_then_succeeding_changes_nothing(
     rig: Rig, short_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    rig = short_chunks(rig)
     async with running_worker(rig):
         clean = await publish(rig, short_source)
     plan = msgspec.convert((await rig.revisions(clean))[0]["plan"], Plan)
@@ -269,6 +275,7 @@ async def test_a_chunk_failing_twice_then_succeeding_changes_nothing(
 
 
 async def test_a_duplicate_chunk_job_keeps_one_output(rig: Rig, short_source: Path) -> None:
+    rig = short_chunks(rig)
     # Split, but leave the pieces to this test.
     registry = registry_without(chunk_stage.ENCODE_KIND, chunk_stage.ASSEMBLE_KIND)
     asset_id = await rig.quarantine(short_source.read_bytes())

@@ -18,7 +18,7 @@ from tests.hls_check import check_hls
 from tests.media_fixtures import counted_av, read_counters
 
 FPS = 24
-SECONDS = 70
+SECONDS = 40
 PIECE = re.compile(r"encode\[\w+:\d+\]")
 
 CONFIG = """
@@ -27,8 +27,8 @@ slots = 2
 
 [media]
 segment_seconds = 1.0
-chunk_threshold_seconds = 60.0
-chunk_seconds = 20.0
+chunk_threshold_seconds = 30.0
+chunk_seconds = 10.0
 x264_preset = "ultrafast"
 scratch_dir = "{scratch}"
 
