@@ -1,0 +1,755 @@
+"""Chunked transcoding: one long 1080p source through the fleet's chunked path with 1 and 2
+workers, and through the single-pass path, in one run on this machine (issue 9).
+
+Everything runs as separate processes, as in production, on a throwaway PostgreSQL cluster
+(``fleet.Cluster`` under ``var/bench-chunked/pg``); helpers come from ``fleet.py`` (cluster,
+``/proc`` readers, stopping services), ``media.py`` (a measured subprocess) and
+``scripts/lib/demo_driver.py`` (services, ports).
+
+1. the source, made with ffmpeg once (``var/bench-chunked/media``, kept while its recipe is
+   unchanged): ``--seconds`` (180) of ``testsrc2`` 1920x1080 at 30 fps, a keyframe every
+   2 s, a 440 Hz tone, MP4 with ``moov`` first; ``--codec h264`` (the default): H.264 High
+   4:2:0 with MP3 audio, ``--codec hevc``: HEVC with AAC (see ``VIDEO`` for why each needs a
+   transcode, so every rung is encoded on both paths);
+2. the simulated provider (``python -m aivedio.sim``, HTTPS on loopback, its own test CA)
+   serving that file under one task id per run;
+3. per run, a config (``var/bench-chunked/run-LABEL.toml``): local filesystem store, the
+   default ladder (1080/720/480/360) and x264 preset (``veryfast``), 4 s segments,
+   ``chunk_seconds`` 20; ``required_outputs = ["playback", "hls"]`` and no optional outputs,
+   i.e. exactly the outputs the chunked path makes (``chunks.CHUNK_OUTPUTS`` less
+   ``keyframes``), made on both paths and both required so that backlog pressure can never
+   defer one of them; ``chunk_threshold_seconds`` 60 (chunked) or 0 (single pass);
+   ``[worker.lanes.media] slots = --slots`` (1: one worker process stands for one ffmpeg at
+   a time, as on a node of its own);
+4. per run: ``--workers`` ``aivedio worker`` processes started fresh, then ``aivedio
+   ingest`` of the run's task; the worker fetches and probes it, and the probe job creates
+   the revision with its plan (``asset_revisions.created_at``: **t0**, "probe done"). The
+   revision's outputs done (``max(asset_variants.completed_at)`` of playback and hls):
+   **t1**. Wall = t1 - t0; RTF = wall / media duration. (Moderation's frame extraction
+   starts once playback is recorded, in the last seconds before t1, on both paths alike);
+5. CPU: every 0.5 s the workers' own CPU, their reaped children's (``cutime + cstime``:
+   every ffmpeg/ffprobe they started, as each is a direct child: ``prlimit`` and
+   ``unshare`` exec it) and their live children's, read consistently (retried if a child
+   was reaped during the read); the run's CPU is that cumulative figure at t1 less at t0,
+   each interpolated between the samples around it. PostgreSQL's whole cluster likewise;
+6. per job (``job_history`` of the asset): kind, piece, worker, start, end; with one media
+   slot per worker a worker's media jobs run one after another, so each job's CPU is its
+   worker's between the job's start and end (its control lane idles until moderation);
+7. once: a decode-only pass of the source (``ffmpeg -i SRC -map 0:v:0 -f null -``), the cost
+   each ``(chunk, rendition)`` job pays again for every encoded rung beyond the first.
+
+Result: a table on stdout and ``var/bench-chunked/result-*.json``.
+
+Usage: .venv/bin/python scripts/bench/chunked.py [--seconds 180] [--slots 1]
+         [--runs chunked:1,chunked:2,single:2] [--threshold 60]
+
+Only loopback addresses are contacted. Needs root or the postgres user's binaries to run a
+cluster (as root the cluster runs as ``postgres`` via ``runuser``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
+    sys.path.pop(0)  # scripts/bench/queue.py would shadow the standard library's queue
+
+import argparse
+import asyncio
+import base64
+import bisect
+import contextlib
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import asyncpg
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str) -> ModuleType:
+    """A sibling benchmark as a module (not through sys.path: see the pop above)."""
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", ROOT / "scripts/bench" / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+fleet = _load("fleet")  # Cluster, proc_cpu, children_of, cluster_cpu, cpu_model, stop_all
+media_bench = _load("media")  # run_measured
+from demo_driver import Service, free_port  # noqa: E402  (scripts/lib, put on sys.path by fleet)
+
+BENCH = ROOT / "var" / "bench-chunked"
+fleet.PG_DIR = BENCH / "pg"  # Cluster keeps its data there; not the fleet benchmark's
+MEDIA_DIR = BENCH / "media"
+AIVEDIO = str(Path(sys.executable).parent / "aivedio")
+DATABASE = "aivedio_bench_chunked"
+TENANT = "bench"
+PROVIDER = "sim"
+SAMPLE_SECONDS = 0.5
+CHUNK_OUTPUTS = ("playback", "hls")
+MEDIA_KINDS = ("render", "chunk_split", "chunk_encode", "chunk_assemble")
+FINAL_ASSET = ("PLAYABLE", "ENRICHED", "INVALID_MEDIA", "PROCESSING_FAILED", "REJECTED")
+FAILED_OUTPUT = ("INVALID_RESPONSE", "OUTPUT_LOST")
+
+
+def out(line: str = "") -> None:
+    print(line, flush=True)
+
+
+# -- the source ------------------------------------------------------------------------------
+
+
+# Both sources need a transcode, so every rung of the ladder is encoded on both paths (a
+# remuxable H.264/AAC source keeps its own bitstream as the top rung, which is never chunked).
+# h264: H.264 High 4:2:0 with MP3 audio; MP3 is not AAC-LC, so ``plan.transcode_reasons``
+# gives ``audio:mp3/...`` and the whole source is transcoded: the video costs what an
+# ordinary H.264 upload's decode costs. hevc: HEVC Main (a phone's default), whose decode
+# costs several times more, and each (chunk, rendition) job pays it again.
+VIDEO = {
+    "h264": ["-c:v", "libx264", "-preset", "veryfast", "-pix_fmt", "yuv420p",
+             "-g", "60", "-keyint_min", "60", "-sc_threshold", "0"],
+    # Closed GOPs: an open GOP's CRA pictures have leading pictures that reference the GOP
+    # before, so ``chunks.clean_keyframes`` would refuse them and the source would take
+    # the single pass.
+    "hevc": ["-c:v", "libx265", "-preset", "ultrafast", "-tag:v", "hvc1", "-pix_fmt", "yuv420p",
+             "-x265-params", "log-level=error:keyint=60:min-keyint=60:scenecut=0:open-gop=0"],
+}  # fmt: skip
+AUDIO = {"h264": ["-c:a", "libmp3lame", "-b:a", "128k"], "hevc": ["-c:a", "aac", "-b:a", "128k"]}
+
+
+def source_recipe(codec: str, seconds: int) -> list[str]:
+    """1920x1080 at 30 fps, a keyframe every 2 s, a 440 Hz tone; MP4 with moov first."""
+    return [
+        "-f", "lavfi", "-i", f"testsrc2=size=1920x1080:rate=30:duration={seconds}",
+        "-f", "lavfi", "-i", f"sine=frequency=440:duration={seconds}",
+        *VIDEO[codec], *AUDIO[codec], "-shortest", "-movflags", "+faststart",
+    ]  # fmt: skip
+
+
+def make_source(codec: str, seconds: int) -> Path:
+    MEDIA_DIR.mkdir(parents=True, exist_ok=True)
+    path = MEDIA_DIR / f"source-{codec}-1080p30-{seconds}s.mp4"
+    marker = path.with_name(path.name + ".recipe")
+    recipe = source_recipe(codec, seconds)
+    if not (path.is_file() and marker.is_file() and marker.read_text() == json.dumps(recipe)):
+        out(f"  making {path.relative_to(ROOT)} ({seconds} s of 1080p30 {codec}; minutes)")
+        subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", *recipe, str(path)],
+                       check=True)  # fmt: skip
+        marker.write_text(json.dumps(recipe))
+    return path
+
+
+def media_duration(path: Path) -> float:
+    return float(media_bench.probe(path)["format"]["duration"])
+
+
+# -- configuration ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    path: str  # "chunked" | "single"
+    workers: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.path}-{self.workers}w"
+
+
+def parse_runs(text: str) -> list[RunSpec]:
+    runs = []
+    for item in text.split(","):
+        path, _, workers = item.strip().partition(":")
+        if path not in ("chunked", "single") or not workers.isdigit() or int(workers) < 1:
+            raise SystemExit(f"--runs: {item!r} is not chunked:N or single:N")
+        runs.append(RunSpec(path, int(workers)))
+    return runs
+
+
+def write_config(path: Path, *, dsn: str, sim: dict[str, Any], threshold: float,
+                 slots: int) -> None:  # fmt: skip
+    text = f"""# Written by scripts/bench/chunked.py for one run.
+[database]
+url = {json.dumps(dsn)}
+
+[storage]
+url = {json.dumps("file://" + str(BENCH / "objects"))}
+
+[worker]
+http_port = 0
+# Every lane written out: a [worker.lanes] table replaces the default one.
+[worker.lanes.fetch]
+slots = 16
+[worker.lanes.media]
+slots = {slots}
+[worker.lanes.control]
+slots = 8
+
+[log]
+format = "json"
+
+[net]
+allowed_ports = [{sim["port"]}]
+allow_cidrs = ["127.0.0.0/8"]
+ca_file = {json.dumps(sim["ca_file"])}
+
+[providers.{PROVIDER}]
+api_base_url = {json.dumps(sim["base_url"])}
+tenant = "{TENANT}"
+
+[moderation]
+backend = "local"
+[moderation.local]
+allow_all = true
+
+[media]
+# 0: every source takes the single pass.
+chunk_threshold_seconds = {threshold:g}
+# The outputs the chunked path makes, on both paths, both required (never deferred).
+required_outputs = {json.dumps(list(CHUNK_OUTPUTS))}
+optional_outputs = []
+"""
+    path.write_text(text)
+    path.chmod(0o600)
+
+
+def run_cli(env: dict[str, str], *args: str) -> str:
+    done = subprocess.run([AIVEDIO, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"aivedio {' '.join(args)} failed:\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+# -- CPU samples -----------------------------------------------------------------------------
+
+
+def tree_cpu(pid: int) -> dict[str, float]:
+    """A worker's own CPU, its reaped children's and its live children's (with theirs),
+    read again if a child was reaped while the live ones were read."""
+    for _ in range(5):
+        before = fleet.proc_cpu(pid)
+        live = 0.0
+        for child in fleet.children_of(pid):
+            with contextlib.suppress(OSError):
+                c = fleet.proc_cpu(child)
+                live += c["own"] + c["children"]
+        after = fleet.proc_cpu(pid)
+        if after["children"] == before["children"]:
+            return {"own": after["own"], "reaped": after["children"], "live": live}
+    return {"own": after["own"], "reaped": after["children"], "live": 0.0}
+
+
+@dataclass
+class Samples:
+    times: list[float] = field(default_factory=list)
+    workers: list[dict[str, dict[str, float]]] = field(default_factory=list)
+    postgres: list[float] = field(default_factory=list)
+
+    def take(self, pids: dict[str, int], postmaster: int) -> None:
+        self.workers.append({name: tree_cpu(pid) for name, pid in pids.items()})
+        self.postgres.append(fleet.cluster_cpu(postmaster))
+        self.times.append(time.time())
+
+    def index_before(self, t: float) -> int:
+        return max(bisect.bisect_right(self.times, t) - 1, 0)
+
+    def index_after(self, t: float) -> int:
+        return min(bisect.bisect_left(self.times, t), len(self.times) - 1)
+
+    def total(self, i: int, name: str | None = None, part: str | None = None) -> float:
+        """Cumulative CPU at sample ``i``: one worker (or all), one part (or all three)."""
+        rows = self.workers[i] if name is None else {name: self.workers[i][name]}
+        return sum(v for row in rows.values() for k, v in row.items() if part in (None, k))
+
+    def at(self, t: float, name: str | None = None, part: str | None = None) -> float:
+        """Cumulative CPU at time ``t``, linear between the samples around it."""
+        hi, lo = self.index_after(t), self.index_before(t)
+        if hi == lo or self.times[hi] == self.times[lo]:
+            return self.total(lo, name, part)
+        share = (t - self.times[lo]) / (self.times[hi] - self.times[lo])
+        low, high = self.total(lo, name, part), self.total(hi, name, part)
+        return low + share * (high - low)
+
+    def postgres_at(self, t: float) -> float:
+        hi, lo = self.index_after(t), self.index_before(t)
+        if hi == lo or self.times[hi] == self.times[lo]:
+            return self.postgres[lo]
+        share = (t - self.times[lo]) / (self.times[hi] - self.times[lo])
+        return self.postgres[lo] + share * (self.postgres[hi] - self.postgres[lo])
+
+
+async def sample_until(samples: Samples, pids: dict[str, int], postmaster: int,
+                       stop: asyncio.Event) -> None:  # fmt: skip
+    while not stop.is_set():
+        await asyncio.to_thread(samples.take, pids, postmaster)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), SAMPLE_SECONDS)
+    await asyncio.to_thread(samples.take, pids, postmaster)
+
+
+# -- one run ---------------------------------------------------------------------------------
+
+ASSET_SQL = """
+SELECT o.fetch_status, a.id AS asset_id, a.status
+  FROM provider_outputs o LEFT JOIN assets a ON a.source_provider_output_id = o.id
+ WHERE o.provider = $1 AND o.provider_task_id = $2
+"""
+REVISION_SQL = """
+SELECT r.revision, r.created_at, r.plan,
+       (SELECT json_agg(json_build_object('type', v.variant_type, 'status', v.status,
+                                          'completed_at', v.completed_at,
+                                          'bytes', v.size_bytes, 'extra', v.extra))
+          FROM asset_variants v
+         WHERE v.asset_id = r.asset_id AND v.revision = r.revision) AS variants
+  FROM asset_revisions r WHERE r.asset_id = $1 ORDER BY r.revision LIMIT 1
+"""
+JOBS_SQL = """
+SELECT id, kind, status, attempts, lease_owner, payload, created_at, started_at, finished_at,
+       last_error_class
+  FROM job_history WHERE payload->>'asset_id' = $1 ORDER BY started_at NULLS LAST, id
+"""
+PENDING_JOBS_SQL = "SELECT count(*) FROM jobs WHERE payload->>'asset_id' = $1"
+
+
+async def wait_for(what: str, probe: Any, limit_s: float, services: list[Service]) -> Any:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        found = await probe()
+        if found:
+            return found
+        for s in services:
+            if not s.alive():
+                raise SystemExit(str(s.died()))
+        await asyncio.sleep(0.2)
+    raise SystemExit(f"no {what} within {limit_s:g} s")
+
+
+async def one_run(spec: RunSpec, args: argparse.Namespace, cluster: Any, env: dict[str, str],
+                  sim: dict[str, Any], task: dict[str, Any], db: asyncpg.Connection,
+                  duration: float) -> dict[str, Any]:  # fmt: skip
+    config = BENCH / f"run-{spec.label}.toml"
+    threshold = args.threshold if spec.path == "chunked" else 0.0
+    write_config(config, dsn=cluster.dsn(database=DATABASE), sim=sim, threshold=threshold,
+                 slots=args.slots)  # fmt: skip
+    run_env = {**env, "AIVEDIO_CONFIG": str(config)}
+    workers = []
+    for n in range(1, spec.workers + 1):
+        log = BENCH / f"{spec.label}-worker-{n}.log"
+        workers.append(Service(f"worker-{n}", [AIVEDIO, "worker"], log, run_env))
+    try:
+        for w in workers:
+            w.wait_for_event("http_listening")
+        await asyncio.sleep(args.settle)  # start-up work (periodic jobs, LISTEN) first
+        watched = {w.name: w.pid for w in workers}
+        samples = Samples()
+        stop = asyncio.Event()
+        postmaster = cluster.postmaster_pid()
+        load_before = loadavg()
+        sampler = asyncio.create_task(sample_until(samples, watched, postmaster, stop))
+        ingest_at = time.time()
+        run_cli(run_env, "ingest", "--provider", PROVIDER, "--task-id", task["task_id"],
+                "--url", task["url"], "--sha256", task["sha256"], "--size", str(task["size"]),
+                "--expires-at", task["expires_at"], "--tenant", TENANT)  # fmt: skip
+
+        async def asset() -> asyncpg.Record | None:
+            row = await db.fetchrow(ASSET_SQL, PROVIDER, task["task_id"])
+            if row is not None and row["fetch_status"] in FAILED_OUTPUT:
+                raise SystemExit(f"{spec.label}: the fetch failed: {row['fetch_status']}")
+            if row is not None and row["status"] in ("INVALID_MEDIA", "REJECTED"):
+                raise SystemExit(f"{spec.label}: the asset ended {row['status']}")
+            return row if row is not None and row["asset_id"] is not None else None
+
+        asset_id = (await wait_for("asset", asset, 600, workers))["asset_id"]
+
+        async def revision_done() -> asyncpg.Record | None:
+            row = await db.fetchrow(REVISION_SQL, asset_id)
+            if row is None or row["variants"] is None:
+                return None
+            variants = json.loads(row["variants"])
+            if any(v["status"] == "FAILED" for v in variants):
+                raise SystemExit(f"{spec.label}: an output failed: {variants}")
+            return row if all(v["status"] == "SUCCEEDED" for v in variants) else None
+
+        done = await wait_for("outputs", revision_done, args.timeout, workers)
+
+        async def settled() -> bool:
+            row = await db.fetchrow(ASSET_SQL, PROVIDER, task["task_id"])
+            left = await db.fetchval(PENDING_JOBS_SQL, str(asset_id))
+            return bool(row is not None and row["status"] in FINAL_ASSET and left == 0)
+
+        # Publish and the other render jobs (which find their output made) finish before
+        # the workers are stopped; the clock has stopped already.
+        await wait_for("settled asset", settled, 300, workers)
+        stop.set()
+        await sampler
+        load_after = loadavg()
+        jobs = [dict(r) for r in await db.fetch(JOBS_SQL, str(asset_id))]
+    finally:
+        fleet.stop_all(workers)
+    pids = {w.pid: w.name for w in workers}
+    return analyse_run(spec, args, done, jobs, pids, samples, duration, ingest_at,
+                       [load_before, load_after])  # fmt: skip
+
+
+def owner_name(owner: str | None, names: dict[int, str]) -> str:
+    """The worker a lease owner (``host:pid:random``) belongs to."""
+    parts = (owner or "").split(":")
+    if len(parts) >= 2 and parts[1].isdigit():
+        return names.get(int(parts[1]), owner or "-")
+    return owner or "-"
+
+
+def job_rows(jobs: list[dict[str, Any]], t0: float, pids: dict[int, str], samples: Samples,
+             slots: int) -> list[dict[str, Any]]:  # fmt: skip
+    """The asset's jobs, times relative to t0; with one media slot, each job's CPU."""
+    rows = []
+    for j in jobs:
+        if j["started_at"] is None:
+            continue
+        start, end = j["started_at"].timestamp(), j["finished_at"].timestamp()
+        payload = json.loads(j["payload"]) if isinstance(j["payload"], str) else j["payload"]
+        who = owner_name(j["lease_owner"], pids)
+        row = {
+            "kind": j["kind"],
+            "piece": payload.get("piece") or payload.get("variant_type") or "",
+            "worker": who,
+            "status": j["status"],
+            "attempts": j["attempts"],
+            "start_s": start - t0,
+            "end_s": end - t0,
+            "wall_s": end - start,
+        }
+        if slots == 1 and who in pids.values():
+            # One media slot: the worker's media jobs ran one at a time, so its CPU between
+            # a job's start and end is that job's (its control lane idles until moderation).
+            row["cpu_s"] = samples.at(end, who) - samples.at(start, who)
+        rows.append(row)
+    return rows
+
+
+def group_of(row: dict[str, Any]) -> str:
+    if row["kind"] == "chunk_encode":
+        piece = row["piece"]
+        return "encode audio" if piece == "audio" else f"encode {piece.split(':')[1]}"
+    if row["kind"] == "render":
+        return f"render {row['piece']}"
+    return str(row["kind"]).replace("chunk_", "")
+
+
+def job_groups(media_jobs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per kind of job (split, audio, each rung's pieces, assemble; or the render)."""
+    groups: dict[str, dict[str, Any]] = {}
+    for r in media_jobs:
+        g = groups.setdefault(
+            group_of(r),
+            {
+                "jobs": 0,
+                "wall_s": 0.0,
+                "max_wall_s": 0.0,
+                "first_start_s": r["start_s"],
+                "last_end_s": 0.0,
+            },
+        )
+        g["jobs"] += 1
+        g["wall_s"] += r["wall_s"]
+        g["max_wall_s"] = max(g["max_wall_s"], r["wall_s"])
+        g["first_start_s"] = min(g["first_start_s"], r["start_s"])
+        g["last_end_s"] = max(g["last_end_s"], r["end_s"])
+        if "cpu_s" in r:
+            g["cpu_s"] = g.get("cpu_s", 0.0) + r["cpu_s"]
+    return groups  # fmt: skip
+
+
+def phases_of(media_jobs: list[dict[str, Any]], wall: float, chunked: bool) -> dict[str, float]:
+    """The critical path, seconds: queue waits, split, encodes, assembly (or the render)."""
+    if not chunked:
+        render = min((r for r in media_jobs if r["kind"] == "render"), key=lambda r: r["start_s"])
+        return {"to_render_start_s": render["start_s"], "render_job_s": render["wall_s"],
+                "render_start_to_t1_s": wall - render["start_s"]}  # fmt: skip
+    split = next(r for r in media_jobs if r["kind"] == "chunk_split")
+    assemble = [r for r in media_jobs if r["kind"] == "chunk_assemble"][-1]
+    video = [r for r in media_jobs if r["kind"] == "chunk_encode" and r["piece"] != "audio"]
+    last = max(r["end_s"] for r in media_jobs if r["kind"] == "chunk_encode")
+    return {
+        "to_split_start_s": split["start_s"],
+        "split_s": split["wall_s"],
+        "split_end_to_first_piece_s": min(r["start_s"] for r in video) - split["end_s"],
+        "split_end_to_last_piece_end_s": last - split["end_s"],
+        "last_piece_to_assemble_s": assemble["start_s"] - last,
+        "assemble_start_to_t1_s": wall - assemble["start_s"],
+        "assemble_job_s": assemble["wall_s"],
+    }
+
+
+def analyse_run(
+    spec: RunSpec, args: argparse.Namespace, done: asyncpg.Record, jobs: list[dict[str, Any]],
+    pids: dict[int, str], samples: Samples, duration: float, ingest_at: float,
+    loads: list[list[str]],
+) -> dict[str, Any]:  # fmt: skip
+    variants = json.loads(done["variants"])
+    plan = json.loads(done["plan"]) if isinstance(done["plan"], str) else done["plan"]
+    chunking = plan.get("chunking")
+    taken = "chunked" if chunking else "single_pass"
+    if taken != ("chunked" if spec.path == "chunked" else "single_pass"):
+        raise SystemExit(f"{spec.label}: the plan took the {taken} path")
+    t0 = done["created_at"].timestamp()
+    t1 = max(datetime.fromisoformat(v["completed_at"]).timestamp() for v in variants)
+    wall = t1 - t0
+    per_worker = {
+        n: {part: samples.at(t1, n, part) - samples.at(t0, n, part)
+            for part in ("own", "reaped", "live")}
+        for n in pids.values()
+    }  # fmt: skip
+    cpu = sum(sum(p.values()) for p in per_worker.values())
+    rows = job_rows(jobs, t0, pids, samples, args.slots)
+    media_jobs = [r for r in rows if r["kind"] in MEDIA_KINDS]
+    busy = {n: 0.0 for n in pids.values()}
+    for r in media_jobs:  # inside [t0, t1] only
+        busy[r["worker"]] += max(0.0, min(r["end_s"], wall) - max(r["start_s"], 0.0))
+    return {
+        "label": spec.label,
+        "path": taken,
+        "workers": spec.workers,
+        "slots_per_worker": args.slots,
+        "chunks": len(chunking["starts"]) if chunking else 0,
+        "encoded_rungs": [r["name"] for r in plan["rungs"] if not r["copy"]],
+        "mode": plan["mode"],
+        "transcode_reasons": plan["transcode_reasons"],
+        "media_seconds": duration,
+        "wall_s": wall,
+        "rtf": wall / duration,
+        "ingest_to_t0_s": t0 - ingest_at,
+        "cpu_s": cpu,
+        "cpu_ffmpeg_s": sum(p["reaped"] + p["live"] for p in per_worker.values()),
+        "cpu_workers_own_s": sum(p["own"] for p in per_worker.values()),
+        "cpu_per_media_s": cpu / duration,
+        "cores_busy": cpu / wall,
+        "postgres_cpu_s": samples.postgres_at(t1) - samples.postgres_at(t0),
+        "per_worker_cpu_s": per_worker,
+        "samples": len(samples.times),
+        "load_before": loads[0],
+        "load_after": loads[1],
+        "phases": phases_of(media_jobs, wall, bool(chunking)),
+        "job_groups": job_groups(media_jobs),
+        "busy_by_worker_s": busy,
+        "jobs_by_worker": {w: sum(1 for r in media_jobs if r["worker"] == w) for w in busy},
+        "retried_jobs": sum(1 for r in rows if r["attempts"] > 1),
+        "dead_jobs": sum(1 for r in rows if r["status"] == "dead"),
+        "outputs_bytes": {v["type"]: v["bytes"] for v in variants},
+        "jobs": rows,
+    }
+
+
+# -- the whole benchmark ---------------------------------------------------------------------
+
+
+def decode_only(source: Path) -> dict[str, float]:
+    """The source's video decoded once and thrown away: what each extra rendition of a
+    chunk costs again on the chunked path (each piece decodes its chunk)."""
+    wall, cpu, _ = media_bench.run_measured(
+        ["ffmpeg", "-nostdin", "-v", "error", "-i", str(source), "-map", "0:v:0",
+         "-f", "null", "-"]
+    )  # fmt: skip
+    return {"wall_s": wall, "cpu_s": cpu}
+
+
+def loadavg() -> list[str]:
+    return Path("/proc/loadavg").read_text().split()[:3]
+
+
+def machine() -> dict[str, Any]:
+    ffmpeg = subprocess.run(["ffmpeg", "-version"], capture_output=True, text=True, check=True)
+    return {"nproc": os.cpu_count(), "cpu": fleet.cpu_model(),
+            "python": platform.python_version(), "kernel": platform.release(),
+            "ffmpeg": ffmpeg.stdout.splitlines()[0]}  # fmt: skip
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+
+
+async def bench(args: argparse.Namespace, cluster: Any, services: list[Service]) -> dict[str, Any]:
+    source = make_source(args.codec, args.seconds)
+    duration = media_duration(source)
+    admin = await asyncpg.connect(cluster.dsn(database="postgres"))
+    await admin.execute(f"CREATE DATABASE {DATABASE}")
+    await admin.close()
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
+    env["AIVEDIO_URL_ENCRYPTION_KEY"] = base64.b64encode(os.urandom(32)).decode()
+    env["AIVEDIO_PLAYBACK_TOKEN_SECRET"] = base64.b64encode(os.urandom(32)).decode()
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    shutil.rmtree(BENCH / "objects", ignore_errors=True)
+    for log in BENCH.glob("*.log"):
+        log.unlink()
+    runs = parse_runs(args.runs)
+    stamp = time.strftime("%H%M%S")
+    task_ids = {spec.label: f"{spec.label}-{stamp}" for spec in runs}
+    sim_argv = [sys.executable, "-m", "aivedio.sim", "--ca-dir", str(BENCH / "ca"),
+                "--url-ttl-seconds", "86400",
+                *(f"--file={t}:0:{source}" for t in task_ids.values())]  # fmt: skip
+    sim = Service("provider (sim)", sim_argv, BENCH / "sim.log", env, stdout=BENCH / "sim.json")
+    services.append(sim)
+
+    def line() -> str | None:
+        text = sim.stdout.read_text() if sim.stdout else ""
+        return text if text.endswith("\n") else None
+
+    provider = json.loads(sim.wait_for(line, "JSON line", 300))
+    outputs = {o["task_id"]: o for o in provider["outputs"]}
+    first = BENCH / "setup.toml"
+    write_config(first, dsn=cluster.dsn(database=DATABASE), sim=provider, threshold=0,
+                 slots=args.slots)  # fmt: skip
+    setup_env = {**env, "AIVEDIO_CONFIG": str(first)}
+    run_cli(setup_env, "migrate")
+    run_cli(setup_env, "tenants", "create", TENANT)
+    db = await asyncpg.connect(cluster.dsn(database=DATABASE))
+    decode = decode_only(source)
+    out(f"  source {source.relative_to(ROOT)}: {duration:.2f} s, "
+        f"{source.stat().st_size / 2**20:.1f} MiB; decode only {decode['wall_s']:.1f} s wall, "
+        f"{decode['cpu_s']:.1f} s CPU")  # fmt: skip
+    started = datetime.now(UTC)
+    up_before = uptime()
+    results = []
+    try:
+        for spec in runs:
+            how = "chunked" if spec.path == "chunked" else "single pass"
+            out(f"== {spec.label}: {spec.workers} worker(s) x {args.slots} media slot(s), "
+                f"{how}  ({uptime()})")  # fmt: skip
+            result = await one_run(spec, args, cluster, env, provider,
+                                   outputs[task_ids[spec.label]], db, duration)  # fmt: skip
+            results.append(result)
+            report_run(result)
+    finally:
+        await db.close()
+    up_after = uptime()
+    return {
+        "date": started.isoformat(timespec="seconds"),
+        "command": " ".join([".venv/bin/python", "scripts/bench/chunked.py", *sys.argv[1:]]),
+        "machine": machine(),
+        "uptime_before": up_before,
+        "uptime_after": up_after,
+        "args": vars(args),
+        "source": {
+            "file": str(source.relative_to(ROOT)),
+            "bytes": source.stat().st_size,
+            "seconds": duration,
+            "recipe": source_recipe(args.codec, args.seconds),
+        },
+        "decode_only": decode,
+        "runs": results,
+    }
+
+
+def report_run(r: dict[str, Any]) -> None:
+    out(f"  wall {r['wall_s']:.1f} s (RTF {r['rtf']:.3f}), CPU {r['cpu_s']:.1f} s "
+        f"(ffmpeg {r['cpu_ffmpeg_s']:.1f}, workers' own {r['cpu_workers_own_s']:.1f}; "
+        f"{r['cores_busy']:.2f} cores busy), PostgreSQL {r['postgres_cpu_s']:.1f} s; "
+        f"{r['chunks']} chunks, rungs {','.join(r['encoded_rungs'])}")  # fmt: skip
+    out("  phases: " + ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items()))
+    out(f"  {'jobs':<16} {'n':>3} {'wall sum':>9} {'max':>7} {'CPU':>8}")
+    for name, g in sorted(r["job_groups"].items(), key=lambda kv: kv[1]["first_start_s"]):
+        cpu = f"{g['cpu_s']:7.1f}s" if "cpu_s" in g else ""
+        out(f"  {name:<16} {g['jobs']:>3} {g['wall_s']:8.1f}s {g['max_wall_s']:6.1f}s {cpu:>8}")
+    out("  by worker: " + ", ".join(f"{w}: {r['jobs_by_worker'][w]} jobs, {b:.1f} s busy"
+                                    for w, b in r["busy_by_worker_s"].items()))  # fmt: skip
+    out(f"  load {' '.join(r['load_before'])} -> {' '.join(r['load_after'])}")
+
+
+def report(result: dict[str, Any]) -> None:
+    m, src = result["machine"], result["source"]
+    out()
+    out(f"== chunked transcoding: {src['seconds']:.0f} s 1080p30 {result['args']['codec']} "
+        f"source; {m['nproc']} x {m['cpu']}; {m['ffmpeg'].split(' Copyright')[0]}")  # fmt: skip
+    out(f"  before: {result['uptime_before']}")
+    out(f"  after:  {result['uptime_after']}")
+    out()
+    single = next((r for r in result["runs"] if r["path"] == "single_pass"), None)
+    out("| run | workers x media slots | wall, probe done → outputs done | RTF | CPU, workers "
+        "+ ffmpeg | CPU / media s | cores busy | speed vs single pass |")  # fmt: skip
+    out("|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in result["runs"]:
+        speed = f"{single['wall_s'] / r['wall_s']:.2f}x" if single else "-"
+        out(f"| {r['path'].replace('_', ' ')} | {r['workers']} x {r['slots_per_worker']} | "
+            f"{r['wall_s']:.1f} s | {r['rtf']:.3f} | {r['cpu_s']:.1f} s | "
+            f"{r['cpu_per_media_s']:.2f} | {r['cores_busy']:.2f} | {speed} |")  # fmt: skip
+    d = result["decode_only"]
+    out(f"  decode only, once: {d['cpu_s']:.1f} s CPU ({d['wall_s']:.1f} s wall)")
+    if single is None:
+        return
+    for r in result["runs"]:
+        if r["path"] != "chunked":
+            continue
+        extra = r["cpu_s"] - single["cpu_s"]
+        decodes = (len(r["encoded_rungs"]) - 1) * d["cpu_s"]
+        out(f"  {r['label']}: CPU {extra:+.1f} s vs the single pass; the source decoded "
+            f"{len(r['encoded_rungs']) - 1} more times: {decodes:.1f} s")  # fmt: skip
+        if r["workers"] == 2:
+            speed = single["wall_s"] / r["wall_s"]
+            verdict = "met" if speed >= 1.4 else f"NOT met ({speed / 1.4:.0%} of it)"
+            out(f"  target: 2 workers >= 1.4x the single pass's wall speed: {speed:.2f}x, "
+                f"{verdict}")  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=int, default=180, help="source duration (180)")
+    parser.add_argument(
+        "--codec",
+        choices=sorted(VIDEO),
+        default="h264",
+        help="the source's video codec (h264, with MP3 audio)",
+    )
+    parser.add_argument(
+        "--runs",
+        default="chunked:1,chunked:2,single:2",
+        help="PATH:WORKERS,... in order (chunked:1,chunked:2,single:2)",
+    )
+    parser.add_argument("--slots", type=int, default=1, help="[worker.lanes.media] slots (1)")
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=60.0,
+        help="chunk_threshold_seconds of the chunked runs (60, the default)",
+    )
+    parser.add_argument("--settle", type=float, default=3.0, help="idle seconds before each run")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait per run")
+    parser.add_argument("--keep-cluster", action="store_true")
+    args = parser.parse_args()
+    for name in ("NO_PROXY", "no_proxy"):
+        os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1,localhost"]))
+    BENCH.mkdir(parents=True, exist_ok=True)
+    cluster = fleet.Cluster(free_port())
+    services: list[Service] = []
+    try:
+        cluster.start()
+        result = asyncio.run(bench(args, cluster, services))
+    finally:
+        fleet.stop_all(services)
+        if not args.keep_cluster:
+            cluster.stop()
+    report(result)
+    path = BENCH / f"result-{args.seconds}s-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2, default=str))
+    out(f"  result: {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
