@@ -123,7 +123,7 @@ class Worker:
         self.queue = Queue(
             pool, default_start_within_seconds=config.queue.default_start_within_seconds
         )
-        self.metrics = metrics or WorkerMetrics()
+        self.metrics = metrics if metrics is not None else WorkerMetrics()
         self.context = JobContext(owner=self.owner, services=dict(services or {}))
         # Shared by every stage of this worker (the media stage defers optional outputs by
         # it); a caller may supply its own.
