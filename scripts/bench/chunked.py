@@ -64,6 +64,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -236,6 +237,35 @@ def run_cli(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
+# -- other work on the machine ----------------------------------------------------------------
+
+
+def other_benchmarks() -> list[str]:
+    """Other benchmark processes on this machine (``scripts/bench/*``): they share the cores."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            text = " ".join(a.decode(errors="replace") for a in argv if a)
+            if "scripts/bench/" in text and "chunked.py" not in text:
+                found.append(text[:120])
+    return found
+
+
+async def wait_until_alone(limit_s: float) -> None:
+    deadline = time.monotonic() + limit_s
+    told = False
+    while others := await asyncio.to_thread(other_benchmarks):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"other benchmarks still running after {limit_s:g} s: {others}")
+        if not told:
+            out(f"  waiting for other benchmarks to end: {others}")
+            told = True
+        await asyncio.sleep(10)
+
+
 # -- CPU samples -----------------------------------------------------------------------------
 
 
@@ -261,7 +291,11 @@ class Samples:
     workers: list[dict[str, dict[str, float]]] = field(default_factory=list)
     postgres: list[float] = field(default_factory=list)
 
+    others: set[str] = field(default_factory=set)
+
     def take(self, pids: dict[str, int], postmaster: int) -> None:
+        if len(self.times) % 10 == 0:  # every 5 s: did another benchmark start meanwhile?
+            self.others.update(other_benchmarks())
         self.workers.append({name: tree_cpu(pid) for name, pid in pids.items()})
         self.postgres.append(fleet.cluster_cpu(postmaster))
         self.times.append(time.time())
@@ -342,7 +376,7 @@ async def wait_for(what: str, probe: Any, limit_s: float, services: list[Service
 
 async def one_run(spec: RunSpec, args: argparse.Namespace, cluster: Any, env: dict[str, str],
                   sim: dict[str, Any], task: dict[str, Any], db: asyncpg.Connection,
-                  duration: float) -> dict[str, Any]:  # fmt: skip
+                  duration: float, services: list[Service]) -> dict[str, Any]:  # fmt: skip
     config = BENCH / f"run-{spec.label}.toml"
     threshold = args.threshold if spec.path == "chunked" else 0.0
     write_config(config, dsn=cluster.dsn(database=DATABASE), sim=sim, threshold=threshold,
@@ -352,6 +386,7 @@ async def one_run(spec: RunSpec, args: argparse.Namespace, cluster: Any, env: di
     for n in range(1, spec.workers + 1):
         log = BENCH / f"{spec.label}-worker-{n}.log"
         workers.append(Service(f"worker-{n}", [AIVEDIO, "worker"], log, run_env))
+    services += workers  # stopped by main() too if this run is interrupted
     try:
         for w in workers:
             w.wait_for_event("http_listening")
@@ -402,6 +437,7 @@ async def one_run(spec: RunSpec, args: argparse.Namespace, cluster: Any, env: di
         jobs = [dict(r) for r in await db.fetch(JOBS_SQL, str(asset_id))]
     finally:
         fleet.stop_all(workers)
+        del services[-len(workers) :]
     pids = {w.pid: w.name for w in workers}
     return analyse_run(spec, args, done, jobs, pids, samples, duration, ingest_at,
                        [load_before, load_after])  # fmt: skip
@@ -543,6 +579,7 @@ def analyse_run(
         "postgres_cpu_s": samples.postgres_at(t1) - samples.postgres_at(t0),
         "per_worker_cpu_s": per_worker,
         "samples": len(samples.times),
+        "other_benchmarks_during_run": sorted(samples.others),
         "load_before": loads[0],
         "load_after": loads[1],
         "phases": phases_of(media_jobs, wall, bool(chunking)),
@@ -620,6 +657,7 @@ async def bench(args: argparse.Namespace, cluster: Any, services: list[Service])
     run_cli(setup_env, "migrate")
     run_cli(setup_env, "tenants", "create", TENANT)
     db = await asyncpg.connect(cluster.dsn(database=DATABASE))
+    await wait_until_alone(args.wait_others)
     decode = decode_only(source)
     out(f"  source {source.relative_to(ROOT)}: {duration:.2f} s, "
         f"{source.stat().st_size / 2**20:.1f} MiB; decode only {decode['wall_s']:.1f} s wall, "
@@ -629,11 +667,13 @@ async def bench(args: argparse.Namespace, cluster: Any, services: list[Service])
     results = []
     try:
         for spec in runs:
+            await wait_until_alone(args.wait_others)
             how = "chunked" if spec.path == "chunked" else "single pass"
             out(f"== {spec.label}: {spec.workers} worker(s) x {args.slots} media slot(s), "
                 f"{how}  ({uptime()})")  # fmt: skip
             result = await one_run(spec, args, cluster, env, provider,
-                                   outputs[task_ids[spec.label]], db, duration)  # fmt: skip
+                                   outputs[task_ids[spec.label]], db, duration,
+                                   services)  # fmt: skip
             results.append(result)
             report_run(result)
     finally:
@@ -658,6 +698,8 @@ async def bench(args: argparse.Namespace, cluster: Any, services: list[Service])
 
 
 def report_run(r: dict[str, Any]) -> None:
+    if r["other_benchmarks_during_run"]:
+        out(f"  WARNING: other benchmarks ran meanwhile: {r['other_benchmarks_during_run']}")
     out(f"  wall {r['wall_s']:.1f} s (RTF {r['rtf']:.3f}), CPU {r['cpu_s']:.1f} s "
         f"(ffmpeg {r['cpu_ffmpeg_s']:.1f}, workers' own {r['cpu_workers_own_s']:.1f}; "
         f"{r['cores_busy']:.2f} cores busy), PostgreSQL {r['postgres_cpu_s']:.1f} s; "
@@ -707,6 +749,10 @@ def report(result: dict[str, Any]) -> None:
                 f"{verdict}")  # fmt: skip
 
 
+def on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(f"stopped by signal {signum}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=180, help="source duration (180)")
@@ -730,10 +776,17 @@ def main() -> int:
     )
     parser.add_argument("--settle", type=float, default=3.0, help="idle seconds before each run")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to wait per run")
+    parser.add_argument("--wait-others", type=float, default=7200,
+                        help="seconds to wait for other scripts/bench/* processes to end before "
+                             "each run (7200)")  # fmt: skip
     parser.add_argument("--keep-cluster", action="store_true")
     args = parser.parse_args()
     for name in ("NO_PROXY", "no_proxy"):
         os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1,localhost"]))
+    # SIGTERM and SIGHUP unwind like Ctrl-C, so the workers, the provider and the cluster
+    # are stopped (a shell's background job ignores SIGINT).
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
     BENCH.mkdir(parents=True, exist_ok=True)
     cluster = fleet.Cluster(free_port())
     services: list[Service] = []
