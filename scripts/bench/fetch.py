@@ -263,6 +263,7 @@ def main() -> int:
                     row["b_sha"] = boto3_upload(server, endpoint, key, "--sha256")
                     delete(endpoint, key)
                 rows.append(row)
+                log(f"{size_gib:g} GiB done: {json.dumps(row)}")  # kept if a later size fails
             finally:
                 server_proc.kill()
                 server_proc.wait()
