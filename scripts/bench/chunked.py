@@ -732,6 +732,7 @@ def report_run(r: dict[str, Any]) -> None:
 
 def report(result: dict[str, Any]) -> None:
     m, src = result["machine"], result["source"]
+    result["model"] = model(result)
     out()
     out(f"== chunked transcoding: {src['seconds']:.0f} s 1080p30 {result['args']['codec']} "
         f"source; {m['nproc']} x {m['cpu']}; {m['ffmpeg'].split(' Copyright')[0]}")  # fmt: skip
@@ -747,15 +748,13 @@ def report(result: dict[str, Any]) -> None:
         out(f"| {r['path'].replace('_', ' ')} | {r['workers']} x {r['slots_per_worker']} | "
             f"{r['wall_s']:.1f} s | {r['rtf']:.3f} | {r['cpu_s']:.1f} s | "
             f"{r['cpu_per_media_s']:.2f} | {r['cores_busy']:.2f} | {speed} |")  # fmt: skip
-    for r in result["discarded_runs"]:
+    for r in result.get("discarded_runs", []):
         out(f"  discarded: {r['label']} ({r['wall_s']:.1f} s; overlapped by "
             f"{r['other_benchmarks_during_run'][0][:60]}...)")  # fmt: skip
     d = result["decode_only"]
     out(f"  decode only, once: {d['cpu_s']:.1f} s CPU ({d['wall_s']:.1f} s wall)")
-    if single is None:
-        return
     for r in result["runs"]:
-        if r["path"] != "chunked":
+        if single is None or r["path"] != "chunked":
             continue
         extra = r["cpu_s"] - single["cpu_s"]
         decodes = (len(r["encoded_rungs"]) - 1) * d["cpu_s"]
@@ -766,6 +765,72 @@ def report(result: dict[str, Any]) -> None:
             verdict = "met" if speed >= 1.4 else f"NOT met ({speed / 1.4:.0%} of it)"
             out(f"  target: 2 workers >= 1.4x the single pass's wall speed: {speed:.2f}x, "
                 f"{verdict}")  # fmt: skip
+    report_model(result["model"])
+
+
+# -- the model (docs/capacity.md, "Chunked transcoding") --------------------------------------
+
+
+def fifo_finish(walls: list[float], workers: int, gap_s: float) -> float:
+    """When the last of ``walls`` ends, taken in queue order by whichever of ``workers``
+    single-slot workers is free first, each paying ``gap_s`` between jobs."""
+    free = [0.0] * workers
+    for wall in walls:
+        i = free.index(min(free))
+        free[i] += wall + gap_s
+    return max(free)
+
+
+def model(result: dict[str, Any], nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 37)) -> dict[str, Any]:
+    """The chunked path's wall time from the 1-worker run's own pieces: the serial part
+    (queue wait, split, assembly) plus the pieces on N single-slot workers, each on a node
+    of its own like the 1-worker run's (``per_node``), or sharing this machine's cores
+    (``shared``: the pieces' CPU over min(cores, N x the cores one piece keeps busy))."""
+    runs = {(r["path"], r["workers"]): r for r in result["runs"]}
+    one = runs.get(("chunked", 1))
+    if one is None or one["slots_per_worker"] != 1:
+        return {}
+    pieces = [j for j in one["jobs"] if j["kind"] == "chunk_encode"]  # in queue order
+    walls = [j["wall_s"] for j in pieces]
+    cpu = sum(j["cpu_s"] for j in pieces)
+    ph = one["phases"]
+    gap = max(0.0, (ph["split_end_to_last_piece_end_s"] - sum(walls)) / len(walls))
+    serial = one["wall_s"] - ph["split_end_to_last_piece_end_s"]
+    busy = cpu / sum(walls)  # cores one piece keeps busy
+    cores = result["machine"]["nproc"]
+    single = runs.get(("single_pass", 2)) or runs.get(("single_pass", 1))
+    out_: dict[str, Any] = {
+        "pieces": len(pieces), "pieces_cpu_s": cpu, "pieces_wall_s": sum(walls),
+        "longest_piece_s": max(walls), "gap_s": gap, "serial_s": serial, "piece_cores": busy,
+        "cores": cores,
+        "per_node": {n: serial + fifo_finish(walls, n, gap) for n in nodes},
+        "shared": {},
+    }  # fmt: skip
+    for (path, workers), r in runs.items():
+        if path == "chunked":
+            predicted = serial + cpu / min(cores, workers * busy)
+            out_["shared"][workers] = {"predicted_s": predicted, "measured_s": r["wall_s"]}
+    if single is not None:
+        out_["single_pass_wall_s"] = single["wall_s"]
+        out_["single_pass_cores"] = single["cores_busy"]
+    return out_
+
+
+def report_model(m: dict[str, Any]) -> None:
+    if not m:
+        return
+    out()
+    out(f"== model: {m['pieces']} pieces, {m['pieces_cpu_s']:.1f} s CPU, "
+        f"{m['pieces_wall_s']:.1f} s wall one at a time ({m['piece_cores']:.2f} cores busy), "
+        f"longest {m['longest_piece_s']:.1f} s, {m['gap_s']:.2f} s between jobs; serial part "
+        f"(queue, split, assembly) {m['serial_s']:.1f} s")  # fmt: skip
+    for workers, v in m["shared"].items():
+        out(f"  {workers} worker(s) sharing these {m['cores']} cores: predicted "
+            f"{v['predicted_s']:.1f} s, measured {v['measured_s']:.1f} s")  # fmt: skip
+    single = m.get("single_pass_wall_s")
+    for n, t in m["per_node"].items():
+        vs = f", {single / t:.2f}x the single pass" if single else ""
+        out(f"  {n:>3} node(s), one single-slot worker each: {t:.1f} s{vs}")
 
 
 def on_signal(signum: int, _frame: Any) -> None:
@@ -805,7 +870,13 @@ def main() -> int:
         help="runs per configuration while other benchmarks overlap (3)",
     )
     parser.add_argument("--keep-cluster", action="store_true")
+    parser.add_argument(
+        "--report", metavar="RESULT_JSON", help="print the report of a saved result again (no run)"
+    )
     args = parser.parse_args()
+    if args.report:
+        report(json.loads(Path(args.report).read_text()))
+        return 0
     for name in ("NO_PROXY", "no_proxy"):
         os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1,localhost"]))
     # SIGTERM and SIGHUP unwind like Ctrl-C, so the workers, the provider and the cluster
