@@ -207,7 +207,7 @@ class ProviderConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=
 class FetchConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     pipeline_version: int = 1
     part_size_bytes: int = 8 * 1024**2
-    # Memory per fetch is about part_size_bytes x (parts_in_flight + 2); two in flight
+    # Memory per fetch is about part_size_bytes x (parts_in_flight + 1); two in flight
     # keep the store busy while the next part fills (see docs/benchmarks.md).
     parts_in_flight: int = 2
     # A 404 right after success may be a CDN not yet filled: retried this many times, then
