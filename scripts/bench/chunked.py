@@ -273,6 +273,15 @@ async def wait_until_alone(limit_s: float) -> None:
 # -- CPU samples -----------------------------------------------------------------------------
 
 
+def machine_cpu() -> float:
+    """Busy CPU seconds of the whole machine since boot (/proc/stat: user, nice, system, irq,
+    softirq; not idle, iowait or steal)."""
+    user, nice, system, _idle, _iowait, irq, softirq = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+    )
+    return (user + nice + system + irq + softirq) / fleet.CLK_TCK
+
+
 def tree_cpu(pid: int) -> dict[str, float]:
     """A worker's own CPU, its reaped children's and its live children's (with theirs),
     read again if a child was reaped while the live ones were read."""
@@ -294,7 +303,7 @@ class Samples:
     times: list[float] = field(default_factory=list)
     workers: list[dict[str, dict[str, float]]] = field(default_factory=list)
     postgres: list[float] = field(default_factory=list)
-
+    machine: list[float] = field(default_factory=list)  # every process's CPU (/proc/stat)
     others: set[str] = field(default_factory=set)
 
     def take(self, pids: dict[str, int], postmaster: int) -> None:
@@ -302,6 +311,7 @@ class Samples:
             self.others.update(other_benchmarks())
         self.workers.append({name: tree_cpu(pid) for name, pid in pids.items()})
         self.postgres.append(fleet.cluster_cpu(postmaster))
+        self.machine.append(machine_cpu())
         self.times.append(time.time())
 
     def index_before(self, t: float) -> int:
@@ -324,12 +334,12 @@ class Samples:
         low, high = self.total(lo, name, part), self.total(hi, name, part)
         return low + share * (high - low)
 
-    def postgres_at(self, t: float) -> float:
+    def series_at(self, series: list[float], t: float) -> float:
         hi, lo = self.index_after(t), self.index_before(t)
         if hi == lo or self.times[hi] == self.times[lo]:
-            return self.postgres[lo]
+            return series[lo]
         share = (t - self.times[lo]) / (self.times[hi] - self.times[lo])
-        return self.postgres[lo] + share * (self.postgres[hi] - self.postgres[lo])
+        return series[lo] + share * (series[hi] - series[lo])
 
 
 async def sample_until(samples: Samples, pids: dict[str, int], postmaster: int,
@@ -580,7 +590,11 @@ def analyse_run(
         "cpu_workers_own_s": sum(p["own"] for p in per_worker.values()),
         "cpu_per_media_s": cpu / duration,
         "cores_busy": cpu / wall,
-        "postgres_cpu_s": samples.postgres_at(t1) - samples.postgres_at(t0),
+        "postgres_cpu_s": samples.series_at(samples.postgres, t1)
+        - samples.series_at(samples.postgres, t0),
+        # What else ran: the machine's busy CPU less the workers' and the cluster's.
+        "machine_cpu_s": samples.series_at(samples.machine, t1)
+        - samples.series_at(samples.machine, t0),
         "per_worker_cpu_s": per_worker,
         "samples": len(samples.times),
         "other_benchmarks_during_run": sorted(samples.others),
@@ -720,6 +734,10 @@ def report_run(r: dict[str, Any]) -> None:
         f"(ffmpeg {r['cpu_ffmpeg_s']:.1f}, workers' own {r['cpu_workers_own_s']:.1f}; "
         f"{r['cores_busy']:.2f} cores busy), PostgreSQL {r['postgres_cpu_s']:.1f} s; "
         f"{r['chunks']} chunks, rungs {','.join(r['encoded_rungs'])}")  # fmt: skip
+    if "machine_cpu_s" in r:
+        other = r["machine_cpu_s"] - r["cpu_s"] - r["postgres_cpu_s"]
+        out(f"  other processes (this script's sampling included): {other:.1f} s CPU "
+            f"({other / r['wall_s']:.2f} cores on average)")  # fmt: skip
     out("  phases: " + ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items()))
     out(f"  {'jobs':<16} {'n':>3} {'wall sum':>9} {'max':>7} {'CPU':>8}")
     for name, g in sorted(r["job_groups"].items(), key=lambda kv: kv[1]["first_start_s"]):
