@@ -911,7 +911,13 @@ def main() -> int:
         "--attempts",
         type=int,
         default=3,
-        help="runs per configuration while other benchmarks overlap (3)",
+        help="runs per configuration while other work overlaps (3)",
+    )
+    parser.add_argument(
+        "--max-other-cores",
+        type=float,
+        default=0.15,
+        help="other processes' mean busy cores a run may share (0.15)",
     )
     parser.add_argument("--keep-cluster", action="store_true")
     parser.add_argument(
