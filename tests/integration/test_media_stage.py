@@ -230,3 +230,30 @@ async def test_a_render_defers_while_another_holds_the_revision(rig: Rig, source
         assert result["outcome"] == "rendered"
         # Delivered again after success: nothing is rendered twice.
         assert (await stage.render(fake_job(payload, "render")))["outcome"] == "already_succeeded"
+
+
+async def test_a_retried_render_whose_output_was_made_gives_the_rest_their_own_jobs(
+    rig: Rig, source: Path
+) -> None:
+    """The revision's one render job made its output, then its worker died before the rest:
+    the retry finds its output done and must leave no pending output without a job."""
+    asset_id = await rig.quarantine(source.read_bytes())
+    async with open_media_stage(rig.config, rig.pool, Queue(rig.pool), rig.store) as stage:
+        await stage.probe(fake_job({"asset_id": str(asset_id)}, kind="probe"))
+        # The lead job's first run recorded playback and died: simulated by the record alone.
+        await rig.pool.execute(
+            "UPDATE asset_variants SET status = 'SUCCEEDED' WHERE asset_id = $1"
+            " AND variant_type = 'playback'",
+            asset_id,
+        )
+        await rig.pool.execute("DELETE FROM jobs WHERE payload->>'asset_id' = $1", str(asset_id))
+        payload = {"asset_id": str(asset_id), "revision": 1, "variant_type": "playback"}
+        result = await stage.render(fake_job(payload, "render", attempts=2))
+    assert result["outcome"] == "already_succeeded"
+    queued = await rig.pool.fetch(
+        "SELECT payload->>'variant_type' AS output FROM jobs WHERE kind = 'render'"
+        " AND payload->>'asset_id' = $1",
+        str(asset_id),
+    )
+    pending = {n for n, v in (await rig.variants(asset_id)).items() if v["status"] == "PENDING"}
+    assert pending and {r["output"] for r in queued} == pending

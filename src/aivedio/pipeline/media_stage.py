@@ -361,6 +361,9 @@ class MediaStage:
             return {"outcome": "asset_deleted_or_cancelled"}
         mine = await self._variant(asset_id, revision, variant_type)
         if mine is None or mine["status"] != "PENDING":
+            # A run that made this output may have died before the rest (a retried lead job
+            # lands here): whatever is still pending gets a job of its own.
+            await self._spawn_rest(asset_id, revision, state, variant_type)
             return {"outcome": "already_" + (mine["status"].lower() if mine else "missing")}
         deferring = await hooks.deferring()
         if (
@@ -406,6 +409,7 @@ class MediaStage:
         by_chunks = set(chunk_stage.chunk_outputs(plan))  # the assembly makes these
         pending = [row["variant_type"] for row in rows if row["variant_type"] not in by_chunks]
         if variant_type not in pending:
+            await self._spawn_rest(asset_id, revision, state, variant_type)
             return {"outcome": "already_done"}
         await self._refuse_poison(job, asset_id, hooks)
         asset = await self._asset(asset_id)
