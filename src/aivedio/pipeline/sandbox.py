@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
-from anyio.abc import ByteReceiveStream, Process
+from anyio.abc import ByteReceiveStream
 
 from aivedio.errors import ConfigError, ResourceExhaustedError
 from aivedio.logs import get_logger, redact_text
 from aivedio.media_config import MediaConfig
+from aivedio.pipeline.spawn import Spawned, spawn
 
 log = get_logger("aivedio.sandbox")
 
@@ -321,15 +322,7 @@ class Sandbox:
             network_isolated=bool(isolation),
         )  # fmt: skip
         started = time.monotonic()
-        process = await anyio.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=str(cwd),
-            env={"LC_ALL": "C"},
-            start_new_session=True,
-        )
+        process = await spawn(argv, cwd=str(cwd), env={"LC_ALL": "C"})
         try:
             with anyio.move_on_after(deadline_seconds) as scope:
                 async with anyio.create_task_group() as tg:
@@ -349,7 +342,7 @@ class Sandbox:
                 record.append(result)
         return result
 
-    async def _read_stderr(self, process: Process, result: RunResult) -> None:
+    async def _read_stderr(self, process: Spawned, result: RunResult) -> None:
         tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
         assert process.stderr is not None
         try:
@@ -362,7 +355,7 @@ class Sandbox:
         finally:
             result.stderr_tail = list(tail)
 
-    async def _read_stdout(self, process: Process, result: RunResult, capture: bool) -> None:
+    async def _read_stdout(self, process: Spawned, result: RunResult, capture: bool) -> None:
         assert process.stdout is not None
         chunks: list[bytes] = []
         size = 0
@@ -378,7 +371,7 @@ class Sandbox:
         result.stdout = b"".join(chunks)
 
     async def _read_progress(
-        self, process: Process, result: RunResult, on_progress: ProgressCallback | None
+        self, process: Spawned, result: RunResult, on_progress: ProgressCallback | None
     ) -> None:
         assert process.stdout is not None
         block: dict[str, str] = {}
@@ -409,12 +402,12 @@ async def _lines(stream: ByteReceiveStream) -> collections.abc.AsyncIterator[str
         yield buffer.decode("utf-8", "replace")
 
 
-def _signal_group(process: Process, signum: int) -> None:
+def _signal_group(process: Spawned, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signum)
 
 
-async def _kill_group(process: Process) -> None:
+async def _kill_group(process: Spawned) -> None:
     """SIGKILL the whole group (ffmpeg and anything it started), then reap and close."""
     _signal_group(process, signal.SIGKILL)
     with anyio.move_on_after(10):

@@ -1,0 +1,110 @@
+"""The sandbox's process starter, on both event loops the project runs (asyncio in tests,
+uvloop in the worker): output, exit status, signals, the pidfd-less fallback, a binary that
+does not exist, and a wait cancelled from outside."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from aivedio.pipeline.spawn import spawn
+
+pytestmark = pytest.mark.anyio
+
+ENV = {"LC_ALL": "C", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+
+@pytest.fixture(
+    params=[("asyncio", {}), ("asyncio", {"use_uvloop": True})], ids=["asyncio", "uvloop"]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
+    return request.param  # type: ignore[no-any-return]
+
+
+async def _read_all(stream: Any) -> bytes:
+    return b"".join([chunk async for chunk in stream])
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+async def test_output_and_status(tmp_path: Path) -> None:
+    script = "import sys; sys.stdout.write('out' * 100000); sys.stderr.write('err'); sys.exit(3)"
+    process = await spawn([sys.executable, "-c", script], cwd=str(tmp_path), env=ENV)
+    async with anyio.create_task_group() as tg:
+        results: dict[str, bytes] = {}
+
+        async def read(name: str, stream: Any) -> None:
+            results[name] = await _read_all(stream)
+
+        tg.start_soon(read, "out", process.stdout)
+        tg.start_soon(read, "err", process.stderr)
+        assert await process.wait() == 3
+    await process.aclose()
+    assert results == {"out": b"out" * 100000, "err": b"err"}
+    assert process.returncode == 3
+
+
+async def test_cwd_and_environment_are_the_callers(tmp_path: Path) -> None:
+    script = "import os; print(os.getcwd()); print(sorted(os.environ))"
+    process = await spawn([sys.executable, "-c", script], cwd=str(tmp_path), env={"LC_ALL": "C"})
+    out = await _read_all(process.stdout)
+    assert await process.wait() == 0
+    await process.aclose()
+    cwd, names = out.decode().splitlines()
+    assert Path(cwd) == tmp_path
+    assert "LC_ALL" in names and "PATH" not in names
+
+
+async def test_a_signal_is_a_negative_status_and_the_process_leads_its_group(
+    tmp_path: Path,
+) -> None:
+    process = await spawn(["sleep", "30"], cwd=str(tmp_path), env=ENV)
+    assert os.getpgid(process.pid) == process.pid  # its own group: killpg reaches it
+    os.killpg(process.pid, signal.SIGKILL)
+    with anyio.fail_after(10):
+        assert await process.wait() == -signal.SIGKILL
+    await process.aclose()
+
+
+async def test_without_a_pidfd_the_exit_is_polled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(os, "pidfd_open")
+    process = await spawn(["sh", "-c", "sleep 0.2; exit 7"], cwd=str(tmp_path), env=ENV)
+    with anyio.fail_after(10):
+        assert await process.wait() == 7
+    await process.aclose()
+
+
+async def test_a_missing_binary_raises_and_leaks_nothing(tmp_path: Path) -> None:
+    before = _open_fds()
+    with pytest.raises(FileNotFoundError):
+        await spawn([str(tmp_path / "no-such-tool")], cwd=str(tmp_path), env=ENV)
+    assert _open_fds() == before
+
+
+async def test_a_cancelled_wait_leaves_the_child_to_the_caller(tmp_path: Path) -> None:
+    warm = await spawn(["true"], cwd=str(tmp_path), env=ENV)  # uvloop opens /dev/null once
+    await warm.wait()
+    await warm.aclose()
+    await anyio.sleep(0)
+    before = _open_fds()
+    process = await spawn(["sleep", "30"], cwd=str(tmp_path), env=ENV)
+    with anyio.move_on_after(0.2) as scope:
+        await process.wait()
+    assert scope.cancelled_caught
+    assert process.returncode is None  # still running: the caller decides
+    os.killpg(process.pid, signal.SIGKILL)
+    with anyio.fail_after(10):
+        assert await process.wait() == -signal.SIGKILL
+    await process.aclose()
+    await anyio.sleep(0)  # let the loop drop the closed pipe transports
+    assert _open_fds() == before
