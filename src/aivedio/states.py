@@ -40,7 +40,7 @@ TABLES: Mapping[Entity, tuple[str, str, tuple[str, ...]]] = {
     Entity.PROVIDER_OUTPUT: ("provider_outputs", "fetch_status", ("id",)),
     Entity.ASSET: ("assets", "status", ("id",)),
     Entity.REVISION: ("asset_revisions", "status", ("asset_id", "revision")),
-    Entity.VARIANT: ("asset_variants", "status", ("id",)),
+    Entity.VARIANT: ("asset_variants", "status", ("asset_id", "revision", "variant_type")),
     Entity.PIECE: ("media_pieces", "status", ("asset_id", "revision", "piece")),
 }
 

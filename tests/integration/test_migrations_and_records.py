@@ -124,7 +124,7 @@ async def _seed(pool: Pool) -> dict[Entity, tuple[object, ...]]:
         Entity.PROVIDER_OUTPUT: (output,),
         Entity.ASSET: (asset,),
         Entity.REVISION: (asset, 1),
-        Entity.VARIANT: (variant,),
+        Entity.VARIANT: (asset, 1, "PLAYBACK_MP4"),
         Entity.PIECE: (asset, 1, "video:360p:0000"),
     }
 

@@ -14,7 +14,6 @@ import hashlib
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import anyio
 import asyncpg
@@ -83,8 +82,7 @@ async def record_variant(
     async with pool.acquire() as conn:
         try:
             await transition(
-                conn, Entity.VARIANT, (await _variant_id(conn, asset_id, revision,
-                                                         record.variant_type),),
+                conn, Entity.VARIANT, (asset_id, revision, record.variant_type),
                 expected="PENDING", new="SUCCEEDED",
                 values={"object_key": f"{prefix}/{primary.path}", "mime_type": primary.mime,
                         "size_bytes": primary.size, "checksum": primary.sha256,
@@ -96,11 +94,3 @@ async def record_variant(
             return False
     return True
 
-
-async def _variant_id(conn: Any, asset_id: uuid.UUID, revision: int, kind: str) -> Any:
-    return await conn.fetchval(
-        "SELECT id FROM asset_variants WHERE asset_id = $1 AND revision = $2 AND variant_type = $3",
-        asset_id,
-        revision,
-        kind,
-    )

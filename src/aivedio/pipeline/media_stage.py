@@ -421,10 +421,10 @@ class MediaStage:
             await self._spawn(asset, revision, plan, summary,
                               [n for n in pending if n != variant_type])  # fmt: skip
         put_off: list[str] = []
+        required = set(state["required_outputs"])
         if deferring:
             # Under pressure: the required set only; optional outputs wait for enrichment.
             overdue = {row["variant_type"] for row in rows if row["overdue"]}
-            required = set(state["required_outputs"])
             put_off = [n for n in group if n not in required and n not in overdue
                        and n != variant_type]  # fmt: skip
             group = [n for n in group if n not in put_off]
@@ -443,7 +443,11 @@ class MediaStage:
                     self.s.pool, asset_id, revision, record, prefix
                 ):
                     done.append(record.variant_type)
-                    await self._check_revision(asset_id, revision)
+                    # Only playback (moderation starts on it) and the required set (publish
+                    # waits for it) can move the revision on before the run ends; the check
+                    # after the run sees the rest.
+                    if record.variant_type == "playback" or record.variant_type in required:
+                        await self._check_revision(asset_id, revision)
 
             run = MediaRun(self.s.sandbox, source, root, on_done=record_now)
             run.assume_valid(summary)
