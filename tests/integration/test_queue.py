@@ -65,6 +65,31 @@ async def test_enqueue_rolls_back_with_the_callers_transaction(pool: Pool) -> No
     assert await pool.fetchval("SELECT count(*) FROM job_keys") == 0
 
 
+async def test_enqueue_wakes_each_new_jobs_lane_once_at_commit_and_a_duplicate_none(
+    pool: Pool,
+) -> None:
+    heard: list[str] = []
+
+    def on_notify(*args: object) -> None:
+        heard.append(str(args[3]))
+
+    async with pool.acquire() as listener:
+        await listener.add_listener("aivedio_jobs", on_notify)
+        queue = Queue(pool)
+        async with pool.acquire() as conn, conn.transaction():
+            await queue.enqueue(conn, [spec("a"), spec("b"), spec("c", lane="media")])
+            await anyio.sleep(0.2)
+            assert heard == []  # nothing before the commit
+        with anyio.fail_after(5):
+            while len(heard) < 2:
+                await anyio.sleep(0.02)
+        async with pool.acquire() as conn:
+            assert not (await queue.enqueue_one(conn, spec("a"))).created
+        await anyio.sleep(0.3)
+        await listener.remove_listener("aivedio_jobs", on_notify)
+    assert sorted(heard) == ["control", "media"]
+
+
 async def test_claim_orders_by_expiry_slack_then_priority_then_age(pool: Pool) -> None:
     now = datetime.now(UTC)
     ids = await enqueue(

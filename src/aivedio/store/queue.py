@@ -127,8 +127,6 @@ class Queue:
                 # a fresh statement sees it.
                 found = await conn.fetch(query("existing_keys"), missing)
                 existing = {r["idempotency_key"]: r["job_id"] for r in found}
-            if created:
-                await conn.execute(query("notify"), sorted({r["lane"] for r in rows}))
         results = []
         for key in unique:
             if key in created:

@@ -24,8 +24,14 @@ WITH input AS (
            i.timeout_seconds
     FROM keys k JOIN input i USING (idempotency_key)
     RETURNING id, idempotency_key, lane
+), notified AS (
+    -- Wake the lanes' listeners (delivered at commit), in this round trip. A CTE holding a
+    -- volatile call is materialized and runs once, when the final SELECT reads it: only if
+    -- a job was inserted.
+    SELECT pg_notify('aivedio_jobs', l.lane) FROM (SELECT DISTINCT lane FROM inserted) AS l
 )
-SELECT idempotency_key, id, lane FROM inserted;
+SELECT idempotency_key, id, lane, (SELECT count(*) FROM notified) AS lanes_notified
+FROM inserted;
 
 -- name: existing_keys
 SELECT idempotency_key, job_id FROM job_keys WHERE idempotency_key = ANY($1::text[]);
