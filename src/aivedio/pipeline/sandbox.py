@@ -351,9 +351,11 @@ class Sandbox:
                     continue
                 if "bench: " in line:
                     _read_benchmark(result, line)
-                tail.append(redact_text(line)[:500])
+                tail.append(line)
         finally:
-            result.stderr_tail = list(tail)
+            # Redacted once, on the lines kept (ffmpeg writes hundreds a run); cut after the
+            # redaction so that a secret is never cut into a fragment the patterns miss.
+            result.stderr_tail = [redact_text(line)[:500] for line in tail]
 
     async def _read_stdout(self, process: Spawned, result: RunResult, capture: bool) -> None:
         assert process.stdout is not None

@@ -250,8 +250,8 @@ class LocalUpload(UploadContextMixin):
         self._require_open()
         self._state = "completing"
         try:
-            if self._buffer:
-                await self._flush()
+            # The buffered tail is written by the commit's own thread call: one hop fewer.
+            tail, self._buffer = self._buffer, bytearray()
             info = await _in_thread(
                 f"publishing {self._key!r}",
                 self._store._commit,
@@ -259,6 +259,7 @@ class LocalUpload(UploadContextMixin):
                 self._file,
                 self._key,
                 self._content_type,
+                tail,
             )
         except BaseException:
             await self.abort()
@@ -347,7 +348,16 @@ class LocalObjectStore(ObjectStoreConveniences):
         # Closed by _commit or _discard.
         return open(self._tmp_path(upload_id, "part"), "xb")
 
-    def _commit(self, upload_id: str, file: BinaryIO, key: str, content_type: str) -> ObjectInfo:
+    def _commit(
+        self,
+        upload_id: str,
+        file: BinaryIO,
+        key: str,
+        content_type: str,
+        tail: bytes | bytearray = b"",
+    ) -> ObjectInfo:
+        if tail:
+            file.write(tail)
         file.flush()
         os.fsync(file.fileno())
         st = os.fstat(file.fileno())
@@ -475,24 +485,40 @@ class LocalObjectStore(ObjectStoreConveniences):
     ) -> AsyncIterator[bytes]:
         validate_key(key)
         validate_range(start, end)
-        file, size = await _in_thread(f"opening {key!r}", self._open_for_read, key)
+        # Opened and first read in one thread call: a small object costs one hop.
+        file, remaining, chunk = await _in_thread(
+            f"reading {key!r}", self._open_and_read, key, start, end
+        )
+        try:
+            while chunk:
+                remaining -= len(chunk)
+                yield chunk
+                if remaining <= 0:
+                    return
+                chunk = await _in_thread(
+                    f"reading {key!r}", file.read, min(READ_CHUNK_BYTES, remaining)
+                )
+        finally:
+            file.close()  # a read-only descriptor: closing cannot block on I/O
+
+    def _open_and_read(
+        self, key: str, start: int | None, end: int | None
+    ) -> tuple[BinaryIO, int, bytes]:
+        """Open, seek to the range and read its first chunk: the file, the bytes of the range
+        and that chunk (empty when the range is)."""
+        file, size = self._open_for_read(key)
         try:
             first = start or 0
             last = size - 1 if end is None else min(end, size - 1)
             if first > last:
-                return
-            await _in_thread(f"reading {key!r}", file.seek, first)
+                return file, 0, b""
+            if first:
+                file.seek(first)
             remaining = last - first + 1
-            while remaining > 0:
-                chunk = await _in_thread(
-                    f"reading {key!r}", file.read, min(READ_CHUNK_BYTES, remaining)
-                )
-                if not chunk:
-                    return
-                remaining -= len(chunk)
-                yield chunk
-        finally:
-            file.close()  # a read-only descriptor: closing cannot block on I/O
+            return file, remaining, file.read(min(READ_CHUNK_BYTES, remaining))
+        except BaseException:
+            file.close()
+            raise
 
     def _open_for_read(self, key: str) -> tuple[BinaryIO, int]:
         try:
