@@ -81,12 +81,22 @@ class _Lane:
     limit: int = -1
     tenant_cursor: int = 0
     wake: anyio.Event = field(default_factory=anyio.Event)
+    # Whether the queue may hold jobs for this lane that the last claim did not see: true
+    # after a full claim, an enqueue's notification or the poll interval; false after a
+    # claim that came back short. A freed slot alone is no reason to ask the database.
+    maybe_more: bool = True
+    poll_at: float = 0.0
+    news: int = 0  # notifications heard; one that arrives during a claim keeps maybe_more
 
     def __post_init__(self) -> None:
         if self.limit < 0:
             self.limit = self.slots
 
-    def poke(self) -> None:
+    def poke(self, *, news: bool = False) -> None:
+        """Wake the lane's loop; ``news``: jobs were enqueued for it since its last claim."""
+        if news:
+            self.maybe_more = True
+            self.news += 1
         self.wake.set()
 
     async def sleep(self, at_most_seconds: float | None) -> None:
@@ -256,7 +266,14 @@ class Worker:
             if free <= 0:
                 await lane.sleep(None)
                 continue
+            if not lane.maybe_more:
+                remaining = lane.poll_at - anyio.current_time()
+                if remaining > 0:
+                    await lane.sleep(remaining)  # until news, a freed slot or the poll
+                    continue
+                lane.maybe_more = True
             want = min(free, wc.claim_batch_max)
+            news_seen = lane.news
             # Shielded: a drain must not cancel a claim the server may already have
             # committed, or those jobs would be held by nobody until their leases expire.
             with anyio.CancelScope(shield=True):
@@ -292,8 +309,9 @@ class Worker:
                 self.metrics.claimed.labels(job.kind).inc()
                 jobs_tg.start_soon(self._run_job, lane, self._running[(job.id, job.lease_token)])
             self.metrics.slots_busy.labels(lane.name).set(lane.busy)
-            if len(jobs) < want:
-                await lane.sleep(wc.poll_interval_seconds)
+            if len(jobs) < want and lane.news == news_seen:
+                lane.maybe_more = False
+                lane.poll_at = anyio.current_time() + wc.poll_interval_seconds
 
     def _apply_pressure(self, reading: Reading) -> None:
         """Lane limits for this reading: while outputs near expiry wait, the media lane
@@ -566,7 +584,7 @@ class Worker:
 
                     def on_notify(_c: object, _pid: int, _channel: str, lane: object) -> None:
                         if isinstance(lane, str) and lane in self._lanes:
-                            self._lanes[lane].poke()
+                            self._lanes[lane].poke(news=True)
 
                     def on_lost(_c: object, event: anyio.Event = lost) -> None:
                         event.set()
