@@ -99,4 +99,3 @@ async def record_variant(
         except StaleStateError:
             return False
     return True
-
