@@ -592,6 +592,9 @@ class Worker:
                     conn.add_termination_listener(on_lost)
                     await conn.add_listener(NOTIFY_CHANNEL, on_notify)
                     failures = 0
+                    # Enqueues made while we were not listening announced nothing to us.
+                    for lane in self._lanes.values():
+                        lane.poke(news=True)
                     while not lost.is_set():
                         with anyio.move_on_after(5):
                             await lost.wait()

@@ -108,3 +108,20 @@ async def test_a_cancelled_wait_leaves_the_child_to_the_caller(tmp_path: Path) -
     await process.aclose()
     await anyio.sleep(0)  # let the loop drop the closed pipe transports
     assert _open_fds() == before
+
+
+async def test_a_spawn_under_a_cancelled_scope_completes_and_leaks_nothing(tmp_path: Path) -> None:
+    warm = await spawn(["true"], cwd=str(tmp_path), env=ENV)
+    await warm.wait()
+    await warm.aclose()
+    await anyio.sleep(0)
+    before = _open_fds()
+    with anyio.CancelScope() as scope:
+        scope.cancel()  # the pipes are attached shielded: the caller gets its process
+        process = await spawn(["sleep", "30"], cwd=str(tmp_path), env=ENV)
+    os.killpg(process.pid, signal.SIGKILL)
+    with anyio.fail_after(10):
+        assert await process.wait() == -signal.SIGKILL
+    await process.aclose()
+    await anyio.sleep(0)
+    assert _open_fds() == before

@@ -362,8 +362,10 @@ class MediaStage:
         mine = await self._variant(asset_id, revision, variant_type)
         if mine is None or mine["status"] != "PENDING":
             # A run that made this output may have died before the rest (a retried lead job
-            # lands here): whatever is still pending gets a job of its own.
+            # lands here): whatever is still pending gets a job of its own, and the revision
+            # is looked at again (that run may have died before its check after the run).
             await self._spawn_rest(asset_id, revision, state, variant_type)
+            await self._check_revision(asset_id, revision)
             return {"outcome": "already_" + (mine["status"].lower() if mine else "missing")}
         deferring = await hooks.deferring()
         if (

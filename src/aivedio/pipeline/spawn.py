@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import IO, Any
@@ -31,6 +32,7 @@ from anyio import EndOfStream
 from anyio.abc import ByteReceiveStream
 
 POLL_SECONDS = 0.005
+POLL_MAX_SECONDS = 0.1
 READ_LIMIT_BYTES = 1024 * 1024
 
 
@@ -77,11 +79,13 @@ class Spawned:
 
     async def wait(self) -> int:
         """The exit status (negative: the signal that ended it), once the child has exited."""
+        interval = POLL_SECONDS
         while self._popen.poll() is None:
             if self._pidfd is not None:
                 await anyio.wait_readable(self._pidfd)
-            else:
-                await anyio.sleep(POLL_SECONDS)
+            else:  # no pidfd (an old kernel, a seccomp profile that refuses it): poll
+                await anyio.sleep(interval)
+                interval = min(interval * 2, POLL_MAX_SECONDS)
         return self._popen.returncode
 
     async def aclose(self) -> None:
@@ -105,18 +109,27 @@ async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
     files = [popen.stdout, popen.stderr]
     streams: list[PipeStream | None] = []
     try:
-        for file in files:
-            streams.append(await _pipe(file) if file is not None else None)
+        # Shielded: a cancellation while a transport is being attached (uvloop takes a loop
+        # turn) would leave the file's descriptor closed under us or not, unknowable.
+        with anyio.CancelScope(shield=True):
+            for file in files:
+                streams.append(await _pipe(file) if file is not None else None)
     except BaseException:
         with anyio.CancelScope(shield=True):
-            with contextlib.suppress(ProcessLookupError):
-                popen.kill()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if start_new_session:
+                    os.killpg(popen.pid, signal.SIGKILL)
+                else:
+                    popen.kill()
             popen.wait()  # killed: it exits at once
             for stream in streams:
                 if stream is not None:
                     await stream.aclose()
-            for file in files[len(streams) :]:
+            # Files never handed to a transport (the one that failed may have been closed
+            # by it: only those after it are surely ours).
+            for file in files[len(streams) + 1 :]:
                 if file is not None:
-                    file.close()
+                    with contextlib.suppress(OSError):
+                        file.close()
         raise
     return Spawned(popen, streams[0], streams[1])
