@@ -187,6 +187,14 @@ async def test_three_minutes_through_the_chunked_path_give_exact_frames_in_sync(
     assert kinds.count("chunk_split") == 1
     assert kinds.count("chunk_encode") == chunking.count * len(rungs) + 1  # + the audio
     assert kinds.count("chunk_assemble") == 1
+    # Each chunk decoded once: its lead piece's job encoded every rendition of it, the
+    # other pieces' jobs found theirs done.
+    encoded = [j["result"]["pieces"] for j in jobs
+               if j["kind"] == "chunk_encode" and j["result"]["outcome"] == "encoded"
+               and j["payload"]["piece"].startswith("video:")]  # fmt: skip
+    assert sorted(map(sorted, encoded)) == sorted(
+        sorted(chunk_stage.video_piece(r, i) for r in plan.rungs) for i in range(chunking.count)
+    )
     rendered = {j["payload"]["variant_type"] for j in jobs if j["kind"] == "render"}
     assert not rendered & set(chunk_stage.CHUNK_OUTPUTS)
     pieces = await rig.pool.fetch(
@@ -249,15 +257,15 @@ async def test_a_chunk_failing_twice_then_succeeding_changes_nothing(
     assert encoded
     target = (encoded[0].name, 1)
     failures = []
-    original = ChunkSteps.encode
+    original = ChunkSteps.encode_many
 
-    async def flaky(self: ChunkSteps, rung: Any, index: int, chunk: Path) -> Any:
-        if (rung.name, index) == target and len(failures) < 2:
+    async def flaky(self: ChunkSteps, rungs: list[Any], index: int, chunk: Path) -> Any:
+        if any((rung.name, index) == target for rung in rungs) and len(failures) < 2:
             failures.append(index)
             raise RenderError("injected encoder failure")
-        return await original(self, rung, index, chunk)
+        return await original(self, rungs, index, chunk)
 
-    monkeypatch.setattr(ChunkSteps, "encode", flaky)
+    monkeypatch.setattr(ChunkSteps, "encode_many", flaky)
     async with running_worker(rig):
         retried = await publish(rig, short_source)
     assert len(failures) == 2
@@ -272,6 +280,43 @@ async def test_a_chunk_failing_twice_then_succeeding_changes_nothing(
     chunk_made = {n: d for n, d in first.items() if n.startswith("hls/") or n == "playback.mp4"}
     assert chunk_made and all(second[n] == d for n, d in chunk_made.items())
     assert check_hls(tmp_path / "b" / "hls" / "master.m3u8") == []
+
+
+async def test_renditions_from_one_decode_match_those_encoded_one_by_one(
+    rig: Rig, media_cache: MediaCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig = short_chunks(rig)
+    # yuv444p: a transcode, every rung encoded from the chunks.
+    source = media_cache.get("counted_40_444", counted_av, seconds=40, fps=FPS, keyint=47,
+                             pix_fmt="yuv444p")  # fmt: skip
+    async with running_worker(rig):
+        together = await publish(rig, source)
+    plan = msgspec.convert((await rig.revisions(together))[0]["plan"], Plan)
+    assert plan.mode == "transcode" and len(plan.rungs) >= 2 and plan.chunking is not None
+
+    def made_by(jobs: list[dict[str, Any]]) -> list[list[str]]:
+        return sorted(sorted(j["result"]["pieces"]) for j in jobs
+                      if j["kind"] == "chunk_encode" and j["result"]["outcome"] == "encoded"
+                      and j["payload"]["piece"].startswith("video:"))  # fmt: skip
+
+    count = plan.chunking.count
+    assert made_by(await history(rig, together)) == sorted(
+        sorted(chunk_stage.video_piece(r, i) for r in plan.rungs) for i in range(count)
+    )
+
+    async def hold_nothing(self: Queue, keys: Any, seconds: float, conn: Any = None) -> list[str]:
+        return []
+
+    monkeypatch.setattr(Queue, "hold", hold_nothing)
+    async with running_worker(rig):
+        alone = await publish(rig, source)
+    assert made_by(await history(rig, alone)) == sorted(
+        [chunk_stage.video_piece(r, i)] for r in plan.rungs for i in range(count)
+    )
+    first = await download_revision(rig, together, tmp_path / "a")
+    second = await download_revision(rig, alone, tmp_path / "b")
+    chunk_made = {n: d for n, d in first.items() if n.startswith("hls/") or n == "playback.mp4"}
+    assert chunk_made and all(second[n] == d for n, d in chunk_made.items())
 
 
 async def test_a_duplicate_chunk_job_keeps_one_output(rig: Rig, short_source: Path) -> None:

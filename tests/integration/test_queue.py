@@ -90,6 +90,26 @@ async def test_enqueue_wakes_each_new_jobs_lane_once_at_commit_and_a_duplicate_n
     assert sorted(heard) == ["control", "media"]
 
 
+async def test_held_jobs_wait_until_woken_or_their_time_passes(pool: Pool) -> None:
+    queue = Queue(pool)
+    await enqueue(pool, [spec("a"), spec("b"), spec("c"), spec("d")])
+    (first,) = await queue.claim("control", 1, OWNER, 30)
+    assert first.idempotency_key == "a"
+    # A running job is not held; a key without a job is ignored.
+    assert sorted(await queue.hold(["a", "b", "d", "nothing"], 3600)) == ["b", "d"]
+    claimed = await queue.claim("control", 10, OWNER, 30)
+    assert [j.idempotency_key for j in claimed] == ["c"]
+    assert await queue.wake_held(["b", "c"]) == 1  # c is running: not woken
+    (woken,) = await queue.claim("control", 10, OWNER, 30)
+    assert woken.idempotency_key == "b"
+    assert woken.attempts == 1  # holding spent no attempt
+    # Held for a moment only: back by itself once the time passes (the holder died).
+    assert await queue.hold(["d"], 0.0) == ["d"]
+    assert await queue.promote() == 1
+    (back,) = await queue.claim("control", 10, OWNER, 30)
+    assert back.idempotency_key == "d"
+
+
 async def test_claim_orders_by_expiry_slack_then_priority_then_age(pool: Pool) -> None:
     now = datetime.now(UTC)
     ids = await enqueue(

@@ -97,13 +97,17 @@ def _timeout(plan: Plan, media_seconds: float, per_run: float, per_second: float
     return (per_run + per_second * max(media_seconds, 0.0)) * 2 + 120
 
 
+def _key(kind: str, asset_id: uuid.UUID, revision: int, plan: Plan, piece: str) -> str:
+    return f"{kind}:{asset_id}:{revision}:{piece}:v{plan.pipeline_version}"
+
+
 def _spec(kind: str, asset_id: uuid.UUID, tenant_id: int, revision: int, plan: Plan,
           piece: str, timeout: float, *, later: float = 0.0) -> JobSpec:  # fmt: skip
     """``later``: a chunk is due as many seconds after the default as it lies into the
     video, so a short video enqueued meanwhile is not queued behind a long one's tail."""
     return JobSpec(
         kind=kind, lane=LANE, tenant_id=tenant_id,
-        idempotency_key=f"{kind}:{asset_id}:{revision}:{piece}:v{plan.pipeline_version}",
+        idempotency_key=_key(kind, asset_id, revision, plan, piece),
         payload={"asset_id": str(asset_id), "revision": revision, "piece": piece},
         priority=PIECE_PRIORITY, timeout_seconds=timeout, max_attempts=MAX_ATTEMPTS,
         start_later_seconds=later,
@@ -297,6 +301,16 @@ class ChunkStage:
                     rows,
                 )
                 await self.s.queue.enqueue(conn, specs)
+                # Each chunk's first rendition leads: the others' jobs wait behind it, so
+                # that the lead, whichever worker takes it, encodes them all from one decode
+                # of the chunk (they come back by themselves if it never does).
+                followers = [
+                    s.idempotency_key
+                    for s in specs
+                    if not s.payload["piece"].startswith(f"video:{rungs[0].name}:")
+                ]
+                if followers:
+                    await self.s.queue.hold(followers, specs[0].timeout_seconds, conn)
             log.info("chunks_split", asset_id=str(asset_id), revision=revision,
                      chunks=len(made), pieces=len(specs), bytes=total, job_id=job.id)  # fmt: skip
             return {"outcome": "split", "chunks": len(made), "pieces": len(specs)}
@@ -314,61 +328,117 @@ class ChunkStage:
             summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
             work = self._work(asset_id, asset["tenant_id"], revision)
             attempt = f"{job.id}-{job.attempts}"
-            with self.s.sandbox.scratch() as root:
-                if piece == AUDIO_PIECE:
-                    run = await self._source_run(root, asset, summary)
-                    path = await run.chunk_steps(plan).audio(run.sniff, run.source, summary)
-                    frames: int | None = None
-                    key = f"{work}/pieces/audio.{attempt}.m4a"
-                else:
-                    _, rung_name, index_text = piece.split(":")
-                    index = int(index_text)
-                    rung = next(r for r in plan.rungs if r.name == rung_name)
-                    run = self._run(root, summary, source_present=False)
-                    chunk_row = await self._piece(asset_id, revision, chunk_piece(index))
-                    steps = run.chunk_steps(plan)
-                    chunk = steps.chunk_path(index)
-                    await self._download(chunk_row, chunk)
-                    path, frames = await steps.encode(rung, index, chunk)
-                    key = f"{work}/pieces/{rung.name}/{index:04d}.{attempt}.mp4"
-                digest, size = await self._upload(key, path)
-            if metrics is not None and run.report is not None:
-                span = plan.duration_seconds if piece == AUDIO_PIECE else steps._span(index)
-                metrics.media_processed(plan.path, plan.mode, sum(
-                    p.wall_seconds for p in run.report.processes), span)  # fmt: skip
-            async with self.s.pool.acquire() as conn, conn.transaction():
-                await _lock_revision(conn, asset_id, revision)
-                try:
-                    await transition(
-                        conn, Entity.PIECE, (asset_id, revision, piece), expected="PENDING",
-                        new="DONE", values={"object_key": key, "size_bytes": size,
-                                            "sha256": digest, "frames": frames},
-                    )  # fmt: skip
-                except StaleStateError:
-                    await self._discard(key)
-                    return {"outcome": "already_done"}
-                pending = await conn.fetchval(
-                    "SELECT count(*) FROM media_pieces WHERE asset_id = $1 AND revision = $2"
-                    " AND status <> 'DONE'",
-                    asset_id, revision,
-                )  # fmt: skip
-                if pending == 0:
-                    timeout = _timeout(
-                        plan,
-                        plan.duration_seconds,
-                        self.s.config.media.process_timeout_seconds,
-                        self.s.config.media.process_timeout_per_media_second,
-                    )
-                    await self.s.queue.enqueue_one(
-                        conn, _spec(ASSEMBLE_KIND, asset_id, asset["tenant_id"], revision,
-                                    plan, "all", timeout),
-                    )  # fmt: skip
-            log.info("piece_done", asset_id=str(asset_id), revision=revision, piece=piece,
-                     frames=frames, bytes=size, remaining=pending, job_id=job.id)  # fmt: skip
-            return {"outcome": "encoded", "piece": piece, "frames": frames,
-                    "remaining": pending}  # fmt: skip
+            held: list[str] = []
+            # (piece, path, frames, key) of each piece this run makes.
+            made: list[tuple[str, Path, int | None, str]] = []
+            try:
+                with self.s.sandbox.scratch() as root:
+                    if piece == AUDIO_PIECE:
+                        run = await self._source_run(root, asset, summary)
+                        path = await run.chunk_steps(plan).audio(run.sniff, run.source, summary)
+                        made.append((piece, path, None, f"{work}/pieces/audio.{attempt}.m4a"))
+                        span = plan.duration_seconds
+                    else:
+                        _, rung_name, index_text = piece.split(":")
+                        index = int(index_text)
+                        rung = next(r for r in plan.rungs if r.name == rung_name)
+                        run = self._run(root, summary, source_present=False)
+                        chunk_row = await self._piece(asset_id, revision, chunk_piece(index))
+                        steps = run.chunk_steps(plan)
+                        chunk = steps.chunk_path(index)
+                        await self._download(chunk_row, chunk)
+                        rungs = [rung]
+                        siblings = await self._siblings(asset_id, revision, plan, rung, index)
+                        if job.attempts <= 1:
+                            held = await self.s.queue.hold(siblings, job.timeout_seconds)
+                            rungs += [r for r in steps.encoded_rungs
+                                      if _key(ENCODE_KIND, asset_id, revision, plan,
+                                              video_piece(r, index)) in held]  # fmt: skip
+                        else:
+                            # A retry encodes its own piece alone; siblings an attempt of
+                            # this job held before it died do their own, now.
+                            await self.s.queue.wake_held(siblings)
+                        encoded = await steps.encode_many(rungs, index, chunk)
+                        for r, (path, frames) in zip(rungs, encoded, strict=True):
+                            key = f"{work}/pieces/{r.name}/{index:04d}.{attempt}.mp4"
+                            made.append((video_piece(r, index), path, frames, key))
+                        span = steps._span(index)
+                    uploaded = [(name, frames, key, *await self._upload(key, path))
+                                for name, path, frames, key in made]  # fmt: skip
+                return await self._commit_pieces(asset, revision, plan, job, piece, uploaded,
+                                                 run, span, metrics)  # fmt: skip
+            finally:
+                # Done: the held jobs find their pieces done. Failed: they do their own.
+                if held:
+                    with anyio.CancelScope(shield=True):
+                        try:
+                            await self.s.queue.wake_held(held)
+                        except AivedioError as exc:  # they come back by themselves later
+                            log.warning("wake_held_failed", jobs=len(held), detail=exc.detail)
 
         return await self._guarded(job, body)
+
+    async def _commit_pieces(
+        self, asset: asyncpg.Record, revision: int, plan: Plan, job: Job, piece: str,
+        uploaded: list[tuple[str, int | None, str, str, int]], run: MediaRun, span: float,
+        metrics: WorkerMetrics | None,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Record each uploaded piece DONE (a piece found done already keeps its object and
+        ours is deleted); the commit that leaves nothing pending enqueues the assembly."""
+        asset_id: uuid.UUID = asset["id"]
+        if metrics is not None and run.report is not None:
+            metrics.media_processed(plan.path, plan.mode, sum(
+                p.wall_seconds for p in run.report.processes), span)  # fmt: skip
+        async with self.s.pool.acquire() as conn, conn.transaction():
+            await _lock_revision(conn, asset_id, revision)
+            stale: list[str] = []
+            for name, count, key, digest, size in uploaded:
+                try:
+                    await transition(
+                        conn, Entity.PIECE, (asset_id, revision, name), expected="PENDING",
+                        new="DONE", values={"object_key": key, "size_bytes": size,
+                                            "sha256": digest, "frames": count},
+                    )  # fmt: skip
+                except StaleStateError:
+                    stale.append(key)
+            pending = await conn.fetchval(
+                "SELECT count(*) FROM media_pieces WHERE asset_id = $1 AND revision = $2"
+                " AND status <> 'DONE'",
+                asset_id, revision,
+            )  # fmt: skip
+            if pending == 0 and len(stale) < len(uploaded):
+                timeout = _timeout(
+                    plan,
+                    plan.duration_seconds,
+                    self.s.config.media.process_timeout_seconds,
+                    self.s.config.media.process_timeout_per_media_second,
+                )
+                await self.s.queue.enqueue_one(
+                    conn, _spec(ASSEMBLE_KIND, asset_id, asset["tenant_id"], revision,
+                                plan, "all", timeout),
+                )  # fmt: skip
+        await self._discard(*stale)
+        if len(stale) == len(uploaded):
+            return {"outcome": "already_done"}
+        pieces = [name for name, *_ in uploaded]
+        log.info("piece_done", asset_id=str(asset_id), revision=revision, piece=piece,
+                 pieces=pieces, frames=uploaded[0][1], remaining=pending,
+                 job_id=job.id)  # fmt: skip
+        return {"outcome": "encoded", "piece": piece, "frames": uploaded[0][1],
+                "pieces": pieces, "remaining": pending}  # fmt: skip
+
+    async def _siblings(self, asset_id: uuid.UUID, revision: int, plan: Plan, rung: Rung,
+                        index: int) -> list[str]:  # fmt: skip
+        """The job keys of the same chunk's other renditions still pending. A first attempt
+        holds back those not running yet (for as long as it may take: they come back by
+        themselves if it dies) and encodes them from its one decode of the chunk."""
+        names = [video_piece(r, index) for r in plan.rungs if not r.copy and r != rung]
+        rows = await self.s.pool.fetch(
+            "SELECT piece FROM media_pieces WHERE asset_id = $1 AND revision = $2"
+            " AND status = 'PENDING' AND piece = ANY($3::text[])",
+            asset_id, revision, names,
+        )  # fmt: skip
+        return [_key(ENCODE_KIND, asset_id, revision, plan, row["piece"]) for row in rows]
 
     # -- assemble --------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from aivedio.errors import RenderError
 from aivedio.media_config import MediaConfig
 from aivedio.pipeline.chunks import NUT, Chunking, chunk_name, concat_args, concat_list, split_args
 from aivedio.pipeline.plan import Plan, Rung
-from aivedio.pipeline.render import EncodeJob, Layout, encode_args, piece_args
+from aivedio.pipeline.render import EncodeJob, Layout, encode_args, pieces_args
 from aivedio.pipeline.sandbox import RunResult
 from aivedio.pipeline.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.validate import MediaSummary
@@ -89,17 +89,32 @@ class ChunkSteps:
 
     async def encode(self, rung: Rung, index: int, chunk: Path) -> tuple[Path, int]:
         """One ``(chunk, rendition)`` piece; returns it with its frame count."""
-        output = self.piece_path(rung, index)
-        output.parent.mkdir(parents=True, exist_ok=True)
-        args = piece_args(self.plan, self.chunking, index, rung, self.media, chunk, output)
-        await self.ffmpeg(f"encode[{rung.name}:{index}]", args, self._span(index))
-        frames = await self.count_packets(MP4, output)
+        (made,) = await self.encode_many([rung], index, chunk)
+        return made
+
+    async def encode_many(
+        self, rungs: list[Rung], index: int, chunk: Path
+    ) -> list[tuple[Path, int]]:
+        """Pieces of several renditions of one chunk from one decode of it, in ``rungs``'
+        order, each with its frame count (each checked as a piece encoded alone)."""
+        if not rungs:
+            return []
+        outputs = [(rung, self.piece_path(rung, index)) for rung in rungs]
+        for _, output in outputs:
+            output.parent.mkdir(parents=True, exist_ok=True)
+        args = pieces_args(self.plan, self.chunking, index, outputs, self.media, chunk)
+        names = "+".join(rung.name for rung in rungs)
+        await self.ffmpeg(f"encode[{names}:{index}]", args, self._span(index))
         expected = self.chunking.output_frames(index, self.plan.frame_rate)
-        if frames != expected:
-            raise RenderError(
-                f"encode[{rung.name}:{index}]: {frames} frames made, {expected} expected"
-            )
-        return output, frames
+        made: list[tuple[Path, int]] = []
+        for rung, output in outputs:
+            frames = await self.count_packets(MP4, output)
+            if frames != expected:
+                raise RenderError(
+                    f"encode[{rung.name}:{index}]: {frames} frames made, {expected} expected"
+                )
+            made.append((output, frames))
+        return made
 
     async def audio(self, sniff: Sniff, source: Path, summary: MediaSummary) -> Path:
         """The whole audio track, once, encoded or copied as planned (never chunked: no

@@ -37,7 +37,7 @@ from aivedio.pipeline.media_outputs import (
     require_faststart,
     require_jpeg,
 )
-from aivedio.pipeline.plan import Plan, Rung, make_plan
+from aivedio.pipeline.plan import Plan, make_plan
 from aivedio.pipeline.render import (
     EncodeJob,
     Layout,
@@ -281,9 +281,13 @@ class MediaRun:
             pieces: dict[tuple[str, int], tuple[Path, int]] = {}
             limiter = anyio.CapacityLimiter(self.parallel)
 
-            async def encode(rung: Rung, index: int, chunk: Path) -> None:
+            async def encode(index: int, chunk: Path) -> None:
+                # Every rendition of a chunk from one decode of it, as a worker's first
+                # attempt at a chunk's piece does when its siblings are not taken.
                 async with limiter:
-                    pieces[(rung.name, index)] = await steps.encode(rung, index, chunk)
+                    made = await steps.encode_many(steps.encoded_rungs, index, chunk)
+                for rung, piece in zip(steps.encoded_rungs, made, strict=True):
+                    pieces[(rung.name, index)] = piece
 
             async def audio() -> None:
                 async with limiter:
@@ -293,8 +297,7 @@ class MediaRun:
                 if plan.audio != "none":
                     group.start_soon(audio)
                 for index, chunk in enumerate(chunks):
-                    for rung in steps.encoded_rungs:
-                        group.start_soon(encode, rung, index, chunk)
+                    group.start_soon(encode, index, chunk)
             for rung in steps.encoded_rungs:
                 await steps.join(rung, [pieces[(rung.name, i)] for i in range(len(chunks))])
         except (RenderError, ResourceExhaustedError, InvalidMediaError, OSError) as exc:

@@ -233,28 +233,41 @@ def encode_args(
     return args
 
 
-def piece_args(
+def pieces_args(
     plan: Plan,
     chunking: Chunking,
     index: int,
-    rung: Rung,
+    rungs: list[tuple[Rung, Path]],
     media: MediaConfig,
     chunk: Path,
-    output: Path,
 ) -> list[str]:
-    """One ``(chunk, rendition)`` encode: the rung's scaling and x264 settings of the
-    single pass, on exactly the chunk's share of the output frames (``chunks``)."""
-    chain = (
-        timing_filter(chunking, index, plan.frame_rate_expr)
-        + f",scale={rung.width}:{rung.height}:flags=bicubic,format=yuv420p,setsar=1"
-    )
+    """Several renditions of one chunk from one decode: the chunk's frames re-timed once,
+    then split, each branch scaled and encoded as its own ``(chunk, rendition)`` encode
+    would be (the same frames into the same x264 settings)."""
+    timing = timing_filter(chunking, index, plan.frame_rate_expr)
     gop = 1_000_000 if plan.mode == "remux" else max(plan.gop_frames * 10, 250)
     cuts = plan.cut_points if plan.mode == "remux" else None
     keys = forced_keyframes(chunking, index, segment_seconds=plan.segment_seconds, cut_points=cuts)
-    return [
-        *input_args(NUT, chunk), "-map", "0:v:0", "-vf", chain,
-        *_x264(rung, media, keys, gop=gop), "-an", "-f", "mp4", str(output),
-    ]  # fmt: skip
+
+    def scale(rung: Rung) -> str:
+        return f"scale={rung.width}:{rung.height}:flags=bicubic,format=yuv420p,setsar=1"
+
+    # passthrough: the timing filter made exactly the frames wanted, at the chunk's own
+    # times; a filter_complex output would otherwise be filled with copies from time 0.
+    tail = ["-fps_mode", "passthrough", "-an", "-f", "mp4"]
+    if len(rungs) == 1:
+        rung, output = rungs[0]
+        return [
+            *input_args(NUT, chunk), "-map", "0:v:0", "-vf", f"{timing},{scale(rung)}",
+            *_x264(rung, media, keys, gop=gop), *tail, str(output),
+        ]  # fmt: skip
+    branches = "".join(f"[s{i}]" for i in range(len(rungs)))
+    graph = [f"[0:v:0]{timing},split={len(rungs)}{branches}"]
+    graph += [f"[s{i}]{scale(rung)}[o{i}]" for i, (rung, _) in enumerate(rungs)]
+    args = [*input_args(NUT, chunk), "-filter_complex", ";".join(graph)]
+    for i, (rung, output) in enumerate(rungs):
+        args += ["-map", f"[o{i}]", *_x264(rung, media, keys, gop=gop), *tail, str(output)]
+    return args
 
 
 def package_args(

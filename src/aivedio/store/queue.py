@@ -256,6 +256,29 @@ class Queue:
                 await self._pool.execute(query("notify"), lanes)
         return [(r["id"], r["lane"], r["kind"], r["outcome"]) for r in rows]
 
+    async def hold(
+        self, keys: Sequence[str], seconds: float, conn: Connection | None = None
+    ) -> list[str]:
+        """Hold back the jobs of these keys that are not running yet (their work is being done
+        by the caller); each comes back by itself after ``seconds``. Returns the keys held.
+        With ``conn``, inside the caller's transaction."""
+        if not keys:
+            return []
+        with map_db_errors("holding jobs back"):
+            rows = await (conn or self._pool).fetch(query("hold"), list(keys), seconds)
+        return [r["idempotency_key"] for r in rows]
+
+    async def wake_held(self, keys: Sequence[str]) -> int:
+        """Make held jobs claimable now (a job whose work is done then finds it done)."""
+        if not keys:
+            return 0
+        with map_db_errors("waking held jobs"):
+            rows = await self._pool.fetch(query("wake_held"), list(keys))
+            lanes = sorted({r["lane"] for r in rows})
+            if lanes:
+                await self._pool.execute(query("notify"), lanes)
+        return len(rows)
+
     async def promote(self, limit: int = 1000) -> int:
         with map_db_errors("promoting due retries"):
             rows = await self._pool.fetch(query("promote"), limit)

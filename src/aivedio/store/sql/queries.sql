@@ -232,6 +232,23 @@ SELECT id, lane, kind, 'queued' AS outcome FROM requeued
 UNION ALL
 SELECT id, lane, kind, 'dead' AS outcome FROM history;
 
+-- name: hold
+-- Hold back jobs not running yet (queued, or waiting for a retry) whose work the caller is
+-- about to do itself; they come back on their own when $2 seconds pass (the caller died), or
+-- at once by wake_held. Returns the keys held.
+UPDATE jobs
+SET status = 'waiting',
+    run_after = now() + make_interval(secs => $2)
+WHERE idempotency_key = ANY($1::text[]) AND status IN ('queued', 'waiting')
+RETURNING idempotency_key;
+
+-- name: wake_held
+UPDATE jobs
+SET status = 'queued',
+    run_after = now()
+WHERE idempotency_key = ANY($1::text[]) AND status = 'waiting'
+RETURNING lane;
+
 -- name: promote
 -- Retry waits that are due become claimable.
 UPDATE jobs j
