@@ -319,6 +319,45 @@ async def test_renditions_from_one_decode_match_those_encoded_one_by_one(
     assert chunk_made and all(second[n] == d for n, d in chunk_made.items())
 
 
+async def test_a_source_that_cannot_be_split_takes_the_single_pass(
+    rig: Rig, short_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rig = short_chunks(rig)
+
+    async def refuse(self: ChunkSteps, sniff: Any, source: Path) -> list[Path]:
+        raise RenderError("split: injected failure")
+
+    monkeypatch.setattr(ChunkSteps, "split", refuse)
+    async with running_worker(rig):
+        asset_id = await publish(rig, short_source)
+    asset = await rig.asset(asset_id)
+    assert asset["status"] == "ENRICHED", asset["last_error_detail"]
+    plan = msgspec.convert((await rig.revisions(asset_id))[0]["plan"], Plan)
+    assert plan.path == "chunked"  # the plan as made; the split then failed for good
+    split = await rig.pool.fetchrow(
+        "SELECT status, detail FROM media_pieces WHERE asset_id = $1 AND piece = 'split'",
+        asset_id,
+    )
+    assert split["status"] == "FAILED" and "injected" in split["detail"]
+    jobs = await history(rig, asset_id)
+    (split_job,) = [j for j in jobs if j["kind"] == "chunk_split"]
+    assert split_job["status"] == "dead" and split_job["attempts"] > 1  # retried, then gave up
+    assert not [j for j in jobs if j["kind"] == chunk_stage.ASSEMBLE_KIND]
+    assert not [j for j in jobs if j["kind"] == chunk_stage.ENCODE_KIND
+                and j["payload"]["piece"].startswith("video:")]  # fmt: skip
+    rendered = {j["payload"]["variant_type"] for j in jobs
+                if j["kind"] == "render" and j["status"] == "succeeded"}  # fmt: skip
+    assert set(chunk_stage.chunk_outputs(plan)) <= rendered
+    local = tmp_path / "out"
+    await download_revision(rig, asset_id, local)
+    assert check_hls(local / "hls" / "master.m3u8") == []
+    every_frame = list(range(40 * FPS))
+    for rung in plan.rungs:
+        playlist = local / "hls" / rung.name / "index.m3u8"
+        assert read_counters(playlist, width=rung.width) == every_frame, rung.name
+    assert read_counters(local / "playback.mp4", width=plan.top.width) == every_frame
+
+
 async def test_a_duplicate_chunk_job_keeps_one_output(rig: Rig, short_source: Path) -> None:
     rig = short_chunks(rig)
     # Split, but leave the pieces to this test.

@@ -93,6 +93,16 @@ def chunk_outputs(plan: Plan) -> list[str]:
     return [o for o in CHUNK_OUTPUTS if o in plan.outputs]
 
 
+async def split_failed(pool: Any, asset_id: uuid.UUID, revision: int) -> bool:
+    """Whether this revision's split failed for good: its chunk outputs are then rendered
+    by the single pass instead (``ChunkStage._fall_back``)."""
+    status = await pool.fetchval(
+        "SELECT status FROM media_pieces WHERE asset_id = $1 AND revision = $2 AND piece = $3",
+        asset_id, revision, SPLIT_PIECE,
+    )  # fmt: skip
+    return bool(status == "FAILED")
+
+
 def _timeout(plan: Plan, media_seconds: float, per_run: float, per_second: float) -> float:
     return (per_run + per_second * max(media_seconds, 0.0)) * 2 + 120
 
@@ -217,6 +227,31 @@ class ChunkStage:
             for output in chunk_outputs(plan):
                 await self.stage._mark_failed(asset_id, revision, output, f"{piece}: {detail}")
 
+    async def _fall_back(self, asset_id: uuid.UUID, revision: int, plan: Plan,
+                         detail: str) -> None:  # fmt: skip
+        """The split out of retries (a source the segment muxer cannot cut as planned): the
+        chunk outputs are made by the single pass, from the source, by render jobs of their
+        own. Nothing else was made from chunks yet; the audio piece, if done, stays unused."""
+        with anyio.CancelScope(shield=True):
+            async with self.s.pool.acquire() as conn:
+                try:
+                    await transition(conn, Entity.PIECE, (asset_id, revision, SPLIT_PIECE),
+                                     expected="PENDING", new="FAILED",
+                                     values={"detail": detail[:1000]})  # fmt: skip
+                except StaleStateError:
+                    return  # done meanwhile by another attempt, or already fallen back
+            pending = await self.s.pool.fetch(
+                "SELECT variant_type FROM asset_variants WHERE asset_id = $1 AND revision = $2"
+                " AND status = 'PENDING' AND variant_type = ANY($3::text[])",
+                asset_id, revision, chunk_outputs(plan),
+            )  # fmt: skip
+            outputs = [row["variant_type"] for row in pending]
+            log.warning("chunked_split_failed_single_pass", asset_id=str(asset_id),
+                        revision=revision, outputs=outputs, detail=detail[:300])  # fmt: skip
+            asset = await self.stage._asset(asset_id)
+            summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
+            await self.stage._spawn(asset, revision, plan, summary, outputs)
+
     async def _guarded(self, job: Job, body: Any) -> dict[str, Any]:
         """Run a job body; when the queue will not retry its failure, fail the outputs."""
         live = await self._live(job)
@@ -234,7 +269,9 @@ class ChunkStage:
                 retry, detail = self.will_retry(exc, job), exc.detail
             else:
                 retry, detail = job.attempts < job.max_attempts, f"{type(exc).__name__}: {exc}"
-            if not retry:
+            if not retry and piece == SPLIT_PIECE:
+                await self._fall_back(asset_id, revision, plan, detail)
+            elif not retry:
                 await self._fail_outputs(asset_id, revision, plan, piece, detail)
             raise
 

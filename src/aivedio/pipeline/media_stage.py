@@ -409,6 +409,10 @@ class MediaStage:
         )  # fmt: skip
         plan = msgspec.convert(state["plan"], Plan)
         by_chunks = set(chunk_stage.chunk_outputs(plan))  # the assembly makes these
+        if by_chunks and await chunk_stage.split_failed(self.s.pool, asset_id, revision):
+            # The source could not be cut: this revision's chunk outputs take the single pass.
+            by_chunks = set()
+            plan = msgspec.structs.replace(plan, chunking=None)
         pending = [row["variant_type"] for row in rows if row["variant_type"] not in by_chunks]
         if variant_type not in pending:
             await self._spawn_rest(asset_id, revision, state, variant_type)
@@ -505,7 +509,9 @@ class MediaStage:
             asset_id, revision,
         )  # fmt: skip
         plan = msgspec.convert(state["plan"], Plan)
-        skip = {*chunk_stage.chunk_outputs(plan), done_with}
+        skip = {done_with}
+        if not await chunk_stage.split_failed(self.s.pool, asset_id, revision):
+            skip.update(chunk_stage.chunk_outputs(plan))
         rest = [r["variant_type"] for r in rows if r["variant_type"] not in skip]
         if rest:
             asset = await self._asset(asset_id)
