@@ -568,6 +568,58 @@ async def test_fetch_escalations_expired_leases_and_tasks_without_outputs(rig: R
     assert [f.subject for f in report.tasks_without_output] == [str(lonely)]
 
 
+async def test_a_watch_whose_poll_job_died_gives_up_instead_of_waiting_forever(rig: Rig) -> None:
+    pool, tenant = rig.pool, rig.tenant_id
+    queue = Queue(pool)
+    ids = {}
+    for name, age in (("polled", "1 hour"), ("orphaned", "1 hour"), ("fresh", "0 seconds")):
+        task = ids[name] = uuid.uuid4()
+        await pool.execute(
+            "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
+            " provider_status, watch) VALUES ($1, $2, 'sim', $3, 'PROVIDER_RUNNING', true)",
+            task, tenant, name,
+        )  # fmt: skip
+        await pool.execute(
+            "INSERT INTO task_watches (generation_task_id, tenant_id, provider,"
+            " provider_task_id, round, give_up_at, updated_at) VALUES ($1, $2, 'sim', $3, 2,"
+            f" now() + interval '1 day', now() - interval '{age}')",
+            task, tenant, name,
+        )  # fmt: skip
+    spec = JobSpec(kind="poll", lane="control", idempotency_key=f"poll:{ids['polled']}:r2",
+                   payload={"generation_task_id": str(ids["polled"])})  # fmt: skip
+    async with pool.acquire() as conn:
+        await queue.enqueue_one(conn, spec)
+    # A poll job of an earlier round is no poll job of this one.
+    stale = JobSpec(kind="poll", lane="control", idempotency_key=f"poll:{ids['orphaned']}:r1",
+                    payload={"generation_task_id": str(ids["orphaned"])})  # fmt: skip
+    async with pool.acquire() as conn:
+        await queue.enqueue_one(conn, stale)
+
+    async with sweeper(rig) as s:
+        dry = await s.sweep(dry_run=True)
+        assert [(f.subject, f.action) for f in dry.orphaned_watches] == [
+            (str(ids["orphaned"]), "would_give_up")
+        ]
+        assert (
+            await pool.fetchval(
+                "SELECT status FROM task_watches WHERE generation_task_id = $1", ids["orphaned"]
+            )
+            == "WATCHING"
+        )
+        report = await s.sweep(dry_run=False)
+    assert [(f.subject, f.action) for f in report.orphaned_watches] == [
+        (str(ids["orphaned"]), "gave_up")
+    ]
+    rows = {r["generation_task_id"]: r for r in await pool.fetch("SELECT * FROM task_watches")}
+    assert rows[ids["orphaned"]]["status"] == "GAVE_UP"
+    assert rows[ids["orphaned"]]["last_error_class"] == "poll_job_dead"
+    assert rows[ids["polled"]]["status"] == rows[ids["fresh"]]["status"] == "WATCHING"
+    watched = {
+        r["id"]: r["watch"] for r in await pool.fetch("SELECT id, watch FROM generation_tasks")
+    }
+    assert watched == {ids["orphaned"]: False, ids["polled"]: True, ids["fresh"]: True}
+
+
 # -- the periodic job and the one-at-a-time rule --------------------------------------------------
 
 

@@ -276,7 +276,7 @@ async def poll_once(services: Any, state: PollerState, task_uuid: uuid.UUID) -> 
     adapter: ProviderAdapter | None = services.adapters.get(provider)
     if adapter is None or watch["give_up_at"] <= datetime.now(UTC):
         why = "no adapter for the provider" if adapter is None else "watched for too long"
-        await _end(pool, task_uuid, "GAVE_UP", error=("gave_up", why))
+        await end_watch(pool, task_uuid, "GAVE_UP", error=("gave_up", why))
         log.warning(
             "watch_gave_up", provider=provider, task_id=watch["provider_task_id"], reason=why
         )
@@ -298,7 +298,7 @@ async def poll_once(services: Any, state: PollerState, task_uuid: uuid.UUID) -> 
     if task.status in ("FAILED", "CANCELLED"):
         async with pool.acquire() as conn, conn.transaction():
             await _move_task(conn, task_uuid, "PROVIDER_FAILED")
-            await _end(conn, task_uuid, "FAILED", provider_status=task.status)
+            await end_watch(conn, task_uuid, "FAILED", provider_status=task.status)
         log.info(
             "watch_ended", provider=provider, task_id=task.provider_task_id, status=task.status
         )
@@ -335,7 +335,7 @@ async def _failed_poll(
     task_uuid = watch["generation_task_id"]
     not_found = exc.http_status == 404
     if failures >= MAX_CONSECUTIVE_FAILURES or (not_found and failures >= MAX_NOT_FOUND_READS):
-        await _end(pool, task_uuid, "GAVE_UP", error=(exc.error_class, exc.detail))
+        await end_watch(pool, task_uuid, "GAVE_UP", error=(exc.error_class, exc.detail))
         log.warning(
             "watch_gave_up",
             provider=watch["provider"],
@@ -387,7 +387,7 @@ async def _succeeded(services: Any, watch: Any, task: ProviderTask) -> dict[str,
             task=task,
             tenant_id=int(watch["tenant_id"]),
         )
-        await _end(conn, task_uuid, "SUCCEEDED", provider_status=task.status)
+        await end_watch(conn, task_uuid, "SUCCEEDED", provider_status=task.status)
     log.info(
         "watch_succeeded",
         provider=watch["provider"],
@@ -422,7 +422,7 @@ async def _move_task(conn: Connection, task_uuid: uuid.UUID, new: str) -> None:
         )
 
 
-async def _end(
+async def end_watch(
     conn: Any,
     task_uuid: uuid.UUID,
     status: str,

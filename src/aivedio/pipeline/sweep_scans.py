@@ -23,6 +23,7 @@ import msgspec
 
 from aivedio.errors import StaleStateError
 from aivedio.logs import get_logger
+from aivedio.pipeline import poller
 from aivedio.pipeline.media_stage import probe_spec
 from aivedio.pipeline.moderation import moderate_spec
 from aivedio.pipeline.publish import publish_spec
@@ -40,7 +41,13 @@ log = get_logger("aivedio.sweeper")
 # long without any output is an anomaly, not a commit in flight.
 TASK_SETTLE_SECONDS = 60.0
 REPORT_LIMIT = 500  # findings kept per scan (all are counted)
-_PRESENT = {"deleted": "delete", "aborted": "abort", "requeued": "requeue", "buried": "bury"}
+_PRESENT = {
+    "deleted": "delete",
+    "aborted": "abort",
+    "requeued": "requeue",
+    "buried": "bury",
+    "gave_up": "give_up",
+}
 
 # -- queries -------------------------------------------------------------------------------
 
@@ -69,6 +76,14 @@ SELECT g.id, g.provider, g.provider_task_id, g.updated_at FROM generation_tasks 
 WHERE g.provider_status = 'PROVIDER_SUCCEEDED' AND g.updated_at < $1
   AND NOT EXISTS (SELECT 1 FROM provider_outputs o WHERE o.generation_task_id = g.id)
 ORDER BY g.updated_at LIMIT {REPORT_LIMIT}
+"""
+# Watched, but the poll job is gone (it died: out of attempts, say), so nothing polls it.
+ORPHANED_WATCHES = f"""
+SELECT w.generation_task_id, w.provider, w.provider_task_id, w.round FROM task_watches w
+WHERE w.status = 'WATCHING' AND w.updated_at < $1
+  AND NOT EXISTS (SELECT 1 FROM jobs j
+                  WHERE j.idempotency_key = 'poll:' || w.generation_task_id || ':r' || w.round)
+ORDER BY w.updated_at LIMIT {REPORT_LIMIT}
 """
 STUCK_ASSETS = f"""
 SELECT a.id, a.tenant_id, a.status, a.updated_at FROM assets a
@@ -148,8 +163,8 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 class SweepReport(msgspec.Struct, kw_only=True):
     SCANS: ClassVar[tuple[str, ...]] = (
         "reaped_jobs", "fetching_stale", "near_expiry", "tasks_without_output",
-        "stale_uploads", "expired_uploads", "stuck_assets", "integrity", "orphan_objects",
-        "quarantine_orphans",
+        "orphaned_watches", "stale_uploads", "expired_uploads", "stuck_assets", "integrity",
+        "orphan_objects", "quarantine_orphans",
     )  # fmt: skip
 
     outcome: str = "swept"  # or "another_sweeper_running"
@@ -160,6 +175,7 @@ class SweepReport(msgspec.Struct, kw_only=True):
     fetching_stale: list[Finding] = msgspec.field(default_factory=list)
     near_expiry: list[Finding] = msgspec.field(default_factory=list)
     tasks_without_output: list[Finding] = msgspec.field(default_factory=list)
+    orphaned_watches: list[Finding] = msgspec.field(default_factory=list)
     stale_uploads: list[Finding] = msgspec.field(default_factory=list)
     expired_uploads: list[Finding] = msgspec.field(default_factory=list)
     stuck_assets: list[Finding] = msgspec.field(default_factory=list)
@@ -265,6 +281,24 @@ class StalledWork:
                 detail=f"{row['provider']}/{row['provider_task_id']}: PROVIDER_SUCCEEDED, "
                        "no provider output recorded",
             ))  # fmt: skip
+
+    async def orphaned_watches(self, report: SweepReport, now: datetime) -> None:
+        """A WATCHING task whose poll job died would be watched by nobody, forever: the watch
+        gives up, as it does when a provider stays unreachable (registering the task again
+        starts a new round with a new poll job)."""
+        settled = now - timedelta(seconds=TASK_SETTLE_SECONDS)
+        for row in await self.pool.fetch(ORPHANED_WATCHES, settled):
+            task = f"{row['provider']}/{row['provider_task_id']}"
+            detail = f"{task}: WATCHING, poll job of round {row['round']} gone"
+            if not report.dry_run:
+                async with self.pool.acquire() as conn, conn.transaction():
+                    await poller.end_watch(conn, row["generation_task_id"], "GAVE_UP",
+                                           error=("poll_job_dead", detail))  # fmt: skip
+            log.error("watch_without_poll_job", generation_task_id=str(row["generation_task_id"]),
+                      provider=row["provider"], provider_task_id=row["provider_task_id"],
+                      round=row["round"])  # fmt: skip
+            report.add("orphaned_watches", Finding(subject=str(row["generation_task_id"]),
+                       detail=detail, action=report.act("gave_up")))  # fmt: skip
 
     async def stale_uploads(self, report: SweepReport, now: datetime) -> None:
         cutoff = now - timedelta(seconds=self.cfg.multipart_stale_seconds)

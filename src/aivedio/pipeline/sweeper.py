@@ -116,6 +116,7 @@ class Sweeper:
         scans = (
             ("fetching_stale", stalled.fetching), ("near_expiry", stalled.near_expiry),
             ("tasks_without_output", stalled.tasks_without_output),
+            ("orphaned_watches", stalled.orphaned_watches),
             ("stale_uploads", stalled.stale_uploads),
             ("expired_uploads", stalled.expired_uploads), ("stuck_assets", stalled.stuck),
             ("integrity", self.integrity.audit), ("orphan_objects", gc.collect_assets),
