@@ -46,6 +46,7 @@ import msgspec
 from aivedio.errors import (
     AivedioError,
     ChecksumMismatchError,
+    NotFoundError,
     RenderError,
     StaleStateError,
     TransientError,
@@ -224,6 +225,8 @@ class ChunkStage:
                     await transition(conn, Entity.PIECE, (asset_id, revision, piece),
                                      expected="PENDING", new="FAILED",
                                      values={"detail": detail[:1000]})  # fmt: skip
+            if await split_failed(self.s.pool, asset_id, revision):
+                return  # the single pass makes the chunk outputs now, not the pieces
             for output in chunk_outputs(plan):
                 await self.stage._mark_failed(asset_id, revision, output, f"{piece}: {detail}")
 
@@ -231,26 +234,31 @@ class ChunkStage:
                          detail: str) -> None:  # fmt: skip
         """The split out of retries (a source the segment muxer cannot cut as planned): the
         chunk outputs are made by the single pass, from the source, by render jobs of their
-        own. Nothing else was made from chunks yet; the audio piece, if done, stays unused."""
+        own, enqueued in the transaction that marks the split FAILED. Nothing was made from
+        chunks yet; the audio piece stops (``_guarded``)."""
         with anyio.CancelScope(shield=True):
-            async with self.s.pool.acquire() as conn:
+            try:
+                asset = await self.stage._asset(asset_id)
+            except NotFoundError:
+                return  # deleted meanwhile: nothing to make
+            summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
+            async with self.s.pool.acquire() as conn, conn.transaction():
                 try:
                     await transition(conn, Entity.PIECE, (asset_id, revision, SPLIT_PIECE),
                                      expected="PENDING", new="FAILED",
                                      values={"detail": detail[:1000]})  # fmt: skip
                 except StaleStateError:
                     return  # done meanwhile by another attempt, or already fallen back
-            pending = await self.s.pool.fetch(
-                "SELECT variant_type FROM asset_variants WHERE asset_id = $1 AND revision = $2"
-                " AND status = 'PENDING' AND variant_type = ANY($3::text[])",
-                asset_id, revision, chunk_outputs(plan),
-            )  # fmt: skip
-            outputs = [row["variant_type"] for row in pending]
+                pending = await conn.fetch(
+                    "SELECT variant_type FROM asset_variants WHERE asset_id = $1"
+                    " AND revision = $2 AND status = 'PENDING' AND variant_type = ANY($3::text[])",
+                    asset_id, revision, chunk_outputs(plan),
+                )  # fmt: skip
+                outputs = [row["variant_type"] for row in pending]
+                specs = self.stage.render_specs(asset, revision, plan, summary, outputs)
+                await self.s.queue.enqueue(conn, specs)
             log.warning("chunked_split_failed_single_pass", asset_id=str(asset_id),
                         revision=revision, outputs=outputs, detail=detail[:300])  # fmt: skip
-            asset = await self.stage._asset(asset_id)
-            summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
-            await self.stage._spawn(asset, revision, plan, summary, outputs)
 
     async def _guarded(self, job: Job, body: Any) -> dict[str, Any]:
         """Run a job body; when the queue will not retry its failure, fail the outputs."""
@@ -259,6 +267,8 @@ class ChunkStage:
             return live
         asset_id, revision, piece, state = live
         plan = msgspec.convert(state["plan"], Plan)
+        if piece != SPLIT_PIECE and await split_failed(self.s.pool, asset_id, revision):
+            return {"outcome": "split_failed_single_pass"}
         try:
             result: dict[str, Any] = await body(asset_id, revision, piece, plan)
             return result
@@ -380,10 +390,7 @@ class ChunkStage:
                         index = int(index_text)
                         rung = next(r for r in plan.rungs if r.name == rung_name)
                         run = self._run(root, summary, source_present=False)
-                        chunk_row = await self._piece(asset_id, revision, chunk_piece(index))
                         steps = run.chunk_steps(plan)
-                        chunk = steps.chunk_path(index)
-                        await self._download(chunk_row, chunk)
                         rungs = [rung]
                         siblings = await self._siblings(asset_id, revision, plan, rung, index)
                         if job.attempts <= 1:
@@ -395,6 +402,9 @@ class ChunkStage:
                             # A retry encodes its own piece alone; siblings an attempt of
                             # this job held before it died do their own, now.
                             await self.s.queue.wake_held(siblings)
+                        chunk_row = await self._piece(asset_id, revision, chunk_piece(index))
+                        chunk = steps.chunk_path(index)
+                        await self._download(chunk_row, chunk)
                         encoded = await steps.encode_many(rungs, index, chunk)
                         for r, (path, frames) in zip(rungs, encoded, strict=True):
                             key = f"{work}/pieces/{r.name}/{index:04d}.{attempt}.mp4"

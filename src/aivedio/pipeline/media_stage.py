@@ -492,11 +492,17 @@ class MediaStage:
         """A render job of its own for each of ``outputs`` (same key as ever: idempotent)."""
         if not outputs:
             return
-        timeout = _render_timeout(self.s.config, summary)
-        specs = [_render_spec(asset["id"], asset["tenant_id"], revision, o, plan, timeout)
-                 for o in outputs]  # fmt: skip
         async with self.s.pool.acquire() as conn:
-            await self.s.queue.enqueue(conn, specs)
+            await self.s.queue.enqueue(conn, self.render_specs(asset, revision, plan, summary,
+                                                               outputs))  # fmt: skip
+
+    def render_specs(
+        self, asset: asyncpg.Record, revision: int, plan: Plan, summary: MediaSummary,
+        outputs: Sequence[str],
+    ) -> list[JobSpec]:  # fmt: skip
+        timeout = _render_timeout(self.s.config, summary)
+        return [_render_spec(asset["id"], asset["tenant_id"], revision, o, plan, timeout)
+                for o in outputs]  # fmt: skip
 
     async def _spawn_rest(
         self, asset_id: uuid.UUID, revision: int, state: asyncpg.Record, done_with: str

@@ -239,14 +239,16 @@ SELECT id, lane, kind, 'dead' AS outcome FROM history;
 UPDATE jobs
 SET status = 'waiting',
     run_after = now() + make_interval(secs => $2)
-WHERE idempotency_key = ANY($1::text[]) AND status IN ('queued', 'waiting')
+WHERE id IN (SELECT job_id FROM job_keys WHERE idempotency_key = ANY($1::text[]))
+  AND status IN ('queued', 'waiting')
 RETURNING idempotency_key;
 
 -- name: wake_held
 UPDATE jobs
 SET status = 'queued',
     run_after = now()
-WHERE idempotency_key = ANY($1::text[]) AND status = 'waiting'
+WHERE id IN (SELECT job_id FROM job_keys WHERE idempotency_key = ANY($1::text[]))
+  AND status = 'waiting'
 RETURNING lane;
 
 -- name: promote
