@@ -22,7 +22,8 @@ its fact is known:
   scrape time;
 * real-time factor: ``aivedio_media_processing_seconds_total{path,mode}`` (ffmpeg wall
   seconds) over ``aivedio_media_source_seconds_total{path,mode}`` (source seconds those
-  runs covered): a single-pass render covers the plan's duration, a chunk piece its span.
+  runs covered): a single-pass render covers the plan's duration, a chunk encode its chunk's
+  span once however many renditions it made (as a render covers its source once).
 """
 
 from __future__ import annotations
