@@ -201,8 +201,12 @@ async def test_a_refused_file_that_is_never_reissued_keeps_its_first_expiry_and_
         sim = rig.sim
         sim.add_task("t1", bodies("veo_gemini", "t1")[:1], faults=Faults(expired=True), done=True)
         await rig.record_now("t1")
+        # Past before the fetch job's retry budget is spent (8 attempts, backoff at most
+        # 0.2 s here): the last attempt then finds it expired and the output lost. With 2 s
+        # the budget could run out first on a fast machine, leaving the output RETRY_WAIT
+        # for an operator's replay (as the fetch stage does with a URL still valid).
         first_expiry = await rig.pool.fetchval(
-            "UPDATE provider_outputs SET source_url_expires_at = now() + interval '2 seconds'"
+            "UPDATE provider_outputs SET source_url_expires_at = now() + interval '0.3 seconds'"
             " RETURNING source_url_expires_at"
         )
         async with rig.worker():
