@@ -110,6 +110,33 @@ async def test_held_jobs_wait_until_woken_or_their_time_passes(pool: Pool) -> No
     assert back.idempotency_key == "d"
 
 
+async def test_jobs_made_claimable_again_wake_their_lane(pool: Pool) -> None:
+    """A promoted retry, a woken held job and a released lease each wake the lane's
+    listeners, from the statement that moved them."""
+    heard: list[str] = []
+
+    def on_notify(*args: object) -> None:
+        heard.append(str(args[3]))
+
+    queue = Queue(pool)
+    await enqueue(pool, [spec("p"), spec("w", lane="media"), spec("r", lane="fetch")])
+    (leased,) = await queue.claim("fetch", 1, OWNER, 30)
+    async with pool.acquire() as listener:
+        await listener.add_listener("aivedio_jobs", on_notify)
+        assert await queue.hold(["p"], 0.0) == ["p"]
+        assert await queue.hold(["w"], 3600) == ["w"]
+        assert await queue.promote() == 1
+        assert await queue.wake_held(["w"]) == 1
+        assert await queue.release(OWNER, [(leased.id, leased.lease_token)]) == [leased.id]
+        assert await queue.promote() == 0  # nothing moved: nobody woken
+        with anyio.fail_after(5):
+            while len(heard) < 3:
+                await anyio.sleep(0.02)
+        await anyio.sleep(0.2)
+        await listener.remove_listener("aivedio_jobs", on_notify)
+    assert heard == ["control", "media", "fetch"]
+
+
 async def test_claim_orders_by_expiry_slack_then_priority_then_age(pool: Pool) -> None:
     now = datetime.now(UTC)
     ids = await enqueue(

@@ -225,8 +225,6 @@ class Queue:
             rows = await self._pool.fetch(
                 query("release"), [x[0] for x in leases], [x[1] for x in leases], owner
             )
-            if rows:
-                await self._pool.execute(query("notify"), sorted({r["lane"] for r in rows}))
         return [r["id"] for r in rows]
 
     async def heartbeat(
@@ -274,17 +272,11 @@ class Queue:
             return 0
         with map_db_errors("waking held jobs"):
             rows = await self._pool.fetch(query("wake_held"), list(keys))
-            lanes = sorted({r["lane"] for r in rows})
-            if lanes:
-                await self._pool.execute(query("notify"), lanes)
         return len(rows)
 
     async def promote(self, limit: int = 1000) -> int:
         with map_db_errors("promoting due retries"):
             rows = await self._pool.fetch(query("promote"), limit)
-            lanes = sorted({r["lane"] for r in rows})
-            if lanes:
-                await self._pool.execute(query("notify"), lanes)
         return len(rows)
 
     async def replay(self, job_id: int) -> bool:

@@ -159,16 +159,22 @@ RETURNING id;
 
 -- name: release
 -- Give leases back without spending the attempt the claim counted (graceful drain).
-UPDATE jobs
-SET status = 'queued',
-    attempts = greatest(attempts - 1, 0),
-    lease_owner = NULL,
-    lease_until = NULL,
-    run_after = now()
-FROM unnest($1::bigint[], $2::bigint[]) AS c(id, token)
-WHERE jobs.id = c.id AND jobs.lease_token = c.token AND jobs.lease_owner = $3
-  AND jobs.status = 'running'
-RETURNING jobs.id, jobs.lane;
+-- The lanes' listeners are woken in this round trip, as by enqueue (see there).
+WITH released AS (
+    UPDATE jobs
+    SET status = 'queued',
+        attempts = greatest(attempts - 1, 0),
+        lease_owner = NULL,
+        lease_until = NULL,
+        run_after = now()
+    FROM unnest($1::bigint[], $2::bigint[]) AS c(id, token)
+    WHERE jobs.id = c.id AND jobs.lease_token = c.token AND jobs.lease_owner = $3
+      AND jobs.status = 'running'
+    RETURNING jobs.id, jobs.lane
+), notified AS (
+    SELECT pg_notify('aivedio_jobs', l.lane) FROM (SELECT DISTINCT lane FROM released) AS l
+)
+SELECT id, lane, (SELECT count(*) FROM notified) AS lanes_notified FROM released;
 
 -- name: heartbeat
 -- One statement per worker extends the leases it names (the jobs it runs and the ones whose
@@ -244,21 +250,33 @@ WHERE id IN (SELECT job_id FROM job_keys WHERE idempotency_key = ANY($1::text[])
 RETURNING idempotency_key;
 
 -- name: wake_held
-UPDATE jobs
-SET status = 'queued',
-    run_after = now()
-WHERE id IN (SELECT job_id FROM job_keys WHERE idempotency_key = ANY($1::text[]))
-  AND status = 'waiting'
-RETURNING lane;
+-- The lanes' listeners are woken in this round trip, as by enqueue (see there).
+WITH woken AS (
+    UPDATE jobs
+    SET status = 'queued',
+        run_after = now()
+    WHERE id IN (SELECT job_id FROM job_keys WHERE idempotency_key = ANY($1::text[]))
+      AND status = 'waiting'
+    RETURNING lane
+), notified AS (
+    SELECT pg_notify('aivedio_jobs', l.lane) FROM (SELECT DISTINCT lane FROM woken) AS l
+)
+SELECT lane, (SELECT count(*) FROM notified) AS lanes_notified FROM woken;
 
 -- name: promote
 -- Retry waits that are due become claimable.
-UPDATE jobs j
-SET status = 'queued'
-FROM (SELECT id FROM jobs WHERE status = 'waiting' AND run_after <= now()
-      ORDER BY run_after LIMIT $1 FOR UPDATE SKIP LOCKED) due
-WHERE j.id = due.id
-RETURNING j.lane;
+-- The lanes' listeners are woken in this round trip, as by enqueue (see there).
+WITH promoted AS (
+    UPDATE jobs j
+    SET status = 'queued'
+    FROM (SELECT id FROM jobs WHERE status = 'waiting' AND run_after <= now()
+          ORDER BY run_after LIMIT $1 FOR UPDATE SKIP LOCKED) due
+    WHERE j.id = due.id
+    RETURNING j.lane
+), notified AS (
+    SELECT pg_notify('aivedio_jobs', l.lane) FROM (SELECT DISTINCT lane FROM promoted) AS l
+)
+SELECT lane, (SELECT count(*) FROM notified) AS lanes_notified FROM promoted;
 
 -- name: replay
 -- An operator's retry: a dead or cancelled job comes back with a fresh budget; a waiting
