@@ -151,8 +151,8 @@ class MediaStage:
                     await transition(conn, Entity.ASSET, (asset_id,), expected="QUARANTINED",
                                      new="PROBING")  # fmt: skip
         try:
-            await self._refuse_poison(job, asset_id, hooks)
-            return await self._probe(job, asset_id, hooks)
+            await self._refuse_poison(job, asset_id, hooks, known=asset["media_crashes"])
+            return await self._probe(job, asset, hooks)
         except DeferredError:
             raise
         except AivedioError as exc:
@@ -176,8 +176,8 @@ class MediaStage:
         log.error("probe_failed", asset_id=str(asset_id), error_class=exc.error_class,
                   detail=exc.detail[:300])  # fmt: skip
 
-    async def _probe(self, job: Job, asset_id: uuid.UUID, hooks: Hooks) -> dict[str, Any]:
-        asset = await self._asset(asset_id)
+    async def _probe(self, job: Job, asset: asyncpg.Record, hooks: Hooks) -> dict[str, Any]:
+        asset_id: uuid.UUID = asset["id"]
         media = self.s.config.media
         with self.s.sandbox.scratch() as root:
             source = root / "source.bin"
@@ -357,7 +357,8 @@ class MediaStage:
         # released by an enrichment revision.
         if state["status"] not in ("BUILDING", "READY"):
             return {"outcome": "revision_" + state["status"].lower()}
-        if await self._stopped(asset_id, state):
+        asset = await self._asset_row(asset_id)  # one read for the stop check and the run
+        if asset is None or _stopped_since(asset, state):
             return {"outcome": "asset_deleted_or_cancelled"}
         mine = await self._variant(asset_id, revision, variant_type)
         if mine is None or mine["status"] != "PENDING":
@@ -384,7 +385,7 @@ class MediaStage:
                 )
             try:
                 return await self._render_locked(
-                    job, asset_id, revision, variant_type, state, hooks, deferring=deferring
+                    job, asset, revision, variant_type, state, hooks, deferring=deferring
                 )
             except DeferredError:
                 raise
@@ -398,9 +399,10 @@ class MediaStage:
                 raise
 
     async def _render_locked(
-        self, job: Job, asset_id: uuid.UUID, revision: int, variant_type: str,
+        self, job: Job, asset: asyncpg.Record, revision: int, variant_type: str,
         state: asyncpg.Record, hooks: Hooks, *, deferring: bool,
     ) -> dict[str, Any]:  # fmt: skip
+        asset_id: uuid.UUID = asset["id"]
         rows = await self.s.pool.fetch(
             "SELECT variant_type, deferred_at IS NOT NULL AND deferred_at < now()"
             " - make_interval(secs => $3) AS overdue FROM asset_variants WHERE asset_id = $1"
@@ -417,8 +419,7 @@ class MediaStage:
         if variant_type not in pending:
             await self._spawn_rest(asset_id, revision, state, variant_type)
             return {"outcome": "already_done"}
-        await self._refuse_poison(job, asset_id, hooks)
-        asset = await self._asset(asset_id)
+        await self._refuse_poison(job, asset_id, hooks, known=asset["media_crashes"])
         summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
         # First attempt: everything pending in one DAG run. A retry: this output alone, and
         # every other pending output gets a job of its own (idempotent if it has one).
@@ -604,11 +605,14 @@ class MediaStage:
                   kind=job.kind, detail=detail)  # fmt: skip
         await self._refuse_poison(job, asset_id, hooks)
 
-    async def _refuse_poison(self, job: Job, asset_id: uuid.UUID, hooks: Hooks) -> None:
+    async def _refuse_poison(
+        self, job: Job, asset_id: uuid.UUID, hooks: Hooks, *, known: int | None = None
+    ) -> None:
         """Raise PoisonMediaError (after quarantining the asset) when the source has crashed
-        its media jobs ``poison_crash_count`` times; nothing otherwise."""
+        its media jobs ``poison_crash_count`` times; nothing otherwise. ``known``: the count
+        as read with the asset row (``_asset``); below the limit, nothing more is read."""
         limit = self.s.config.backlog.poison_crash_count
-        if limit <= 0:
+        if limit <= 0 or (known is not None and known < limit):
             return
         crashes = await self.s.pool.fetch(
             "SELECT job_id, kind, cause FROM media_crashes WHERE asset_id = $1"
@@ -709,7 +713,8 @@ class MediaStage:
         a published revision whose outputs are all done goes to enrichment."""
         rows = await self.s.pool.fetch(
             "SELECT v.variant_type, v.status, r.required_outputs, r.status AS revision_status,"
-            " a.tenant_id FROM asset_variants v JOIN asset_revisions r USING (asset_id, revision)"
+            " r.moderation_verdict, a.tenant_id FROM asset_variants v"
+            " JOIN asset_revisions r USING (asset_id, revision)"
             " JOIN assets a ON a.id = v.asset_id WHERE v.asset_id = $1 AND v.revision = $2",
             asset_id,
             revision,
@@ -755,9 +760,12 @@ class MediaStage:
         if status.get("playback") == "SUCCEEDED":
             async with self.s.pool.acquire() as conn:
                 await self.s.queue.enqueue_one(conn, moderate_spec(asset_id, revision, tenant_id))
-        if all(status.get(name) == "SUCCEEDED" for name in required):
-            # Checked after our own commit, as moderation does after its own: whichever
-            # finishes last sees both and enqueues the publish (idempotent).
+        if rows[0]["moderation_verdict"] == "allow" and all(
+            status.get(name) == "SUCCEEDED" for name in required
+        ):
+            # Read after our own commit, as moderation reads after its own: whichever
+            # finishes last sees both gates open and enqueues the publish (idempotent). A
+            # verdict not yet allow here is moderation's to act on once it commits.
             await enqueue_publish_if_ready(self.s.pool, self.s.queue, asset_id, revision)
 
     async def _stopped(self, asset_id: uuid.UUID, revision: asyncpg.Record) -> bool:
@@ -766,22 +774,25 @@ class MediaStage:
         row = await self.s.pool.fetchrow(
             "SELECT status, delete_version, cancel_version FROM assets WHERE id = $1", asset_id
         )
-        return (
-            row is None
-            or row["status"] == "DELETED"
-            or (
-                row["delete_version"] != revision["delete_version_at_start"]
-                or row["cancel_version"] != revision["cancel_version_at_start"]
-            )
-        )
+        return _stopped_since(row, revision)
 
     # -- database helpers ------------------------------------------------------------------
 
     async def _asset(self, asset_id: uuid.UUID) -> asyncpg.Record:
-        with map_db_errors("loading the asset"):
-            row = await self.s.pool.fetchrow("SELECT * FROM assets WHERE id = $1", asset_id)
+        row = await self._asset_row(asset_id)
         if row is None:
             raise NotFoundError(f"asset {asset_id} does not exist")
+        return row
+
+    async def _asset_row(self, asset_id: uuid.UUID) -> asyncpg.Record | None:
+        """The asset row, with ``media_crashes``: how many media jobs its source crashed
+        (read with the row so that the poison rule costs no round trip of its own)."""
+        with map_db_errors("loading the asset"):
+            row: asyncpg.Record | None = await self.s.pool.fetchrow(
+                "SELECT a.*, (SELECT count(*) FROM media_crashes c WHERE c.asset_id = a.id)"
+                " AS media_crashes FROM assets a WHERE a.id = $1",
+                asset_id,
+            )
         return row
 
     async def _revision(self, asset_id: uuid.UUID, revision: int) -> asyncpg.Record | None:
@@ -954,4 +965,16 @@ def register(registry: Registry) -> None:
     )  # fmt: skip
     registry.register(
         JobKind(RENDER_KIND, LANE, handle_render, timeout_seconds=3 * 3600, max_attempts=4)
+    )
+
+
+def _stopped_since(row: asyncpg.Record | None, revision: asyncpg.Record) -> bool:
+    """Whether the asset (its row) was deleted or cancelled since the revision started."""
+    return (
+        row is None
+        or row["status"] == "DELETED"
+        or (
+            row["delete_version"] != revision["delete_version_at_start"]
+            or row["cancel_version"] != revision["cancel_version_at_start"]
+        )
     )
