@@ -131,7 +131,9 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                     }
                     if config.sweeper.periodic:
                         await seed_periodic_sweep(pool, queue, config.sweeper)
-                    worker = Worker(config, pool, registry, services=services, metrics=metrics)
+                    worker = Worker(
+                        config, pool, registry, services=services, metrics=metrics, queue=queue
+                    )
                     async with AsyncExitStack() as stack:
                         if config.outbox.webhooks:
                             await stack.enter_async_context(

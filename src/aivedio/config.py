@@ -101,10 +101,20 @@ class WorkerConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     lease_seconds: float = 30.0
     heartbeat_interval_seconds: float = 5.0
     poll_interval_seconds: float = 1.0
+    # How long a lane that found nothing waits, unwoken, before asking again (every way a
+    # job becomes claimable notifies, so this is a safety net); default 5 x the poll interval.
+    claim_poll_seconds: float | None = None
     claim_batch_max: int = 32
     ack_batch_max: int = 64
     ack_flush_seconds: float = 0.002
     lanes: dict[str, LaneConfig] = msgspec.field(default_factory=_default_lanes)
+
+
+def claim_poll_seconds(worker: WorkerConfig) -> float:
+    """``worker.claim_poll_seconds``, or its default: 5 x ``worker.poll_interval_seconds``."""
+    if worker.claim_poll_seconds is None:
+        return 5 * worker.poll_interval_seconds
+    return worker.claim_poll_seconds
 
 
 class QueueConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -381,6 +391,7 @@ def validate(config: Config, *, require_secrets: bool = True) -> None:
     for name, positive in (
         ("worker.drain_timeout_seconds", worker.drain_timeout_seconds),
         ("worker.poll_interval_seconds", worker.poll_interval_seconds),
+        ("worker.claim_poll_seconds", claim_poll_seconds(worker)),
         ("worker.claim_batch_max", worker.claim_batch_max),
         ("worker.ack_batch_max", worker.ack_batch_max),
         ("queue.max_attempts", config.queue.max_attempts),

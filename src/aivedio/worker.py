@@ -35,6 +35,7 @@ spending their attempt; flush acknowledgements; exit 0. A second signal skips th
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import time
@@ -47,7 +48,7 @@ import anyio
 import asyncpg
 from anyio.abc import TaskStatus
 
-from aivedio.config import Config
+from aivedio.config import Config, claim_poll_seconds
 from aivedio.errors import AivedioError, DatabaseError, DeferredError, TransientError
 from aivedio.logs import get_logger, redact_text
 from aivedio.metrics import WorkerMetrics
@@ -55,7 +56,7 @@ from aivedio.pipeline.backlog import BacklogMonitor, Reading
 from aivedio.pipeline.registry import JobContext, Registry
 from aivedio.scheduling import backoff_seconds, decide_retry
 from aivedio.store.database import Pool, open_connection
-from aivedio.store.queue import NOTIFY_CHANNEL, Job, Queue
+from aivedio.store.queue import NOTIFY_CHANNEL, Job, LocalLanes, Queue
 
 log = get_logger("aivedio.worker")
 
@@ -70,6 +71,22 @@ class _Running:
     claimed_at: float
     released: bool = False
     lease_lost: bool = False
+
+
+RECENT_CLAIMS_KEPT = 1024  # per lane: far more than a notification can lag behind its claim
+
+
+def _parse_notification(payload: object) -> tuple[str, list[int] | None] | None:
+    """``'lane'`` or ``'lane:1,2'`` (queries.sql, enqueue) → (lane, ids or None)."""
+    if not isinstance(payload, str):
+        return None
+    lane, sep, ids = payload.partition(":")
+    if not sep:
+        return lane, None
+    try:
+        return lane, [int(job_id) for job_id in ids.split(",")]
+    except ValueError:
+        return lane, None
 
 
 @dataclass
@@ -87,6 +104,16 @@ class _Lane:
     maybe_more: bool = True
     poll_at: float = 0.0
     news: int = 0  # notifications heard; one that arrives during a claim keeps maybe_more
+    # Jobs this worker enqueued for itself (``LocalLanes``) since its last claim here: they
+    # take free slots before they are claimed, so a second enqueue does not count them again.
+    pledged: int = 0
+    claiming: bool = False
+    # Job ids announced while a claim was in flight: those it did not return may have been
+    # committed after its snapshot, so they are news once it returns.
+    heard_in_claim: set[int] = field(default_factory=set)
+    # The ids this lane claimed lately: an announcement of those alone is old news (the
+    # notification of a commit can arrive after a claim already took the job).
+    recent: dict[int, None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.limit < 0:
@@ -98,6 +125,26 @@ class _Lane:
             self.maybe_more = True
             self.news += 1
         self.wake.set()
+
+    def hear(self, ids: list[int] | None) -> None:
+        """A notification for this lane, with the new jobs' ids when it named them."""
+        if ids is None:
+            self.poke(news=True)
+        elif self.claiming:
+            self.heard_in_claim.update(ids)
+        elif any(job_id not in self.recent for job_id in ids):
+            self.poke(news=True)
+
+    def claimed(self, ids: set[int]) -> bool:
+        """Note a claim's jobs; whether ids announced during it are left for another claim."""
+        for job_id in ids:
+            self.recent[job_id] = None
+        while len(self.recent) > RECENT_CLAIMS_KEPT:
+            del self.recent[next(iter(self.recent))]
+        left = bool(self.heard_in_claim - ids)
+        self.heard_in_claim.clear()
+        self.claiming = False
+        return left
 
     async def sleep(self, at_most_seconds: float | None) -> None:
         with anyio.move_on_after(at_most_seconds):
@@ -125,14 +172,21 @@ class Worker:
         owner: str | None = None,
         readiness: Callable[[], Any] | None = None,
         metrics: WorkerMetrics | None = None,
+        queue: Queue | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
         self.registry = registry
         self.owner = owner or default_owner()
-        self.queue = Queue(
+        # This worker's own notification channel (see LocalLanes); heard only while listening.
+        self._channel = f"{NOTIFY_CHANNEL}_{secrets.token_hex(8)}"
+        self._listening = False
+        # The stages enqueue through the same queue object (``queue``, when given), so the
+        # jobs they make for this worker wake it alone.
+        self.queue = queue or Queue(
             pool, default_start_within_seconds=config.queue.default_start_within_seconds
         )
+        self.queue.local = LocalLanes(self._channel, self._reserve)
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         self.context = JobContext(owner=self.owner, services=dict(services or {}))
         # Shared by every stage of this worker (the media stage defers optional outputs by
@@ -274,6 +328,9 @@ class Worker:
                 lane.maybe_more = True
             want = min(free, wc.claim_batch_max)
             news_seen = lane.news
+            lane.pledged = 0  # this claim takes whatever was enqueued for us and committed
+            lane.claiming = True
+            jobs: list[Job] | None = None
             # Shielded: a drain must not cancel a claim the server may already have
             # committed, or those jobs would be held by nobody until their leases expire.
             with anyio.CancelScope(shield=True):
@@ -291,9 +348,10 @@ class Worker:
                     # with more tenants than one round walks leaves none of them out.
                     lane.tenant_cursor = max((j.tenant_id for j in jobs), default=-1) + 1
                 except DatabaseError as exc:
-                    jobs = None
                     failures += 1
                     log.warning("claim_failed", lane=lane.name, error=str(exc))
+                finally:
+                    left_over = lane.claimed({j.id for j in jobs or ()})
                 if self.draining and jobs:
                     await self._hand_back(jobs)
                     return
@@ -309,9 +367,22 @@ class Worker:
                 self.metrics.claimed.labels(job.kind).inc()
                 jobs_tg.start_soon(self._run_job, lane, self._running[(job.id, job.lease_token)])
             self.metrics.slots_busy.labels(lane.name).set(lane.busy)
-            if len(jobs) < want and lane.news == news_seen:
+            if len(jobs) < want and lane.news == news_seen and not left_over:
                 lane.maybe_more = False
-                lane.poll_at = anyio.current_time() + wc.poll_interval_seconds
+                lane.poll_at = anyio.current_time() + claim_poll_seconds(wc)
+
+    def _reserve(self, wanted: dict[str, int]) -> list[str]:
+        """The lanes of an enqueue that this worker will claim itself (``LocalLanes``): those
+        whose jobs fit its free slots, while it listens and is not draining."""
+        if self.draining or not self._listening:
+            return []
+        mine = []
+        for name, count in wanted.items():
+            lane = self._lanes.get(name)
+            if lane is not None and count <= lane.limit - lane.busy - lane.pledged:
+                lane.pledged += count
+                mine.append(name)
+        return mine
 
     def _apply_pressure(self, reading: Reading) -> None:
         """Lane limits for this reading: while outputs near expiry wait, the media lane
@@ -582,25 +653,31 @@ class Worker:
                 async with open_connection(self.config.database) as conn:
                     lost = anyio.Event()
 
-                    def on_notify(_c: object, _pid: int, _channel: str, lane: object) -> None:
-                        if isinstance(lane, str) and lane in self._lanes:
-                            self._lanes[lane].poke(news=True)
+                    def on_notify(_c: object, _pid: int, _channel: str, payload: object) -> None:
+                        heard = _parse_notification(payload)
+                        if heard is not None and heard[0] in self._lanes:
+                            self._lanes[heard[0]].hear(heard[1])
 
                     def on_lost(_c: object, event: anyio.Event = lost) -> None:
                         event.set()
 
                     conn.add_termination_listener(on_lost)
                     await conn.add_listener(NOTIFY_CHANNEL, on_notify)
+                    await conn.add_listener(self._channel, on_notify)
                     failures = 0
                     # Enqueues made while we were not listening announced nothing to us.
                     for lane in self._lanes.values():
                         lane.poke(news=True)
-                    while not lost.is_set():
-                        with anyio.move_on_after(5):
-                            await lost.wait()
-                        if conn.is_closed():
-                            break
-                        await conn.execute("SELECT 1")
+                    self._listening = True
+                    try:
+                        while not lost.is_set():
+                            with anyio.move_on_after(5):
+                                await lost.wait()
+                            if conn.is_closed():
+                                break
+                            await conn.execute("SELECT 1")
+                    finally:
+                        self._listening = False
             except (DatabaseError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
                 failures += 1
                 log.warning("listen_connection_lost", error=str(exc))

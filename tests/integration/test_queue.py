@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from aivedio.scheduling import Candidate, reference_claim
 from aivedio.store.database import Pool
-from aivedio.store.queue import JobSpec, Queue
+from aivedio.store.queue import JobSpec, LocalLanes, Queue
 
 pytestmark = pytest.mark.anyio
 
@@ -77,7 +77,7 @@ async def test_enqueue_wakes_each_new_jobs_lane_once_at_commit_and_a_duplicate_n
         await listener.add_listener("aivedio_jobs", on_notify)
         queue = Queue(pool)
         async with pool.acquire() as conn, conn.transaction():
-            await queue.enqueue(conn, [spec("a"), spec("b"), spec("c", lane="media")])
+            a, b, c = await queue.enqueue(conn, [spec("a"), spec("b"), spec("c", lane="media")])
             await anyio.sleep(0.2)
             assert heard == []  # nothing before the commit
         with anyio.fail_after(5):
@@ -87,7 +87,28 @@ async def test_enqueue_wakes_each_new_jobs_lane_once_at_commit_and_a_duplicate_n
             assert not (await queue.enqueue_one(conn, spec("a"))).created
         await anyio.sleep(0.3)
         await listener.remove_listener("aivedio_jobs", on_notify)
-    assert sorted(heard) == ["control", "media"]
+    # Each lane once, naming its new jobs (a worker that claimed them already ignores it).
+    assert sorted(heard) == [
+        f"control:{min(a.job_id, b.job_id)},{max(a.job_id, b.job_id)}",
+        f"media:{c.job_id}",
+    ]
+
+
+async def test_a_large_enqueue_names_its_lane_only(pool: Pool) -> None:
+    heard: list[str] = []
+
+    def on_notify(*args: object) -> None:
+        heard.append(str(args[3]))
+
+    async with pool.acquire() as listener:
+        await listener.add_listener("aivedio_jobs", on_notify)
+        async with pool.acquire() as conn:
+            await Queue(pool).enqueue(conn, [spec(f"k{i}") for i in range(65)])
+        with anyio.fail_after(5):
+            while not heard:
+                await anyio.sleep(0.02)
+        await listener.remove_listener("aivedio_jobs", on_notify)
+    assert heard == ["control"]  # 65 ids would not fit a notification's payload for long
 
 
 async def test_held_jobs_wait_until_woken_or_their_time_passes(pool: Pool) -> None:
@@ -381,3 +402,40 @@ async def test_queue_stats_report_depth_and_oldest_age(pool: Pool) -> None:
     stats = await Queue(pool).stats()
     assert stats["diag.noop"][0] == 2 and stats["diag.noop"][1] >= 90
     assert stats["diag.sleep"][0] == 1
+
+
+async def test_lanes_the_enqueuing_worker_will_claim_are_announced_to_it_alone(
+    pool: Pool,
+) -> None:
+    """LocalLanes: jobs that fit the enqueuing worker's free slots wake it on its own channel;
+    a lane with more jobs than it has free slots is announced to the whole fleet."""
+    heard: dict[str, list[str]] = {"aivedio_jobs": [], "aivedio_jobs_me": []}
+
+    def on_notify(_conn: object, _pid: int, channel: str, lane: object) -> None:
+        heard[channel].append(str(lane))
+
+    asked: list[dict[str, int]] = []
+
+    def reserve(wanted: dict[str, int]) -> list[str]:
+        asked.append(dict(wanted))
+        free = {"control": 2, "media": 1}
+        return [lane for lane, n in wanted.items() if n <= free.get(lane, 0)]
+
+    async with pool.acquire() as listener:
+        for channel in heard:
+            await listener.add_listener(channel, on_notify)
+        queue = Queue(pool, local=LocalLanes("aivedio_jobs_me", reserve))
+        async with pool.acquire() as conn, conn.transaction():
+            await queue.enqueue(
+                conn,
+                [spec("a"), spec("b"), spec("c", lane="media"), spec("d", lane="media")],
+            )
+        with anyio.fail_after(5):
+            while sum(len(v) for v in heard.values()) < 2:
+                await anyio.sleep(0.02)
+        await anyio.sleep(0.2)
+        for channel in heard:
+            await listener.remove_listener(channel, on_notify)
+    assert asked == [{"control": 2, "media": 2}]
+    lanes = {channel: [p.partition(":")[0] for p in said] for channel, said in heard.items()}
+    assert lanes == {"aivedio_jobs_me": ["control"], "aivedio_jobs": ["media"]}

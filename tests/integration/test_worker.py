@@ -230,3 +230,56 @@ async def test_a_deferred_job_waits_without_spending_attempts(config: Config, po
     assert row["lease_token"] >= 3  # claimed and deferred at least three times
     assert row["attempts"] <= 1
     assert row["last_error_class"] == "deferred"
+
+
+def slow_poll(config: Config) -> Config:
+    """A poll interval far beyond the test: only a notification can wake a lane."""
+    worker = msgspec.structs.replace(config.worker, poll_interval_seconds=60.0)
+    return msgspec.structs.replace(config, worker=worker)
+
+
+async def test_a_job_the_worker_enqueues_for_itself_wakes_it_alone(
+    config: Config, pool: Pool
+) -> None:
+    shared: list[str] = []
+
+    def on_notify(_conn: object, _pid: int, _channel: str, lane: object) -> None:
+        shared.append(str(lane))
+
+    async with pool.acquire() as listener:
+        await listener.add_listener("aivedio_jobs", on_notify)
+        async with running_worker(slow_poll(config), pool) as worker:
+            with anyio.fail_after(10):
+                while not worker._listening:
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.3)  # its first claims came back empty: asleep until news
+            async with pool.acquire() as conn:
+                mine = await worker.queue.enqueue_one(
+                    conn, REGISTRY.spec("diag.noop", "for-myself", payload={})
+                )
+            # Woken by its own channel (the poll is a minute away) and run.
+            row = await wait_for(
+                pool, "SELECT status FROM job_history WHERE id = $1", mine.job_id, timeout=10
+            )
+            assert row["status"] == "succeeded"
+            # A job enqueued by anybody else is still announced to the fleet, and run.
+            other = await enqueue(pool, "diag.noop", "from-elsewhere", {})
+            await wait_for(pool, "SELECT 1 FROM job_history WHERE id = $1", other, timeout=10)
+        await listener.remove_listener("aivedio_jobs", on_notify)
+    assert shared == [f"control:{other}"]  # the second job's; the first woke nobody else
+
+
+async def test_a_worker_reserves_only_free_slots_and_only_while_it_listens(
+    config: Config, pool: Pool
+) -> None:
+    worker = Worker(config, pool, REGISTRY)
+    control = worker._lanes["control"]
+    assert worker._reserve({"control": 1}) == []  # not listening: the fleet hears it
+    worker._listening = True
+    control.busy = control.limit - 3
+    assert worker._reserve({"control": 2, "media": 3}) == ["control"]  # media has 2 slots
+    assert worker._reserve({"control": 2}) == []  # 1 free slot left once 2 are promised
+    assert worker._reserve({"control": 1}) == ["control"]
+    control.pledged = 0  # what a claim does
+    worker.draining = True
+    assert worker._reserve({"control": 1}) == []

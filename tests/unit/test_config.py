@@ -12,7 +12,7 @@ import pytest
 import structlog
 
 from aivedio import cli
-from aivedio.config import load_config, masked
+from aivedio.config import claim_poll_seconds, load_config, masked
 from aivedio.errors import ConfigError
 
 KEY = base64.b64encode(b"k" * 32).decode()
@@ -110,6 +110,7 @@ def test_value_of_wrong_type_names_the_key(tmp_path: Path, toml: str, key: str) 
         ({"AIVEDIO_LOG__FORMAT": "xml"}, "log.format"),
         ({"AIVEDIO_WORKER__HTTP_PORT": "70000"}, "worker.http_port"),
         ({"AIVEDIO_QUEUE__MAX_ATTEMPTS": "0"}, "queue.max_attempts"),
+        ({"AIVEDIO_WORKER__CLAIM_POLL_SECONDS": "0"}, "worker.claim_poll_seconds"),
     ],
 )
 def test_semantic_error_names_the_key(env: dict[str, str], key: str) -> None:
@@ -319,3 +320,10 @@ def test_media_ladder_from_toml(tmp_path: Path) -> None:
     config = load_config(path, environ={"AIVEDIO_URL_ENCRYPTION_KEY": KEY})
     assert [(r.height, r.crf) for r in config.media.ladder] == [(540, 26)]
     assert config.media.tolerances["acme"].duration_seconds == 0.5
+
+
+def test_claim_poll_defaults_to_five_poll_intervals_unless_set() -> None:
+    base = load_config(None, {**SECRET_ENV, "AIVEDIO_WORKER__POLL_INTERVAL_SECONDS": "0.5"})
+    assert claim_poll_seconds(base.worker) == 2.5
+    env = {**SECRET_ENV, "AIVEDIO_WORKER__CLAIM_POLL_SECONDS": "7"}
+    assert claim_poll_seconds(load_config(None, env).worker) == 7.0

@@ -18,7 +18,7 @@ was re-claimed cannot complete, retry, bury or release the job: its token no lon
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +31,31 @@ from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.queries import query
 
 NOTIFY_CHANNEL = "aivedio_jobs"
+
+
+class LocalLanes:
+    """What a worker tells its queue so that the jobs it enqueues for itself wake only it.
+
+    ``channel``: the worker's own notification channel (it LISTENs on it beside
+    ``NOTIFY_CHANNEL``). ``reserve``: given the number of jobs an enqueue makes per lane,
+    the lanes whose jobs this worker will claim itself (they fit its free slots; it counts
+    them as promised until its next claim there), none while it does not listen or drains.
+    Those lanes are notified on the private channel: the enqueuing worker claims the jobs,
+    and the others, which would hear the shared channel and claim nothing, stay asleep. Any
+    other lane (more jobs than free slots, a fan-out such as chunk pieces) is announced to
+    the whole fleet as before. A private wake-up that goes astray (the enqueue rolled back,
+    the worker died) costs at most the poll interval, never a job: every worker still polls.
+    """
+
+    def __init__(self, channel: str, reserve: Callable[[dict[str, int]], list[str]]) -> None:
+        self.channel = channel
+        self.reserve = reserve
+
+    def lanes_for(self, lanes: Sequence[str]) -> list[str]:
+        wanted: dict[str, int] = {}
+        for lane in lanes:
+            wanted[lane] = wanted.get(lane, 0) + 1
+        return sorted(self.reserve(wanted))
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -77,9 +102,16 @@ class Enqueued:
 class Queue:
     """Verbs over the ``jobs`` tables. Stateless; safe to share across tasks."""
 
-    def __init__(self, pool: Pool, *, default_start_within_seconds: float = 3600.0) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        default_start_within_seconds: float = 3600.0,
+        local: LocalLanes | None = None,
+    ) -> None:
         self._pool = pool
         self._default_start_within = default_start_within_seconds
+        self.local = local  # set by the worker that owns this queue object
 
     # -- producing -------------------------------------------------------------------------
 
@@ -95,6 +127,7 @@ class Queue:
             return []
         now = now or datetime.now(UTC)
         items = list(unique.values())
+        private = self.local.lanes_for([s.lane for s in items]) if self.local else []
         with map_db_errors("enqueueing jobs"):
             rows = await conn.fetch(
                 query("enqueue"),
@@ -118,6 +151,8 @@ class Queue:
                 ],
                 [s.max_attempts for s in items],
                 [s.timeout_seconds for s in items],
+                private,
+                self.local.channel if self.local else NOTIFY_CHANNEL,
             )
             created = {r["idempotency_key"]: r["id"] for r in rows}
             missing = [k for k in unique if k not in created]

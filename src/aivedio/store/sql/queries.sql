@@ -27,8 +27,16 @@ WITH input AS (
 ), notified AS (
     -- Wake the lanes' listeners (delivered at commit), in this round trip. A CTE holding a
     -- volatile call is materialized and runs once, when the final SELECT reads it: only if
-    -- a job was inserted.
-    SELECT pg_notify('aivedio_jobs', l.lane) FROM (SELECT DISTINCT lane FROM inserted) AS l
+    -- a job was inserted. Lanes in $12 wake the enqueuing worker alone, on its own channel
+    -- $13 (it has the slots for them: the other workers would only claim nothing). The
+    -- payload names the lane and, up to 64 of them, the new jobs' ids ('control:17,18'), so
+    -- a worker that already claimed them does not ask again (worker.py, _Lane.hear).
+    SELECT pg_notify(CASE WHEN i.lane = ANY($12::text[]) THEN $13::text
+                          ELSE 'aivedio_jobs' END,
+                     CASE WHEN count(*) <= 64
+                          THEN i.lane || ':' || string_agg(i.id::text, ',' ORDER BY i.id)
+                          ELSE i.lane END)
+    FROM inserted i GROUP BY i.lane
 )
 SELECT idempotency_key, id, lane, (SELECT count(*) FROM notified) AS lanes_notified
 FROM inserted;
