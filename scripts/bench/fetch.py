@@ -307,6 +307,24 @@ def report(rows: list[dict[str, Any]]) -> str:
                     f"{mbps(bs):,.0f} | (b) is {mbps(b) / mbps(bs):.2f}x | "
                     f"{bs['peak_rss_bytes'] / MIB:,.0f} MiB |"
                 )
+    s3_rows = [r for r in rows if "b" in r]
+    if s3_rows:
+        out += [
+            "",
+            "S3 paths by phase: streaming (until every part is sent) and completing (the store",
+            "assembling the parts), with the CPU of the uploading process.",
+            "",
+            "| body | path | streaming | completing | CPU |",
+            "|---|---|---:|---:|---:|",
+        ]
+        for r in s3_rows:
+            for name, label in (("b", "(b)"), ("b_prime", "(b')"), ("b_sha", "(b'')")):
+                if name in r:
+                    f = r[name]
+                    out.append(
+                        f"| {r['size_gib']:g} GiB | {label} | {f['stream_seconds']:.2f} s | "
+                        f"{f['seconds'] - f['stream_seconds']:.2f} s | {f['cpu_seconds']:.2f} s |"
+                    )
     out.append("")
     out.append(f"Machine: {machine()}.")
     return "\n".join(out)
