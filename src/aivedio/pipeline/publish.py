@@ -164,11 +164,7 @@ class PublishStage:
             return {"outcome": "already_published", "revision": revision_no}
         if revision["status"] != "BUILDING":
             return {"outcome": f"revision_{revision['status'].lower()}"}
-        newer = await self.pool.fetchval(
-            "SELECT max(revision) FROM asset_revisions WHERE asset_id = $1"
-            " AND status IN ('BUILDING', 'READY') AND enriches IS NULL",
-            asset_id,
-        )
+        newer = revision["newest_candidate"]
         if newer is not None and newer > revision_no:
             await self._abandon(asset_id, revision_no, "a newer revision is the candidate")
             return {"outcome": "superseded_before_publish"}
@@ -241,22 +237,29 @@ class PublishStage:
         self, conn: Any, asset_id: uuid.UUID, locked: asyncpg.Record, previous: int | None,
         revision_no: int, outputs: list[str], enriched: bool,
     ) -> None:  # fmt: skip
-        """Move the pointer by CAS and the asset's state; record the release; link the task."""
-        moved = await conn.fetchval(
-            "UPDATE assets SET current_revision = $2, updated_at = now()"
-            " WHERE id = $1 AND current_revision IS NOT DISTINCT FROM $3 RETURNING 1",
-            asset_id, revision_no, previous,
-        )  # fmt: skip
-        if moved is None:
-            raise TransientError("assets.current_revision moved under the publish")
+        """Move the pointer and the asset's state; record the release; link the task.
+
+        The caller holds the asset row locked and saw ``current_revision == previous`` under
+        that lock, so the pointer moves with the first state change (one statement) or, when
+        the state stays, by a compare-and-set of its own."""
+        pointer: dict[str, Any] | None = {"current_revision": revision_no}
         status = locked["status"]
         if status == "PROCESSING":
             await transition(conn, Entity.ASSET, (asset_id,), expected="PROCESSING",
-                             new="PLAYABLE")  # fmt: skip
-            status = "PLAYABLE"
+                             new="PLAYABLE", values=pointer)  # fmt: skip
+            status, pointer = "PLAYABLE", None
         if enriched and status == "PLAYABLE":
             await transition(conn, Entity.ASSET, (asset_id,), expected="PLAYABLE",
-                             new="ENRICHED")  # fmt: skip
+                             new="ENRICHED", values=pointer)  # fmt: skip
+            pointer = None
+        if pointer is not None:
+            moved = await conn.fetchval(
+                "UPDATE assets SET current_revision = $2, updated_at = now()"
+                " WHERE id = $1 AND current_revision IS NOT DISTINCT FROM $3 RETURNING 1",
+                asset_id, revision_no, previous,
+            )  # fmt: skip
+            if moved is None:
+                raise TransientError("assets.current_revision moved under the publish")
         if previous is not None:
             await transition(conn, Entity.REVISION, (asset_id, previous), expected="READY",
                              new="SUPERSEDED")  # fmt: skip
@@ -369,8 +372,12 @@ class PublishStage:
         asset = await self.pool.fetchrow("SELECT * FROM assets WHERE id = $1", asset_id)
         if asset is None:
             raise StaleStateError(f"asset {asset_id} does not exist")
+        # With the newest revision that could be published instead (a rebuild's).
         revision = await self.pool.fetchrow(
-            "SELECT * FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
+            "SELECT r.*, (SELECT max(n.revision) FROM asset_revisions n"
+            "  WHERE n.asset_id = r.asset_id AND n.status IN ('BUILDING', 'READY')"
+            "  AND n.enriches IS NULL) AS newest_candidate"
+            " FROM asset_revisions r WHERE r.asset_id = $1 AND r.revision = $2",
             asset_id,
             revision_no,
         )
