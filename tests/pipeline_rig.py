@@ -178,7 +178,7 @@ async def running_worker(rig: Rig, registry: Registry | None = None) -> AsyncIte
             "moderation": moderation,
             "publish": PublishStage(rig.config, rig.pool, queue, rig.store),
         }
-        w = Worker(rig.config, rig.pool, registry or REGISTRY, services=services)
+        w = Worker(rig.config, rig.pool, registry or REGISTRY, services=services, queue=queue)
         tg.start_soon(lambda: w.run(install_signal_handlers=False))
         yield w
         w.request_drain(force=True)

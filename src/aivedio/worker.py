@@ -186,7 +186,7 @@ class Worker:
         self.queue = queue or Queue(
             pool, default_start_within_seconds=config.queue.default_start_within_seconds
         )
-        self.queue.local = LocalLanes(self._channel, self._reserve)
+        self.queue.local = LocalLanes(self._channel, self._reserve, self._unreserve)
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         self.context = JobContext(owner=self.owner, services=dict(services or {}))
         # Shared by every stage of this worker (the media stage defers optional outputs by
@@ -320,15 +320,16 @@ class Worker:
             if free <= 0:
                 await lane.sleep(None)
                 continue
+            polled = False  # this claim is the idle poll, not news or a full claim
             if not lane.maybe_more:
                 remaining = lane.poll_at - anyio.current_time()
                 if remaining > 0:
                     await lane.sleep(remaining)  # until news, a freed slot or the poll
                     continue
-                lane.maybe_more = True
+                lane.maybe_more = polled = True
             want = min(free, wc.claim_batch_max)
             news_seen = lane.news
-            lane.pledged = 0  # this claim takes whatever was enqueued for us and committed
+            pledged, lane.pledged = lane.pledged, 0  # this claim takes what was enqueued for us
             lane.claiming = True
             jobs: list[Job] | None = None
             # Shielded: a drain must not cancel a claim the server may already have
@@ -369,7 +370,30 @@ class Worker:
             self.metrics.slots_busy.labels(lane.name).set(lane.busy)
             if len(jobs) < want and lane.news == news_seen and not left_over:
                 lane.maybe_more = False
-                lane.poll_at = anyio.current_time() + claim_poll_seconds(wc)
+                # Short after news: look again after one poll interval (a concurrent claim
+                # may have held rows it did not take, SKIP LOCKED hid them); only a poll that
+                # found nothing at all waits the longer idle interval.
+                idle = polled and not jobs
+                lane.poll_at = anyio.current_time() + (
+                    claim_poll_seconds(wc) if idle else wc.poll_interval_seconds
+                )
+            elif pledged and len(jobs) == want:
+                # Full: jobs this worker announced to itself alone may be left behind (the
+                # claim takes the most urgent first); let the fleet know they are there.
+                await self._announce(lane.name)
+
+    async def _announce(self, lane: str) -> None:
+        try:
+            await self.queue.notify([lane])
+        except DatabaseError as exc:  # the other workers' polls are the fallback
+            log.warning("announce_failed", lane=lane, error=str(exc))
+
+    def _unreserve(self, unused: dict[str, int]) -> None:
+        """Give back promised slots of jobs an enqueue did not create (known keys)."""
+        for name, count in unused.items():
+            lane = self._lanes.get(name)
+            if lane is not None:
+                lane.pledged = max(0, lane.pledged - count)
 
     def _reserve(self, wanted: dict[str, int]) -> list[str]:
         """The lanes of an enqueue that this worker will claim itself (``LocalLanes``): those

@@ -56,7 +56,7 @@ async def running_worker(rig: Rig) -> AsyncIterator[Worker]:
         open_media_stage(rig.config, rig.pool, queue, rig.store) as stage,
         anyio.create_task_group() as tg,
     ):
-        w = Worker(rig.config, rig.pool, REGISTRY, services={"media": stage})
+        w = Worker(rig.config, rig.pool, REGISTRY, services={"media": stage}, queue=queue)
         tg.start_soon(lambda: w.run(install_signal_handlers=False))
         yield w
         w.request_drain(force=True)

@@ -415,6 +415,7 @@ async def test_lanes_the_enqueuing_worker_will_claim_are_announced_to_it_alone(
         heard[channel].append(str(lane))
 
     asked: list[dict[str, int]] = []
+    unreserved: list[dict[str, int]] = []
 
     def reserve(wanted: dict[str, int]) -> list[str]:
         asked.append(dict(wanted))
@@ -424,7 +425,7 @@ async def test_lanes_the_enqueuing_worker_will_claim_are_announced_to_it_alone(
     async with pool.acquire() as listener:
         for channel in heard:
             await listener.add_listener(channel, on_notify)
-        queue = Queue(pool, local=LocalLanes("aivedio_jobs_me", reserve))
+        queue = Queue(pool, local=LocalLanes("aivedio_jobs_me", reserve, unreserved.append))
         async with pool.acquire() as conn, conn.transaction():
             await queue.enqueue(
                 conn,
@@ -437,5 +438,21 @@ async def test_lanes_the_enqueuing_worker_will_claim_are_announced_to_it_alone(
         for channel in heard:
             await listener.remove_listener(channel, on_notify)
     assert asked == [{"control": 2, "media": 2}]
+    assert unreserved == []  # both control jobs were created
     lanes = {channel: [p.partition(":")[0] for p in said] for channel, said in heard.items()}
     assert lanes == {"aivedio_jobs_me": ["control"], "aivedio_jobs": ["media"]}
+
+
+async def test_slots_reserved_for_jobs_an_enqueue_did_not_create_are_given_back(
+    pool: Pool,
+) -> None:
+    unreserved: list[dict[str, int]] = []
+    queue = Queue(
+        pool,
+        local=LocalLanes("aivedio_jobs_me", lambda wanted: sorted(wanted), unreserved.append),
+    )
+    async with pool.acquire() as conn:
+        await queue.enqueue(conn, [spec("known")])
+        unreserved.clear()
+        await queue.enqueue(conn, [spec("known"), spec("new"), spec("m", lane="media")])
+    assert unreserved == [{"control": 1}]  # "known" existed; "new" and "m" were created

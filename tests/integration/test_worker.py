@@ -280,6 +280,9 @@ async def test_a_worker_reserves_only_free_slots_and_only_while_it_listens(
     assert worker._reserve({"control": 2, "media": 3}) == ["control"]  # media has 2 slots
     assert worker._reserve({"control": 2}) == []  # 1 free slot left once 2 are promised
     assert worker._reserve({"control": 1}) == ["control"]
+    assert worker._reserve({"control": 1}) == []  # all 3 free slots promised
+    worker._unreserve({"control": 1, "nonexistent": 3})  # an enqueue created one job fewer
+    assert worker._reserve({"control": 1}) == ["control"]
     control.pledged = 0  # what a claim does
     worker.draining = True
     assert worker._reserve({"control": 1}) == []

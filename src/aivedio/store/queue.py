@@ -43,19 +43,42 @@ class LocalLanes:
     Those lanes are notified on the private channel: the enqueuing worker claims the jobs,
     and the others, which would hear the shared channel and claim nothing, stay asleep. Any
     other lane (more jobs than free slots, a fan-out such as chunk pieces) is announced to
-    the whole fleet as before. A private wake-up that goes astray (the enqueue rolled back,
-    the worker died) costs at most the poll interval, never a job: every worker still polls.
+    the whole fleet as before. ``created``, after the statement, gives back what was
+    reserved for jobs it did not create (known keys). A reservation is a promise to claim,
+    not to claim that job: when the worker's next claim there comes back full (older jobs
+    first), it announces the lane to the fleet (``Queue.notify``). A private wake-up that
+    goes astray (the enqueue rolled back, the worker died) costs at most the other workers'
+    idle poll (``worker.claim_poll_seconds``), never a job.
     """
 
-    def __init__(self, channel: str, reserve: Callable[[dict[str, int]], list[str]]) -> None:
+    def __init__(
+        self,
+        channel: str,
+        reserve: Callable[[dict[str, int]], list[str]],
+        unreserve: Callable[[dict[str, int]], None],
+    ) -> None:
         self.channel = channel
         self.reserve = reserve
+        self.unreserve = unreserve  # the reserved jobs an enqueue did not create, per lane
 
     def lanes_for(self, lanes: Sequence[str]) -> list[str]:
-        wanted: dict[str, int] = {}
-        for lane in lanes:
-            wanted[lane] = wanted.get(lane, 0) + 1
-        return sorted(self.reserve(wanted))
+        return sorted(self.reserve(_per_lane(lanes)))
+
+    def created(self, private: Sequence[str], asked: Sequence[str], made: Sequence[str]) -> None:
+        """After the statement: give back what was reserved for jobs it did not create."""
+        if private:
+            wanted, got = _per_lane(asked), _per_lane(made)
+            unused = {lane: wanted[lane] - got.get(lane, 0) for lane in private}
+            unused = {lane: n for lane, n in unused.items() if n > 0}
+            if unused:
+                self.unreserve(unused)
+
+
+def _per_lane(lanes: Sequence[str]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for lane in lanes:
+        counts[lane] = counts.get(lane, 0) + 1
+    return counts
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -155,6 +178,8 @@ class Queue:
                 self.local.channel if self.local else NOTIFY_CHANNEL,
             )
             created = {r["idempotency_key"]: r["id"] for r in rows}
+            if self.local is not None:
+                self.local.created(private, [s.lane for s in items], [r["lane"] for r in rows])
             missing = [k for k in unique if k not in created]
             existing: dict[str, int] = {}
             if missing:
@@ -278,6 +303,11 @@ class Queue:
             )
         return {r["id"]: r["lease_token"] for r in rows}
 
+    async def notify(self, lanes: Sequence[str]) -> None:
+        """Wake these lanes across the fleet (the shared channel)."""
+        with map_db_errors("waking lanes"):
+            await self._pool.execute(query("notify"), sorted(set(lanes)))
+
     # -- maintenance -----------------------------------------------------------------------
 
     async def reap(self) -> list[tuple[int, str, str, str]]:
@@ -286,7 +316,7 @@ class Queue:
             rows = await self._pool.fetch(query("reap"))
             lanes = sorted({r["lane"] for r in rows if r["outcome"] == "queued"})
             if lanes:
-                await self._pool.execute(query("notify"), lanes)
+                await self.notify(lanes)
         return [(r["id"], r["lane"], r["kind"], r["outcome"]) for r in rows]
 
     async def hold(
