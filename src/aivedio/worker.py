@@ -318,6 +318,11 @@ class Worker:
         while not self.draining:
             free = lane.limit - lane.busy
             if free <= 0:
+                if lane.pledged:
+                    # Full, with jobs announced to this worker alone since its last claim
+                    # (reserved while a claim was in flight): let the fleet take them.
+                    lane.pledged = 0
+                    await self._announce(lane.name)
                 await lane.sleep(None)
                 continue
             polled = False  # this claim is the idle poll, not news or a full claim
@@ -377,9 +382,10 @@ class Worker:
                 lane.poll_at = anyio.current_time() + (
                     claim_poll_seconds(wc) if idle else wc.poll_interval_seconds
                 )
-            elif pledged and len(jobs) == want:
-                # Full: jobs this worker announced to itself alone may be left behind (the
-                # claim takes the most urgent first); let the fleet know they are there.
+            elif pledged and len(jobs) == want and lane.busy >= lane.limit:
+                # Full, and no slot left to claim again: jobs this worker announced to itself
+                # alone may be left behind (the claim takes the most urgent first); let the
+                # fleet know they are there.
                 await self._announce(lane.name)
 
     async def _announce(self, lane: str) -> None:

@@ -12,7 +12,7 @@ import anyio
 import msgspec
 import pytest
 
-from aivedio.config import Config
+from aivedio.config import Config, LaneConfig
 from aivedio.pipeline.kinds import default_registry
 from aivedio.store.database import Pool
 from aivedio.store.queue import Queue
@@ -286,3 +286,38 @@ async def test_a_worker_reserves_only_free_slots_and_only_while_it_listens(
     control.pledged = 0  # what a claim does
     worker.draining = True
     assert worker._reserve({"control": 1}) == []
+
+
+async def test_a_full_lane_hands_jobs_promised_to_itself_to_the_fleet(
+    config: Config, pool: Pool
+) -> None:
+    one_slot = msgspec.structs.replace(
+        config.worker,
+        lanes={"control": LaneConfig(slots=1)},
+        poll_interval_seconds=60.0,
+    )
+    shared: list[str] = []
+
+    def on_notify(_conn: object, _pid: int, _channel: str, lane: object) -> None:
+        shared.append(str(lane))
+
+    async with pool.acquire() as listener:
+        await listener.add_listener("aivedio_jobs", on_notify)
+        cfg = msgspec.structs.replace(config, worker=one_slot)
+        async with running_worker(cfg, pool) as worker:
+            with anyio.fail_after(10):
+                while not worker._listening:
+                    await anyio.sleep(0.01)
+            busy = await enqueue(pool, "diag.sleep", "fills-the-slot", {"seconds": 3})
+            await wait_for(pool, "SELECT 1 FROM jobs WHERE id = $1 AND status = 'running'", busy)
+            shared.clear()
+            # As if an enqueue had reserved a slot while the claim that filled the lane ran.
+            lane = worker._lanes["control"]
+            lane.pledged = 1
+            lane.poke()
+            with anyio.fail_after(5):
+                while not shared:
+                    await anyio.sleep(0.02)
+            assert lane.pledged == 0
+        await listener.remove_listener("aivedio_jobs", on_notify)
+    assert shared[0] == "control"  # a bare lane: whoever has a free slot claims
