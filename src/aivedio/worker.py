@@ -5,7 +5,9 @@ LISTEN connection, the heartbeat, the maintenance loop (due retries, expired lea
 gauges), the acknowledgement flusher, and a nested group that owns the job tasks. A lane's
 claimer claims at most its free slots (never more: a claimed job holds a lease, and a lease
 held by a job that is not running is a delay for nobody's benefit), starts one task per job,
-and sleeps until a NOTIFY for its lane, a freed slot, or the poll interval.
+and sleeps until a NOTIFY for its lane (on the shared channel, or on this worker's own for
+the jobs its stages made for it: ``LocalLanes``), a freed slot, or its poll (see
+docs/architecture.md, "Wake-ups", for when it asks the database and when it does not).
 
 Completions are acknowledged in batches by one flusher: while one batch is in flight the
 next accumulates, so the statement count falls as load rises. The per-row fencing check in
