@@ -771,10 +771,7 @@ class MediaStage:
     async def _stopped(self, asset_id: uuid.UUID, revision: asyncpg.Record) -> bool:
         """Deleted or cancelled since the revision started: no more rendering (seed §11.8.2
         stops optional work at once)."""
-        row = await self.s.pool.fetchrow(
-            "SELECT status, delete_version, cancel_version FROM assets WHERE id = $1", asset_id
-        )
-        return _stopped_since(row, revision)
+        return _stopped_since(await self._asset_row(asset_id), revision)
 
     # -- database helpers ------------------------------------------------------------------
 

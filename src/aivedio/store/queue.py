@@ -18,6 +18,7 @@ was re-claimed cannot complete, retry, bury or release the job: its token no lon
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -62,23 +63,15 @@ class LocalLanes:
         self.unreserve = unreserve  # the reserved jobs an enqueue did not create, per lane
 
     def lanes_for(self, lanes: Sequence[str]) -> list[str]:
-        return sorted(self.reserve(_per_lane(lanes)))
+        return sorted(self.reserve(dict(Counter(lanes))))
 
     def created(self, private: Sequence[str], asked: Sequence[str], made: Sequence[str]) -> None:
         """After the statement: give back what was reserved for jobs it did not create."""
         if private:
-            wanted, got = _per_lane(asked), _per_lane(made)
-            unused = {lane: wanted[lane] - got.get(lane, 0) for lane in private}
-            unused = {lane: n for lane, n in unused.items() if n > 0}
+            wanted, got = Counter(asked), Counter(made)
+            unused = {n: wanted[n] - got[n] for n in private if wanted[n] > got[n]}
             if unused:
                 self.unreserve(unused)
-
-
-def _per_lane(lanes: Sequence[str]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for lane in lanes:
-        counts[lane] = counts.get(lane, 0) + 1
-    return counts
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
