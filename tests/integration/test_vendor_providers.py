@@ -201,18 +201,22 @@ async def test_a_refused_file_that_is_never_reissued_keeps_its_first_expiry_and_
         sim = rig.sim
         sim.add_task("t1", bodies("veo_gemini", "t1")[:1], faults=Faults(expired=True), done=True)
         await rig.record_now("t1")
-        # Past before the fetch job's retry budget is spent (8 attempts, backoff at most
-        # 0.2 s here): the last attempt then finds it expired and the output lost. With 2 s
-        # the budget could run out first on a fast machine, leaving the output RETRY_WAIT
-        # for an operator's replay (as the fetch stage does with a URL still valid).
-        first_expiry = await rig.pool.fetchval(
-            "UPDATE provider_outputs SET source_url_expires_at = now() + interval '0.3 seconds'"
-            " RETURNING source_url_expires_at"
-        )
+        first_expiry = await rig.pool.fetchval("SELECT source_url_expires_at FROM provider_outputs")
         async with rig.worker():
-            rows = await rig.wait_outputs(1, ("OUTPUT_LOST",), timeout=30)
-        assert rows[0]["source_url_expires_at"] == first_expiry
-        assert sim.requests["task"] >= 2  # the refresh read the operation again
+            with anyio.fail_after(30):
+                while sim.requests["task"] < 2:  # the refresh read the operation again
+                    await anyio.sleep(0.02)
+            # The refresh found the same file: its clock did not restart.
+            assert (
+                await rig.pool.fetchval("SELECT source_url_expires_at FROM provider_outputs")
+                == first_expiry
+            )
+            # Then let it run out, before the fetch job's retry budget is spent (8 attempts,
+            # backoff at most 0.2 s here): the next attempt finds it expired and the output
+            # lost. (Timed from the refresh, not from before the worker starts, whose start
+            # on a loaded machine took longer than a fixed expiry.)
+            await rig.pool.execute("UPDATE provider_outputs SET source_url_expires_at = now()")
+            await rig.wait_outputs(1, ("OUTPUT_LOST",), timeout=30)
         assert sim.requests["create"] == 0
 
 
