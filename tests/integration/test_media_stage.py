@@ -186,6 +186,34 @@ async def test_a_failing_optional_output_never_blocks_the_required_set(
     assert sprite_job["last_error_class"] == "render_failed"
 
 
+async def test_optional_outputs_made_before_a_crash_are_recorded(
+    rig: Rig, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Optional outputs are recorded together when the run ends, also when it ends by an
+    error the run does not expect: what was made and verified is not made again."""
+    finalize = dag.MediaRun._finalize
+    made: list[str] = []
+
+    async def crash_after_two(self: dag.MediaRun, node: str, *args: Any) -> Any:
+        optional = [n for n in made if n not in ("playback", "poster")]
+        if len(optional) == 2:
+            raise RuntimeError("the worker dies here")
+        made.append(node)
+        return await finalize(self, node, *args)
+
+    monkeypatch.setattr(dag.MediaRun, "_finalize", crash_after_two)
+    asset_id = await rig.quarantine(source.read_bytes())
+    async with open_media_stage(rig.config, rig.pool, Queue(rig.pool), rig.store) as stage:
+        await stage.probe(fake_job({"asset_id": str(asset_id)}, kind="probe"))
+        payload = {"asset_id": str(asset_id), "revision": 1, "variant_type": "playback"}
+        with pytest.raises(RuntimeError):
+            await stage.render(fake_job(payload, "render"))
+    variants = await rig.variants(asset_id)
+    done = {n for n, v in variants.items() if v["status"] == "SUCCEEDED"}
+    assert len([n for n in made if n not in ("playback", "poster")]) == 2
+    assert done == set(made) and variants[made[-1]]["extra"]["files"]
+
+
 async def test_a_failing_required_output_fails_the_revision_and_the_asset(
     rig: Rig, source: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,15 +3,16 @@
 ``download_source`` fetches an asset's quarantined source into the scratch directory and
 checks it against the size and SHA-256 recorded at fetch; ``upload_and_verify`` writes an
 output's files under the revision prefix and reads each back (size, SHA-256) before it may
-count as done; ``record_variant`` then moves its PENDING variant to SUCCEEDED (a CAS: False
-if another run got there first). Kept out of ``media_stage`` so the job logic reads as job
-logic; each function takes the store or pool it needs.
+count as done; ``record_variants`` then moves PENDING variants to SUCCEEDED in one statement
+(a CAS per row: one another run got to first is left out). Kept out of ``media_stage`` so the
+job logic reads as job logic; each function takes the store or pool it needs.
 """
 
 from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,12 +20,12 @@ import anyio
 import asyncpg
 import msgspec
 
-from aivedio.errors import ChecksumMismatchError, StaleStateError, TransientError
+from aivedio.errors import ChecksumMismatchError, TransientError
 from aivedio.pipeline.media_outputs import OutputRecord
 from aivedio.states import Entity
-from aivedio.store.database import Pool
+from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.objects import ObjectStore
-from aivedio.store.records import transition
+from aivedio.store.records import check_transition
 
 
 async def download_source(store: ObjectStore, asset: asyncpg.Record, target: Path) -> None:
@@ -82,20 +83,38 @@ async def upload_and_verify(
 async def record_variant(
     pool: Pool, asset_id: uuid.UUID, revision: int, record: OutputRecord, prefix: str
 ) -> bool:
-    primary = record.primary_file()
-    extra = {"files": [msgspec.to_builtins(f) for f in record.files],
-             "total_bytes": record.size, "required": record.required}  # fmt: skip
-    async with pool.acquire() as conn:
-        try:
-            await transition(
-                conn, Entity.VARIANT, (asset_id, revision, record.variant_type),
-                expected="PENDING", new="SUCCEEDED",
-                values={"object_key": f"{prefix}/{primary.path}", "mime_type": primary.mime,
-                        "size_bytes": primary.size, "checksum": primary.sha256,
-                        "width": record.width, "height": record.height,
-                        "codec": record.codec, "bitrate": record.bitrate, "extra": extra,
-                        "completed_at": datetime.now(UTC)},
-            )  # fmt: skip
-        except StaleStateError:
-            return False
-    return True
+    return bool(await record_variants(pool, asset_id, revision, [record], prefix))
+
+
+async def record_variants(
+    pool: Pool, asset_id: uuid.UUID, revision: int, records: Sequence[OutputRecord], prefix: str
+) -> set[str]:
+    """Move these outputs' PENDING variants to SUCCEEDED in one statement (a CAS per row);
+    returns the variant types moved (one another run got to first is left out)."""
+    check_transition(Entity.VARIANT, "PENDING", "SUCCEEDED")
+    if not records:
+        return set()
+    now = datetime.now(UTC)
+    rows = [(r, r.primary_file()) for r in records]
+    with map_db_errors("recording outputs"):
+        moved = await pool.fetch(
+            "UPDATE asset_variants v SET status = 'SUCCEEDED', object_key = u.object_key,"
+            " mime_type = u.mime_type, size_bytes = u.size_bytes, checksum = u.checksum,"
+            " width = u.width, height = u.height, codec = u.codec, bitrate = u.bitrate,"
+            " extra = u.extra, completed_at = $13"
+            " FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[],"
+            "  $8::int[], $9::int[], $10::text[], $11::bigint[], $12::jsonb[])"
+            "  AS u(variant_type, object_key, mime_type, size_bytes, checksum, width, height,"
+            "  codec, bitrate, extra)"
+            " WHERE v.asset_id = $1 AND v.revision = $2 AND v.variant_type = u.variant_type"
+            " AND v.status = 'PENDING' RETURNING v.variant_type",
+            asset_id, revision,
+            [r.variant_type for r, _ in rows], [f"{prefix}/{p.path}" for _, p in rows],
+            [p.mime for _, p in rows], [p.size for _, p in rows], [p.sha256 for _, p in rows],
+            [r.width for r, _ in rows], [r.height for r, _ in rows], [r.codec for r, _ in rows],
+            [r.bitrate for r, _ in rows],
+            [{"files": [msgspec.to_builtins(f) for f in r.files], "total_bytes": r.size,
+              "required": r.required} for r, _ in rows],
+            now,
+        )  # fmt: skip
+    return {row["variant_type"] for row in moved}

@@ -441,20 +441,21 @@ class MediaStage:
             source = root / "source.bin"
             await media_objects.download_source(self.s.store, asset, source)
             done: list[str] = []
+            later: list[OutputRecord] = []
 
             async def record_now(record: OutputRecord) -> None:
-                # Upload, verify and record each output as soon as it is made: the required
-                # set goes on to moderation and publish while optional outputs still render.
+                # Upload and verify each output as soon as it is made. Playback (moderation
+                # starts on it) and the required set (publish waits for it) are recorded at
+                # once and can move the revision on while optional outputs still render; the
+                # optional ones are recorded together when the run ends (one statement).
                 await media_objects.upload_and_verify(self.s.store, prefix, root / "out", record)
-                if await media_objects.record_variant(
+                if record.variant_type != "playback" and record.variant_type not in required:
+                    later.append(record)
+                elif await media_objects.record_variant(
                     self.s.pool, asset_id, revision, record, prefix
                 ):
                     done.append(record.variant_type)
-                    # Only playback (moderation starts on it) and the required set (publish
-                    # waits for it) can move the revision on before the run ends; the check
-                    # after the run sees the rest.
-                    if record.variant_type == "playback" or record.variant_type in required:
-                        await self._check_revision(asset_id, revision)
+                    await self._check_revision(asset_id, revision)
 
             run = MediaRun(self.s.sandbox, source, root, on_done=record_now)
             run.assume_valid(summary)
@@ -462,8 +463,16 @@ class MediaStage:
                 await media_objects.download(
                     self.s.store, f"{prefix}/playback.mp4", run.layout.playback
                 )
-            async with self._watch_crashes(job, asset_id, run, hooks):
-                report = await run.run(wants=group, plan=plan)
+            try:
+                async with self._watch_crashes(job, asset_id, run, hooks):
+                    report = await run.run(wants=group, plan=plan)
+            finally:
+                # Even when the run fails or is cancelled: what was made and verified counts.
+                with anyio.CancelScope(shield=True):
+                    recorded = await media_objects.record_variants(
+                        self.s.pool, asset_id, revision, later, prefix
+                    )
+                done += [r.variant_type for r in later if r.variant_type in recorded]
         if hooks.metrics is not None:
             hooks.metrics.media_processed(plan.path, plan.mode, sum(
                 p.wall_seconds for p in report.processes), plan.duration_seconds)  # fmt: skip
