@@ -106,7 +106,9 @@ class WorkerConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     claim_poll_seconds: float | None = None
     claim_batch_max: int = 32
     ack_batch_max: int = 64
-    ack_flush_seconds: float = 0.002
+    # How long a finished job's acknowledgement waits for a claim to carry it (one round
+    # trip for both) before it is sent on its own.
+    ack_flush_seconds: float = 0.25
     lanes: dict[str, LaneConfig] = msgspec.field(default_factory=_default_lanes)
 
 

@@ -212,6 +212,12 @@ class Worker:
         # One flush at a time: the final flush on drain must wait for one in flight, or
         # cancelling the flusher would lose that batch's acknowledgement.
         self._ack_lock = anyio.Lock()
+        # Pending acknowledgements ride on the next claim (one round trip for both) unless a
+        # claim that carried some failed: then the ack loop, which can drop a result that
+        # PostgreSQL refuses, sends them until one of its flushes succeeds.
+        self._acks_ride = True
+        self._promote_at = 0.0  # monotonic time of the next promote of due waits
+        self._maintenance_wake = anyio.Event()
         self._to_release: list[Job] = []
         self._drain_requested = anyio.Event()
         self._force = anyio.Event()
@@ -339,25 +345,34 @@ class Worker:
             pledged, lane.pledged = lane.pledged, 0  # this claim takes what was enqueued for us
             lane.claiming = True
             jobs: list[Job] | None = None
+            acks: list[tuple[Job, Any]] = []
+            if self._acks_ride:
+                acks, self._acks = self._acks[: wc.ack_batch_max], self._acks[wc.ack_batch_max :]
             # Shielded: a drain must not cancel a claim the server may already have
             # committed, or those jobs would be held by nobody until their leases expire.
             with anyio.CancelScope(shield=True):
                 try:
-                    jobs = await self.queue.claim(
+                    jobs, accepted = await self.queue.claim_and_complete(
                         lane.name,
                         want,
                         self.owner,
                         wc.lease_seconds,
                         self.config.queue.max_tenants_per_claim,
                         lane.tenant_cursor,
+                        [(j.id, j.lease_token, r) for j, r in acks],
                     )
                     failures = 0
+                    self._acked(acks, accepted)
                     # Next round starts past the last tenant served (wrapping), so a lane
                     # with more tenants than one round walks leaves none of them out.
                     lane.tenant_cursor = max((j.tenant_id for j in jobs), default=-1) + 1
                 except DatabaseError as exc:
                     failures += 1
                     log.warning("claim_failed", lane=lane.name, error=str(exc))
+                    if acks:  # back to the ack loop, which knows what to do with a bad result
+                        self._acks[:0] = acks
+                        self._acks_ride = False
+                        self._ack_wake.set()
                 finally:
                     left_over = lane.claimed({j.id for j in jobs or ()})
                 if self.draining and jobs:
@@ -497,6 +512,7 @@ class Worker:
 
     async def _defer(self, job: Job, error: DeferredError) -> None:
         delay = error.retry_after_seconds or self.config.queue.backoff_base_seconds
+        self._promote_by(delay)
         try:
             with anyio.CancelScope(shield=True), anyio.fail_after(10):
                 await self.queue.retry_later(
@@ -538,6 +554,7 @@ class Worker:
         try:
             with anyio.CancelScope(shield=True), anyio.fail_after(10):
                 if decision.retry:
+                    self._promote_by(decision.delay_seconds)
                     ok = await self.queue.retry_later(
                         job,
                         self.owner,
@@ -607,17 +624,21 @@ class Worker:
                     return
                 await anyio.sleep(backoff_seconds(attempts, 0.2, 5.0))
                 continue
-            for job, _ in batch:
-                if job.id in accepted:
-                    self.metrics.succeeded.labels(job.kind).inc()
-                else:
-                    self.metrics.completion_refused.labels(job.kind).inc()
-                    log.warning(
-                        "job_completion_refused",
-                        job_id=job.id,
-                        kind=job.kind,
-                        lease_token=job.lease_token,
-                    )
+            self._acks_ride = True
+            self._acked(batch, accepted)
+
+    def _acked(self, batch: list[tuple[Job, Any]], accepted: set[int]) -> None:
+        for job, _ in batch:
+            if job.id in accepted:
+                self.metrics.succeeded.labels(job.kind).inc()
+            else:
+                self.metrics.completion_refused.labels(job.kind).inc()
+                log.warning(
+                    "job_completion_refused",
+                    job_id=job.id,
+                    kind=job.kind,
+                    lease_token=job.lease_token,
+                )
 
     async def _release_leases(self) -> None:
         jobs, self._to_release = self._to_release, []
@@ -651,13 +672,27 @@ class Worker:
                     running.lease_lost = True
                     running.scope.cancel()
 
+    def _promote_by(self, delay_seconds: float) -> None:
+        """A wait this worker set ends in ``delay_seconds``: promote no later than that."""
+        at = time.monotonic() + delay_seconds
+        if at < self._promote_at:
+            self._promote_at = at
+            self._maintenance_wake.set()
+
     async def _maintenance_loop(self) -> None:
         wc = self.config.worker
         last_reap = last_stats = 0.0
         while True:
             try:
-                await self.queue.promote()
                 now = time.monotonic()
+                if now >= self._promote_at:
+                    # Next when the earliest wait is due, or the idle poll: waits set later by
+                    # this worker move it closer (_promote_by); another worker's are promoted
+                    # by that worker, or here within claim_poll_seconds if it died.
+                    self._promote_at = now + claim_poll_seconds(wc)
+                    _, next_due = await self.queue.promote()
+                    if next_due is not None:
+                        self._promote_by(next_due)
                 if now - last_reap >= min(wc.lease_seconds / 4, 5.0):
                     last_reap = now
                     for job_id, _lane, kind, outcome in await self.queue.reap():
@@ -668,7 +703,12 @@ class Worker:
                     await self._refresh_queue_gauges()
             except DatabaseError as exc:
                 log.warning("maintenance_failed", error=str(exc))
-            await anyio.sleep(wc.poll_interval_seconds)
+                self._promote_by(wc.poll_interval_seconds)
+            with anyio.move_on_after(
+                min(wc.poll_interval_seconds, max(self._promote_at - time.monotonic(), 0.01))
+            ):
+                await self._maintenance_wake.wait()
+            self._maintenance_wake = anyio.Event()
 
     async def _refresh_queue_gauges(self) -> None:
         stats = await self.queue.stats()

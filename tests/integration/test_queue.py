@@ -126,7 +126,7 @@ async def test_held_jobs_wait_until_woken_or_their_time_passes(pool: Pool) -> No
     assert woken.attempts == 1  # holding spent no attempt
     # Held for a moment only: back by itself once the time passes (the holder died).
     assert await queue.hold(["d"], 0.0) == ["d"]
-    assert await queue.promote() == 1
+    assert (await queue.promote())[0] == 1
     (back,) = await queue.claim("control", 10, OWNER, 30)
     assert back.idempotency_key == "d"
 
@@ -146,10 +146,10 @@ async def test_jobs_made_claimable_again_wake_their_lane(pool: Pool) -> None:
         await listener.add_listener("aivedio_jobs", on_notify)
         assert await queue.hold(["p"], 0.0) == ["p"]
         assert await queue.hold(["w"], 3600) == ["w"]
-        assert await queue.promote() == 1
+        assert (await queue.promote())[0] == 1
         assert await queue.wake_held(["w"]) == 1
         assert await queue.release(OWNER, [(leased.id, leased.lease_token)]) == [leased.id]
-        assert await queue.promote() == 0  # nothing moved: nobody woken
+        assert (await queue.promote())[0] == 0  # nothing moved: nobody woken
         with anyio.fail_after(5):
             while len(heard) < 3:
                 await anyio.sleep(0.02)
@@ -313,6 +313,28 @@ async def test_batched_completion_accepts_valid_rows_and_refuses_stale_ones(pool
     assert await pool.fetchval("SELECT status FROM jobs WHERE id = $1", jobs[0].id) == "running"
 
 
+async def test_a_claim_carries_acknowledgements_with_the_same_fencing(pool: Pool) -> None:
+    queue = Queue(pool)
+    await enqueue(pool, [spec("c1"), spec("c2"), spec("m1", lane="media")])
+    first, second = await queue.claim("control", 2, OWNER, 30)
+    stale = (second.id, second.lease_token + 1, None)
+    # One statement: the control jobs acknowledged (the stale token refused), a media job
+    # claimed.
+    jobs, accepted = await queue.claim_and_complete(
+        "media", 4, OWNER, 30, done=[(first.id, first.lease_token, {"n": 1}), stale]
+    )
+    assert [j.idempotency_key for j in jobs] == ["m1"] and accepted == {first.id}
+    history = await pool.fetchrow("SELECT status, result FROM job_history WHERE id = $1", first.id)
+    assert history["status"] == "succeeded" and history["result"] == {"n": 1}
+    assert await pool.fetchval("SELECT status FROM jobs WHERE id = $1", second.id) == "running"
+    # A claim that finds nothing still reports what it acknowledged.
+    jobs, accepted = await queue.claim_and_complete(
+        "media", 4, OWNER, 30, done=[(second.id, second.lease_token, None)]
+    )
+    assert jobs == [] and accepted == {second.id}
+    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE lane = 'control'") == 0
+
+
 async def test_retry_waits_then_becomes_claimable_with_its_sort_key_penalised(pool: Pool) -> None:
     queue = Queue(pool)
     await enqueue(pool, [spec("r")])
@@ -325,9 +347,10 @@ async def test_retry_waits_then_becomes_claimable_with_its_sort_key_penalised(po
     assert row["status"] == "waiting" and row["last_error_class"] == "throttled"
     assert row["sort_at"] - before == timedelta(seconds=60)
     assert await queue.claim("control", 1, OWNER, 30) == []
-    assert await queue.promote() == 0  # not due yet
+    promoted, next_due = await queue.promote()
+    assert promoted == 0 and next_due is not None and 0 < next_due <= 0.3  # not due yet
     await pool.execute("UPDATE jobs SET run_after = now() - interval '1 ms'")
-    assert await queue.promote() == 1
+    assert await queue.promote() == (1, None)  # nothing waits any more
     (again,) = await queue.claim("control", 1, OWNER, 30)
     assert again.id == job.id and again.attempts == 2
 

@@ -209,6 +209,59 @@ async def test_a_result_postgres_cannot_store_does_not_block_acknowledgements(
     assert row["result"] is None
 
 
+def ack_window(config: Config, seconds: float) -> Config:
+    worker = msgspec.structs.replace(config.worker, ack_flush_seconds=seconds)
+    return msgspec.structs.replace(config, worker=worker)
+
+
+async def test_an_acknowledgement_rides_on_the_next_claim(config: Config, pool: Pool) -> None:
+    config = ack_window(config, 60.0)  # the flusher alone would wait a minute
+    first = await enqueue(pool, "diag.noop", "first", {})
+    async with running_worker(config, pool):
+        await wait_for(pool, "SELECT 1 FROM jobs WHERE id = $1 AND attempts = 1", first)
+        await anyio.sleep(0.3)  # done by now, its acknowledgement pending
+        second = await enqueue(pool, "diag.noop", "second", {})  # wakes a claim
+        row = await wait_for(pool, "SELECT * FROM job_history WHERE id = $1", first, timeout=5)
+        assert row["status"] == "succeeded"
+        assert await pool.fetchval("SELECT lease_token FROM jobs WHERE id = $1", second) == 1
+
+
+async def test_a_claim_that_carried_an_unstorable_result_hands_it_to_the_flusher(
+    config: Config, pool: Pool
+) -> None:
+    from aivedio.pipeline.registry import JobContext, JobKind, Registry
+    from aivedio.store.queue import Job
+
+    async def nul_result(_ctx: JobContext, _job: Job) -> dict[str, Any]:
+        return {"text": "a\u0000b"}  # jsonb refuses NUL characters
+
+    async def ok(_ctx: JobContext, _job: Job) -> dict[str, Any]:
+        return {"ok": True}
+
+    registry = Registry()
+    registry.register(JobKind("t.nul", "control", nul_result))
+    registry.register(JobKind("t.ok", "control", ok))
+    queue = Queue(pool)
+    async with pool.acquire() as conn:
+        bad = (await queue.enqueue_one(conn, registry.spec("t.nul", "bad"))).job_id
+    worker = Worker(ack_window(config, 3.0), pool, registry)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: worker.run(install_signal_handlers=False))
+        await wait_for(pool, "SELECT 1 FROM jobs WHERE id = $1 AND attempts = 1", bad)
+        await anyio.sleep(0.3)
+        async with pool.acquire() as conn:  # its claim carries the bad result and fails
+            good = (await queue.enqueue_one(conn, registry.spec("t.ok", "good"))).job_id
+        done = await wait_for(pool, "SELECT * FROM job_history WHERE id = $1", good)
+        dropped = await wait_for(pool, "SELECT * FROM job_history WHERE id = $1", bad)
+        worker.request_drain(force=True)
+    # (The flusher drops the results of the batch the bad one is in, the good one's too.)
+    assert done["status"] == "succeeded" and dropped["status"] == "succeeded"
+    assert dropped["result"] is None
+    # The failed claim did not wait for the flusher: the good job ran before the bad
+    # acknowledgement was sent (3 s after the bad job finished).
+    assert done["started_at"] < dropped["finished_at"]
+
+
 async def test_a_deferred_job_waits_without_spending_attempts(config: Config, pool: Pool) -> None:
     job_id = await enqueue(
         pool, "diag.fail", "deferred", {"error_class": "deferred", "retry_after": 0.2}
@@ -321,3 +374,12 @@ async def test_a_full_lane_hands_jobs_promised_to_itself_to_the_fleet(
             assert lane.pledged == 0
         await listener.remove_listener("aivedio_jobs", on_notify)
     assert shared[0] == "control"  # a bare lane: whoever has a free slot claims
+
+
+async def test_a_retry_is_promoted_when_due_not_at_the_poll(config: Config, pool: Pool) -> None:
+    """The worker that set a wait promotes it when it is due, however long the poll."""
+    job_id = await enqueue(
+        pool, "diag.fail", "soon", {"error_class": "deferred", "retry_after": 0.3}
+    )
+    async with running_worker(slow_poll(config), pool):
+        await wait_for(pool, "SELECT 1 FROM jobs WHERE id = $1 AND lease_token >= 3", job_id)

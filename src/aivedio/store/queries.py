@@ -1,9 +1,15 @@
-"""Named SQL statements, read once from ``sql/queries.sql`` (``-- name: x`` blocks)."""
+"""Named SQL statements, read once from ``sql/queries.sql`` (``-- name: x`` blocks).
+
+A block may include another one as ``{{name}}`` (a fragment two statements share, such as
+the acknowledgement CTEs of ``complete`` and ``claim``)."""
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib import resources
+
+_INCLUDE = re.compile(r"\{\{(\w+)\}\}")
 
 
 @cache
@@ -21,7 +27,7 @@ def _load() -> dict[str, str]:
             lines.append(line)
     if name:
         queries[name] = "\n".join(lines).strip().rstrip(";")
-    return queries
+    return {n: _INCLUDE.sub(lambda m: queries[m.group(1)], q) for n, q in queries.items()}
 
 
 def query(name: str) -> str:

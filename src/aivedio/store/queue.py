@@ -204,11 +204,39 @@ class Queue:
         start_tenant: int = 0,
     ) -> list[Job]:
         """Claim up to ``limit`` jobs; tenants are walked from ``start_tenant`` up, wrapping."""
+        jobs, _ = await self.claim_and_complete(
+            lane, limit, owner, lease_seconds, max_tenants, start_tenant
+        )
+        return jobs
+
+    async def claim_and_complete(
+        self,
+        lane: str,
+        limit: int,
+        owner: str,
+        lease_seconds: float,
+        max_tenants: int = 64,
+        start_tenant: int = 0,
+        done: Sequence[tuple[int, int, Any]] = (),
+    ) -> tuple[list[Job], set[int]]:
+        """``claim``, acknowledging ``done`` (as ``complete``) in the same statement: the
+        claimed jobs and the ids accepted."""
         with map_db_errors("claiming jobs"):
             rows = await self._pool.fetch(
-                query("claim"), lane, limit, owner, lease_seconds, max_tenants, start_tenant
+                query("claim"),
+                [d[0] for d in done],
+                [d[1] for d in done],
+                owner,
+                [d[2] for d in done],
+                lane,
+                limit,
+                lease_seconds,
+                max_tenants,
+                start_tenant,
             )
-        return [Job(**dict(r.items())) for r in rows]
+        accepted = set(rows[0]["acked"] or ()) if rows else set()
+        jobs = [Job(**{k: v for k, v in r.items() if k != "acked"}) for r in rows if r["id"]]
+        return jobs, accepted
 
     @staticmethod
     async def assert_lease(conn: Connection, job: Job) -> None:
@@ -332,10 +360,13 @@ class Queue:
             rows = await self._pool.fetch(query("wake_held"), list(keys))
         return len(rows)
 
-    async def promote(self, limit: int = 1000) -> int:
+    async def promote(self, limit: int = 1000) -> tuple[int, float | None]:
+        """Due waits become claimable: how many, and the seconds until the next one is due
+        (None when nothing waits)."""
         with map_db_errors("promoting due retries"):
             rows = await self._pool.fetch(query("promote"), limit)
-        return len(rows)
+        (next_due,) = [r["next_due"] for r in rows if r["lane"] is None]
+        return len(rows) - 1, None if next_due is None else max(next_due, 0.0)
 
     async def replay(self, job_id: int) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():

@@ -49,48 +49,50 @@ SELECT pg_notify('aivedio_jobs', lane) FROM unnest($1::text[]) AS l(lane);
 
 -- name: claim
 -- Fair, deadline-aware claim. Walk the distinct tenants with queued jobs in this lane from
--- a rotating cursor (a loose index scan: one index probe per tenant, at most $5 tenants), take
+-- a rotating cursor (a loose index scan: one index probe per tenant, at most $8 tenants), take
 -- each tenant's most urgent jobs from
 -- the same partial index with SKIP LOCKED, then hand out turns round-robin: every tenant's
 -- first job before any tenant's second. So a tenant with 10,000 queued jobs delays another
--- tenant's job by at most one claim round.
-WITH RECURSIVE hi AS (
+-- tenant's job by at most one claim round. The worker's pending acknowledgements ride on the
+-- claim ($1-$4, see acknowledge): one round trip for both. $5 the lane, $6 the limit, $7 the
+-- lease in seconds, $8 tenants per round, $9 the tenant cursor.
+WITH RECURSIVE {{acknowledge}}, hi AS (
     (SELECT j.tenant_id FROM jobs j
-     WHERE j.lane = $1 AND j.status = 'queued' AND j.tenant_id >= $6
+     WHERE j.lane = $5 AND j.status = 'queued' AND j.tenant_id >= $9
      ORDER BY j.tenant_id LIMIT 1)
     UNION ALL
     SELECT (SELECT j.tenant_id FROM jobs j
-            WHERE j.lane = $1 AND j.status = 'queued' AND j.tenant_id > t.tenant_id
+            WHERE j.lane = $5 AND j.status = 'queued' AND j.tenant_id > t.tenant_id
             ORDER BY j.tenant_id LIMIT 1)
     FROM hi t
     WHERE t.tenant_id IS NOT NULL
 ), lo AS (
     (SELECT j.tenant_id FROM jobs j
-     WHERE j.lane = $1 AND j.status = 'queued' AND j.tenant_id < $6
+     WHERE j.lane = $5 AND j.status = 'queued' AND j.tenant_id < $9
      ORDER BY j.tenant_id LIMIT 1)
     UNION ALL
     SELECT (SELECT j.tenant_id FROM jobs j
-            WHERE j.lane = $1 AND j.status = 'queued' AND j.tenant_id > t.tenant_id
-              AND j.tenant_id < $6
+            WHERE j.lane = $5 AND j.status = 'queued' AND j.tenant_id > t.tenant_id
+              AND j.tenant_id < $9
             ORDER BY j.tenant_id LIMIT 1)
     FROM lo t
     WHERE t.tenant_id IS NOT NULL
 ), tenants AS (
-    -- From the cursor ($6) up, then wrapping around: with more tenants than one round
+    -- From the cursor ($9) up, then wrapping around: with more tenants than one round
     -- takes, the worker moves the cursor past the last one served, so none is left out.
     SELECT tenant_id FROM hi WHERE tenant_id IS NOT NULL
     UNION ALL
     SELECT tenant_id FROM lo WHERE tenant_id IS NOT NULL
-    LIMIT $5
+    LIMIT $8
 ), locked AS (
     SELECT c.id, c.tenant_id, c.sort_at, c.priority
     FROM tenants t
     CROSS JOIN LATERAL (
         SELECT j.id, j.tenant_id, j.sort_at, j.priority
         FROM jobs j
-        WHERE j.lane = $1 AND j.status = 'queued' AND j.tenant_id = t.tenant_id
+        WHERE j.lane = $5 AND j.status = 'queued' AND j.tenant_id = t.tenant_id
         ORDER BY j.sort_at, j.priority DESC, j.id
-        LIMIT $2
+        LIMIT $6
         FOR UPDATE SKIP LOCKED
     ) c
 ), chosen AS (
@@ -101,39 +103,50 @@ WITH RECURSIVE hi AS (
         FROM locked
     ) r
     ORDER BY turn, sort_at, priority DESC, id
-    LIMIT $2
+    LIMIT $6
+), claimed AS (
+    UPDATE jobs j
+    SET status = 'running',
+        lease_owner = $3,
+        lease_token = j.lease_token + 1,
+        lease_until = now() + make_interval(secs => $7),
+        attempts = j.attempts + 1,
+        started_at = now()
+    FROM chosen
+    WHERE j.id = chosen.id
+    RETURNING j.id, j.kind, j.lane, j.tenant_id, j.payload, j.attempts, j.max_attempts,
+              j.lease_token, j.timeout_seconds, j.expires_at, j.idempotency_key, j.created_at
 )
-UPDATE jobs j
-SET status = 'running',
-    lease_owner = $3,
-    lease_token = j.lease_token + 1,
-    lease_until = now() + make_interval(secs => $4),
-    attempts = j.attempts + 1,
-    started_at = now()
-FROM chosen
-WHERE j.id = chosen.id
-RETURNING j.id, j.kind, j.lane, j.tenant_id, j.payload, j.attempts, j.max_attempts,
-          j.lease_token, j.timeout_seconds, j.expires_at, j.idempotency_key, j.created_at;
+-- At least one row: the acknowledged ids ride on it when nothing was claimed (id NULL).
+SELECT c.*, (SELECT array_agg(id) FROM acked) AS acked
+FROM (SELECT 1) AS one LEFT JOIN claimed c ON true;
 
--- name: complete
+-- name: acknowledge
+-- (A fragment: the CTEs that acknowledge; complete and claim use it as {{acknowledge}}.)
 -- Batched acknowledgement with a per-row CAS on owner and fencing token: a row whose lease
--- was re-claimed (token moved on) is not touched, and its id is absent from the result.
-WITH done AS (
+-- was re-claimed (token moved on) is not touched, and its id is absent from ``acked``.
+-- $1 ids, $2 lease tokens, $3 the owner, $4 results.
+done AS (
     DELETE FROM jobs j
     USING unnest($1::bigint[], $2::bigint[], $4::jsonb[]) AS c(id, token, result)
     WHERE j.id = c.id AND j.lease_token = c.token AND j.lease_owner = $3
       AND j.status = 'running'
     RETURNING j.*, c.result
+), acked AS (
+    INSERT INTO job_history (id, kind, lane, idempotency_key, tenant_id, payload, status,
+                             priority, expires_at, attempts, max_attempts, timeout_seconds,
+                             lease_owner, lease_token, last_error_class, last_error_detail,
+                             result, created_at, started_at)
+    SELECT id, kind, lane, idempotency_key, tenant_id, payload, 'succeeded', priority,
+           expires_at, attempts, max_attempts, timeout_seconds, lease_owner, lease_token,
+           last_error_class, last_error_detail, result, created_at, started_at
+    FROM done
+    RETURNING id
 )
-INSERT INTO job_history (id, kind, lane, idempotency_key, tenant_id, payload, status, priority,
-                         expires_at, attempts, max_attempts, timeout_seconds, lease_owner,
-                         lease_token, last_error_class, last_error_detail, result, created_at,
-                         started_at)
-SELECT id, kind, lane, idempotency_key, tenant_id, payload, 'succeeded', priority, expires_at,
-       attempts, max_attempts, timeout_seconds, lease_owner, lease_token, last_error_class,
-       last_error_detail, result, created_at, started_at
-FROM done
-RETURNING id;
+
+-- name: complete
+WITH {{acknowledge}}
+SELECT id FROM acked;
 
 -- name: retry_later
 -- $8 refunds the attempt the claim counted (a job this worker cannot run at all).
@@ -273,18 +286,26 @@ SELECT lane, (SELECT count(*) FROM notified) AS lanes_notified FROM woken;
 
 -- name: promote
 -- Retry waits that are due become claimable.
--- The lanes' listeners are woken in this round trip, as by enqueue (see there).
+-- The lanes' listeners are woken in this round trip, as by enqueue (see there). The last row
+-- (lane NULL) tells how many seconds remain until the next wait is due (NULL: none waits;
+-- 0 or less: more are due than $1), so the caller can sleep until then.
 WITH promoted AS (
     UPDATE jobs j
     SET status = 'queued'
     FROM (SELECT id FROM jobs WHERE status = 'waiting' AND run_after <= now()
           ORDER BY run_after LIMIT $1 FOR UPDATE SKIP LOCKED) due
     WHERE j.id = due.id
-    RETURNING j.lane
+    RETURNING j.id, j.lane
 ), notified AS (
     SELECT pg_notify('aivedio_jobs', l.lane) FROM (SELECT DISTINCT lane FROM promoted) AS l
 )
-SELECT lane, (SELECT count(*) FROM notified) AS lanes_notified FROM promoted;
+SELECT lane, (SELECT count(*) FROM notified) AS lanes_notified, NULL::float8 AS next_due
+FROM promoted
+UNION ALL
+SELECT NULL, NULL, extract(epoch FROM min(w.run_after) - now())::float8
+FROM (SELECT run_after FROM jobs
+      WHERE status = 'waiting' AND id NOT IN (SELECT id FROM promoted)
+      ORDER BY run_after LIMIT 1) w;
 
 -- name: replay
 -- An operator's retry: a dead or cancelled job comes back with a fresh budget; a waiting
