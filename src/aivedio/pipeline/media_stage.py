@@ -442,6 +442,7 @@ class MediaStage:
             await media_objects.download_source(self.s.store, asset, source)
             done: list[str] = []
             later: list[OutputRecord] = []
+            asked: set[str] = set()  # jobs the checks of this run enqueued
 
             async def record_now(record: OutputRecord) -> None:
                 # Upload and verify each output as soon as it is made. Playback (moderation
@@ -455,7 +456,7 @@ class MediaStage:
                     self.s.pool, asset_id, revision, record, prefix
                 ):
                     done.append(record.variant_type)
-                    await self._check_revision(asset_id, revision)
+                    await self._check_revision(asset_id, revision, asked)
 
             run = MediaRun(self.s.sandbox, source, root, on_done=record_now)
             run.assume_valid(summary)
@@ -479,7 +480,7 @@ class MediaStage:
         failed = {n.name: n for n in report.failed()}
         log.info("render_done", asset_id=str(asset_id), revision=revision, group=group,
                  done=done, failed=sorted(failed), deferred=put_off, job_id=job.id)  # fmt: skip
-        await self._check_revision(asset_id, revision)
+        await self._check_revision(asset_id, revision, asked)
         # Outputs of this run that failed (retried alone) or were put off (deferred).
         await self._spawn(asset, revision, plan, summary,
                           [n for n in [*failed, *put_off] if n != variant_type])  # fmt: skip
@@ -716,10 +717,14 @@ class MediaStage:
                   variant_type=variant_type, detail=detail[:300])  # fmt: skip
         await self._check_revision(asset_id, revision)
 
-    async def _check_revision(self, asset_id: uuid.UUID, revision: int) -> None:
+    async def _check_revision(
+        self, asset_id: uuid.UUID, revision: int, asked: set[str] | None = None
+    ) -> None:
         """After an output is recorded or failed: a FAILED required output fails a building
         revision and its asset; a complete required set goes to moderation (then publish);
-        a published revision whose outputs are all done goes to enrichment."""
+        a published revision whose outputs are all done goes to enrichment. ``asked``: the
+        jobs this run already enqueued (a render checks more than once), not asked again."""
+        asked = set() if asked is None else asked
         rows = await self.s.pool.fetch(
             "SELECT v.variant_type, v.status, r.required_outputs, r.status AS revision_status,"
             " r.moderation_verdict, a.tenant_id FROM asset_variants v"
@@ -765,13 +770,13 @@ class MediaStage:
             log.error("revision_failed", asset_id=str(asset_id), revision=revision)
             return
         # Moderation looks at the playback output: it starts as soon as that exists, in
-        # parallel with the rest of the required set.
-        if status.get("playback") == "SUCCEEDED":
+        # parallel with the rest of the required set; not again once it has a verdict.
+        verdict = rows[0]["moderation_verdict"]
+        if status.get("playback") == "SUCCEEDED" and verdict is None and "moderate" not in asked:
             async with self.s.pool.acquire() as conn:
                 await self.s.queue.enqueue_one(conn, moderate_spec(asset_id, revision, tenant_id))
-        if rows[0]["moderation_verdict"] == "allow" and all(
-            status.get(name) == "SUCCEEDED" for name in required
-        ):
+            asked.add("moderate")
+        if verdict == "allow" and all(status.get(name) == "SUCCEEDED" for name in required):
             # Read after our own commit, as moderation reads after its own: whichever
             # finishes last sees both gates open and enqueues the publish (idempotent). A
             # verdict not yet allow here is moderation's to act on once it commits.

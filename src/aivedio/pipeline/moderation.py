@@ -19,7 +19,7 @@ import base64
 import random
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -364,26 +364,27 @@ class VerdictRecorder:
     async def record(
         self, asset_id: uuid.UUID, revision: int, tenant_id: int, decision: Decision
     ) -> None:
-        """Store the verdict with the revision and act on it, in one transaction."""
+        """Store the verdict with the revision and act on it, in one transaction (one
+        statement unless it rejects)."""
         reasons = list(decision.reasons)
-        async with self.pool.acquire() as conn, conn.transaction():
+        status = {"allow": "ALLOWED", "reject": "REJECTED", "review": "REVIEW"}
+        async with self.pool.acquire() as conn, AsyncExitStack() as tx:
+            if decision.decision == "reject":
+                await tx.enter_async_context(conn.transaction())
             updated = await conn.fetchval(
-                "UPDATE asset_revisions SET moderation_verdict = $3, moderation_version = $4,"
-                " moderation_reasons = $5, moderated_at = now(), version = version + 1,"
-                " updated_at = now()"
-                " WHERE asset_id = $1 AND revision = $2 AND status = 'BUILDING'"
-                " AND moderation_verdict IS DISTINCT FROM 'allow'"
-                " AND moderation_verdict IS DISTINCT FROM 'reject' RETURNING 1",
+                "WITH verdict AS (UPDATE asset_revisions SET moderation_verdict = $3,"
+                "  moderation_version = $4, moderation_reasons = $5, moderated_at = now(),"
+                "  version = version + 1, updated_at = now()"
+                "  WHERE asset_id = $1 AND revision = $2 AND status = 'BUILDING'"
+                "  AND moderation_verdict IS DISTINCT FROM 'allow'"
+                "  AND moderation_verdict IS DISTINCT FROM 'reject' RETURNING 1)"
+                " UPDATE assets SET moderation_status = $6, updated_at = now()"
+                " WHERE id = $1 AND EXISTS (SELECT 1 FROM verdict) RETURNING 1",
                 asset_id, revision, decision.decision, decision.version, reasons,
+                status[decision.decision],
             )  # fmt: skip
             if updated is None:
                 return
-            status = {"allow": "ALLOWED", "reject": "REJECTED", "review": "REVIEW"}
-            await conn.execute(
-                "UPDATE assets SET moderation_status = $2, updated_at = now() WHERE id = $1",
-                asset_id,
-                status[decision.decision],
-            )
             if decision.decision == "reject":
                 await self._reject(conn, asset_id, revision, tenant_id, reasons)
         if decision.decision == "allow":
