@@ -9,9 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from aivedio.errors import LeaseLostError
 from aivedio.scheduling import Candidate, reference_claim
 from aivedio.store.database import Pool
-from aivedio.store.queue import JobSpec, LocalLanes, Queue
+from aivedio.store.queue import JobSpec, LocalLanes, Queue, fenced
 
 pytestmark = pytest.mark.anyio
 
@@ -479,3 +480,29 @@ async def test_slots_reserved_for_jobs_an_enqueue_did_not_create_are_given_back(
         unreserved.clear()
         await queue.enqueue(conn, [spec("known"), spec("new"), spec("m", lane="media")])
     assert unreserved == [{"control": 1}]  # "known" existed; "new" and "m" were created
+
+
+async def test_a_fenced_transaction_commits_only_while_the_lease_is_held(pool: Pool) -> None:
+    queue = Queue(pool)
+    await enqueue(pool, [spec("f1"), spec("f2")])
+    held, lost = await queue.claim("control", 2, OWNER, 30)
+    await pool.execute("CREATE TABLE notes (note text)")
+    async with pool.acquire() as conn:
+        async with fenced(conn, held):
+            await conn.execute("INSERT INTO notes VALUES ('held')")
+        await pool.execute("UPDATE jobs SET lease_token = lease_token + 1 WHERE id = $1", lost.id)
+        with pytest.raises(LeaseLostError, match=f"job {lost.id}"):
+            async with fenced(conn, lost):
+                await conn.execute("INSERT INTO notes VALUES ('lost')")
+
+        async def fail_midway() -> None:
+            async with fenced(conn, held):
+                await conn.execute("INSERT INTO notes VALUES ('failed')")
+                raise RuntimeError("the caller fails mid-transaction")
+
+        with pytest.raises(RuntimeError):
+            await fail_midway()
+        assert not conn.is_in_transaction()
+        async with fenced(conn, None):  # no job: a plain transaction
+            await conn.execute("INSERT INTO notes VALUES ('no job')")
+    assert sorted(await pool.fetchval("SELECT array_agg(note) FROM notes")) == ["held", "no job"]

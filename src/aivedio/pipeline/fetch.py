@@ -71,7 +71,7 @@ from aivedio.states import Entity
 from aivedio.store import keys
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectInfo, ObjectStore
-from aivedio.store.queue import Job, Queue
+from aivedio.store.queue import Job, Queue, fenced
 from aivedio.store.records import transition
 
 log = get_logger("aivedio.fetch")
@@ -329,8 +329,7 @@ class FetchStage:
                 f"provider {output.provider} refused our API credentials: {exc.detail}"
             ) from None
         blob, key_id = self.s.cipher.encrypt(fresh.url, bound_to=str(output.id))
-        async with self.s.pool.acquire() as conn, conn.transaction():
-            await records.check_lease(conn)
+        async with self.s.pool.acquire() as conn, fenced(conn, records.current_job.get()):
             version = await transition(
                 conn,
                 Entity.PROVIDER_OUTPUT,
@@ -427,9 +426,8 @@ class FetchStage:
         try:
             async with (
                 self.s.pool.acquire() as conn,
-                conn.transaction(),
+                fenced(conn, records.current_job.get()),
             ):
-                await records.check_lease(conn)
                 # Serialise with a cancel of the task (it locks the task row first): either
                 # the cancel sees this asset, or the probe sees the task cancelled.
                 await conn.execute(

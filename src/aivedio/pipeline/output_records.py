@@ -17,14 +17,14 @@ from typing import Any, Protocol
 
 import msgspec
 
-from aivedio.errors import AivedioError, LeaseLostError, NotFoundError, StaleStateError
+from aivedio.errors import AivedioError, NotFoundError, StaleStateError
 from aivedio.ledger_config import LedgerConfig
 from aivedio.logs import get_logger
 from aivedio.states import Entity
 from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.ledger import record_compensation
 from aivedio.store.outbox import emit
-from aivedio.store.queue import Job
+from aivedio.store.queue import Job, fenced
 from aivedio.store.records import transition
 
 log = get_logger("aivedio.fetch")
@@ -71,19 +71,6 @@ current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar(
 )
 
 
-async def check_lease(conn: Any) -> None:
-    job = current_job.get()
-    if job is None:
-        return
-    held = await conn.fetchval(
-        "SELECT 1 FROM jobs WHERE id = $1 AND lease_token = $2 AND status = 'running' FOR SHARE",
-        job.id,
-        job.lease_token,
-    )
-    if held is None:
-        raise LeaseLostError(f"job {job.id}: lease {job.lease_token} is no longer held")
-
-
 async def load(pool: Pool, output_id: uuid.UUID) -> OutputRow:
     with map_db_errors("reading a provider output"):
         row = await pool.fetchrow(
@@ -105,8 +92,7 @@ async def move(
         values = {"last_error_class": error.error_class, "last_error_detail": error.detail}
     for _ in range(3):
         try:
-            async with pool.acquire() as conn, conn.transaction():
-                await check_lease(conn)
+            async with pool.acquire() as conn, fenced(conn, current_job.get()):
                 version = await transition(
                     conn,
                     Entity.PROVIDER_OUTPUT,
@@ -130,8 +116,7 @@ async def mark_lost(
 ) -> None:
     """OUTPUT_LOST, the ``output.lost`` event and the ledger's compensation (by the
     ``ledger`` policy; None: the default one), in one transaction."""
-    async with pool.acquire() as conn, conn.transaction():
-        await check_lease(conn)
+    async with pool.acquire() as conn, fenced(conn, current_job.get()):
         await transition(
             conn,
             Entity.PROVIDER_OUTPUT,

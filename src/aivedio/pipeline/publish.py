@@ -36,7 +36,7 @@ from aivedio.states import Entity
 from aivedio.store import ledger, outbox
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectStore
-from aivedio.store.queue import Job, JobSpec, Queue
+from aivedio.store.queue import Job, JobSpec, Queue, fenced
 from aivedio.store.records import transition
 
 log = get_logger("aivedio.publish")
@@ -177,8 +177,7 @@ class PublishStage:
         complete = all(v["status"] != "PENDING" for v in variants)
         enriched = complete and optional <= set(outputs)
         previous = asset["current_revision"]
-        async with self.pool.acquire() as conn, conn.transaction():
-            await self.queue.assert_lease(conn, job)
+        async with self.pool.acquire() as conn, fenced(conn, job):
             locked = await _lock_asset(conn, asset_id)
             if locked["delete_version"] != revision["delete_version_at_start"] or (
                 locked["cancel_version"] != revision["cancel_version_at_start"]
@@ -313,8 +312,7 @@ class PublishStage:
         outputs = sorted(published | set(extra))
         optional = set(base["optional_outputs"])
         enriched = optional <= set(outputs)
-        async with self.pool.acquire() as conn, conn.transaction():
-            await self.queue.assert_lease(conn, job)
+        async with self.pool.acquire() as conn, fenced(conn, job):
             locked = await _lock_asset(conn, asset_id)
             if locked["current_revision"] != base_no or locked["status"] not in (
                 "PLAYABLE", "ENRICHED",

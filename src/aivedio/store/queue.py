@@ -18,15 +18,18 @@ was re-claimed cannot complete, retry, bury or release the job: its token no lon
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 import msgspec
 
-from aivedio.errors import LeaseLostError
+from aivedio.errors import DatabaseError, LeaseLostError
 from aivedio.scheduling import sort_at
 from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.queries import query
@@ -72,6 +75,48 @@ class LocalLanes:
             unused = {n: wanted[n] - got[n] for n in private if wanted[n] > got[n]}
             if unused:
                 self.unreserve(unused)
+
+
+LEASE_NOT_HELD = "AVL01"  # raised by aivedio_hold_lease (migration 0014)
+
+
+@asynccontextmanager
+async def fenced(conn: Connection, job: Job | None) -> AsyncIterator[None]:
+    """A transaction that holds ``job``'s lease until it ends: raises LeaseLostError unless
+    this run still holds it (the job's row stays share-locked, so the lease cannot move
+    before the caller commits). BEGIN and the check go as one simple query, one round trip;
+    the ids are integers of our own Job, formatted as such. ``job`` None: a plain
+    transaction (work done outside a job, by an operator's command say)."""
+    if job is None:
+        async with conn.transaction():
+            yield
+        return
+    try:
+        with map_db_errors("opening a fenced transaction"):
+            await conn.execute(
+                f"BEGIN; SELECT aivedio_hold_lease({int(job.id)}, {int(job.lease_token)})"
+            )
+    except DatabaseError as exc:
+        await _rollback(conn)
+        if getattr(exc.__cause__, "sqlstate", None) == LEASE_NOT_HELD:
+            detail = f"job {job.id}: lease {job.lease_token} is no longer held"
+            raise LeaseLostError(detail) from None
+        raise
+    try:
+        yield
+    except BaseException:
+        await _rollback(conn)
+        raise
+    with anyio.CancelScope(shield=True), map_db_errors("committing"):
+        await conn.execute("COMMIT")
+
+
+async def _rollback(conn: Connection) -> None:
+    """Best effort: a connection that cannot roll back is closed by the pool on release
+    (asyncpg rolls back an open transaction there too)."""
+    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+        if not conn.is_closed():
+            await conn.execute("ROLLBACK")
 
 
 class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -237,20 +282,6 @@ class Queue:
         accepted = set(rows[0]["acked"] or ()) if rows else set()
         jobs = [Job(**{k: v for k, v in r.items() if k != "acked"}) for r in rows if r["id"]]
         return jobs, accepted
-
-    @staticmethod
-    async def assert_lease(conn: Connection, job: Job) -> None:
-        """Fencing inside the caller's transaction: raise LeaseLostError unless this run
-        still holds the job's lease (the row stays share-locked until the transaction ends,
-        so the lease cannot move before the caller commits)."""
-        held = await conn.fetchval(
-            "SELECT 1 FROM jobs WHERE id = $1 AND lease_token = $2 AND status = 'running'"
-            " FOR SHARE",
-            job.id,
-            job.lease_token,
-        )
-        if held is None:
-            raise LeaseLostError(f"job {job.id}: lease {job.lease_token} is no longer held")
 
     async def complete(self, owner: str, done: Sequence[tuple[int, int, Any]]) -> set[int]:
         """Acknowledge (id, lease_token, result) triples in one statement. Returns the ids
