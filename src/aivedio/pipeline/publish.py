@@ -263,17 +263,14 @@ class PublishStage:
             await transition(conn, Entity.REVISION, (asset_id, previous), expected="READY",
                              new="SUPERSEDED")  # fmt: skip
         await conn.execute(
-            "INSERT INTO releases (asset_id, revision, previous_revision, outputs)"
-            " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
-            asset_id, revision_no, previous, outputs,
-        )  # fmt: skip
-        await conn.execute(
-            "UPDATE generation_tasks SET output_asset_id = $1, updated_at = now()"
+            "WITH release AS (INSERT INTO releases (asset_id, revision, previous_revision,"
+            "  outputs) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING)"
+            " UPDATE generation_tasks SET output_asset_id = $1, updated_at = now()"
             " WHERE id = (SELECT generation_task_id FROM provider_outputs o JOIN assets a"
             "   ON a.source_provider_output_id = o.id WHERE a.id = $1)"
             " AND output_asset_id IS NULL",
-            asset_id,
-        )
+            asset_id, revision_no, previous, outputs,
+        )  # fmt: skip
 
     async def _charge(self, conn: Any, asset: asyncpg.Record, revision_no: int) -> None:
         await ledger.record_processing_charge(
