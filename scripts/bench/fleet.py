@@ -460,11 +460,14 @@ RESET_PARTS = ("SELECT pg_advisory_unlock_all()", "CLOSE ALL", "UNLISTEN *", "RE
 
 
 def round_trips(statements: list[dict[str, Any]]) -> int:
-    """Statements, less the pool's reset: asyncpg sends its four statements (unlock, CLOSE
-    ALL, UNLISTEN *, RESET ALL) as one simple query, one round trip, counted once here."""
+    """Statements, less those sent in the same simple query as another: asyncpg's pool reset
+    (unlock, CLOSE ALL, UNLISTEN *, RESET ALL: one round trip, counted once here) and a fenced
+    transaction's ``BEGIN; SELECT aivedio_hold_lease(…)`` (store/queue.py ``fenced``: one round
+    trip, counted as its BEGIN)."""
     total = sum(s["calls"] for s in statements)
     resets = sum(s["calls"] for s in statements if s["query"].strip() == "RESET ALL")
-    return total - 3 * resets
+    fenced = sum(s["calls"] for s in statements if "aivedio_hold_lease(" in s["query"])
+    return total - 3 * resets - fenced
 
 
 def pct(values: list[float], q: float) -> float:
@@ -1041,7 +1044,8 @@ def report(r: dict[str, Any]) -> None:
             f"{e['roles'].get('fleet_api', 0) / n:6.2f}  {e['query'][:110]}"
         )
     out(
-        f"  round trips (the pool's 4-statement reset counted once): {st['round_trips']} = "
+        f"  round trips (the pool's 4-statement reset and BEGIN + lease check counted once): "
+        f"{st['round_trips']} = "
         f"{st['round_trips_per_asset']:.1f} per asset ("
         + ", ".join(f"{k} {v:.1f}" for k, v in st["round_trips_by_role_per_asset"].items())
         + ")"

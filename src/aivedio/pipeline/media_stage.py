@@ -829,19 +829,14 @@ class MediaStage:
 
     @asynccontextmanager
     async def _revision_lock(self, asset_id: uuid.UUID, revision: int) -> AsyncIterator[bool]:
-        """A session advisory lock on its own connection: released on exit or when the
+        """A session advisory lock on its own connection, released when that session ends:
+        on exit (the connection is closed; no unlock statement needed) or when the
         connection dies with its worker."""
         key = zlib.crc32(f"render:{asset_id}:{revision}".encode()) - 2**31
         # Not from the pool: a long render must not pin a pooled connection that heartbeats
         # and state changes need.
         async with open_connection(self.s.config.database) as conn:
-            acquired = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
-            try:
-                yield acquired
-            finally:
-                if acquired:
-                    with anyio.CancelScope(shield=True):
-                        await conn.execute("SELECT pg_advisory_unlock($1)", key)
+            yield bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
 
 
 def _will_retry(exc: AivedioError, job: Job) -> bool:
