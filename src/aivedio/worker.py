@@ -216,6 +216,8 @@ class Worker:
         # claim that carried some failed: then the ack loop, which can drop a result that
         # PostgreSQL refuses, sends them until one of its flushes succeeds.
         self._acks_ride = True
+        # (id, lease token) of acknowledgements being sent: the heartbeat keeps their leases.
+        self._acks_in_flight: set[tuple[int, int]] = set()
         self._promote_at = 0.0  # monotonic time of the next promote of due waits
         self._maintenance_wake = anyio.Event()
         self._to_release: list[Job] = []
@@ -348,6 +350,7 @@ class Worker:
             acks: list[tuple[Job, Any]] = []
             if self._acks_ride:
                 acks, self._acks = self._acks[: wc.ack_batch_max], self._acks[wc.ack_batch_max :]
+                self._acks_in_flight.update((j.id, j.lease_token) for j, _ in acks)
             # Shielded: a drain must not cancel a claim the server may already have
             # committed, or those jobs would be held by nobody until their leases expire.
             with anyio.CancelScope(shield=True):
@@ -375,6 +378,7 @@ class Worker:
                         self._ack_wake.set()
                 finally:
                     left_over = lane.claimed({j.id for j in jobs or ()})
+                    self._acks_in_flight.difference_update((j.id, j.lease_token) for j, _ in acks)
                 if self.draining and jobs:
                     await self._hand_back(jobs)
                     return
@@ -605,11 +609,14 @@ class Worker:
         attempts = 0
         while self._acks:
             batch, self._acks = self._acks[:batch_max], self._acks[batch_max:]
+            sending = {(j.id, j.lease_token) for j, _ in batch}
+            self._acks_in_flight |= sending
             try:
                 accepted = await self.queue.complete(
                     self.owner, [(j.id, j.lease_token, r) for j, r in batch]
                 )
             except DatabaseError as exc:
+                self._acks_in_flight -= sending
                 if _is_data_error(exc) and any(r is not None for _, r in batch):
                     # A result PostgreSQL will not store (not JSON, a NUL in text): the work
                     # is done, so acknowledge it without its result rather than block the
@@ -624,6 +631,7 @@ class Worker:
                     return
                 await anyio.sleep(backoff_seconds(attempts, 0.2, 5.0))
                 continue
+            self._acks_in_flight -= sending
             self._acks_ride = True
             self._acked(batch, accepted)
 
@@ -660,6 +668,7 @@ class Worker:
             started = time.monotonic()
             leases = [key for key, r in self._running.items() if not r.released]
             leases += [(job.id, job.lease_token) for job, _ in self._acks]
+            leases += self._acks_in_flight
             try:
                 owned = await self.queue.heartbeat(self.owner, wc.lease_seconds, leases)
             except DatabaseError as exc:

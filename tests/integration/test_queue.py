@@ -506,3 +506,15 @@ async def test_a_fenced_transaction_commits_only_while_the_lease_is_held(pool: P
         async with fenced(conn, None):  # no job: a plain transaction
             await conn.execute("INSERT INTO notes VALUES ('no job')")
     assert sorted(await pool.fetchval("SELECT array_agg(note) FROM notes")) == ["held", "no job"]
+
+
+async def test_promote_tells_when_the_next_wait_is_due(pool: Pool) -> None:
+    queue = Queue(pool)
+    await enqueue(pool, [spec("w1"), spec("w2"), spec("w3")])
+    await pool.execute("UPDATE jobs SET status = 'waiting', run_after = now() - interval '1 s'")
+    await pool.execute(
+        "UPDATE jobs SET run_after = now() + interval '30 s' WHERE idempotency_key = 'w3'"
+    )
+    assert await queue.promote(limit=1) == (1, 0.0)  # one more was due: promote again now
+    promoted, next_due = await queue.promote(limit=10)
+    assert promoted == 1 and next_due is not None and 25 < next_due <= 30

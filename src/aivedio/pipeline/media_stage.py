@@ -464,15 +464,26 @@ class MediaStage:
                 await media_objects.download(
                     self.s.store, f"{prefix}/playback.mp4", run.layout.playback
                 )
+            ran = False
             try:
                 async with self._watch_crashes(job, asset_id, run, hooks):
                     report = await run.run(wants=group, plan=plan)
+                ran = True
             finally:
                 # Even when the run fails or is cancelled: what was made and verified counts.
                 with anyio.CancelScope(shield=True):
-                    recorded = await media_objects.record_variants(
-                        self.s.pool, asset_id, revision, later, prefix
-                    )
+                    try:
+                        recorded = await media_objects.record_variants(
+                            self.s.pool, asset_id, revision, later, prefix
+                        )
+                    except AivedioError as exc:
+                        if ran:
+                            raise
+                        # The run's own error is the one to report; these are made again.
+                        log.warning("outputs_not_recorded", asset_id=str(asset_id),
+                                    revision=revision, outputs=[r.variant_type for r in later],
+                                    error=exc.detail)  # fmt: skip
+                        recorded = set()
                 done += [r.variant_type for r in later if r.variant_type in recorded]
         if hooks.metrics is not None:
             hooks.metrics.media_processed(plan.path, plan.mode, sum(

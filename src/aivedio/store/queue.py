@@ -91,13 +91,17 @@ async def fenced(conn: Connection, job: Job | None) -> AsyncIterator[None]:
         async with conn.transaction():
             yield
         return
+    if conn.is_in_transaction():  # its COMMIT would commit the caller's transaction
+        raise RuntimeError("fenced() needs a connection outside any transaction")
     try:
         with map_db_errors("opening a fenced transaction"):
             await conn.execute(
                 f"BEGIN; SELECT aivedio_hold_lease({int(job.id)}, {int(job.lease_token)})"
             )
-    except DatabaseError as exc:
+    except BaseException as exc:
         await _rollback(conn)
+        if not isinstance(exc, DatabaseError):
+            raise
         if getattr(exc.__cause__, "sqlstate", None) == LEASE_NOT_HELD:
             detail = f"job {job.id}: lease {job.lease_token} is no longer held"
             raise LeaseLostError(detail) from None
@@ -397,7 +401,10 @@ class Queue:
         with map_db_errors("promoting due retries"):
             rows = await self._pool.fetch(query("promote"), limit)
         (next_due,) = [r["next_due"] for r in rows if r["lane"] is None]
-        return len(rows) - 1, None if next_due is None else max(next_due, 0.0)
+        promoted = len(rows) - 1
+        if promoted >= limit:
+            next_due = 0.0  # more were due than one statement takes
+        return promoted, None if next_due is None else max(next_due, 0.0)
 
     async def replay(self, job_id: int) -> bool:
         async with self._pool.acquire() as conn, conn.transaction():

@@ -304,7 +304,7 @@ FROM promoted
 UNION ALL
 SELECT NULL, NULL, extract(epoch FROM min(w.run_after) - now())::float8
 FROM (SELECT run_after FROM jobs
-      WHERE status = 'waiting' AND id NOT IN (SELECT id FROM promoted)
+      WHERE status = 'waiting' AND run_after > now()
       ORDER BY run_after LIMIT 1) w;
 
 -- name: replay
