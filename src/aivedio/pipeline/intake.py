@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hmac
 import uuid
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -32,7 +33,7 @@ from aivedio.store.database import Connection, map_db_errors
 from aivedio.store.ledger import record_generation_charge
 from aivedio.store.queue import Queue
 from aivedio.store.records import transition
-from aivedio.store.tenants import tenant_id_by_name
+from aivedio.store.tenants import found_tenant
 
 FETCH_KIND = "fetch"
 
@@ -85,7 +86,10 @@ async def record_provider_output(
     expires_at = descriptor.expires_at or now + timedelta(seconds=default_ttl_seconds)
     if descriptor.sha256 is not None and len(descriptor.sha256) != 64:
         raise PolicyBlockedError("invalid_descriptor: sha256 must be 64 hex characters")
-    async with conn.transaction():
+    # The caller's transaction when there is one (a savepoint would cost two round trips
+    # and no caller goes on after a failure), else one of its own.
+    own = nullcontext() if conn.is_in_transaction() else conn.transaction()
+    async with own:
         task_id = await _succeed_task(conn, tenant_id, descriptor)
         await record_generation_charge(
             conn,
@@ -176,32 +180,32 @@ async def _upsert_output(
         " AND output_revision = $4 FOR UPDATE"
     )
     with map_db_errors("recording the provider output"):
+        # Insert first: a new output (the common case) costs one round trip; a duplicate
+        # finds the row by its key, locked, below.
+        output_id = uuid.uuid4()
+        blob, key_id = cipher.encrypt(d.url, bound_to=str(output_id))
+        inserted = await conn.fetchval(
+            "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
+            " provider_task_id, output_index, output_revision, source_url_ciphertext,"
+            " source_url_key_id, source_url_expires_at, expected_size_bytes,"
+            " expected_checksum_alg, expected_checksum, content_type, fetch_status)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,"
+            " 'FETCH_PENDING') ON CONFLICT DO NOTHING RETURNING id",
+            output_id,
+            tenant_id,
+            task_id,
+            *key,
+            blob,
+            key_id,
+            expires_at,
+            d.size,
+            "sha256" if d.sha256 else None,
+            d.sha256.lower() if d.sha256 else None,
+            d.content_type,
+        )
+        if inserted is not None:
+            return output_id, True, "FETCH_PENDING", False
         row = await conn.fetchrow(select, *key)
-        if row is None:
-            output_id = uuid.uuid4()
-            blob, key_id = cipher.encrypt(d.url, bound_to=str(output_id))
-            inserted = await conn.fetchval(
-                "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
-                " provider_task_id, output_index, output_revision, source_url_ciphertext,"
-                " source_url_key_id, source_url_expires_at, expected_size_bytes,"
-                " expected_checksum_alg, expected_checksum, content_type, fetch_status)"
-                " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,"
-                " 'FETCH_PENDING') ON CONFLICT DO NOTHING RETURNING id",
-                output_id,
-                tenant_id,
-                task_id,
-                *key,
-                blob,
-                key_id,
-                expires_at,
-                d.size,
-                "sha256" if d.sha256 else None,
-                d.sha256.lower() if d.sha256 else None,
-                d.content_type,
-            )
-            if inserted is not None:
-                return output_id, True, "FETCH_PENDING", False
-            row = await conn.fetchrow(select, *key)  # a concurrent duplicate won
     if row is None:
         raise NotFoundError("provider output vanished during intake")
     output_id = uuid.UUID(str(row["id"]))
@@ -244,18 +248,23 @@ async def task_tenant(
     """Whose task a callback names, and whether we knew it: a known task keeps its tenant; a
     task we never saw belongs to ``[providers.NAME] tenant`` (one provider account per
     tenant), or to nobody (None) when that is unset."""
+    pc = config.providers.get(provider)
+    named = pc.tenant if pc is not None and pc.tenant else None
     with map_db_errors("looking up the generation task"):
-        known = await conn.fetchval(
-            "SELECT tenant_id FROM generation_tasks WHERE provider = $1 AND provider_task_id = $2",
+        row = await conn.fetchrow(  # both lookups in one round trip
+            "SELECT (SELECT tenant_id FROM generation_tasks"
+            "  WHERE provider = $1 AND provider_task_id = $2) AS known,"
+            " (SELECT id FROM tenants WHERE name = $3) AS named",
             provider,
             provider_task_id,
+            named,
         )
-    if known is not None:
-        return int(known), True
-    pc = config.providers.get(provider)
-    if pc is None or not pc.tenant:
+    assert row is not None
+    if row["known"] is not None:
+        return int(row["known"]), True
+    if named is None:
         return None, False
-    return await tenant_id_by_name(conn, pc.tenant), False
+    return found_tenant(named, row["named"]), False
 
 
 async def tenant_exists(conn: Connection, tenant_id: int) -> bool:

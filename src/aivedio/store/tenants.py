@@ -28,6 +28,11 @@ async def create_tenant(conn: Connection, name: str) -> tuple[int, bool]:
 async def tenant_id_by_name(conn: Connection, name: str) -> int:
     with map_db_errors("looking up a tenant"):
         tenant_id = await conn.fetchval("SELECT id FROM tenants WHERE name = $1", name)
+    return found_tenant(name, tenant_id)
+
+
+def found_tenant(name: str, tenant_id: object) -> int:
+    """The id a lookup of tenant ``name`` found, or the operator's error for a missing one."""
     if tenant_id is None:
         raise NotFoundError(f"unknown tenant {name!r}; create it with `aivedio tenants create`")
-    return int(tenant_id)
+    return int(str(tenant_id))
