@@ -218,8 +218,15 @@ async def test_an_acknowledgement_rides_on_the_next_claim(config: Config, pool: 
     config = ack_window(config, 60.0)  # the flusher alone would wait a minute
     first = await enqueue(pool, "diag.noop", "first", {})
     async with running_worker(config, pool):
-        await wait_for(pool, "SELECT 1 FROM jobs WHERE id = $1 AND attempts = 1", first)
-        await anyio.sleep(0.3)  # done by now, its acknowledgement pending
+        # Claimed (its acknowledgement may already have ridden on the lane's next poll,
+        # 0.2 s later: a slow look can miss the row in jobs and find it in the history).
+        await wait_for(
+            pool,
+            "SELECT 1 FROM jobs WHERE id = $1 AND attempts = 1"
+            " UNION ALL SELECT 1 FROM job_history WHERE id = $1",
+            first,
+        )
+        await anyio.sleep(0.3)  # done by now, its acknowledgement pending or carried
         second = await enqueue(pool, "diag.noop", "second", {})  # wakes a claim
         row = await wait_for(pool, "SELECT * FROM job_history WHERE id = $1", first, timeout=5)
         assert row["status"] == "succeeded"

@@ -846,7 +846,7 @@ class MediaStage:
         key = zlib.crc32(f"render:{asset_id}:{revision}".encode()) - 2**31
         # Not from the pool: a long render must not pin a pooled connection that heartbeats
         # and state changes need.
-        async with open_connection(self.s.config.database) as conn:
+        async with open_connection(self.s.config.database, codecs=False) as conn:
             yield bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
 
 

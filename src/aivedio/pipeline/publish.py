@@ -38,6 +38,9 @@ from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectStore
 from aivedio.store.queue import Job, JobSpec, Queue, fenced
 from aivedio.store.records import transition
+from aivedio.store.together import Part, write_together
+
+Row = dict[str, Any]
 
 log = get_logger("aivedio.publish")
 
@@ -104,7 +107,7 @@ class PublishStage:
 
     # -- checklist ---------------------------------------------------------------------------
 
-    async def _files_present(self, variant: asyncpg.Record) -> bool:
+    async def _files_present(self, variant: Row) -> bool:
         """Every file of an output is in the store at its recorded size."""
         extra = variant["extra"] or {}
         files = extra.get("files") or [{"path": None, "size": variant["size_bytes"]}]
@@ -120,7 +123,7 @@ class PublishStage:
         return True
 
     async def _checklist(
-        self, asset: asyncpg.Record, revision: asyncpg.Record, variants: list[asyncpg.Record]
+        self, asset: asyncpg.Record, revision: Row, variants: list[Row]
     ) -> list[str]:
         """The outputs to publish; raises when the revision cannot be published now."""
         if asset["status"] in ("DELETED", "REJECTED", "PROCESSING_FAILED", "INVALID_MEDIA"):
@@ -188,7 +191,6 @@ class PublishStage:
                 # (retryable), and the next attempt decides with fresh state.
                 raise TransientError("the current revision moved; will look again")
             await self._release(conn, asset, locked, previous, revision_no, outputs, enriched)
-            await self._charge(conn, asset, revision_no)
         log.info("asset_published", asset_id=str(asset_id), revision=revision_no,
                  outputs=outputs, state="ENRICHED" if enriched else "PLAYABLE")  # fmt: skip
         if not complete:
@@ -220,23 +222,39 @@ class PublishStage:
             conn, Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY",
             values={"published_at": _now(), "published_outputs": outputs},
         )  # fmt: skip
-        await self._switch(conn, asset_id, locked, previous, revision_no, outputs, enriched)
+        await self._switch(conn, asset_id, locked, previous, revision_no, enriched)
         payload: dict[str, Any] = {
             "asset_id": str(asset_id), "revision": revision_no, "previous_revision": previous,
             "outputs": outputs, "state": "ENRICHED" if enriched else "PLAYABLE",
         }  # fmt: skip
         if enriches is not None:
             payload["enriches"] = enriches
-        await outbox.emit(
-            conn, "asset.ready", tenant_id=asset["tenant_id"], aggregate_id=asset_id,
-            payload=payload,
-        )  # fmt: skip
+        # The release row, the task's link, the event and the charge: one statement.
+        writes: dict[str, Part] = {
+            "release": Part(RECORD_RELEASE, (asset_id, revision_no, previous, outputs)),
+            "link": Part(LINK_TASK, (asset_id,)),
+            "event": outbox.event_part(
+                "asset.ready", tenant_id=asset["tenant_id"], aggregate_id=asset_id,
+                payload=payload,
+            ),
+        }  # fmt: skip
+        charge = None
+        if enriches is None:  # an enrichment republishes what was charged
+            charge = ledger.processing_charge_part(
+                self.config.ledger, tenant_id=asset["tenant_id"], asset_id=asset_id,
+                revision=revision_no, media_seconds=(asset["duration_us"] or 0) / 1e6,
+            )  # fmt: skip
+        if charge is not None:
+            writes["charge"] = charge
+        written = await write_together(conn, writes, "recording the release")
+        if charge is not None and written["charge"]:
+            ledger.log_processing_charge(charge)
 
     async def _switch(
         self, conn: Any, asset_id: uuid.UUID, locked: asyncpg.Record, previous: int | None,
-        revision_no: int, outputs: list[str], enriched: bool,
+        revision_no: int, enriched: bool,
     ) -> None:  # fmt: skip
-        """Move the pointer and the asset's state; record the release; link the task.
+        """Move the pointer and the asset's state; the previous revision SUPERSEDED.
 
         The caller holds the asset row locked and saw ``current_revision == previous`` under
         that lock, so the pointer moves with the first state change (one statement) or, when
@@ -262,21 +280,6 @@ class PublishStage:
         if previous is not None:
             await transition(conn, Entity.REVISION, (asset_id, previous), expected="READY",
                              new="SUPERSEDED")  # fmt: skip
-        await conn.execute(
-            "WITH release AS (INSERT INTO releases (asset_id, revision, previous_revision,"
-            "  outputs) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING)"
-            " UPDATE generation_tasks SET output_asset_id = $1, updated_at = now()"
-            " WHERE id = (SELECT generation_task_id FROM provider_outputs o JOIN assets a"
-            "   ON a.source_provider_output_id = o.id WHERE a.id = $1)"
-            " AND output_asset_id IS NULL",
-            asset_id, revision_no, previous, outputs,
-        )  # fmt: skip
-
-    async def _charge(self, conn: Any, asset: asyncpg.Record, revision_no: int) -> None:
-        await ledger.record_processing_charge(
-            conn, cfg=self.config.ledger, tenant_id=asset["tenant_id"], asset_id=asset["id"],
-            revision=revision_no, media_seconds=(asset["duration_us"] or 0) / 1e6,
-        )  # fmt: skip
 
     async def _abandon(self, asset_id: uuid.UUID, revision_no: int, reason: str) -> None:
         async with self.pool.acquire() as conn:
@@ -319,40 +322,24 @@ class PublishStage:
                 return {"outcome": "deleted"}
             if locked["cancel_version"] != base["cancel_version_at_start"]:
                 return {"outcome": "cancelled"}
-            rebuilding = await conn.fetchval(
-                "SELECT 1 FROM asset_revisions WHERE asset_id = $1 AND revision > $2"
-                " AND status = 'BUILDING' AND enriches IS NULL",
+            numbers = await conn.fetchrow(
+                "SELECT max(revision) + 1 AS new_no, coalesce(bool_or(revision > $2"
+                " AND status = 'BUILDING' AND enriches IS NULL), false) AS rebuilding"
+                " FROM asset_revisions WHERE asset_id = $1",
                 asset_id, base_no,
             )  # fmt: skip
-            if rebuilding:
+            assert numbers is not None  # an aggregate answers one row
+            if numbers["rebuilding"]:
                 # A rebuild (reprocess, integrity repair) will replace this revision: an
                 # enrichment now would only be superseded, or move the pointer past it.
                 return {"outcome": "superseded_by_rebuild"}
-            new_no = int(
-                await conn.fetchval(
-                    "SELECT max(revision) + 1 FROM asset_revisions WHERE asset_id = $1", asset_id
-                )
-            )
-            await conn.execute(
-                "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
-                " required_outputs, optional_outputs, plan, moderation_verdict,"
-                " moderation_version, moderation_reasons, delete_version_at_start,"
-                " cancel_version_at_start, enriches)"
-                " SELECT asset_id, $2, pipeline_version, 'BUILDING', required_outputs,"
-                " optional_outputs, plan, moderation_verdict, moderation_version,"
-                " moderation_reasons, delete_version_at_start, cancel_version_at_start, $3"
-                " FROM asset_revisions WHERE asset_id = $1 AND revision = $3",
-                asset_id, new_no, base_no,
-            )  # fmt: skip
-            await conn.execute(
-                "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
-                " mime_type, size_bytes, checksum_alg, checksum, width, height, bitrate, codec,"
-                " status, extra) SELECT gen_random_uuid(), asset_id, $2, variant_type,"
-                " object_key, mime_type, size_bytes, checksum_alg, checksum, width, height,"
-                " bitrate, codec, 'SUCCEEDED', extra FROM asset_variants"
-                " WHERE asset_id = $1 AND revision = $3 AND variant_type = ANY($4::text[])",
-                asset_id, new_no, base_no, outputs,
-            )  # fmt: skip
+            new_no = int(numbers["new_no"])
+            # The new revision and its outputs (the variants' reference to the revision is
+            # checked at the end of the statement, when both rows exist).
+            await write_together(conn, {
+                "revision": Part(COPY_REVISION, (asset_id, new_no, base_no)),
+                "outputs": Part(COPY_OUTPUTS, (asset_id, new_no, base_no, outputs)),
+            }, "recording the enrichment revision")  # fmt: skip
             await self._release(conn, asset, locked, base_no, new_no, outputs, enriched,
                                 enriches=base_no)  # fmt: skip
         log.info("asset_enriched", asset_id=str(asset_id), revision=new_no, base=base_no,
@@ -363,41 +350,76 @@ class PublishStage:
 
     async def _load(
         self, asset_id: uuid.UUID, revision_no: int
-    ) -> tuple[asyncpg.Record, asyncpg.Record | None, list[asyncpg.Record]]:
-        asset = await self.pool.fetchrow("SELECT * FROM assets WHERE id = $1", asset_id)
+    ) -> tuple[asyncpg.Record, Row | None, list[Row]]:
+        """The asset, the revision and its outputs in one round trip (the revision and the
+        outputs as JSON objects: only their JSON-typed columns are read)."""
+        asset = await self.pool.fetchrow(LOAD, asset_id, revision_no)
         if asset is None:
             raise StaleStateError(f"asset {asset_id} does not exist")
-        # With the newest revision that could be published instead (a rebuild's).
-        revision = await self.pool.fetchrow(
-            "SELECT r.*, (SELECT max(n.revision) FROM asset_revisions n"
-            "  WHERE n.asset_id = r.asset_id AND n.status IN ('BUILDING', 'READY')"
-            "  AND n.enriches IS NULL) AS newest_candidate"
-            " FROM asset_revisions r WHERE r.asset_id = $1 AND r.revision = $2",
-            asset_id,
-            revision_no,
-        )
-        variants = await self.pool.fetch(
-            "SELECT * FROM asset_variants WHERE asset_id = $1 AND revision = $2",
-            asset_id,
-            revision_no,
-        )
-        return asset, revision, list(variants)
+        return asset, asset["revision_row"], asset["variant_rows"]
+
+
+# The asset, with its revision (and the newest revision that could be published instead, a
+# rebuild's) and the revision's outputs.
+LOAD = """
+SELECT a.*,
+       (SELECT to_jsonb(r) || jsonb_build_object('newest_candidate',
+                (SELECT max(n.revision) FROM asset_revisions n
+                  WHERE n.asset_id = r.asset_id AND n.status IN ('BUILDING', 'READY')
+                    AND n.enriches IS NULL))
+          FROM asset_revisions r WHERE r.asset_id = a.id AND r.revision = $2) AS revision_row,
+       (SELECT coalesce(jsonb_agg(to_jsonb(v) ORDER BY v.variant_type), '[]'::jsonb)
+          FROM asset_variants v WHERE v.asset_id = a.id AND v.revision = $2) AS variant_rows
+  FROM assets a WHERE a.id = $1
+"""
+
+LOCK_TASK_THEN_ASSET = """
+WITH task AS MATERIALIZED (
+    SELECT 1 FROM generation_tasks WHERE id = (SELECT o.generation_task_id
+      FROM assets a JOIN provider_outputs o ON o.id = a.source_provider_output_id
+     WHERE a.id = $1) FOR UPDATE)
+SELECT status, version, current_revision, delete_version, cancel_version
+  FROM assets WHERE id = $1 AND (SELECT count(*) FROM task) >= 0 FOR UPDATE
+"""
+
+COPY_REVISION = (
+    "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
+    " required_outputs, optional_outputs, plan, moderation_verdict,"
+    " moderation_version, moderation_reasons, delete_version_at_start,"
+    " cancel_version_at_start, enriches)"
+    " SELECT asset_id, $2, pipeline_version, 'BUILDING', required_outputs,"
+    " optional_outputs, plan, moderation_verdict, moderation_version,"
+    " moderation_reasons, delete_version_at_start, cancel_version_at_start, $3"
+    " FROM asset_revisions WHERE asset_id = $1 AND revision = $3 RETURNING 1"
+)
+
+COPY_OUTPUTS = (
+    "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
+    " mime_type, size_bytes, checksum_alg, checksum, width, height, bitrate, codec,"
+    " status, extra) SELECT gen_random_uuid(), asset_id, $2, variant_type,"
+    " object_key, mime_type, size_bytes, checksum_alg, checksum, width, height,"
+    " bitrate, codec, 'SUCCEEDED', extra FROM asset_variants"
+    " WHERE asset_id = $1 AND revision = $3 AND variant_type = ANY($4::text[]) RETURNING 1"
+)
+
+RECORD_RELEASE = (
+    "INSERT INTO releases (asset_id, revision, previous_revision, outputs)"
+    " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING 1"
+)
+
+LINK_TASK = (
+    "UPDATE generation_tasks SET output_asset_id = $1, updated_at = now()"
+    " WHERE id = (SELECT generation_task_id FROM provider_outputs o JOIN assets a"
+    "   ON a.source_provider_output_id = o.id WHERE a.id = $1)"
+    " AND output_asset_id IS NULL RETURNING 1"
+)
 
 
 async def _lock_asset(conn: Any, asset_id: uuid.UUID) -> asyncpg.Record:
     """Lock the generation task (if any) and then the asset, in the order cancel uses, so
-    a publish and a cancel never deadlock."""
-    await conn.execute(
-        "SELECT 1 FROM generation_tasks WHERE id = (SELECT o.generation_task_id"
-        " FROM assets a JOIN provider_outputs o ON o.id = a.source_provider_output_id"
-        " WHERE a.id = $1) FOR UPDATE",
-        asset_id,
-    )
-    locked: asyncpg.Record | None = await conn.fetchrow(
-        "SELECT status, version, current_revision, delete_version, cancel_version"
-        " FROM assets WHERE id = $1 FOR UPDATE",
-        asset_id,
-    )
+    a publish and a cancel never deadlock: one statement, whose one-time filter locks the
+    task before the asset row is scanned and locked."""
+    locked: asyncpg.Record | None = await conn.fetchrow(LOCK_TASK_THEN_ASSET, asset_id)
     if locked is None:
         raise StaleStateError(f"asset {asset_id} disappeared")
     return locked

@@ -97,7 +97,11 @@ async def open_pool(
 
 
 @asynccontextmanager
-async def open_connection(config: DatabaseConfig) -> AsyncIterator[Connection]:
+async def open_connection(
+    config: DatabaseConfig, *, codecs: bool = True
+) -> AsyncIterator[Connection]:
+    """A connection of its own. ``codecs=False`` skips the jsonb codec, whose set-up reads
+    the type from the catalogue (a round trip): for a connection that only holds a lock."""
     with map_db_errors("connecting to PostgreSQL"):
         conn = await asyncpg.connect(
             config.url,
@@ -105,7 +109,8 @@ async def open_connection(config: DatabaseConfig) -> AsyncIterator[Connection]:
             timeout=config.connect_timeout_seconds,
         )
         try:
-            await _init_connection(conn)
+            if codecs:
+                await _init_connection(conn)
         except BaseException:  # cancelled or failed half-way: the connection is still ours
             conn.terminate()
             raise

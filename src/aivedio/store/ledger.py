@@ -38,6 +38,7 @@ from aivedio.errors import PolicyBlockedError
 from aivedio.ledger_config import LedgerConfig
 from aivedio.logs import get_logger
 from aivedio.store.database import Connection, Pool, map_db_errors
+from aivedio.store.together import Part
 
 log = get_logger("aivedio.ledger")
 
@@ -268,38 +269,48 @@ async def record_processing_charge(
     revision: int,
     media_seconds: float,
 ) -> bool:
-    """The platform's charge for publishing one revision, once; nothing under ``never``.
+    """The platform's charge for publishing one revision, once; nothing under ``never``."""
+    part = processing_charge_part(
+        cfg, tenant_id=tenant_id, asset_id=asset_id, revision=revision, media_seconds=media_seconds
+    )
+    if part is None:
+        return False
+    with map_db_errors("recording a processing charge"):
+        entry_id = await conn.fetchval(part.sql, *part.args)
+    if entry_id is not None:
+        log_processing_charge(part)
+    return entry_id is not None
+
+
+def processing_charge_part(
+    cfg: LedgerConfig, *, tenant_id: int, asset_id: uuid.UUID, revision: int, media_seconds: float
+) -> Part | None:
+    """The statement of the processing charge (None under ``never``), for a caller that writes
+    it together with others; ``log_processing_charge`` once it returned a row.
 
     Policy ``per_media_second``, or ``unpriced`` (amount 0) when the rate is 0."""
     if cfg.processing_charge == "never":
-        return False
+        return None
     rate = cfg.processing_micros_per_media_second
     amount = _micros(rate, media_seconds)
     policy = "per_media_second" if rate else "unpriced"
     detail = {"media_seconds": media_seconds, "micros_per_media_second": rate}
-    with map_db_errors("recording a processing charge"):
-        entry_id = await conn.fetchval(
-            INSERT_PROCESSING_CHARGE,
-            processing_key(asset_id, revision),
-            tenant_id,
-            asset_id,
-            revision,
-            amount,
-            cfg.currency,
-            policy,
-            _json(detail),
-        )
-    if entry_id is not None:
-        log.info(
-            "ledger_processing_charge",
-            tenant_id=tenant_id,
-            asset_id=str(asset_id),
-            revision=revision,
-            amount_micros=amount,
-            currency=cfg.currency,
-            policy=policy,
-        )
-    return entry_id is not None
+    key = processing_key(asset_id, revision)
+    args = (key, tenant_id, asset_id, revision, amount, cfg.currency, policy, _json(detail))
+    return Part(INSERT_PROCESSING_CHARGE, args)
+
+
+def log_processing_charge(part: Part) -> None:
+    _key, tenant_id, asset_id, revision, amount, currency, policy, _detail = part.args
+    log.info(
+        "ledger_processing_charge",
+        tenant_id=tenant_id,
+        asset_id=str(asset_id),
+        revision=revision,
+        amount_micros=amount,
+        currency=currency,
+        policy=policy,
+    )
 
 
 async def record_compensation(

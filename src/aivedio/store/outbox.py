@@ -32,6 +32,7 @@ import msgspec
 
 from aivedio.outbox_config import EVENT_TYPES
 from aivedio.store.database import Connection, Pool, map_db_errors
+from aivedio.store.together import Part
 
 __all__ = ["EVENT_TYPES", "NOTIFY_CHANNEL", "Claimed", "OutboxStore", "emit"]
 
@@ -40,7 +41,7 @@ NOTIFY_CHANNEL = "aivedio_events"
 
 INSERT_EVENT = """
 INSERT INTO outbox_events (event_id, event_type, tenant_id, aggregate_id, payload)
-VALUES ($1, $2, $3, $4, $5::text::jsonb)
+VALUES ($1, $2, $3, $4, $5::text::jsonb) RETURNING id
 """
 
 REGISTER_ENDPOINTS = """
@@ -160,14 +161,25 @@ async def emit(
 
     Events of one ``aggregate_id`` are delivered in the order they were emitted, provided the
     emitting transactions serialise on that aggregate (as every CAS on its row does)."""
+    part = event_part(event_type, tenant_id=tenant_id, aggregate_id=aggregate_id, payload=payload)
+    with map_db_errors(f"writing the {event_type} outbox event"):
+        await conn.execute(part.sql, *part.args)
+    return uuid.UUID(str(part.args[0]))
+
+
+def event_part(
+    event_type: str,
+    *,
+    tenant_id: int | None,
+    aggregate_id: uuid.UUID | None,
+    payload: dict[str, Any],
+) -> Part:
+    """The statement ``emit`` runs, for a caller that writes it together with others."""
     if event_type not in EVENT_TYPES:
         raise ValueError(f"unknown outbox event type {event_type!r}; known: {sorted(EVENT_TYPES)}")
-    event_id = uuid.uuid4()
     # Encoded here, not by the connection's jsonb codec, so any connection can emit.
     body = msgspec.json.encode(payload).decode()
-    with map_db_errors(f"writing the {event_type} outbox event"):
-        await conn.execute(INSERT_EVENT, event_id, event_type, tenant_id, aggregate_id, body)
-    return event_id
+    return Part(INSERT_EVENT, (uuid.uuid4(), event_type, tenant_id, aggregate_id, body))
 
 
 class Claimed(msgspec.Struct, frozen=True, kw_only=True):
