@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from aivedio.errors import LeaseLostError
 from aivedio.scheduling import Candidate, reference_claim
 from aivedio.store.database import Pool
-from aivedio.store.queue import JobSpec, LocalLanes, Queue, fenced
+from aivedio.store.queue import JobSpec, LocalLanes, Queue, fenced, write_fenced
+from aivedio.store.together import Part
 
 pytestmark = pytest.mark.anyio
 
@@ -506,6 +507,34 @@ async def test_a_fenced_transaction_commits_only_while_the_lease_is_held(pool: P
         async with fenced(conn, None):  # no job: a plain transaction
             await conn.execute("INSERT INTO notes VALUES ('no job')")
     assert sorted(await pool.fetchval("SELECT array_agg(note) FROM notes")) == ["held", "no job"]
+
+
+async def test_a_fenced_write_happens_only_while_the_lease_is_held(pool: Pool) -> None:
+    queue = Queue(pool)
+    await enqueue(pool, [spec("w1"), spec("w2")])
+    held, lost = await queue.claim("control", 2, OWNER, 30)
+    await pool.execute("CREATE TABLE notes (note text)")
+
+    def note(text: str) -> dict[str, Part]:
+        # The second part reads the first's answer: it writes only when the first did.
+        return {
+            "first": Part("INSERT INTO notes VALUES ($1) RETURNING note", (text,), value="note"),
+            "second": Part("INSERT INTO notes SELECT note || '+' FROM first RETURNING 1", ()),
+        }
+
+    async with pool.acquire() as conn:
+        got = await write_fenced(conn, held, note("held"), "writing notes")
+        assert got == {"lease": 1, "first": "held", "second": 1}
+        await pool.execute("UPDATE jobs SET lease_token = lease_token + 1 WHERE id = $1", lost.id)
+        with pytest.raises(LeaseLostError, match=f"job {lost.id}"):
+            await write_fenced(conn, lost, note("lost"), "writing notes")
+        assert not conn.is_in_transaction()
+        assert await write_fenced(conn, None, note("no job"), "writing notes") == {
+            "first": "no job",
+            "second": 1,
+        }
+    notes = sorted(await pool.fetchval("SELECT array_agg(note) FROM notes"))
+    assert notes == ["held", "held+", "no job", "no job+"]
 
 
 async def test_promote_tells_when_the_next_wait_is_due(pool: Pool) -> None:

@@ -25,6 +25,11 @@ def test_parameters_are_renumbered_part_by_part_and_the_args_follow() -> None:
     assert args == ["x", 1, 7, "z", "{}"]
 
 
+def test_a_part_with_a_value_answers_its_first_rows_column() -> None:
+    sql, _ = together_sql({"a": Part("INSERT INTO t VALUES ($1) RETURNING id", (1,), value="id")})
+    assert sql.endswith("SELECT (SELECT id FROM a LIMIT 1) AS a")
+
+
 def test_parameter_numbers_past_nine_are_shifted_whole() -> None:
     sql, _ = together_sql(
         {
@@ -40,7 +45,8 @@ def test_parameter_numbers_past_nine_are_shifted_whole() -> None:
     [
         ({}, "no statements"),
         ({"x; DROP": Part("SELECT 1 RETURNING 1", ())}, "not a plain identifier"),
-        ({"x": Part("INSERT INTO a VALUES (1)", ())}, "needs a RETURNING clause"),
+        ({"x": Part("INSERT INTO a VALUES (1)", ())}, "returns no rows"),
+        ({"x": Part("SELECT 1", (), value="1; DROP")}, "not a plain column name"),
     ],
 )
 def test_bad_parts_are_refused(parts: dict[str, Part], message: str) -> None:

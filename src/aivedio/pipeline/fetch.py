@@ -72,7 +72,8 @@ from aivedio.store import keys
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectInfo, ObjectStore
 from aivedio.store.queue import Job, Queue, fenced
-from aivedio.store.records import transition
+from aivedio.store.records import stale, transition, transition_part
+from aivedio.store.together import Part, write_together
 
 log = get_logger("aivedio.fetch")
 
@@ -143,9 +144,10 @@ class FetchStage:
                 return {"outcome": "output_lost"}
             output, url = refreshed
         if output.fetch_status != "FETCHING":
-            output = await records.move(self.s.pool, output, "FETCHING")
+            output, attempt_id = await records.start_fetching(self.s.pool, output, job)
             url = self._url(output)
-        attempt_id = await records.begin_attempt(self.s.pool, output, job)
+        else:
+            attempt_id = await records.begin_attempt(self.s.pool, output, job)
         refreshed_once = False
         while True:
             try:
@@ -428,34 +430,32 @@ class FetchStage:
                 self.s.pool.acquire() as conn,
                 fenced(conn, records.current_job.get()),
             ):
-                # Serialise with a cancel of the task (it locks the task row first): either
-                # the cancel sees this asset, or the probe sees the task cancelled.
-                await conn.execute(
-                    "SELECT 1 FROM generation_tasks WHERE id = $1 FOR SHARE",
-                    output.generation_task_id,
-                )
-                await transition(
-                    conn,
-                    Entity.PROVIDER_OUTPUT,
-                    (output.id,),
-                    expected=output.fetch_status,
-                    new="STORED",
-                    version=output.version,
-                    values={"last_error_class": None, "last_error_detail": None},
-                )
-                inserted = await conn.fetchval(
-                    "INSERT INTO assets (id, tenant_id, source_type, source_provider_output_id,"
-                    " status, source_object_key, source_size_bytes, source_sha256)"
-                    " VALUES ($1, $2, 'PROVIDER_OUTPUT', $3, 'QUARANTINED', $4, $5, $6)"
-                    " ON CONFLICT (source_provider_output_id) DO NOTHING RETURNING id",
-                    asset_id,
-                    output.tenant_id,
-                    output.id,
-                    key,
-                    info.size,
-                    result.sha256,
-                )
-                if inserted is None:
+                # One statement; the transaction undoes it all when the CAS lost.
+                got = await write_together(conn, {
+                    # Serialise with a cancel of the task (it locks the task row first):
+                    # either the cancel sees this asset, or the probe sees it cancelled.
+                    "task": Part("SELECT 1 FROM generation_tasks WHERE id = $1 FOR SHARE",
+                                 (output.generation_task_id,)),
+                    "stored": transition_part(
+                        Entity.PROVIDER_OUTPUT, (output.id,), expected=output.fetch_status,
+                        new="STORED", version=output.version,
+                        values={"last_error_class": None, "last_error_detail": None},
+                    ),
+                    "asset": Part(
+                        "INSERT INTO assets (id, tenant_id, source_type,"
+                        " source_provider_output_id, status, source_object_key,"
+                        " source_size_bytes, source_sha256)"
+                        " VALUES ($1, $2, 'PROVIDER_OUTPUT', $3, 'QUARANTINED', $4, $5, $6)"
+                        " ON CONFLICT (source_provider_output_id) DO NOTHING RETURNING id",
+                        (asset_id, output.tenant_id, output.id, key, info.size, result.sha256),
+                        value="id",
+                    ),
+                    "attempt": records.end_attempt_part(attempt_id, "stored", None, result, key),
+                }, "recording the stored output")  # fmt: skip
+                if got["stored"] is None:
+                    raise stale(Entity.PROVIDER_OUTPUT, (output.id,), expected=output.fetch_status,
+                                new="STORED", version=output.version)  # fmt: skip
+                if got["asset"] is None:
                     asset_id = uuid.UUID(
                         str(
                             await conn.fetchval(
@@ -479,7 +479,6 @@ class FetchStage:
             return uuid.UUID(str(asset))
         except asyncpg.PostgresError as exc:
             raise TransientError(f"recording the stored output failed: {exc}") from exc
-        await records.end_attempt(self.s.pool, attempt_id, "stored", None, result, key)
         log.info(
             "output_stored",
             provider_output_id=str(output.id),

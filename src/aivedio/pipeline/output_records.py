@@ -24,8 +24,9 @@ from aivedio.states import Entity
 from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.ledger import record_compensation
 from aivedio.store.outbox import emit
-from aivedio.store.queue import Job, fenced
-from aivedio.store.records import transition
+from aivedio.store.queue import Job, fenced, write_fenced
+from aivedio.store.records import stale, transition, transition_part
+from aivedio.store.together import Part
 
 log = get_logger("aivedio.fetch")
 
@@ -92,16 +93,7 @@ async def move(
         values = {"last_error_class": error.error_class, "last_error_detail": error.detail}
     for _ in range(3):
         try:
-            async with pool.acquire() as conn, fenced(conn, current_job.get()):
-                version = await transition(
-                    conn,
-                    Entity.PROVIDER_OUTPUT,
-                    (output.id,),
-                    expected=output.fetch_status,
-                    new=new,
-                    version=output.version,
-                    values=values,
-                )
+            version = await _move_fenced(pool, output, new, values, {})
             return msgspec.structs.replace(output, fetch_status=new, version=version)
         except StaleStateError:
             fresh = await load(pool, output.id)
@@ -109,6 +101,54 @@ async def move(
                 raise
             output = fresh
     raise StaleStateError(f"provider output {output.id} keeps changing; giving up")
+
+
+async def start_fetching(pool: Pool, output: OutputRow, job: Job) -> tuple[OutputRow, int]:
+    """FETCHING (as ``move``) and the attempt's row, in one statement: the moved output and
+    the attempt's id."""
+    attempt = Part(  # only when the move won (it reads the move's answer)
+        "INSERT INTO fetch_attempts (provider_output_id, job_id, attempt)"
+        " SELECT $1, $2, $3 FROM move RETURNING id",
+        (output.id, job.id, job.attempts),
+        value="id",
+    )
+    for _ in range(3):
+        try:
+            answers: dict[str, Any] = {}
+            version = await _move_fenced(pool, output, "FETCHING", {}, {"attempt": attempt},
+                                         answers)  # fmt: skip
+            moved = msgspec.structs.replace(output, fetch_status="FETCHING", version=version)
+            return moved, int(answers["attempt"])
+        except StaleStateError:
+            fresh = await load(pool, output.id)
+            if fresh.fetch_status != output.fetch_status:
+                raise
+            output = fresh
+    raise StaleStateError(f"provider output {output.id} keeps changing; giving up")
+
+
+async def _move_fenced(
+    pool: Pool,
+    output: OutputRow,
+    new: str,
+    values: dict[str, Any],
+    also: dict[str, Part],
+    answers: dict[str, Any] | None = None,
+) -> int:
+    """The output's CAS to ``new`` in one statement fenced by the current job's lease, with
+    ``also`` (parts that read ``move``, so they write only when it won); its new version."""
+    key = (output.id,)
+    move = transition_part(Entity.PROVIDER_OUTPUT, key, expected=output.fetch_status, new=new,
+                           version=output.version, values=values)  # fmt: skip
+    async with pool.acquire() as conn:
+        got = await write_fenced(conn, current_job.get(), {"move": move, **also},
+                                 "moving a provider output")  # fmt: skip
+    if got["move"] is None:
+        raise stale(Entity.PROVIDER_OUTPUT, key, expected=output.fetch_status, new=new,
+                    version=output.version)  # fmt: skip
+    if answers is not None:
+        answers.update(got)
+    return int(got["move"])
 
 
 async def mark_lost(
@@ -175,11 +215,24 @@ async def end_attempt(
     result: Digest | None = None,
     key: str | None = None,
 ) -> None:
+    part = end_attempt_part(attempt_id, outcome, error, result, key)
     with map_db_errors("recording a fetch attempt"):
-        await pool.execute(
-            "UPDATE fetch_attempts SET finished_at = now(), outcome = $2, error_class = $3,"
-            " error_detail = $4, http_status = $5, bytes = $6, sha256 = $7, object_key = $8"
-            " WHERE id = $1",
+        await pool.execute(part.sql, *part.args)
+
+
+def end_attempt_part(
+    attempt_id: int,
+    outcome: str,
+    error: AivedioError | None,
+    result: Digest | None = None,
+    key: str | None = None,
+) -> Part:
+    """The statement of ``end_attempt``, for a caller that writes it with others."""
+    return Part(
+        "UPDATE fetch_attempts SET finished_at = now(), outcome = $2, error_class = $3,"
+        " error_detail = $4, http_status = $5, bytes = $6, sha256 = $7, object_key = $8"
+        " WHERE id = $1 RETURNING id",
+        (
             attempt_id,
             outcome,
             error.error_class if error else None,
@@ -188,7 +241,8 @@ async def end_attempt(
             result.bytes if result else None,
             result.sha256 if result else None,
             key,
-        )
+        ),
+    )
 
 
 def expired(output: OutputRow) -> bool:

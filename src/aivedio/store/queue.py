@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,6 +33,7 @@ from aivedio.errors import DatabaseError, LeaseLostError
 from aivedio.scheduling import sort_at
 from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.queries import query
+from aivedio.store.together import Part, write_together
 
 NOTIFY_CHANNEL = "aivedio_jobs"
 
@@ -102,9 +103,8 @@ async def fenced(conn: Connection, job: Job | None) -> AsyncIterator[None]:
         await _rollback(conn)
         if not isinstance(exc, DatabaseError):
             raise
-        if getattr(exc.__cause__, "sqlstate", None) == LEASE_NOT_HELD:
-            detail = f"job {job.id}: lease {job.lease_token} is no longer held"
-            raise LeaseLostError(detail) from None
+        if _lease_lost(exc):
+            raise _lease_error(job) from None
         raise
     try:
         yield
@@ -113,6 +113,31 @@ async def fenced(conn: Connection, job: Job | None) -> AsyncIterator[None]:
         raise
     with anyio.CancelScope(shield=True), map_db_errors("committing"):
         await conn.execute("COMMIT")
+
+
+async def write_fenced(
+    conn: Connection, job: Job | None, parts: Mapping[str, Part], doing: str
+) -> dict[str, Any]:
+    """Writes that happen only while this run holds ``job``'s lease, as ONE statement (atomic
+    on its own, no BEGIN or COMMIT): the lease check is one of its parts, and a lease no
+    longer held undoes the rest (LeaseLostError). The answers of ``write_together``."""
+    if job is not None:
+        lease = Part("SELECT aivedio_hold_lease($1, $2)", (int(job.id), int(job.lease_token)))
+        parts = {"lease": lease, **parts}
+    try:
+        return await write_together(conn, parts, doing)
+    except DatabaseError as exc:
+        if job is not None and _lease_lost(exc):
+            raise _lease_error(job) from None
+        raise
+
+
+def _lease_lost(exc: DatabaseError) -> bool:
+    return getattr(exc.__cause__, "sqlstate", None) == LEASE_NOT_HELD
+
+
+def _lease_error(job: Job) -> LeaseLostError:
+    return LeaseLostError(f"job {job.id}: lease {job.lease_token} is no longer held")
 
 
 async def _rollback(conn: Connection) -> None:

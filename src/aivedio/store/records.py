@@ -15,6 +15,7 @@ from typing import Any
 from aivedio.errors import StaleStateError, TransitionError
 from aivedio.states import TABLES, TRANSITIONS, Entity, allowed
 from aivedio.store.database import Connection, map_db_errors
+from aivedio.store.together import Part
 
 # Columns a transition may set besides the status; anything else is a programming error.
 SETTABLE: Mapping[Entity, frozenset[str]] = {
@@ -101,6 +102,26 @@ async def transition(
     which is enough only where a state cannot recur; provider outputs cycle through FETCHING
     (retries, refreshes), so their updates must pass ``version``.
     """
+    part = transition_part(entity, key, expected=expected, new=new, version=version, values=values)
+    with map_db_errors(f"changing {entity.value} state"):
+        result = await conn.fetchval(part.sql, *part.args)
+    if result is None:
+        raise stale(entity, key, expected=expected, new=new, version=version)
+    return int(result)
+
+
+def transition_part(
+    entity: Entity,
+    key: Sequence[Any],
+    *,
+    expected: str,
+    new: str,
+    version: int | None = None,
+    values: Mapping[str, Any] | None = None,
+) -> Part:
+    """The statement of ``transition``, checked against the table, for a caller that writes
+    it together with others (``store.together``): it returns the new ``version`` (1 for a
+    variant) from its one row, or no row when the CAS lost; then raise ``stale(…)``."""
     check_transition(entity, expected, new)
     table, status_column, key_columns = TABLES[entity]
     values = dict(values or {})
@@ -124,14 +145,17 @@ async def transition(
             raise TransitionError(f"{entity.value} has no version column")
         params.append(version)
         where.append(f"version = ${len(params)}")
-    returning = "version" if has_version else "1"
+    returning = "version" if has_version else "1 AS version"
     sql = f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING {returning}"
-    with map_db_errors(f"changing {entity.value} state"):
-        result = await conn.fetchval(sql, *params)
-    if result is None:
-        raise StaleStateError(
-            f"{entity.value} {'/'.join(map(str, key))}: expected {expected}"
-            + (f" at version {version}" if version is not None else "")
-            + f", found something else; not moving to {new}"
-        )
-    return int(result)
+    return Part(sql, params, value="version")
+
+
+def stale(
+    entity: Entity, key: Sequence[Any], *, expected: str, new: str, version: int | None = None
+) -> StaleStateError:
+    """The error of a transition whose compare-and-set found the record moved on."""
+    return StaleStateError(
+        f"{entity.value} {'/'.join(map(str, key))}: expected {expected}"
+        + (f" at version {version}" if version is not None else "")
+        + f", found something else; not moving to {new}"
+    )

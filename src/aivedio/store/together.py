@@ -1,11 +1,15 @@
 """Independent writes of one transaction sent as one statement.
 
-Each write is a ``Part``: a statement with its own ``$1…`` parameters and a ``RETURNING``
-clause. ``write_together`` renumbers the parameters and sends the parts as the data-modifying
-CTEs of one statement, one round trip instead of one per part, and answers how many rows each
-part returned. PostgreSQL runs every part to completion against the statement's snapshot, so
-the parts must not read what another part writes (their constraint checks still see each
-other's rows: they run at the end of the statement). Part names come from code, never input.
+Each write is a ``Part``: a statement with its own ``$1…`` parameters that returns rows (a
+``RETURNING`` clause, or a SELECT such as a lock or the lease check). ``write_together``
+renumbers the parameters and sends the parts as the CTEs of one statement, one round trip
+instead of one per part, and answers, by part, how many rows it returned, or the ``value``
+column of its first row (None when it returned none). PostgreSQL runs every part to completion
+against the statement's snapshot and the statement is atomic on its own, so the parts must not
+read what another part writes (their constraint checks still see each other's rows: they run
+at the end of the statement), and an error in any part undoes all of them. A part may read an
+earlier part's answer by its name (``… SELECT … FROM move``: written only when ``move``
+returned a row). Part names and columns come from code, never input.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ _NAME = re.compile(r"[a-z_][a-z0-9_]*")
 class Part(NamedTuple):
     sql: str
     args: Sequence[Any]
+    value: str | None = None  # a column to answer instead of the row count
 
 
 def _shifted(sql: str, offset: int) -> str:
@@ -38,18 +43,24 @@ def together_sql(parts: Mapping[str, Part]) -> tuple[str, list[Any]]:
     for name, part in parts.items():
         if not _NAME.fullmatch(name):
             raise ValueError(f"part name {name!r} is not a plain identifier")
-        if "returning" not in part.sql.lower():
-            raise ValueError(f"part {name!r} needs a RETURNING clause to be counted")
-        ctes.append(f"{name} AS ({_shifted(part.sql.strip(), len(args))})")
-        counts.append(f"(SELECT count(*) FROM {name}) AS {name}")
+        sql = part.sql.strip()
+        if "returning" not in sql.lower() and not sql.lower().startswith("select"):
+            raise ValueError(f"part {name!r} returns no rows: add a RETURNING clause")
+        if part.value is not None and not _NAME.fullmatch(part.value):
+            raise ValueError(f"part {name!r}: value {part.value!r} is not a plain column name")
+        ctes.append(f"{name} AS ({_shifted(sql, len(args))})")
+        if part.value is None:
+            counts.append(f"(SELECT count(*) FROM {name}) AS {name}")
+        else:
+            counts.append(f"(SELECT {part.value} FROM {name} LIMIT 1) AS {name}")
         args.extend(part.args)
     return f"WITH {', '.join(ctes)} SELECT {', '.join(counts)}", args
 
 
-async def write_together(conn: Connection, parts: Mapping[str, Part], doing: str) -> dict[str, int]:
-    """Run the parts as one statement; the number of rows each returned, by name."""
+async def write_together(conn: Connection, parts: Mapping[str, Part], doing: str) -> dict[str, Any]:
+    """Run the parts as one statement; by name, each part's row count or value."""
     sql, args = together_sql(parts)
     with map_db_errors(doing):
         row = await conn.fetchrow(sql, *args)
     assert row is not None
-    return {name: int(row[name]) for name in parts}
+    return {name: row[name] for name in parts}
