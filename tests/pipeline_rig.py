@@ -173,12 +173,13 @@ async def running_worker(rig: Rig, registry: Registry | None = None) -> AsyncIte
         open_moderation_stage(rig.config, rig.pool, queue, rig.store) as moderation,
         anyio.create_task_group() as tg,
     ):
-        services = {
-            "media": media,
-            "moderation": moderation,
-            "publish": PublishStage(rig.config, rig.pool, queue, rig.store),
-        }
-        w = Worker(rig.config, rig.pool, registry or REGISTRY, services=services, queue=queue)
+        registry = registry or REGISTRY
+        services: dict[str, object] = {"media": media, "moderation": moderation}
+        if "publish" in {kind.name for kind in registry}:
+            # A worker that runs publish jobs also publishes in the job that opens the last
+            # gate; one without them leaves every publish to a publish job.
+            services["publish"] = PublishStage(rig.config, rig.pool, queue, rig.store)
+        w = Worker(rig.config, rig.pool, registry, services=services, queue=queue)
         tg.start_soon(lambda: w.run(install_signal_handlers=False))
         yield w
         w.request_drain(force=True)

@@ -736,14 +736,14 @@ def test_required_node_failing_makes_the_cli_exit_4(
 TIGHT = MediaConfig(
     ladder=[RungConfig(height=360), RungConfig(height=240)],
     segment_seconds=1,
-    process_timeout_seconds=0.2,
+    process_timeout_seconds=0.03,  # below an encode of the 720p clip on a fast host
     process_timeout_per_media_second=0,
 )
 
 
 @pytest.fixture(scope="module")
 def deadline_run(runs: Runs) -> Report:
-    # The verdict is taken under the ordinary deadlines; only the render gets 0.2 s.
+    # The verdict is taken under the ordinary deadlines; only the render gets 0.03 s.
     summary = runs.get("720p").summary
     return run_dag(runs.source("720p"), runs.root / "runs" / "deadline", TIGHT, summary=summary)
 

@@ -18,7 +18,7 @@ from aivedio.config import Config
 from aivedio.errors import LeaseLostError, RenderError
 from aivedio.pipeline import dag
 from aivedio.pipeline.lifecycle import cancel_task, delete_asset
-from aivedio.pipeline.publish import PublishStage, publish_spec
+from aivedio.pipeline.publish import Here, PublishStage, publish_spec, publish_when_ready
 from aivedio.store.database import Pool
 from aivedio.store.queue import Queue
 from tests.media_fixtures import MediaCache, h264_faststart
@@ -101,10 +101,12 @@ async def test_duplicate_publish_attempts_give_one_release(rig: Rig, source: byt
     before = await rig.pool.fetchval("SELECT count(*) FROM releases")
     queue = Queue(rig.pool)
     stage = PublishStage(rig.config, rig.pool, queue, rig.store)
-    # A duplicate enqueue is a no-op, and the same publish delivered again changes nothing.
+    # (Published in the job that opened the last gate.) A publish job asked for again is
+    # one job, and the same publish delivered again changes nothing.
     async with rig.pool.acquire() as conn:
+        first = await queue.enqueue_one(conn, publish_spec(asset_id, 1, rig.tenant_id))
         again = await queue.enqueue_one(conn, publish_spec(asset_id, 1, rig.tenant_id))
-    assert not again.created
+    assert again.job_id == first.job_id and not again.created
     for _ in range(3):
         job = fake_job({"asset_id": str(asset_id), "revision": 1}, "publish")
         result = await stage.handle(job)
@@ -112,6 +114,48 @@ async def test_duplicate_publish_attempts_give_one_release(rig: Rig, source: byt
     assert await rig.pool.fetchval("SELECT count(*) FROM releases") == before
     ready = "SELECT count(*) FROM outbox_events WHERE event_type = 'asset.ready'"
     assert await rig.pool.fetchval(ready) == before
+
+
+async def test_the_job_that_opens_the_last_gate_publishes_and_enriches_in_itself(
+    rig: Rig, source: bytes
+) -> None:
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait("SELECT 1 FROM assets WHERE id = $1 AND status = 'ENRICHED'", asset_id)
+        await rig.wait_idle(asset_id)
+    releases = await rig.pool.fetch(
+        "SELECT revision FROM releases WHERE asset_id = $1 ORDER BY revision", asset_id
+    )
+    assert [r["revision"] for r in releases] == [1, 2]
+    kinds = await rig.pool.fetch(
+        "SELECT kind FROM job_history WHERE payload->>'asset_id' = $1", str(asset_id)
+    )
+    # No publish job was needed: moderation or the render published, the render enriched.
+    assert "publish" not in {k["kind"] for k in kinds}
+
+
+async def test_a_publish_that_cannot_finish_in_the_gate_job_is_left_to_a_publish_job(
+    rig: Rig, source: bytes
+) -> None:
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig, registry_without("publish")) as worker:
+        await rig.wait("SELECT 1 FROM jobs WHERE kind = 'publish'")
+        worker.request_drain(force=True)
+    # Forget that publish job (and its key), as if that verdict had come with no worker.
+    await rig.pool.execute("DELETE FROM jobs WHERE kind = 'publish'")
+    await rig.pool.execute("DELETE FROM job_keys WHERE idempotency_key LIKE 'publish:%'")
+    asset = await rig.asset(asset_id)
+    await rig.store.delete(asset["source_object_key"])  # the checklist fails: transient
+    queue = Queue(rig.pool)
+    here = Here(PublishStage(rig.config, rig.pool, queue, rig.store), fake_job({}, "moderate"))
+    assert await publish_when_ready(rig.pool, queue, asset_id, 1, here)
+    assert (await rig.asset(asset_id))["current_revision"] is None
+    left = await rig.pool.fetch("SELECT payload FROM jobs WHERE kind = 'publish'")
+    assert [dict(j["payload"]) for j in left] == [
+        {"asset_id": str(asset_id), "revision": 1, "mode": "publish"}
+    ]
 
 
 async def test_a_publish_whose_lease_moved_on_cannot_publish(rig: Rig, source: bytes) -> None:

@@ -76,7 +76,7 @@ from aivedio.pipeline.lifecycle import retire_if_cancelled
 from aivedio.pipeline.media_outputs import MIME, PRIMARY, OutputRecord
 from aivedio.pipeline.moderation import moderate_spec
 from aivedio.pipeline.plan import Plan
-from aivedio.pipeline.publish import enqueue_publish_if_ready, publish_spec
+from aivedio.pipeline.publish import Here, PublishStage, enrich_now_or_later, publish_when_ready
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
 from aivedio.pipeline.sandbox import CRASH_SIGNALS, Sandbox
 from aivedio.pipeline.validate import MediaSummary
@@ -86,7 +86,8 @@ from aivedio.store import keys, ledger, outbox
 from aivedio.store.database import Pool, map_db_errors, open_connection
 from aivedio.store.objects import ObjectStore, open_object_store
 from aivedio.store.queue import Job, JobSpec, Queue
-from aivedio.store.records import transition
+from aivedio.store.records import stale, transition, transition_part
+from aivedio.store.together import Part, write_together
 
 log = get_logger("aivedio.media")
 
@@ -105,11 +106,16 @@ PROBE_MAX_ATTEMPTS = 4
 @dataclass(frozen=True)
 class Hooks:
     """What a job of this stage takes from its worker: the shared backlog reading (deferral
-    of optional outputs) and the worker's metrics. Both optional: without them nothing is
-    deferred and nothing counted."""
+    of optional outputs), the worker's metrics and its publish stage. All optional: without
+    them nothing is deferred, nothing counted, and a render that opens the last gate
+    enqueues the publish instead of publishing in its own job."""
 
     backlog: BacklogMonitor | None = None
     metrics: WorkerMetrics | None = None
+    publisher: PublishStage | None = None
+
+    def here(self, job: Job) -> Here | None:
+        return Here(self.publisher, job) if self.publisher is not None else None
 
     async def deferring(self) -> bool:
         if self.backlog is None:
@@ -142,7 +148,8 @@ class MediaStage:
         if asset["status"] not in ("QUARANTINED", "PROBING"):
             return {"outcome": "already_probed", "status": asset["status"]}
         retain_days = self.s.config.moderation.reject_retention_days
-        if await retire_if_cancelled(self.s.pool, asset_id, retain_days=retain_days):
+        cancelled = asset["task_status"] == "CANCELLED"  # checked again under its lock
+        if cancelled and await retire_if_cancelled(self.s.pool, asset_id, retain_days=retain_days):
             return {"outcome": "cancelled", "source_retained": True}
         if asset["status"] == "QUARANTINED":
             async with self.s.pool.acquire() as conn:
@@ -276,41 +283,57 @@ class MediaStage:
         asset_id: uuid.UUID = asset["id"]
         tenant_id: int = asset["tenant_id"]
         num, den = _rate_fraction(summary.frame_rate)
-        async with self.s.pool.acquire() as conn, conn.transaction():
-            revision = int(
-                await conn.fetchval(
-                    "SELECT coalesce(max(revision), 0) + 1 FROM asset_revisions"
-                    " WHERE asset_id = $1",
-                    asset_id,
-                )
+        # The number read with the asset (``_asset_row``); a revision another run started
+        # meanwhile takes it first, and the primary key fails this one (retried).
+        revision = int(asset["next_revision"])
+        prefix = keys.revision_prefix(tenant_id, asset_id, revision)
+        outputs = plan.outputs
+        parts: dict[str, Part] = {}
+        if reprocess:
+            # A published asset keeps serving its current revision until the new one is
+            # published; only the probe result is refreshed.
+            parts["asset"] = Part(
+                "UPDATE assets SET probe = $2, updated_at = now() WHERE id = $1 RETURNING 1",
+                (asset_id, verdict),
             )
-            if reprocess:
-                # A published asset keeps serving its current revision until the new one
-                # is published; only the probe result is refreshed.
-                await conn.execute(
-                    "UPDATE assets SET probe = $2, updated_at = now() WHERE id = $1",
-                    asset_id, verdict,
-                )  # fmt: skip
-            else:
-                await transition(
-                    conn, Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING",
-                    values={
-                        "probe": verdict, "media_type": "video",
-                        "duration_us": int(summary.duration_seconds * 1_000_000),
-                        "width": summary.display_width, "height": summary.display_height,
-                        "video_codec": summary.video_codec, "audio_codec": summary.audio_codec,
-                        "frame_rate_num": num, "frame_rate_den": den,
-                        "last_error_class": None, "last_error_detail": None,
-                    },
-                )  # fmt: skip
-            await conn.execute(
-                "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
-                " required_outputs, optional_outputs, plan, delete_version_at_start,"
-                " cancel_version_at_start) VALUES ($1, $2, $3, 'BUILDING', $4, $5, $6, $7, $8)",
-                asset_id, revision, pipeline_version, plan.required, plan.optional,
-                msgspec.to_builtins(plan), asset["delete_version"], asset["cancel_version"],
+        else:
+            parts["asset"] = transition_part(
+                Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING",
+                values={
+                    "probe": verdict, "media_type": "video",
+                    "duration_us": int(summary.duration_seconds * 1_000_000),
+                    "width": summary.display_width, "height": summary.display_height,
+                    "video_codec": summary.video_codec, "audio_codec": summary.audio_codec,
+                    "frame_rate_num": num, "frame_rate_den": den,
+                    "last_error_class": None, "last_error_detail": None,
+                },
             )  # fmt: skip
-            prefix = keys.revision_prefix(tenant_id, asset_id, revision)
+        parts["revision"] = Part(
+            "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
+            " required_outputs, optional_outputs, plan, delete_version_at_start,"
+            " cancel_version_at_start) VALUES ($1, $2, $3, 'BUILDING', $4, $5, $6, $7, $8)"
+            " RETURNING 1",
+            (asset_id, revision, pipeline_version, plan.required, plan.optional,
+             msgspec.to_builtins(plan), asset["delete_version"], asset["cancel_version"]),
+        )  # fmt: skip
+        parts["outputs"] = Part(
+            "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
+            " mime_type, size_bytes, checksum_alg, checksum, status) SELECT"
+            " gen_random_uuid(), $1, $2, o.variant_type, o.object_key, o.mime_type, 0,"
+            " 'sha256', '', 'PENDING' FROM unnest($3::text[], $4::text[], $5::text[])"
+            " AS o(variant_type, object_key, mime_type) RETURNING 1",
+            (asset_id, revision, outputs, [f"{prefix}/{_primary(o, plan)}" for o in outputs],
+             [MIME.get(Path(_primary(o, plan)).suffix, "application/octet-stream")
+              for o in outputs]),
+        )  # fmt: skip
+        async with self.s.pool.acquire() as conn, conn.transaction():
+            # The asset's move, the revision and its outputs: one statement, undone with the
+            # transaction when the move lost its compare-and-set.
+            got = await write_together(conn, parts, "starting a revision")
+            if not got["asset"] and reprocess:
+                raise StaleStateError(f"asset {asset_id} disappeared")
+            if not got["asset"]:
+                raise stale(Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING")
             specs: list[JobSpec] = []
             by_chunks = chunk_stage.chunk_outputs(plan)
             if by_chunks:
@@ -319,18 +342,6 @@ class MediaStage:
                     conn, asset_id, tenant_id, revision, plan, media.process_timeout_seconds,
                     media.process_timeout_per_media_second,
                 )  # fmt: skip
-            outputs = plan.outputs
-            await conn.execute(
-                "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
-                " mime_type, size_bytes, checksum_alg, checksum, status) SELECT"
-                " gen_random_uuid(), $1, $2, o.variant_type, o.object_key, o.mime_type, 0,"
-                " 'sha256', '', 'PENDING' FROM unnest($3::text[], $4::text[], $5::text[])"
-                " AS o(variant_type, object_key, mime_type)",
-                asset_id, revision, outputs,
-                [f"{prefix}/{_primary(o, plan)}" for o in outputs],
-                [MIME.get(Path(_primary(o, plan)).suffix, "application/octet-stream")
-                 for o in outputs],
-            )  # fmt: skip
             # One render job, for the first output the chunk jobs do not make: its first run
             # renders every pending output in one DAG run. An output it fails or puts off gets
             # a job of its own then (``_spawn``), so no output ever waits without a job.
@@ -366,7 +377,7 @@ class MediaStage:
             # lands here): whatever is still pending gets a job of its own, and the revision
             # is looked at again (that run may have died before its check after the run).
             await self._spawn_rest(asset_id, revision, state, variant_type)
-            await self._check_revision(asset_id, revision)
+            await self._check_revision(asset_id, revision, here=hooks.here(job))
             return {"outcome": "already_" + (mine["status"].lower() if mine else "missing")}
         deferring = await hooks.deferring()
         if (
@@ -456,7 +467,7 @@ class MediaStage:
                     self.s.pool, asset_id, revision, record, prefix
                 ):
                     done.append(record.variant_type)
-                    await self._check_revision(asset_id, revision, asked)
+                    await self._check_revision(asset_id, revision, asked, hooks.here(job))
 
             run = MediaRun(self.s.sandbox, source, root, on_done=record_now)
             run.assume_valid(summary)
@@ -491,7 +502,7 @@ class MediaStage:
         failed = {n.name: n for n in report.failed()}
         log.info("render_done", asset_id=str(asset_id), revision=revision, group=group,
                  done=done, failed=sorted(failed), deferred=put_off, job_id=job.id)  # fmt: skip
-        await self._check_revision(asset_id, revision, asked)
+        await self._check_revision(asset_id, revision, asked, hooks.here(job))
         # Outputs of this run that failed (retried alone) or were put off (deferred).
         await self._spawn(asset, revision, plan, summary,
                           [n for n in [*failed, *put_off] if n != variant_type])  # fmt: skip
@@ -729,12 +740,15 @@ class MediaStage:
         await self._check_revision(asset_id, revision)
 
     async def _check_revision(
-        self, asset_id: uuid.UUID, revision: int, asked: set[str] | None = None
-    ) -> None:
+        self, asset_id: uuid.UUID, revision: int, asked: set[str] | None = None,
+        here: Here | None = None,
+    ) -> None:  # fmt: skip
         """After an output is recorded or failed: a FAILED required output fails a building
         revision and its asset; a complete required set goes to moderation (then publish);
         a published revision whose outputs are all done goes to enrichment. ``asked``: the
-        jobs this run already enqueued (a render checks more than once), not asked again."""
+        jobs this run already enqueued (a render checks more than once), not asked again.
+        ``here``: the render job that checks, with its worker's publish stage: a publish or
+        an enrichment the check calls for runs in it (``publish.Here``)."""
         asked = set() if asked is None else asked
         rows = await self.s.pool.fetch(
             "SELECT v.variant_type, v.status, r.required_outputs, r.status AS revision_status,"
@@ -751,10 +765,8 @@ class MediaStage:
         status = {r["variant_type"]: r["status"] for r in rows}
         if revision_status == "READY":
             if all(value != "PENDING" for value in status.values()):
-                async with self.s.pool.acquire() as conn:
-                    await self.s.queue.enqueue_one(
-                        conn, publish_spec(asset_id, revision, tenant_id, enrich=True)
-                    )
+                await enrich_now_or_later(self.s.pool, self.s.queue, asset_id, revision,
+                                          tenant_id, here)  # fmt: skip
             return
         if revision_status != "BUILDING":
             return
@@ -791,7 +803,7 @@ class MediaStage:
             # Read after our own commit, as moderation reads after its own: whichever
             # finishes last sees both gates open and enqueues the publish (idempotent). A
             # verdict not yet allow here is moderation's to act on once it commits.
-            await enqueue_publish_if_ready(self.s.pool, self.s.queue, asset_id, revision)
+            await publish_when_ready(self.s.pool, self.s.queue, asset_id, revision, here)
 
     async def _stopped(self, asset_id: uuid.UUID, revision: asyncpg.Record) -> bool:
         """Deleted or cancelled since the revision started: no more rendering (seed §11.8.2
@@ -807,12 +819,19 @@ class MediaStage:
         return row
 
     async def _asset_row(self, asset_id: uuid.UUID) -> asyncpg.Record | None:
-        """The asset row, with ``media_crashes``: how many media jobs its source crashed
-        (read with the row so that the poison rule costs no round trip of its own)."""
+        """The asset row, with what the media jobs decide on, read with it so that each
+        costs no round trip of its own: ``media_crashes`` (how many media jobs its source
+        crashed: the poison rule), ``task_status`` (its generation task's provider status,
+        None for an upload: a cancel) and ``next_revision`` (the number a new one takes)."""
         with map_db_errors("loading the asset"):
             row: asyncpg.Record | None = await self.s.pool.fetchrow(
                 "SELECT a.*, (SELECT count(*) FROM media_crashes c WHERE c.asset_id = a.id)"
-                " AS media_crashes FROM assets a WHERE a.id = $1",
+                " AS media_crashes, (SELECT g.provider_status FROM provider_outputs o"
+                "  JOIN generation_tasks g ON g.id = o.generation_task_id"
+                "  WHERE o.id = a.source_provider_output_id) AS task_status,"
+                " (SELECT coalesce(max(r.revision), 0) + 1 FROM asset_revisions r"
+                "  WHERE r.asset_id = a.id) AS next_revision"
+                " FROM assets a WHERE a.id = $1",
                 asset_id,
             )
         return row
@@ -924,9 +943,11 @@ async def handle_render(ctx: JobContext, job: Job) -> dict[str, Any] | None:
 def _hooks(ctx: JobContext) -> Hooks:
     backlog = ctx.services.get("backlog")
     metrics = ctx.services.get("metrics")
+    publisher = ctx.services.get("publish")
     return Hooks(
         backlog=backlog if isinstance(backlog, BacklogMonitor) else None,
         metrics=metrics if isinstance(metrics, WorkerMetrics) else None,
+        publisher=publisher if isinstance(publisher, PublishStage) else None,
     )
 
 

@@ -40,7 +40,7 @@ from aivedio.errors import (
 )
 from aivedio.logs import get_logger
 from aivedio.moderation_config import ModerationConfig, require_moderation
-from aivedio.pipeline.publish import enqueue_publish_if_ready
+from aivedio.pipeline.publish import Here, PublishStage, publish_when_ready
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
 from aivedio.pipeline.sandbox import Sandbox
 from aivedio.pipeline.sniff import MP4, input_args
@@ -291,7 +291,10 @@ class ModerationStage:
     sandbox: Sandbox
     moderator: Moderator
 
-    async def moderate(self, job: Job) -> dict[str, Any]:
+    async def moderate(self, job: Job, publisher: PublishStage | None = None) -> dict[str, Any]:
+        """``publisher``: the worker's publish stage, when it has one; then a verdict that
+        opens the last gate publishes in this job (``publish.Here``)."""
+        here = Here(publisher, job) if publisher is not None else None
         asset_id = uuid.UUID(str(job.payload["asset_id"]))
         revision = int(job.payload["revision"])
         row = await self.pool.fetchrow(
@@ -311,7 +314,7 @@ class ModerationStage:
         if row is None or row["status"] != "BUILDING" or row["asset_status"] not in live:
             return {"outcome": "not_building"}
         if row["moderation_verdict"] == "allow":
-            await enqueue_publish_if_ready(self.pool, self.queue, asset_id, revision)
+            await publish_when_ready(self.pool, self.queue, asset_id, revision, here)
             return {"outcome": "already_allowed"}
         if row["moderation_verdict"] in ("reject", "review"):
             return {"outcome": f"already_{row['moderation_verdict']}"}
@@ -341,15 +344,16 @@ class ModerationStage:
                 f"moderation unavailable: {exc.detail}",
                 retry_after_seconds=self.config.unavailable_retry_seconds,
             ) from exc
-        await self.record(asset_id, revision, row["tenant_id"], decision)
+        await self.record(asset_id, revision, row["tenant_id"], decision, here)
         return {"outcome": decision.decision, "reasons": decision.reasons,
                 "frames": len(frames), "version": decision.version}  # fmt: skip
 
     async def record(
-        self, asset_id: uuid.UUID, revision: int, tenant_id: int, decision: Decision
-    ) -> None:
+        self, asset_id: uuid.UUID, revision: int, tenant_id: int, decision: Decision,
+        here: Here | None = None,
+    ) -> None:  # fmt: skip
         await VerdictRecorder(self.config, self.pool, self.queue).record(
-            asset_id, revision, tenant_id, decision
+            asset_id, revision, tenant_id, decision, here
         )
 
 
@@ -362,10 +366,12 @@ class VerdictRecorder:
     queue: Queue
 
     async def record(
-        self, asset_id: uuid.UUID, revision: int, tenant_id: int, decision: Decision
-    ) -> None:
+        self, asset_id: uuid.UUID, revision: int, tenant_id: int, decision: Decision,
+        here: Here | None = None,
+    ) -> None:  # fmt: skip
         """Store the verdict with the revision and act on it, in one transaction (one
-        statement unless it rejects)."""
+        statement unless it rejects). ``here``: an allow that opens the last gate publishes
+        in that job; without it (an operator's verdict) a publish job is enqueued."""
         reasons = list(decision.reasons)
         status = {"allow": "ALLOWED", "reject": "REJECTED", "review": "REVIEW"}
         async with self.pool.acquire() as conn, AsyncExitStack() as tx:
@@ -388,9 +394,9 @@ class VerdictRecorder:
             if decision.decision == "reject":
                 await self._reject(conn, asset_id, revision, tenant_id, reasons)
         if decision.decision == "allow":
-            # After our commit (see enqueue_publish_if_ready): publish if the required set
-            # is complete too; otherwise the render that completes it enqueues the publish.
-            await enqueue_publish_if_ready(self.pool, self.queue, asset_id, revision)
+            # After our commit (see publish_when_ready): publish if the required set is
+            # complete too; otherwise the render that completes it publishes.
+            await publish_when_ready(self.pool, self.queue, asset_id, revision, here)
         log.info("moderation_verdict", asset_id=str(asset_id), revision=revision,
                  decision=decision.decision, reasons=reasons, version=decision.version)  # fmt: skip
 
@@ -451,7 +457,8 @@ async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
     stage = ctx.services.get("moderation")
     if not isinstance(stage, ModerationStage):
         raise TransientError("this worker has no moderation stage configured")
-    return await stage.moderate(job)
+    publisher = ctx.services.get("publish")
+    return await stage.moderate(job, publisher if isinstance(publisher, PublishStage) else None)
 
 
 def register(registry: Registry) -> None:

@@ -23,13 +23,20 @@ The player of revision n keeps working: nothing it references changed.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 
 from aivedio.config import Config
-from aivedio.errors import DeferredError, LeaseLostError, StaleStateError, TransientError
+from aivedio.errors import (
+    AivedioError,
+    DeferredError,
+    LeaseLostError,
+    StaleStateError,
+    TransientError,
+)
 from aivedio.logs import get_logger
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
 from aivedio.states import Entity
@@ -37,7 +44,7 @@ from aivedio.store import ledger, outbox
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectStore
 from aivedio.store.queue import Job, JobSpec, Queue, fenced
-from aivedio.store.records import transition
+from aivedio.store.records import stale, transition, transition_part
 from aivedio.store.together import Part, write_together
 
 Row = dict[str, Any]
@@ -60,12 +67,53 @@ def publish_spec(
     )  # fmt: skip
 
 
-async def enqueue_publish_if_ready(
-    pool: Pool, queue: Queue, asset_id: uuid.UUID, revision: int
+@dataclass(frozen=True)
+class Here:
+    """The job that opened the last gate, with its worker's publish stage: the publish (or
+    the enrichment) runs in that job, fenced by its lease, instead of in a job of its own
+    that would wait for a claim. A crash before it is done leaves that job to be retried,
+    and its retry finds the gates open again; a publish that cannot finish now (an object
+    not there yet, the pointer moved) is left to a publish job and its retry rules."""
+
+    stage: PublishStage
+    job: Job
+
+    async def run(self, asset_id: uuid.UUID, revision: int, *, enrich: bool = False) -> bool:
+        """Published (or found nothing to do) here: True; left to a job: False."""
+        try:
+            if enrich:
+                await self.stage.enrich(self.job, asset_id, revision)
+            else:
+                await self.stage.publish(self.job, asset_id, revision)
+        except LeaseLostError:
+            raise  # this job is no longer ours: neither is its publish
+        except AivedioError as exc:
+            log.info("publish_left_to_its_job", asset_id=str(asset_id), revision=revision,
+                     enrich=enrich, job_id=self.job.id, error_class=exc.error_class,
+                     detail=exc.detail)  # fmt: skip
+            return False
+        return True
+
+
+async def enrich_now_or_later(
+    pool: Pool, queue: Queue, asset_id: uuid.UUID, revision: int, tenant_id: int,
+    here: Here | None,
+) -> None:  # fmt: skip
+    """Revision ``revision`` is published and all its outputs are done: its enrichment, here
+    or by a job."""
+    if here is not None and await here.run(asset_id, revision, enrich=True):
+        return
+    async with pool.acquire() as conn:
+        await queue.enqueue_one(conn, publish_spec(asset_id, revision, tenant_id, enrich=True))
+
+
+async def publish_when_ready(
+    pool: Pool, queue: Queue, asset_id: uuid.UUID, revision: int, here: Here | None = None
 ) -> bool:
-    """Enqueue the publish once both gates are open: the required set SUCCEEDED and the
-    moderation verdict allow. Called by each gate after its own commit, so the one that
-    opens last always sees the other (READ COMMITTED); the job key makes it idempotent."""
+    """Publish once both gates are open: the required set SUCCEEDED and the moderation
+    verdict allow; here (``Here``) or by enqueueing the publish job. Called by each gate
+    after its own commit, so the one that opens last always sees the other (READ
+    COMMITTED); the publish is idempotent and the job key makes the enqueue so."""
     row = await pool.fetchrow(
         "SELECT r.moderation_verdict, r.status, a.tenant_id, r.required_outputs <@"
         " coalesce((SELECT array_agg(variant_type) FROM asset_variants v"
@@ -80,6 +128,8 @@ async def enqueue_publish_if_ready(
         return False
     if row["moderation_verdict"] != "allow" or not row["complete"]:
         return False
+    if here is not None and await here.run(asset_id, revision):
+        return True
     async with pool.acquire() as conn:
         created = await queue.enqueue_one(conn, publish_spec(asset_id, revision, row["tenant_id"]))
     if created.created:
@@ -204,10 +254,8 @@ class PublishStage:
                 asset_id, revision_no,
             )  # fmt: skip
             if pending == 0:
-                async with self.pool.acquire() as conn:
-                    await self.queue.enqueue_one(
-                        conn, publish_spec(asset_id, revision_no, asset["tenant_id"], enrich=True)
-                    )
+                await enrich_now_or_later(self.pool, self.queue, asset_id, revision_no,
+                                          asset["tenant_id"], Here(self, job))  # fmt: skip
         return {"outcome": "published", "revision": revision_no, "outputs": outputs,
                 "enriched": enriched}  # fmt: skip
 
@@ -215,29 +263,30 @@ class PublishStage:
         self, conn: Any, asset: asyncpg.Record, locked: asyncpg.Record, previous: int | None,
         revision_no: int, outputs: list[str], enriched: bool, *, enriches: int | None = None,
     ) -> None:  # fmt: skip
-        """The revision READY with the outputs it publishes, the pointer switched, and
-        ``asset.ready`` written: the part a publish and an enrichment share."""
+        """The revision READY with the outputs it publishes, the pointer switched, the
+        previous revision SUPERSEDED, the release row, the task's link, ``asset.ready`` and
+        the charge: the part a publish and an enrichment share, one statement (a second when
+        a first publish makes the asset ENRICHED at once: a row changes once per statement).
+        A compare-and-set that lost raises, and the caller's transaction undoes it all."""
         asset_id: uuid.UUID = asset["id"]
-        await transition(
-            conn, Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY",
-            values={"published_at": _now(), "published_outputs": outputs},
-        )  # fmt: skip
-        await self._switch(conn, asset_id, locked, previous, revision_no, enriched)
+        parts: dict[str, Part] = {
+            "ready": transition_part(
+                Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY",
+                values={"published_at": _now(), "published_outputs": outputs},
+            ),
+        }  # fmt: skip
+        later = self._switch(parts, asset_id, locked, previous, revision_no, enriched)
         payload: dict[str, Any] = {
             "asset_id": str(asset_id), "revision": revision_no, "previous_revision": previous,
             "outputs": outputs, "state": "ENRICHED" if enriched else "PLAYABLE",
         }  # fmt: skip
         if enriches is not None:
             payload["enriches"] = enriches
-        # The release row, the task's link, the event and the charge: one statement.
-        writes: dict[str, Part] = {
-            "release": Part(RECORD_RELEASE, (asset_id, revision_no, previous, outputs)),
-            "link": Part(LINK_TASK, (asset_id,)),
-            "event": outbox.event_part(
-                "asset.ready", tenant_id=asset["tenant_id"], aggregate_id=asset_id,
-                payload=payload,
-            ),
-        }  # fmt: skip
+        parts["release"] = Part(RECORD_RELEASE, (asset_id, revision_no, previous, outputs))
+        parts["link"] = Part(LINK_TASK, (asset_id,))
+        parts["event"] = outbox.event_part(
+            "asset.ready", tenant_id=asset["tenant_id"], aggregate_id=asset_id, payload=payload
+        )
         charge = None
         if enriches is None:  # an enrichment republishes what was charged
             charge = ledger.processing_charge_part(
@@ -245,41 +294,52 @@ class PublishStage:
                 revision=revision_no, media_seconds=(asset["duration_us"] or 0) / 1e6,
             )  # fmt: skip
         if charge is not None:
-            writes["charge"] = charge
-        written = await write_together(conn, writes, "recording the release")
-        if charge is not None and written["charge"]:
+            parts["charge"] = charge
+        got = await write_together(conn, parts, "recording the release")
+        if got["ready"] is None:
+            raise stale(Entity.REVISION, (asset_id, revision_no), expected="BUILDING",
+                        new="READY")  # fmt: skip
+        if not got["asset"]:
+            raise TransientError("the asset moved under the publish; will look again")
+        if "previous" in got and got["previous"] is None:
+            raise stale(Entity.REVISION, (asset_id, previous), expected="READY",
+                        new="SUPERSEDED")  # fmt: skip
+        if later:
+            await transition(conn, Entity.ASSET, (asset_id,), expected="PLAYABLE",
+                             new="ENRICHED")  # fmt: skip
+        if charge is not None and got["charge"]:
             ledger.log_processing_charge(charge)
 
-    async def _switch(
-        self, conn: Any, asset_id: uuid.UUID, locked: asyncpg.Record, previous: int | None,
-        revision_no: int, enriched: bool,
-    ) -> None:  # fmt: skip
-        """Move the pointer and the asset's state; the previous revision SUPERSEDED.
+    def _switch(
+        self, parts: dict[str, Part], asset_id: uuid.UUID, locked: asyncpg.Record,
+        previous: int | None, revision_no: int, enriched: bool,
+    ) -> bool:  # fmt: skip
+        """The parts that move the pointer and the asset's state (``asset``) and supersede
+        the previous revision (``previous``); whether PLAYABLE → ENRICHED follows after.
 
         The caller holds the asset row locked and saw ``current_revision == previous`` under
-        that lock, so the pointer moves with the first state change (one statement) or, when
-        the state stays, by a compare-and-set of its own."""
-        pointer: dict[str, Any] | None = {"current_revision": revision_no}
+        that lock, so the pointer moves with the state change or, when the state stays, by a
+        compare-and-set of its own."""
+        pointer = {"current_revision": revision_no}
+        later = False
         status = locked["status"]
         if status == "PROCESSING":
-            await transition(conn, Entity.ASSET, (asset_id,), expected="PROCESSING",
-                             new="PLAYABLE", values=pointer)  # fmt: skip
-            status, pointer = "PLAYABLE", None
-        if enriched and status == "PLAYABLE":
-            await transition(conn, Entity.ASSET, (asset_id,), expected="PLAYABLE",
-                             new="ENRICHED", values=pointer)  # fmt: skip
-            pointer = None
-        if pointer is not None:
-            moved = await conn.fetchval(
+            parts["asset"] = transition_part(Entity.ASSET, (asset_id,), expected="PROCESSING",
+                                             new="PLAYABLE", values=pointer)  # fmt: skip
+            later = enriched
+        elif enriched and status == "PLAYABLE":
+            parts["asset"] = transition_part(Entity.ASSET, (asset_id,), expected="PLAYABLE",
+                                             new="ENRICHED", values=pointer)  # fmt: skip
+        else:
+            parts["asset"] = Part(
                 "UPDATE assets SET current_revision = $2, updated_at = now()"
                 " WHERE id = $1 AND current_revision IS NOT DISTINCT FROM $3 RETURNING 1",
-                asset_id, revision_no, previous,
-            )  # fmt: skip
-            if moved is None:
-                raise TransientError("assets.current_revision moved under the publish")
+                (asset_id, revision_no, previous),
+            )
         if previous is not None:
-            await transition(conn, Entity.REVISION, (asset_id, previous), expected="READY",
-                             new="SUPERSEDED")  # fmt: skip
+            parts["previous"] = transition_part(Entity.REVISION, (asset_id, previous),
+                                                expected="READY", new="SUPERSEDED")  # fmt: skip
+        return later
 
     async def _abandon(self, asset_id: uuid.UUID, revision_no: int, reason: str) -> None:
         async with self.pool.acquire() as conn:
