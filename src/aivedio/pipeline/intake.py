@@ -30,10 +30,11 @@ from aivedio.pipeline.providers import ProviderTask
 from aivedio.pipeline.registry import Registry
 from aivedio.states import TERMINAL_OUTPUT_STATES, Entity
 from aivedio.store.database import Connection, map_db_errors
-from aivedio.store.ledger import record_generation_charge
+from aivedio.store.ledger import generation_charge_part, log_generation_charge
 from aivedio.store.queue import Queue
 from aivedio.store.records import transition
 from aivedio.store.tenants import found_tenant
+from aivedio.store.together import Part, write_together
 
 FETCH_KIND = "fetch"
 
@@ -91,16 +92,15 @@ async def record_provider_output(
     own = nullcontext() if conn.is_in_transaction() else conn.transaction()
     async with own:
         task_id = await _succeed_task(conn, tenant_id, descriptor)
-        await record_generation_charge(
-            conn,
-            cfg=ledger or LedgerConfig(),
+        charge = generation_charge_part(
+            ledger or LedgerConfig(),
             tenant_id=tenant_id,
             provider=descriptor.provider,
             provider_task_id=descriptor.provider_task_id,
             generation_task_id=task_id,
         )
         output_id, created, status, url_changed = await _upsert_output(
-            conn, tenant_id, task_id, descriptor, expires_at, cipher
+            conn, tenant_id, task_id, descriptor, expires_at, cipher, charge
         )
         estimated = (descriptor.size or 0) / estimated_bytes_per_second
         spec = registry.spec(
@@ -171,7 +171,10 @@ async def _upsert_output(
     d: OutputDescriptor,
     expires_at: datetime,
     cipher: UrlCipher,
+    charge: Part,
 ) -> tuple[uuid.UUID, bool, str, bool]:
+    """The output's row, inserted or found (and its URL taken when newer), with the task's
+    generation charge written in the same statement as the insert."""
     key = (d.provider, d.provider_task_id, d.output_index, d.output_revision)
     select = (
         "SELECT id, fetch_status, version, source_url_expires_at, source_url_ciphertext,"
@@ -179,32 +182,30 @@ async def _upsert_output(
         " WHERE provider = $1 AND provider_task_id = $2 AND output_index = $3"
         " AND output_revision = $4 FOR UPDATE"
     )
+    # Insert first: a new output (the common case) costs one round trip, shared with the
+    # charge; a duplicate finds the row by its key, locked, below.
+    output_id = uuid.uuid4()
+    blob, key_id = cipher.encrypt(d.url, bound_to=str(output_id))
+    insert = Part(
+        "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
+        " provider_task_id, output_index, output_revision, source_url_ciphertext,"
+        " source_url_key_id, source_url_expires_at, expected_size_bytes,"
+        " expected_checksum_alg, expected_checksum, content_type, fetch_status)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,"
+        " 'FETCH_PENDING') ON CONFLICT DO NOTHING RETURNING id",
+        (output_id, tenant_id, task_id, *key, blob, key_id, expires_at, d.size,
+         "sha256" if d.sha256 else None, d.sha256.lower() if d.sha256 else None,
+         d.content_type),
+        value="id",
+    )  # fmt: skip
+    got = await write_together(
+        conn, {"charge": charge, "output": insert}, "recording the provider output"
+    )
+    if got["charge"]:
+        log_generation_charge(charge)
+    if got["output"] is not None:
+        return output_id, True, "FETCH_PENDING", False
     with map_db_errors("recording the provider output"):
-        # Insert first: a new output (the common case) costs one round trip; a duplicate
-        # finds the row by its key, locked, below.
-        output_id = uuid.uuid4()
-        blob, key_id = cipher.encrypt(d.url, bound_to=str(output_id))
-        inserted = await conn.fetchval(
-            "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
-            " provider_task_id, output_index, output_revision, source_url_ciphertext,"
-            " source_url_key_id, source_url_expires_at, expected_size_bytes,"
-            " expected_checksum_alg, expected_checksum, content_type, fetch_status)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,"
-            " 'FETCH_PENDING') ON CONFLICT DO NOTHING RETURNING id",
-            output_id,
-            tenant_id,
-            task_id,
-            *key,
-            blob,
-            key_id,
-            expires_at,
-            d.size,
-            "sha256" if d.sha256 else None,
-            d.sha256.lower() if d.sha256 else None,
-            d.content_type,
-        )
-        if inserted is not None:
-            return output_id, True, "FETCH_PENDING", False
         row = await conn.fetchrow(select, *key)
     if row is None:
         raise NotFoundError("provider output vanished during intake")

@@ -361,7 +361,7 @@ class MediaStage:
         asset_id = uuid.UUID(str(job.payload["asset_id"]))
         revision = int(job.payload["revision"])
         variant_type = str(job.payload["variant_type"])
-        state = await self._revision(asset_id, revision)
+        state = await self._revision(asset_id, revision, variant_type)
         if state is None:
             return {"outcome": "no_such_revision"}
         # READY: published with its required set; its optional outputs still render, to be
@@ -371,23 +371,23 @@ class MediaStage:
         asset = await self._asset_row(asset_id)  # one read for the stop check and the run
         if asset is None or _stopped_since(asset, state):
             return {"outcome": "asset_deleted_or_cancelled"}
-        mine = await self._variant(asset_id, revision, variant_type)
-        if mine is None or mine["status"] != "PENDING":
+        mine, deferred_at = state["mine_status"], state["mine_deferred_at"]
+        if mine != "PENDING":
             # A run that made this output may have died before the rest (a retried lead job
             # lands here): whatever is still pending gets a job of its own, and the revision
             # is looked at again (that run may have died before its check after the run).
             await self._spawn_rest(asset_id, revision, state, variant_type)
             await self._check_revision(asset_id, revision, here=hooks.here(job))
-            return {"outcome": "already_" + (mine["status"].lower() if mine else "missing")}
+            return {"outcome": "already_" + (mine.lower() if mine else "missing")}
         deferring = await hooks.deferring()
         if (
             deferring
             and variant_type not in state["required_outputs"]
-            and not self._overdue(mine["deferred_at"])
+            and not self._overdue(deferred_at)
         ):
-            if mine["deferred_at"] is None:  # marked once; later looks change nothing
+            if deferred_at is None:  # marked once; later looks change nothing
                 await self._defer_outputs(asset_id, revision, [variant_type], hooks)
-            raise self._deferred(variant_type, hooks, mine["deferred_at"])
+            raise self._deferred(variant_type, hooks, deferred_at)
         async with self._revision_lock(asset_id, revision) as acquired:
             if not acquired:
                 raise DeferredError(
@@ -836,25 +836,21 @@ class MediaStage:
             )
         return row
 
-    async def _revision(self, asset_id: uuid.UUID, revision: int) -> asyncpg.Record | None:
+    async def _revision(
+        self, asset_id: uuid.UUID, revision: int, output: str | None = None
+    ) -> asyncpg.Record | None:
+        """The revision's row; with ``output``, also that output's ``mine_status`` and
+        ``mine_deferred_at`` (None when it has no such output), in the same round trip."""
         with map_db_errors("loading the revision"):
             row: asyncpg.Record | None = await self.s.pool.fetchrow(
-                "SELECT * FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
+                "SELECT r.*, m.status AS mine_status, m.deferred_at AS mine_deferred_at"
+                " FROM asset_revisions r LEFT JOIN asset_variants m ON m.asset_id = r.asset_id"
+                " AND m.revision = r.revision AND m.variant_type = $3"
+                " WHERE r.asset_id = $1 AND r.revision = $2",
                 asset_id,
                 revision,
+                output,
             )
-        return row
-
-    async def _variant(
-        self, asset_id: uuid.UUID, revision: int, kind: str
-    ) -> asyncpg.Record | None:
-        row: asyncpg.Record | None = await self.s.pool.fetchrow(
-            "SELECT * FROM asset_variants WHERE asset_id = $1 AND revision = $2"
-            " AND variant_type = $3",
-            asset_id,
-            revision,
-            kind,
-        )
         return row
 
     @asynccontextmanager

@@ -232,32 +232,50 @@ async def record_generation_charge(
     duration_seconds: float | None = None,
 ) -> bool:
     """The provider's charge for one task, once whatever the retries; True if written now."""
+    part = generation_charge_part(
+        cfg,
+        tenant_id=tenant_id,
+        provider=provider,
+        provider_task_id=provider_task_id,
+        generation_task_id=generation_task_id,
+        duration_seconds=duration_seconds,
+    )
+    with map_db_errors("recording a generation charge"):
+        entry_id = await conn.fetchval(part.sql, *part.args)
+    if entry_id is not None:
+        log_generation_charge(part)
+    return entry_id is not None
+
+
+def generation_charge_part(
+    cfg: LedgerConfig,
+    *,
+    tenant_id: int,
+    provider: str,
+    provider_task_id: str,
+    generation_task_id: uuid.UUID,
+    duration_seconds: float | None = None,
+) -> Part:
+    """The statement of the generation charge, for a caller that writes it together with
+    others; ``log_generation_charge`` once it returned a row."""
     amount, policy, detail = generation_price(cfg, provider, duration_seconds)
     key = generation_key(provider, provider_task_id)
-    with map_db_errors("recording a generation charge"):
-        entry_id = await conn.fetchval(
-            INSERT_GENERATION_CHARGE,
-            key,
-            tenant_id,
-            provider,
-            provider_task_id,
-            generation_task_id,
-            amount,
-            cfg.currency,
-            policy,
-            _json(detail),
-        )
-    if entry_id is not None:
-        log.info(
-            "ledger_generation_charge",
-            tenant_id=tenant_id,
-            provider=provider,
-            provider_task_id=provider_task_id,
-            amount_micros=amount,
-            currency=cfg.currency,
-            policy=policy,
-        )
-    return entry_id is not None
+    args = (key, tenant_id, provider, provider_task_id, generation_task_id, amount,
+            cfg.currency, policy, _json(detail))  # fmt: skip
+    return Part(INSERT_GENERATION_CHARGE, args)
+
+
+def log_generation_charge(part: Part) -> None:
+    _key, tenant_id, provider, provider_task_id, _task, amount, currency, policy, _ = part.args
+    log.info(
+        "ledger_generation_charge",
+        tenant_id=tenant_id,
+        provider=provider,
+        provider_task_id=provider_task_id,
+        amount_micros=amount,
+        currency=currency,
+        policy=policy,
+    )
 
 
 async def record_processing_charge(
