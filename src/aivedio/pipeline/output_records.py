@@ -91,16 +91,8 @@ async def move(
     values: dict[str, Any] = {}
     if error is not None:
         values = {"last_error_class": error.error_class, "last_error_detail": error.detail}
-    for _ in range(3):
-        try:
-            version = await _move_fenced(pool, output, new, values, {})
-            return msgspec.structs.replace(output, fetch_status=new, version=version)
-        except StaleStateError:
-            fresh = await load(pool, output.id)
-            if fresh.fetch_status != output.fetch_status:
-                raise
-            output = fresh
-    raise StaleStateError(f"provider output {output.id} keeps changing; giving up")
+    moved, _ = await _move_retrying(pool, output, new, values, {})
+    return moved
 
 
 async def start_fetching(pool: Pool, output: OutputRow, job: Job) -> tuple[OutputRow, int]:
@@ -112,13 +104,20 @@ async def start_fetching(pool: Pool, output: OutputRow, job: Job) -> tuple[Outpu
         (output.id, job.id, job.attempts),
         value="id",
     )
+    moved, answers = await _move_retrying(pool, output, "FETCHING", {}, {"attempt": attempt})
+    return moved, int(answers["attempt"])
+
+
+async def _move_retrying(
+    pool: Pool, output: OutputRow, new: str, values: dict[str, Any], also: dict[str, Part]
+) -> tuple[OutputRow, dict[str, Any]]:
+    """``move``'s rule: a version moved by a descriptor update alone is read again and the
+    move tried again (three times); a changed state raises StaleStateError."""
     for _ in range(3):
         try:
-            answers: dict[str, Any] = {}
-            version = await _move_fenced(pool, output, "FETCHING", {}, {"attempt": attempt},
-                                         answers)  # fmt: skip
-            moved = msgspec.structs.replace(output, fetch_status="FETCHING", version=version)
-            return moved, int(answers["attempt"])
+            answers = await _move_fenced(pool, output, new, values, also)
+            version = int(answers["move"])
+            return msgspec.structs.replace(output, fetch_status=new, version=version), answers
         except StaleStateError:
             fresh = await load(pool, output.id)
             if fresh.fetch_status != output.fetch_status:
@@ -128,15 +127,11 @@ async def start_fetching(pool: Pool, output: OutputRow, job: Job) -> tuple[Outpu
 
 
 async def _move_fenced(
-    pool: Pool,
-    output: OutputRow,
-    new: str,
-    values: dict[str, Any],
-    also: dict[str, Part],
-    answers: dict[str, Any] | None = None,
-) -> int:
+    pool: Pool, output: OutputRow, new: str, values: dict[str, Any], also: dict[str, Part]
+) -> dict[str, Any]:
     """The output's CAS to ``new`` in one statement fenced by the current job's lease, with
-    ``also`` (parts that read ``move``, so they write only when it won); its new version."""
+    ``also`` (parts that read ``move``, so they write only when it won); the answers, the
+    new version under ``move``."""
     key = (output.id,)
     move = transition_part(Entity.PROVIDER_OUTPUT, key, expected=output.fetch_status, new=new,
                            version=output.version, values=values)  # fmt: skip
@@ -146,9 +141,7 @@ async def _move_fenced(
     if got["move"] is None:
         raise stale(Entity.PROVIDER_OUTPUT, key, expected=output.fetch_status, new=new,
                     version=output.version)  # fmt: skip
-    if answers is not None:
-        answers.update(got)
-    return int(got["move"])
+    return got
 
 
 async def mark_lost(

@@ -27,7 +27,7 @@ the loss itself stays on record.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
@@ -240,11 +240,7 @@ async def record_generation_charge(
         generation_task_id=generation_task_id,
         duration_seconds=duration_seconds,
     )
-    with map_db_errors("recording a generation charge"):
-        entry_id = await conn.fetchval(part.sql, *part.args)
-    if entry_id is not None:
-        log_generation_charge(part)
-    return entry_id is not None
+    return await _write_charge(conn, part, "recording a generation charge", log_generation_charge)
 
 
 def generation_charge_part(
@@ -293,10 +289,17 @@ async def record_processing_charge(
     )
     if part is None:
         return False
-    with map_db_errors("recording a processing charge"):
+    return await _write_charge(conn, part, "recording a processing charge", log_processing_charge)
+
+
+async def _write_charge(
+    conn: Connection, part: Part, doing: str, logged: Callable[[Part], None]
+) -> bool:
+    """One charge on its own; True (and logged) if written now, False if it was there."""
+    with map_db_errors(doing):
         entry_id = await conn.fetchval(part.sql, *part.args)
     if entry_id is not None:
-        log_processing_charge(part)
+        logged(part)
     return entry_id is not None
 
 
