@@ -18,6 +18,7 @@ from aivedio.config import Config
 from aivedio.errors import LeaseLostError, RenderError
 from aivedio.pipeline import dag
 from aivedio.pipeline.lifecycle import cancel_task, delete_asset
+from aivedio.pipeline.media_stage import open_media_stage
 from aivedio.pipeline.publish import Here, PublishStage, publish_spec, publish_when_ready
 from aivedio.store.database import Pool
 from aivedio.store.queue import Queue
@@ -223,6 +224,45 @@ async def test_cancel_after_fetch_keeps_the_source_and_publishes_nothing(
     assert await rig.pool.fetchval("SELECT count(*) FROM asset_revisions") == 0
     task = await rig.pool.fetchrow("SELECT provider_status FROM generation_tasks")
     assert task["provider_status"] == "CANCELLED"
+
+
+async def test_a_render_that_finds_its_published_asset_cancelled_fails_what_is_pending(
+    rig: Rig, source: bytes
+) -> None:
+    # Chaos finding (scripts/chaos --n 200 --seed 505): published PLAYABLE, then the task
+    # was cancelled while the render of an optional output ran; the worker died after
+    # uploading a rendition playlist, and the render's retry found the asset cancelled and
+    # returned with the output still PENDING, forever. A READY revision with a pending
+    # output keeps its whole prefix from GC, so the unrecorded playlist was never collected.
+    asset_id = await rig.quarantine(source, task=("sim", "task-p"))
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait("SELECT 1 FROM assets WHERE id = $1 AND status = 'ENRICHED'", asset_id)
+        await rig.wait_idle(asset_id)
+    # As the died run left it: the READY revision (here the enrichment, 2) with hls not
+    # recorded.
+    await rig.pool.execute(
+        "UPDATE asset_variants SET status = 'PENDING' WHERE asset_id = $1 AND revision = 2"
+        " AND variant_type = 'hls'",
+        asset_id,
+    )
+    await cancel_task(rig.pool, "sim", "task-p", retain_days=7)
+    assert (await rig.asset(asset_id))["status"] == "ENRICHED"  # published: it stays
+    queue = Queue(rig.pool)
+    async with open_media_stage(rig.config, rig.pool, queue, rig.store) as media:
+        job = fake_job({"asset_id": str(asset_id), "revision": 2, "variant_type": "hls"}, "render")
+        assert (await media.render(job))["outcome"] == "asset_deleted_or_cancelled"
+    variant = await rig.pool.fetchrow(
+        "SELECT status, extra FROM asset_variants WHERE asset_id = $1 AND revision = 2"
+        " AND variant_type = 'hls'",
+        asset_id,
+    )
+    assert variant["status"] == "FAILED" and "cancelled" in variant["extra"]["error"]
+    pending = await rig.pool.fetchval(
+        "SELECT count(*) FROM asset_variants WHERE asset_id = $1 AND status = 'PENDING'",
+        asset_id,
+    )
+    assert pending == 0  # nothing keeps the revision's prefix from GC any more
 
 
 @asynccontextmanager

@@ -370,6 +370,7 @@ class MediaStage:
             return {"outcome": "revision_" + state["status"].lower()}
         asset = await self._asset_row(asset_id)  # one read for the stop check and the run
         if asset is None or _stopped_since(asset, state):
+            await self._stop_outputs(asset_id, revision)
             return {"outcome": "asset_deleted_or_cancelled"}
         mine, deferred_at = state["mine_status"], state["mine_deferred_at"]
         if mine != "PENDING":
@@ -723,6 +724,22 @@ class MediaStage:
         # goes on by the usual rule: moderation and publish, or enrichment.
         for revision in sorted({r["revision"] for r in failed} - failed_revisions):
             await self._check_revision(asset_id, revision)
+
+    async def _stop_outputs(self, asset_id: uuid.UUID, revision: int) -> None:
+        """Deleted or cancelled since the revision started: its outputs still PENDING will
+        not be made (seed §11.8.2), so they are FAILED, not left pending forever. (A
+        published revision's pending outputs keep its whole prefix from garbage collection;
+        once none is pending, the files a stopped run uploaded without recording go.)"""
+        async with self.s.pool.acquire() as conn:
+            stopped = await conn.fetch(
+                "UPDATE asset_variants SET status = 'FAILED', extra = $3, completed_at = now()"
+                " WHERE asset_id = $1 AND revision = $2 AND status = 'PENDING'"
+                " RETURNING variant_type",
+                asset_id, revision, {"error": "stopped: the asset was deleted or cancelled"},
+            )  # fmt: skip
+        if stopped:
+            log.info("outputs_stopped", asset_id=str(asset_id), revision=revision,
+                     outputs=sorted(r["variant_type"] for r in stopped))  # fmt: skip
 
     async def _mark_failed(
         self, asset_id: uuid.UUID, revision: int, variant_type: str, detail: str
