@@ -22,7 +22,12 @@ from aivedio import logs
 from aivedio.config import Config, load_config, masked
 from aivedio.errors import AivedioError, ConfigError, DatabaseError
 from aivedio.store import migrations
-from aivedio.store.database import map_db_errors, open_connection, open_pool
+from aivedio.store.database import (
+    map_db_errors,
+    open_connection,
+    open_pool,
+    until_database_answers,
+)
 from aivedio.store.queue import Queue
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -85,9 +90,14 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
         async with open_pool(
             config.database, max_size=max(6, min(total_slots // 4 + 6, 32))
         ) as pool:
-            with map_db_errors("checking migrations"):
-                async with pool.acquire() as conn:
-                    pending = await migrations.pending(conn)
+
+            async def check_migrations() -> list[Any]:
+                with map_db_errors("checking migrations"):
+                    async with pool.acquire() as conn:
+                        return list(await migrations.pending(conn))
+
+            # A worker (re)started while PostgreSQL restarts waits for it a little.
+            pending = await until_database_answers(check_migrations, "checking migrations")
             if pending:
                 raise ConfigError(
                     "database schema is not current (pending: "
@@ -130,7 +140,10 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                         "sweeper": sweeper,
                     }
                     if config.sweeper.periodic:
-                        await seed_periodic_sweep(pool, queue, config.sweeper)
+                        await until_database_answers(
+                            lambda: seed_periodic_sweep(pool, queue, config.sweeper),
+                            "seeding the periodic sweep",
+                        )
                     worker = Worker(
                         config, pool, registry, services=services, metrics=metrics, queue=queue
                     )

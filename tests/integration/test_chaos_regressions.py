@@ -5,13 +5,14 @@ Each was written failing, against the code the harness caught, and passes since 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from asyncpg import InternalClientError
 
 from aivedio.errors import DatabaseError
-from aivedio.store.database import map_db_errors
+from aivedio.store.database import map_db_errors, until_database_answers
 from aivedio.store.queue import Queue
 
 pytestmark = pytest.mark.anyio
@@ -68,3 +69,32 @@ async def test_a_worker_starting_during_a_restart_gets_a_database_error() -> Non
 
     with pytest.raises(DatabaseError, match="seeding the periodic sweep"):
         await seed_periodic_sweep(_RefusingPool(), Queue(_RefusingPool()), SweeperConfig())  # type: ignore[arg-type]
+
+
+# Chaos finding (scripts/chaos --n 200 --seed 707): a worker restarted 0.9 s before
+# `pg_ctl restart` reached "seeding the periodic sweep" while PostgreSQL was down, and
+# exited 1 ("aivedio: database error: seeding the periodic sweep: ConnectionRefusedError").
+# Its start-up steps now wait for the database a little before giving up.
+
+
+async def test_a_start_up_step_waits_for_a_restarting_database() -> None:
+    calls: list[float] = []
+
+    async def seed() -> str:
+        calls.append(time.monotonic())
+        if len(calls) < 3:
+            raise DatabaseError("seeding the periodic sweep: ConnectionRefusedError")
+        return "seeded"
+
+    assert await until_database_answers(seed, "seeding the periodic sweep") == "seeded"
+    assert len(calls) == 3
+
+
+async def test_a_database_that_stays_away_still_ends_the_start_up() -> None:
+    async def seed() -> str:
+        raise DatabaseError("seeding the periodic sweep: ConnectionRefusedError")
+
+    started = time.monotonic()
+    with pytest.raises(DatabaseError):
+        await until_database_answers(seed, "seeding the periodic sweep", within_seconds=0.5)
+    assert time.monotonic() - started < 2.5

@@ -8,15 +8,19 @@ asyncpg's exceptions never leave this package: ``map_db_errors`` turns them into
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
+import anyio
 import asyncpg
 import msgspec
 
 from aivedio.config import DatabaseConfig
 from aivedio.errors import DatabaseError
+from aivedio.logs import get_logger
+from aivedio.scheduling import backoff_seconds
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -27,6 +31,9 @@ if TYPE_CHECKING:
 else:
     Pool = asyncpg.Pool
     Connection = asyncpg.Connection
+
+T = TypeVar("T")
+log = get_logger("aivedio.database")
 
 
 def _server_settings(config: DatabaseConfig) -> dict[str, str]:
@@ -65,6 +72,27 @@ def map_db_errors(action: str) -> Iterator[None]:
         TimeoutError,
     ) as exc:
         raise DatabaseError(f"{action}: {type(exc).__name__}: {exc}") from exc
+
+
+async def until_database_answers(
+    step: Callable[[], Awaitable[T]], what: str, *, within_seconds: float = 30.0
+) -> T:
+    """Run a start-up ``step``, again (with jittered backoff) while the database is
+    unreachable, as during a restart or a failover, for up to ``within_seconds``; then its
+    DatabaseError stands (a clean exit for the supervisor to restart)."""
+    deadline = time.monotonic() + within_seconds
+    attempt = 0
+    while True:
+        try:
+            return await step()
+        except DatabaseError as exc:
+            attempt += 1
+            delay = backoff_seconds(attempt, 0.2, 2.0)
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("database_unavailable_retrying", step=what, attempt=attempt,
+                        delay_seconds=round(delay, 3), error=exc.detail)  # fmt: skip
+            await anyio.sleep(delay)
 
 
 async def _keep_session(_conn: Connection) -> None:
