@@ -88,7 +88,7 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         total_slots = sum(lane.slots for lane in config.worker.lanes.values())
         async with open_pool(
-            config.database, max_size=max(6, min(total_slots // 4 + 6, 32))
+            config.database, max_size=max(6, min(total_slots // 4 + 6, 32)), wait_seconds=30
         ) as pool:
 
             async def check_migrations() -> list[Any]:

@@ -54,11 +54,12 @@ async def poll(pool: Pool, sql: str, want: object, timeout: float, *args: object
 async def test_two_workers_complete_5000_jobs_exactly_once(
     pool: Pool, database: str, tmp_path: Path, workers: list[WorkerProcess]
 ) -> None:
-    ids = await enqueue(pool, "diag.noop", 5000, "bulk")
     journal = tmp_path / "journal"
     config = write_config(tmp_path / "w.toml", database, control_slots=16, journal_dir=journal)
     for n in range(2):
         workers.append(WorkerProcess(config, tmp_path / f"w{n}.log"))
+    # Both up first: on a fast host the first could run all 5000 before the second starts.
+    ids = await enqueue(pool, "diag.noop", 5000, "bulk")
     await poll(pool, "SELECT count(*) FROM job_history WHERE status = 'succeeded'", 5000, 120)
     for worker in workers:
         worker.signal(signal.SIGTERM)

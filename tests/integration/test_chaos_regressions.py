@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from asyncpg import InternalClientError
 
+from aivedio.config import DatabaseConfig
 from aivedio.errors import DatabaseError
-from aivedio.store.database import map_db_errors, until_database_answers
+from aivedio.store.database import Pool, map_db_errors, open_pool, until_database_answers
 from aivedio.store.queue import Queue
 
 pytestmark = pytest.mark.anyio
@@ -77,13 +78,19 @@ async def test_a_worker_starting_during_a_restart_gets_a_database_error() -> Non
 # Its start-up steps now wait for the database a little before giving up.
 
 
+def _refused(step: str) -> DatabaseError:
+    error = DatabaseError(f"{step}: ConnectionRefusedError: [Errno 111] Connection refused")
+    error.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    return error
+
+
 async def test_a_start_up_step_waits_for_a_restarting_database() -> None:
     calls: list[float] = []
 
     async def seed() -> str:
         calls.append(time.monotonic())
         if len(calls) < 3:
-            raise DatabaseError("seeding the periodic sweep: ConnectionRefusedError")
+            raise _refused("seeding the periodic sweep")
         return "seeded"
 
     assert await until_database_answers(seed, "seeding the periodic sweep") == "seeded"
@@ -92,9 +99,36 @@ async def test_a_start_up_step_waits_for_a_restarting_database() -> None:
 
 async def test_a_database_that_stays_away_still_ends_the_start_up() -> None:
     async def seed() -> str:
-        raise DatabaseError("seeding the periodic sweep: ConnectionRefusedError")
+        raise _refused("seeding the periodic sweep")
 
     started = time.monotonic()
     with pytest.raises(DatabaseError):
         await until_database_answers(seed, "seeding the periodic sweep", within_seconds=0.5)
     assert time.monotonic() - started < 2.5
+
+
+async def test_a_refusal_that_waiting_will_not_fix_ends_the_start_up_at_once(
+    pool: Pool,
+) -> None:
+    calls = 0
+
+    async def check() -> None:
+        nonlocal calls
+        calls += 1
+        with map_db_errors("checking migrations"):
+            await pool.execute("SELECT * FROM no_such_table")
+
+    with pytest.raises(DatabaseError, match="no_such_table"):
+        await until_database_answers(check, "checking migrations")
+    assert calls == 1
+
+
+async def test_a_pool_opened_while_the_server_is_away_waits_then_fails_cleanly() -> None:
+    config = DatabaseConfig(
+        url="postgresql://postgres@127.0.0.1:9/aivedio", connect_timeout_seconds=1
+    )
+    started = time.monotonic()
+    with pytest.raises(DatabaseError, match="connecting to PostgreSQL"):
+        async with open_pool(config, min_size=1, max_size=1, wait_seconds=1.0):
+            pass
+    assert time.monotonic() - started < 5

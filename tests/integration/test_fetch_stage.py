@@ -21,7 +21,6 @@ from aivedio.config import Config, NetConfig, ProviderConfig
 from aivedio.errors import AivedioError
 from aivedio.pipeline.intake import OutputDescriptor, Recorded, record_provider_output
 from aivedio.pipeline.kinds import default_registry
-from aivedio.pipeline.registry import JobContext
 from aivedio.pipeline.services import open_fetch_stage, url_cipher
 from aivedio.sim.provider import Faults, SimulatedProvider, open_simulated_provider
 from aivedio.sim.tls import make_test_ca
@@ -318,32 +317,6 @@ async def test_a_stored_object_from_a_lost_attempt_is_reused_not_downloaded(rig:
     assert output["fetch_status"] == "STORED"
     asset = await rig.pool.fetchrow("SELECT source_sha256 FROM assets")
     assert asset["source_sha256"] == hashlib.sha256(body).hexdigest()
-
-
-async def test_a_run_that_died_before_enqueueing_the_probe_leaves_it_to_its_retry(
-    rig: Rig,
-) -> None:
-    # The stored output is committed before the probe is enqueued (after that commit): a
-    # run that died in between leaves its job to be retried, and the retry enqueues it.
-    rig.sim.add_output("task-1", 0, b"stored-then-died" * 1000)
-    recorded = await rig.ingest("task-1")
-    async with running_worker(rig):
-        await rig.wait_final(recorded)
-    asset_id = await rig.pool.fetchval("SELECT id FROM assets")
-    await rig.pool.execute("DELETE FROM jobs WHERE kind = 'probe'")
-    await rig.pool.execute("DELETE FROM job_keys WHERE idempotency_key LIKE 'probe:%'")
-    await rig.pool.execute("DELETE FROM job_history WHERE kind = 'probe'")
-    retry = Job(  # the same job, delivered again after its run died
-        id=recorded.fetch_job_id, kind="fetch", lane="fetch", tenant_id=rig.tenant_id,
-        payload={"provider_output_id": str(recorded.provider_output_id)}, attempts=2,
-        max_attempts=8, lease_token=2, timeout_seconds=600, expires_at=None,
-        idempotency_key="retry", created_at=datetime.now(UTC),
-    )  # fmt: skip
-    async with open_fetch_stage(rig.config, rig.pool, Queue(rig.pool)) as stage:
-        assert await stage.handle(JobContext(owner="retry"), retry) == {"outcome": "already_stored"}
-    probe = await rig.pool.fetchrow("SELECT payload FROM jobs WHERE kind = 'probe'")
-    assert probe["payload"] == {"asset_id": str(asset_id)}
-    assert rig.sim.requests["download"] == 1  # stored once, never fetched again
 
 
 async def test_a_run_whose_lease_was_taken_over_cannot_commit(rig: Rig) -> None:

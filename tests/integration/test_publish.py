@@ -159,6 +159,45 @@ async def test_a_publish_that_cannot_finish_in_the_gate_job_is_left_to_a_publish
     ]
 
 
+async def test_two_deliveries_of_one_publish_at_once_end_without_an_error(
+    rig: Rig, source: bytes
+) -> None:
+    # Both gates' jobs may see both gates open (each looks after its own commit): one
+    # publishes in itself while a publish job runs too. The second finds the revision
+    # published under the lock: done, not an error to retry.
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig, registry_without("publish")) as worker:
+        await rig.wait("SELECT 1 FROM jobs WHERE kind = 'publish'")
+        worker.request_drain(force=True)
+    queue = Queue(rig.pool)
+    await rig.pool.execute("UPDATE jobs SET status = 'queued', lease_owner = NULL,"
+                           " run_after = now() WHERE kind = 'publish'")  # fmt: skip
+    async with rig.pool.acquire() as conn:
+        await queue.enqueue_one(conn, publish_spec(asset_id, 1, rig.tenant_id, enrich=True))
+    jobs = await queue.claim("control", 2, "both", 60)  # two live leases to publish under
+    assert len(jobs) == 2
+    stage = PublishStage(rig.config, rig.pool, queue, rig.store)
+    outcomes: list[str] = []
+
+    async def deliver(job: Any) -> None:
+        outcomes.append((await stage.publish(job, asset_id, 1))["outcome"])
+
+    async with rig.pool.acquire() as holder:
+        # Hold the asset row so that both load first and then meet at the lock.
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT 1 FROM assets WHERE id = $1 FOR UPDATE", asset_id)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                for job in jobs:
+                    tg.start_soon(deliver, job)
+                await anyio.sleep(0.5)  # both loaded, checked and waiting at the lock
+                await holder.execute("COMMIT")
+    assert sorted(outcomes) == ["already_published", "published"]
+    assert await rig.pool.fetchval("SELECT count(*) FROM releases WHERE asset_id = $1",
+                                   asset_id) == 1  # fmt: skip
+
+
 async def test_a_publish_whose_lease_moved_on_cannot_publish(rig: Rig, source: bytes) -> None:
     asset_id = await rig.quarantine(source)
     await rig.enqueue_probe(asset_id)

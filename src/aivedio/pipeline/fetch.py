@@ -71,9 +71,9 @@ from aivedio.states import Entity
 from aivedio.store import keys
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectInfo, ObjectStore
-from aivedio.store.queue import Job, Queue, fenced, write_fenced
+from aivedio.store.queue import Job, Queue, fenced
 from aivedio.store.records import stale, transition, transition_part
-from aivedio.store.together import Part
+from aivedio.store.together import Part, write_together
 
 log = get_logger("aivedio.fetch")
 
@@ -127,10 +127,6 @@ class FetchStage:
         output_id = uuid.UUID(str(job.payload["provider_output_id"]))
         output = await records.load(self.s.pool, output_id)
         if output.fetch_status == "STORED":
-            # A run of this job that stored it may have died before enqueueing the probe.
-            asset_id = await self._asset_of(output)
-            if asset_id is not None:
-                await self._probe_next(asset_id, output.tenant_id)
             return {"outcome": "already_stored"}
         if output.fetch_status in ("OUTPUT_LOST", "INVALID_RESPONSE"):
             return {"outcome": output.fetch_status.lower()}
@@ -419,16 +415,6 @@ class FetchStage:
             output_status=new,
         )
 
-    async def _asset_of(self, output: OutputRow) -> uuid.UUID | None:
-        found = await self.s.pool.fetchval(
-            "SELECT id FROM assets WHERE source_provider_output_id = $1", output.id
-        )
-        return uuid.UUID(str(found)) if found is not None else None
-
-    async def _probe_next(self, asset_id: uuid.UUID, tenant_id: int) -> None:
-        async with self.s.pool.acquire() as conn:
-            await self.s.queue.enqueue_one(conn, probe_spec(asset_id, tenant_id))
-
     async def _stored(
         self,
         output: OutputRow,
@@ -440,10 +426,15 @@ class FetchStage:
     ) -> uuid.UUID:
         asset_id = uuid.uuid4()
         try:
-            # One statement, fenced by the lease: the asset and the attempt's end are
-            # written only when the output's move to STORED won its compare-and-set.
-            async with self.s.pool.acquire() as conn:
-                got = await write_fenced(conn, records.current_job.get(), {
+            # One transaction, fenced by the lease, with the probe's job in it (a crash
+            # after it on the fetch job's last attempt must not leave the asset without
+            # one); its writes but the enqueue are one statement, undone when the move to
+            # STORED lost its compare-and-set.
+            async with (
+                self.s.pool.acquire() as conn,
+                fenced(conn, records.current_job.get()),
+            ):
+                got = await write_together(conn, {
                     # Serialise with a cancel of the task (it locks the task row first):
                     # either the cancel sees this asset, or the probe sees it cancelled.
                     "task": Part("SELECT 1 FROM generation_tasks WHERE id = $1 FOR SHARE",
@@ -457,37 +448,35 @@ class FetchStage:
                         "INSERT INTO assets (id, tenant_id, source_type,"
                         " source_provider_output_id, status, source_object_key,"
                         " source_size_bytes, source_sha256)"
-                        " SELECT $1::uuid, $2::bigint, 'PROVIDER_OUTPUT', $3::uuid, 'QUARANTINED',"
-                        " $4::text, $5::bigint, $6::text FROM stored"
+                        " VALUES ($1, $2, 'PROVIDER_OUTPUT', $3, 'QUARANTINED', $4, $5, $6)"
                         " ON CONFLICT (source_provider_output_id) DO NOTHING RETURNING id",
                         (asset_id, output.tenant_id, output.id, key, info.size, result.sha256),
                         value="id",
                     ),
-                    "attempt": records.end_attempt_part(attempt_id, "stored", None, result, key,
-                                                        after="stored"),
+                    "attempt": records.end_attempt_part(attempt_id, "stored", None, result, key),
                 }, "recording the stored output")  # fmt: skip
-            if got["stored"] is None:
-                raise stale(Entity.PROVIDER_OUTPUT, (output.id,), expected=output.fetch_status,
-                            new="STORED", version=output.version)  # fmt: skip
-            if got["asset"] is None:  # the asset of an earlier run of this job
-                found = await self._asset_of(output)
-                assert found is not None  # the output is STORED: its asset exists
-                asset_id = found
-            # After the commit: a crash before this leaves the job to be retried, and its
-            # retry finds the output STORED and enqueues the probe (the key makes it once).
-            await self._probe_next(asset_id, output.tenant_id)
+                if got["stored"] is None:
+                    raise stale(Entity.PROVIDER_OUTPUT, (output.id,),
+                                expected=output.fetch_status, new="STORED",
+                                version=output.version)  # fmt: skip
+                if got["asset"] is None:  # the asset of an earlier run of this job
+                    found = await conn.fetchval(
+                        "SELECT id FROM assets WHERE source_provider_output_id = $1", output.id
+                    )
+                    asset_id = uuid.UUID(str(found))
+                await self.s.queue.enqueue_one(conn, probe_spec(asset_id, output.tenant_id))
         except StaleStateError:
             # Another run of this job (its lease expired while we worked, say) stored it
             # first: same key, same verified bytes. One STORED, one asset: we are done too.
             current = await records.load(self.s.pool, output.id)
             if current.fetch_status != "STORED":
                 raise
-            asset = await self._asset_of(output)
-            assert asset is not None  # the output is STORED: its asset exists
-            await self._probe_next(asset, output.tenant_id)
+            asset = await self.s.pool.fetchval(
+                "SELECT id FROM assets WHERE source_provider_output_id = $1", output.id
+            )
             log.info("output_already_stored", provider_output_id=str(output.id), job_id=job.id)
             await records.end_attempt(self.s.pool, attempt_id, "already_stored", None, result, key)
-            return asset
+            return uuid.UUID(str(asset))
         except asyncpg.PostgresError as exc:
             raise TransientError(f"recording the stored output failed: {exc}") from exc
         log.info(

@@ -283,9 +283,15 @@ class MediaStage:
         asset_id: uuid.UUID = asset["id"]
         tenant_id: int = asset["tenant_id"]
         num, den = _rate_fraction(summary.frame_rate)
-        # The number read with the asset (``_asset_row``); a revision another run started
-        # meanwhile takes it first, and the primary key fails this one (retried).
+        # A new asset's first revision: the number read with the asset (``_asset_row``; the
+        # move out of PROBING below makes one run the one). A rebuild reads it now: an
+        # enrichment may have taken the next number while its source was probed.
         revision = int(asset["next_revision"])
+        if reprocess:
+            revision = int(await self.s.pool.fetchval(
+                "SELECT coalesce(max(revision), 0) + 1 FROM asset_revisions WHERE asset_id = $1",
+                asset_id,
+            ))  # fmt: skip
         prefix = keys.revision_prefix(tenant_id, asset_id, revision)
         outputs = plan.outputs
         parts: dict[str, Part] = {}
@@ -468,7 +474,13 @@ class MediaStage:
                     self.s.pool, asset_id, revision, record, prefix
                 ):
                     done.append(record.variant_type)
-                    await self._check_revision(asset_id, revision, asked, hooks.here(job))
+                    if record.variant_type == "playback":
+                        # Playback alone opens no gate (moderation reads it: no verdict
+                        # exists before it), so it asks for moderation without a look.
+                        await self._ask_moderation(asset_id, revision, asset["tenant_id"],
+                                                   asked)  # fmt: skip
+                    else:
+                        await self._check_revision(asset_id, revision, asked, hooks.here(job))
 
             run = MediaRun(self.s.sandbox, source, root, on_done=record_now)
             run.assume_valid(summary)
@@ -812,15 +824,23 @@ class MediaStage:
         # Moderation looks at the playback output: it starts as soon as that exists, in
         # parallel with the rest of the required set; not again once it has a verdict.
         verdict = rows[0]["moderation_verdict"]
-        if status.get("playback") == "SUCCEEDED" and verdict is None and "moderate" not in asked:
-            async with self.s.pool.acquire() as conn:
-                await self.s.queue.enqueue_one(conn, moderate_spec(asset_id, revision, tenant_id))
-            asked.add("moderate")
+        if status.get("playback") == "SUCCEEDED" and verdict is None:
+            await self._ask_moderation(asset_id, revision, tenant_id, asked)
         if verdict == "allow" and all(status.get(name) == "SUCCEEDED" for name in required):
             # Read after our own commit, as moderation reads after its own: whichever
             # finishes last sees both gates open and enqueues the publish (idempotent). A
             # verdict not yet allow here is moderation's to act on once it commits.
             await publish_when_ready(self.s.pool, self.s.queue, asset_id, revision, here)
+
+    async def _ask_moderation(
+        self, asset_id: uuid.UUID, revision: int, tenant_id: int, asked: set[str]
+    ) -> None:
+        """The revision's moderation job, once per run (its key makes it once anyway)."""
+        if "moderate" in asked:
+            return
+        async with self.s.pool.acquire() as conn:
+            await self.s.queue.enqueue_one(conn, moderate_spec(asset_id, revision, tenant_id))
+        asked.add("moderate")
 
     async def _stopped(self, asset_id: uuid.UUID, revision: asyncpg.Record) -> bool:
         """Deleted or cancelled since the revision started: no more rendering (seed §11.8.2

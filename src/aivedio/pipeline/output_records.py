@@ -219,16 +219,12 @@ def end_attempt_part(
     error: AivedioError | None,
     result: Digest | None = None,
     key: str | None = None,
-    *,
-    after: str | None = None,
 ) -> Part:
-    """The statement of ``end_attempt``, for a caller that writes it with others; ``after``:
-    the name of an earlier part of that statement, and only when it returned a row."""
-    only = f" AND EXISTS (SELECT 1 FROM {after})" if after is not None else ""
+    """The statement of ``end_attempt``, for a caller that writes it with others."""
     return Part(
         "UPDATE fetch_attempts SET finished_at = now(), outcome = $2, error_class = $3,"
         " error_detail = $4, http_status = $5, bytes = $6, sha256 = $7, object_key = $8"
-        f" WHERE id = $1{only} RETURNING id",
+        " WHERE id = $1 RETURNING id",
         (
             attempt_id,
             outcome,

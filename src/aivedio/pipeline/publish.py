@@ -230,17 +230,16 @@ class PublishStage:
         complete = all(v["status"] != "PENDING" for v in variants)
         enriched = complete and optional <= set(outputs)
         previous = asset["current_revision"]
-        async with self.pool.acquire() as conn, fenced(conn, job):
-            locked = await _lock_asset(conn, asset_id)
-            if locked["delete_version"] != revision["delete_version_at_start"] or (
-                locked["cancel_version"] != revision["cancel_version_at_start"]
-            ):
-                raise LeaseLostError("deleted or cancelled while publishing; not published")
-            if locked["current_revision"] != previous:
-                # Another revision was published meanwhile (an enrichment, say): look again
-                # (retryable), and the next attempt decides with fresh state.
-                raise TransientError("the current revision moved; will look again")
-            await self._release(conn, asset, locked, previous, revision_no, outputs, enriched)
+        try:
+            async with self.pool.acquire() as conn, fenced(conn, job):
+                found = await self._switch_locked(
+                    conn, asset, revision, revision_no, previous, outputs, enriched
+                )
+        except NotPublishable as exc:  # rolled back; the job itself is fine
+            await self._abandon(asset_id, revision_no, str(exc))
+            return {"outcome": "not_published", "reason": str(exc)}
+        if found is not None:
+            return found
         log.info("asset_published", asset_id=str(asset_id), revision=revision_no,
                  outputs=outputs, state="ENRICHED" if enriched else "PLAYABLE")  # fmt: skip
         if not complete:
@@ -258,6 +257,34 @@ class PublishStage:
                                           asset["tenant_id"], Here(self, job))  # fmt: skip
         return {"outcome": "published", "revision": revision_no, "outputs": outputs,
                 "enriched": enriched}  # fmt: skip
+
+    async def _switch_locked(
+        self, conn: Any, asset: asyncpg.Record, revision: Row, revision_no: int,
+        previous: int | None, outputs: list[str], enriched: bool,
+    ) -> dict[str, Any] | None:  # fmt: skip
+        """In the publish transaction: lock, re-check, release. None when released; the
+        outcome when another delivery released this revision meanwhile. NotPublishable when
+        the asset was deleted or cancelled meanwhile (a decision, not this job's failure)."""
+        asset_id: uuid.UUID = asset["id"]
+        locked = await _lock_asset(conn, asset_id)
+        if locked["delete_version"] != revision["delete_version_at_start"] or (
+            locked["cancel_version"] != revision["cancel_version_at_start"]
+        ):
+            raise NotPublishable("deleted or cancelled while publishing")
+        if locked["current_revision"] != previous:
+            mine = await conn.fetchval(
+                "SELECT status FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
+                asset_id, revision_no,
+            )  # fmt: skip
+            if mine in ("READY", "SUPERSEDED"):
+                # Another delivery published this very revision meanwhile (the job that
+                # opened the last gate and a publish job, both seeing both gates open).
+                return {"outcome": "already_published", "revision": revision_no}
+            # Another revision was published meanwhile (an enrichment, say): look again
+            # (retryable), and the next attempt decides with fresh state.
+            raise TransientError("the current revision moved; will look again")
+        await self._release(conn, asset, locked, previous, revision_no, outputs, enriched)
+        return None
 
     async def _release(
         self, conn: Any, asset: asyncpg.Record, locked: asyncpg.Record, previous: int | None,

@@ -86,6 +86,8 @@ async def until_database_answers(
         try:
             return await step()
         except DatabaseError as exc:
+            if not _unreachable(exc):
+                raise  # a refusal (permissions, a missing table) that waiting will not fix
             attempt += 1
             delay = backoff_seconds(attempt, 0.2, 2.0)
             if time.monotonic() + delay > deadline:
@@ -93,6 +95,16 @@ async def until_database_answers(
             log.warning("database_unavailable_retrying", step=what, attempt=attempt,
                         delay_seconds=round(delay, 3), error=exc.detail)  # fmt: skip
             await anyio.sleep(delay)
+
+
+def _unreachable(exc: DatabaseError) -> bool:
+    """The server is not there (yet): a refused or reset connection, a timeout, a server
+    starting up or shutting down (SQLSTATE 57P01-57P03), a connection failure (class 08)."""
+    cause = exc.__cause__
+    if isinstance(cause, OSError | TimeoutError | asyncpg.InterfaceError):
+        return True
+    state = str(getattr(cause, "sqlstate", "") or "")
+    return state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
 async def _keep_session(_conn: Connection) -> None:
@@ -106,22 +118,39 @@ async def _keep_session(_conn: Connection) -> None:
 
 @asynccontextmanager
 async def open_pool(
-    config: DatabaseConfig, *, min_size: int | None = None, max_size: int | None = None
-) -> AsyncIterator[Pool]:
-    with map_db_errors("connecting to PostgreSQL"):
-        pool = await asyncpg.create_pool(
-            config.url,
-            min_size=config.pool_min_size if min_size is None else min_size,
-            max_size=config.pool_max_size if max_size is None else max_size,
-            server_settings=_server_settings(config),
-            init=_init_connection,
-            reset=_keep_session,
-            timeout=config.connect_timeout_seconds,
+    config: DatabaseConfig, *, min_size: int | None = None, max_size: int | None = None,
+    wait_seconds: float = 0.0,
+) -> AsyncIterator[Pool]:  # fmt: skip
+    """A pool; ``wait_seconds``: wait that long for a database that is not there yet
+    (``until_database_answers``), as a daemon's start-up does."""
+
+    async def create() -> Pool:
+        with map_db_errors("connecting to PostgreSQL"):
+            return await _create_pool(config, min_size, max_size)
+
+    if wait_seconds > 0:
+        pool = await until_database_answers(
+            create, "connecting to PostgreSQL", within_seconds=wait_seconds
         )
+    else:
+        pool = await create()
     try:
         yield pool
     finally:
         await pool.close()
+
+
+async def _create_pool(config: DatabaseConfig, min_size: int | None, max_size: int | None) -> Pool:
+    pool: Pool = await asyncpg.create_pool(
+        config.url,
+        min_size=config.pool_min_size if min_size is None else min_size,
+        max_size=config.pool_max_size if max_size is None else max_size,
+        server_settings=_server_settings(config),
+        init=_init_connection,
+        reset=_keep_session,
+        timeout=config.connect_timeout_seconds,
+    )
+    return pool
 
 
 @asynccontextmanager

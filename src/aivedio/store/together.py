@@ -9,7 +9,9 @@ against the statement's snapshot and the statement is atomic on its own, so the 
 read what another part writes (their constraint checks still see each other's rows: they run
 at the end of the statement), and an error in any part undoes all of them. A part may read an
 earlier part's answer by its name (``… SELECT … FROM move``: written only when ``move``
-returned a row). Part names and columns come from code, never input.
+returned a row). Part names and columns come from code, never input; a part's text has no
+``$n`` but its parameters (no dollar quoting, no ``$1`` in a literal or a comment), since
+renumbering rewrites every one.
 """
 
 from __future__ import annotations
