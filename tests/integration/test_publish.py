@@ -47,6 +47,17 @@ async def published(rig: Rig, asset_id: uuid.UUID) -> dict[str, Any]:
     return await rig.asset(asset_id)
 
 
+async def gates_open(rig: Rig, source: bytes) -> uuid.UUID:
+    """An asset whose revision 1 has both gates open and its publish job queued: everything
+    ran but publish (a worker without it enqueues the publish job)."""
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig, registry_without("publish")) as worker:
+        await rig.wait("SELECT 1 FROM jobs WHERE kind = 'publish'")
+        worker.request_drain(force=True)
+    return asset_id
+
+
 async def test_required_set_first_then_an_enrichment_revision(rig: Rig, source: bytes) -> None:
     asset_id = await rig.quarantine(source)
     await rig.enqueue_probe(asset_id)
@@ -139,11 +150,7 @@ async def test_the_job_that_opens_the_last_gate_publishes_and_enriches_in_itself
 async def test_a_publish_that_cannot_finish_in_the_gate_job_is_left_to_a_publish_job(
     rig: Rig, source: bytes
 ) -> None:
-    asset_id = await rig.quarantine(source)
-    await rig.enqueue_probe(asset_id)
-    async with running_worker(rig, registry_without("publish")) as worker:
-        await rig.wait("SELECT 1 FROM jobs WHERE kind = 'publish'")
-        worker.request_drain(force=True)
+    asset_id = await gates_open(rig, source)
     # Forget that publish job (and its key), as if that verdict had come with no worker.
     await rig.pool.execute("DELETE FROM jobs WHERE kind = 'publish'")
     await rig.pool.execute("DELETE FROM job_keys WHERE idempotency_key LIKE 'publish:%'")
@@ -165,11 +172,7 @@ async def test_two_deliveries_of_one_publish_at_once_end_without_an_error(
     # Both gates' jobs may see both gates open (each looks after its own commit): one
     # publishes in itself while a publish job runs too. The second finds the revision
     # published under the lock: done, not an error to retry.
-    asset_id = await rig.quarantine(source)
-    await rig.enqueue_probe(asset_id)
-    async with running_worker(rig, registry_without("publish")) as worker:
-        await rig.wait("SELECT 1 FROM jobs WHERE kind = 'publish'")
-        worker.request_drain(force=True)
+    asset_id = await gates_open(rig, source)
     queue = Queue(rig.pool)
     await rig.pool.execute("UPDATE jobs SET status = 'queued', lease_owner = NULL,"
                            " run_after = now() WHERE kind = 'publish'")  # fmt: skip
@@ -199,12 +202,7 @@ async def test_two_deliveries_of_one_publish_at_once_end_without_an_error(
 
 
 async def test_a_publish_whose_lease_moved_on_cannot_publish(rig: Rig, source: bytes) -> None:
-    asset_id = await rig.quarantine(source)
-    await rig.enqueue_probe(asset_id)
-    # Run everything except publish: moderation allows and enqueues the publish job.
-    async with running_worker(rig, registry_without("publish")) as worker:
-        await rig.wait("SELECT 1 FROM jobs WHERE kind = 'publish'")
-        worker.request_drain(force=True)
+    asset_id = await gates_open(rig, source)
     queue = Queue(rig.pool)
     await rig.pool.execute("UPDATE jobs SET status = 'queued', lease_owner = NULL,"
                            " run_after = now() WHERE kind = 'publish'")  # fmt: skip
