@@ -87,10 +87,12 @@ class Here:
                 await self.stage.publish(self.job, asset_id, revision)
         except LeaseLostError:
             raise  # this job is no longer ours: neither is its publish
-        except AivedioError as exc:
+        except (AivedioError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            # Not this job's failure: the publish job retries it by its own rules.
+            error_class = exc.error_class if isinstance(exc, AivedioError) else "database"
             log.info("publish_left_to_its_job", asset_id=str(asset_id), revision=revision,
-                     enrich=enrich, job_id=self.job.id, error_class=exc.error_class,
-                     detail=exc.detail)  # fmt: skip
+                     enrich=enrich, job_id=self.job.id, error_class=error_class,
+                     detail=str(exc)[:300])  # fmt: skip
             return False
         return True
 
