@@ -201,6 +201,38 @@ async def test_two_deliveries_of_one_publish_at_once_end_without_an_error(
                                    asset_id) == 1  # fmt: skip
 
 
+async def test_a_publish_delivered_again_after_its_commit_still_enriches(
+    rig: Rig, source: bytes
+) -> None:
+    # Chaos finding (scripts/chaos --n 200 --seed 606, once): an asset left PLAYABLE with
+    # every output done and no live job. The enrichment check follows the publish's commit;
+    # a delivery that died between the two left it to nobody, since a delivery again found
+    # the revision published and stopped there.
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait("SELECT 1 FROM assets WHERE id = $1 AND status = 'ENRICHED'", asset_id)
+        await rig.wait_idle(asset_id)
+    # As that death left it: revision 1 published and current, every output done, no
+    # enrichment revision.
+    for sql in (
+        "DELETE FROM releases WHERE asset_id = $1 AND revision = 2",
+        "DELETE FROM asset_variants WHERE asset_id = $1 AND revision = 2",
+        "DELETE FROM asset_revisions WHERE asset_id = $1 AND revision = 2",
+        "UPDATE asset_revisions SET status = 'READY' WHERE asset_id = $1 AND revision = 1",
+        "UPDATE assets SET status = 'PLAYABLE', current_revision = 1 WHERE id = $1",
+    ):
+        await rig.pool.execute(sql, asset_id)
+    queue = Queue(rig.pool)
+    async with rig.pool.acquire() as conn:  # a live lease for the delivery again
+        await queue.enqueue_one(conn, publish_spec(asset_id, 1, rig.tenant_id, enrich=True))
+    (job,) = await queue.claim("control", 1, "again", 60)
+    stage = PublishStage(rig.config, rig.pool, queue, rig.store)
+    assert (await stage.publish(job, asset_id, 1))["outcome"] == "already_published"
+    asset = await rig.asset(asset_id)
+    assert asset["status"] == "ENRICHED" and asset["current_revision"] == 2
+
+
 async def test_a_publish_whose_lease_moved_on_cannot_publish(rig: Rig, source: bytes) -> None:
     asset_id = await gates_open(rig, source)
     queue = Queue(rig.pool)

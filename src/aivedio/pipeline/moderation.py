@@ -309,6 +309,11 @@ class ModerationStage:
             asset_id,
             revision,
         )
+        if row is not None and row["status"] == "READY" and row["moderation_verdict"] == "allow":
+            # Published, maybe by an earlier delivery of this job that died before the
+            # enrichment check that follows the publish: the publish looks again.
+            await publish_when_ready(self.pool, self.queue, asset_id, revision, here)
+            return {"outcome": "already_allowed"}
         # PLAYABLE/ENRICHED: a rebuild (reprocess, integrity repair) of a published asset.
         live = ("PROCESSING", "PLAYABLE", "ENRICHED")
         if row is None or row["status"] != "BUILDING" or row["asset_status"] not in live:

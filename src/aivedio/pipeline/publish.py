@@ -126,8 +126,10 @@ async def publish_when_ready(
         asset_id,
         revision,
     )
-    if row is None or row["status"] != "BUILDING":
+    if row is None or row["status"] not in ("BUILDING", "READY"):
         return False
+    # READY: published already, maybe by a delivery of this gate's job that died before the
+    # enrichment check that follows the commit; the publish (here or a job) checks again.
     if row["moderation_verdict"] != "allow" or not row["complete"]:
         return False
     if here is not None and await here.run(asset_id, revision):
@@ -216,6 +218,13 @@ class PublishStage:
         if revision is None:
             return {"outcome": "no_such_revision"}
         if revision["status"] == "READY":
+            # Published by an earlier delivery that may have died before its enrichment
+            # check (it runs after the commit): done again here, the enrichment decides.
+            if asset["current_revision"] == revision_no and all(
+                v["status"] != "PENDING" for v in variants
+            ):
+                await enrich_now_or_later(self.pool, self.queue, asset_id, revision_no,
+                                          asset["tenant_id"], Here(self, job))  # fmt: skip
             return {"outcome": "already_published", "revision": revision_no}
         if revision["status"] != "BUILDING":
             return {"outcome": f"revision_{revision['status'].lower()}"}
