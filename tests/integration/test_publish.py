@@ -47,6 +47,16 @@ async def published(rig: Rig, asset_id: uuid.UUID) -> dict[str, Any]:
     return await rig.asset(asset_id)
 
 
+async def enriched(rig: Rig, source: bytes) -> uuid.UUID:
+    """An asset run through the whole pipeline to ENRICHED, nothing of it left queued."""
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait("SELECT 1 FROM assets WHERE id = $1 AND status = 'ENRICHED'", asset_id)
+        await rig.wait_idle(asset_id)
+    return asset_id
+
+
 async def gates_open(rig: Rig, source: bytes) -> uuid.UUID:
     """An asset whose revision 1 has both gates open and its publish job queued: everything
     ran but publish (a worker without it enqueues the publish job)."""
@@ -131,11 +141,7 @@ async def test_duplicate_publish_attempts_give_one_release(rig: Rig, source: byt
 async def test_the_job_that_opens_the_last_gate_publishes_and_enriches_in_itself(
     rig: Rig, source: bytes
 ) -> None:
-    asset_id = await rig.quarantine(source)
-    await rig.enqueue_probe(asset_id)
-    async with running_worker(rig):
-        await rig.wait("SELECT 1 FROM assets WHERE id = $1 AND status = 'ENRICHED'", asset_id)
-        await rig.wait_idle(asset_id)
+    asset_id = await enriched(rig, source)
     releases = await rig.pool.fetch(
         "SELECT revision FROM releases WHERE asset_id = $1 ORDER BY revision", asset_id
     )
@@ -208,11 +214,7 @@ async def test_a_publish_delivered_again_after_its_commit_still_enriches(
     # every output done and no live job. The enrichment check follows the publish's commit;
     # a delivery that died between the two left it to nobody, since a delivery again found
     # the revision published and stopped there.
-    asset_id = await rig.quarantine(source)
-    await rig.enqueue_probe(asset_id)
-    async with running_worker(rig):
-        await rig.wait("SELECT 1 FROM assets WHERE id = $1 AND status = 'ENRICHED'", asset_id)
-        await rig.wait_idle(asset_id)
+    asset_id = await enriched(rig, source)
     # As that death left it: revision 1 published and current, every output done, no
     # enrichment revision.
     for sql in (
