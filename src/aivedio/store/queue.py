@@ -32,10 +32,11 @@ import msgspec
 from aivedio.errors import DatabaseError, LeaseLostError
 from aivedio.scheduling import sort_at
 from aivedio.store.database import Connection, Pool, map_db_errors
+from aivedio.store.enqueuing import SHARED_CHANNEL, Enqueuing, enqueuing
 from aivedio.store.queries import query
 from aivedio.store.together import Part, write_together
 
-NOTIFY_CHANNEL = "aivedio_jobs"
+NOTIFY_CHANNEL = SHARED_CHANNEL
 
 
 class LocalLanes:
@@ -205,62 +206,62 @@ class Queue:
 
     # -- producing -------------------------------------------------------------------------
 
+    def enqueuing(
+        self,
+        specs: Sequence[JobSpec],
+        *,
+        name: str = "enqueue",
+        when: str | None = None,
+        now: datetime | None = None,
+    ) -> Enqueuing | None:
+        """The parts that enqueue ``specs`` (a known idempotency key once), to be written
+        with others in one statement (``store.enqueuing``); None when there are none."""
+        unique: dict[str, JobSpec] = {}
+        for spec in specs:
+            unique.setdefault(spec.idempotency_key, spec)
+        if not unique:
+            return None
+        now = now or datetime.now(UTC)
+        items = list(unique.values())
+        sort_ats = [
+            sort_at(
+                now=now,
+                expires_at=s.expires_at,
+                estimated_seconds=s.estimated_seconds,
+                default_start_within_seconds=self._default_start_within,
+                start_later_seconds=s.start_later_seconds,
+            )
+            for s in items
+        ]
+        return enqueuing(name, items, sort_ats, local=self.local, when=when)
+
     async def enqueue(
         self, conn: Connection, specs: Sequence[JobSpec], *, now: datetime | None = None
     ) -> list[Enqueued]:
         """Enqueue inside the caller's transaction. A known idempotency key is a no-op that
         returns the existing job id. Returns one result per distinct key, in input order."""
-        unique: dict[str, JobSpec] = {}
-        for spec in specs:
-            unique.setdefault(spec.idempotency_key, spec)
-        if not unique:
+        pending = self.enqueuing(specs, now=now)
+        if pending is None:
             return []
-        now = now or datetime.now(UTC)
-        items = list(unique.values())
-        private = self.local.lanes_for([s.lane for s in items]) if self.local else []
-        with map_db_errors("enqueueing jobs"):
-            rows = await conn.fetch(
-                query("enqueue"),
-                [s.kind for s in items],
-                [s.lane for s in items],
-                [s.idempotency_key for s in items],
-                [s.tenant_id for s in items],
-                [s.payload for s in items],
-                [s.priority for s in items],
-                [s.expires_at for s in items],
-                [s.estimated_seconds for s in items],
-                [
-                    sort_at(
-                        now=now,
-                        expires_at=s.expires_at,
-                        estimated_seconds=s.estimated_seconds,
-                        default_start_within_seconds=self._default_start_within,
-                        start_later_seconds=s.start_later_seconds,
-                    )
-                    for s in items
-                ],
-                [s.max_attempts for s in items],
-                [s.timeout_seconds for s in items],
-                private,
-                self.local.channel if self.local else NOTIFY_CHANNEL,
-            )
-            created = {r["idempotency_key"]: r["id"] for r in rows}
-            if self.local is not None:
-                self.local.created(private, [s.lane for s in items], [r["lane"] for r in rows])
-            missing = [k for k in unique if k not in created]
-            existing: dict[str, int] = {}
-            if missing:
-                # The conflicting key may have committed after this statement's snapshot;
-                # a fresh statement sees it.
+        got = await write_together(conn, pending.parts, "enqueueing jobs")
+        created = pending.made(got)
+        return await self.results(conn, pending, created)
+
+    async def results(
+        self, conn: Connection, pending: Enqueuing, created: Mapping[str, tuple[int, str]]
+    ) -> list[Enqueued]:
+        """One result per key of ``pending``: the job it created, or the one a known key
+        names (read by a fresh statement: the key may have committed after the snapshot)."""
+        missing = [k for k in pending.keys if k not in created]
+        existing: dict[str, int] = {}
+        if missing:
+            with map_db_errors("enqueueing jobs"):
                 found = await conn.fetch(query("existing_keys"), missing)
-                existing = {r["idempotency_key"]: r["job_id"] for r in found}
-        results = []
-        for key in unique:
-            if key in created:
-                results.append(Enqueued(key, created[key], True))
-            else:
-                results.append(Enqueued(key, existing[key], False))
-        return results
+            existing = {r["idempotency_key"]: r["job_id"] for r in found}
+        return [
+            Enqueued(k, created[k][0], True) if k in created else Enqueued(k, existing[k], False)
+            for k in pending.keys
+        ]
 
     async def enqueue_one(self, conn: Connection, spec: JobSpec) -> Enqueued:
         (result,) = await self.enqueue(conn, [spec])

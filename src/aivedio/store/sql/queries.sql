@@ -2,45 +2,6 @@
 -- Hot paths (claim, complete, heartbeat) are one statement each and touch only the
 -- partial indexes over live jobs.
 
--- name: enqueue
--- Insert jobs whose idempotency key is new; a known key is a no-op. job_keys is the arbiter
--- across live and finished jobs.
-WITH input AS (
-    SELECT *
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::jsonb[], $6::int[],
-                $7::timestamptz[], $8::float8[], $9::timestamptz[], $10::int[], $11::float8[])
-        AS t(kind, lane, idempotency_key, tenant_id, payload, priority, expires_at,
-             estimated_seconds, sort_at, max_attempts, timeout_seconds)
-), keys AS (
-    INSERT INTO job_keys (idempotency_key, job_id)
-    SELECT idempotency_key, nextval('jobs_id_seq') FROM input
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING idempotency_key, job_id
-), inserted AS (
-    INSERT INTO jobs (id, kind, lane, idempotency_key, tenant_id, payload, status, priority,
-                      expires_at, estimated_seconds, sort_at, max_attempts, timeout_seconds)
-    SELECT k.job_id, i.kind, i.lane, i.idempotency_key, i.tenant_id, i.payload, 'queued',
-           i.priority, i.expires_at, i.estimated_seconds, i.sort_at, i.max_attempts,
-           i.timeout_seconds
-    FROM keys k JOIN input i USING (idempotency_key)
-    RETURNING id, idempotency_key, lane
-), notified AS (
-    -- Wake the lanes' listeners (delivered at commit), in this round trip. A CTE holding a
-    -- volatile call is materialized and runs once, when the final SELECT reads it: only if
-    -- a job was inserted. Lanes in $12 wake the enqueuing worker alone, on its own channel
-    -- $13 (it has the slots for them: the other workers would only claim nothing). The
-    -- payload names the lane and, up to 64 of them, the new jobs' ids ('control:17,18'), so
-    -- a worker that already claimed them does not ask again (worker.py, _Lane.hear).
-    SELECT pg_notify(CASE WHEN i.lane = ANY($12::text[]) THEN $13::text
-                          ELSE 'aivedio_jobs' END,
-                     CASE WHEN count(*) <= 64
-                          THEN i.lane || ':' || string_agg(i.id::text, ',' ORDER BY i.id)
-                          ELSE i.lane END)
-    FROM inserted i GROUP BY i.lane
-)
-SELECT idempotency_key, id, lane, (SELECT count(*) FROM notified) AS lanes_notified
-FROM inserted;
-
 -- name: existing_keys
 SELECT idempotency_key, job_id FROM job_keys WHERE idempotency_key = ANY($1::text[]);
 
@@ -180,7 +141,7 @@ RETURNING id;
 
 -- name: release
 -- Give leases back without spending the attempt the claim counted (graceful drain).
--- The lanes' listeners are woken in this round trip, as by enqueue (see there).
+-- The lanes' listeners are woken in this round trip, as by an enqueue (store/enqueuing.py).
 WITH released AS (
     UPDATE jobs
     SET status = 'queued',
@@ -271,7 +232,7 @@ WHERE id IN (SELECT job_id FROM job_keys WHERE idempotency_key = ANY($1::text[])
 RETURNING idempotency_key;
 
 -- name: wake_held
--- The lanes' listeners are woken in this round trip, as by enqueue (see there).
+-- The lanes' listeners are woken in this round trip, as by an enqueue (store/enqueuing.py).
 WITH woken AS (
     UPDATE jobs
     SET status = 'queued',
@@ -286,7 +247,7 @@ SELECT lane, (SELECT count(*) FROM notified) AS lanes_notified FROM woken;
 
 -- name: promote
 -- Retry waits that are due become claimable.
--- The lanes' listeners are woken in this round trip, as by enqueue (see there). The last row
+-- The lanes' listeners are woken in this round trip, as by an enqueue (store/enqueuing.py). The last row
 -- (lane NULL) tells how many seconds remain until the next wait is due (NULL: none waits;
 -- 0 or less: more are due than $1), so the caller can sleep until then.
 WITH promoted AS (
