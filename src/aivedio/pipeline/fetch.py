@@ -71,9 +71,9 @@ from aivedio.states import Entity
 from aivedio.store import keys
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectInfo, ObjectStore
-from aivedio.store.queue import Job, Queue, fenced
+from aivedio.store.queue import Job, Queue, fenced, write_fenced
 from aivedio.store.records import stale, transition, transition_part
-from aivedio.store.together import Part, write_together
+from aivedio.store.together import Part
 
 log = get_logger("aivedio.fetch")
 
@@ -425,16 +425,17 @@ class FetchStage:
         attempt_id: int,
     ) -> uuid.UUID:
         asset_id = uuid.uuid4()
+        job_now = records.current_job.get()
+        # The probe's job in the same statement (a crash after it on the fetch job's last
+        # attempt must not leave the asset without one), made only with the asset.
+        probe = self.s.queue.enqueuing([probe_spec(asset_id, output.tenant_id)], name="probe",
+                                       when="EXISTS (SELECT 1 FROM asset)")  # fmt: skip
+        assert probe is not None
         try:
-            # One transaction, fenced by the lease, with the probe's job in it (a crash
-            # after it on the fetch job's last attempt must not leave the asset without
-            # one); its writes but the enqueue are one statement, undone when the move to
-            # STORED lost its compare-and-set.
-            async with (
-                self.s.pool.acquire() as conn,
-                fenced(conn, records.current_job.get()),
-            ):
-                got = await write_together(conn, {
+            # One statement, fenced by the lease: it writes nothing unless the move to
+            # STORED wins its compare-and-set (every other write reads ``stored``).
+            async with self.s.pool.acquire() as conn:
+                got = await write_fenced(conn, job_now, {
                     # Serialise with a cancel of the task (it locks the task row first):
                     # either the cancel sees this asset, or the probe sees it cancelled.
                     "task": Part("SELECT 1 FROM generation_tasks WHERE id = $1 FOR SHARE",
@@ -448,23 +449,32 @@ class FetchStage:
                         "INSERT INTO assets (id, tenant_id, source_type,"
                         " source_provider_output_id, status, source_object_key,"
                         " source_size_bytes, source_sha256)"
-                        " VALUES ($1, $2, 'PROVIDER_OUTPUT', $3, 'QUARANTINED', $4, $5, $6)"
+                        " SELECT $1::uuid, $2::bigint, 'PROVIDER_OUTPUT', $3::uuid,"
+                        " 'QUARANTINED', $4::text, $5::bigint, $6::text"
+                        " WHERE EXISTS (SELECT 1 FROM stored)"
                         " ON CONFLICT (source_provider_output_id) DO NOTHING RETURNING id",
                         (asset_id, output.tenant_id, output.id, key, info.size, result.sha256),
                         value="id",
                     ),
-                    "attempt": records.end_attempt_part(attempt_id, "stored", None, result, key),
+                    "attempt": records.end_attempt_part(attempt_id, "stored", None, result, key,
+                                                        when="EXISTS (SELECT 1 FROM stored)"),
+                    **probe.parts,
                 }, "recording the stored output")  # fmt: skip
+                probe.made(got)
                 if got["stored"] is None:
                     raise stale(Entity.PROVIDER_OUTPUT, (output.id,),
                                 expected=output.fetch_status, new="STORED",
                                 version=output.version)  # fmt: skip
-                if got["asset"] is None:  # the asset of an earlier run of this job
-                    found = await conn.fetchval(
-                        "SELECT id FROM assets WHERE source_provider_output_id = $1", output.id
-                    )
-                    asset_id = uuid.UUID(str(found))
-                await self.s.queue.enqueue_one(conn, probe_spec(asset_id, output.tenant_id))
+                if got["asset"] is None:
+                    # STORED is final and its asset is made with it, so a move that won
+                    # finds none: should one exist anyway, it gets its probe here.
+                    async with fenced(conn, job_now):
+                        found = await conn.fetchval(
+                            "SELECT id FROM assets WHERE source_provider_output_id = $1",
+                            output.id,
+                        )
+                        asset_id = uuid.UUID(str(found))
+                        await self.s.queue.enqueue_one(conn, probe_spec(asset_id, output.tenant_id))
         except StaleStateError:
             # Another run of this job (its lease expired while we worked, say) stored it
             # first: same key, same verified bytes. One STORED, one asset: we are done too.

@@ -219,12 +219,15 @@ def end_attempt_part(
     error: AivedioError | None,
     result: Digest | None = None,
     key: str | None = None,
+    *,
+    when: str = "true",
 ) -> Part:
-    """The statement of ``end_attempt``, for a caller that writes it with others."""
+    """The statement of ``end_attempt``, for a caller that writes it with others (``when``:
+    a condition on the statement's earlier parts)."""
     return Part(
         "UPDATE fetch_attempts SET finished_at = now(), outcome = $2, error_class = $3,"
         " error_detail = $4, http_status = $5, bytes = $6, sha256 = $7, object_key = $8"
-        " WHERE id = $1 RETURNING id",
+        f" WHERE id = $1 AND {when} RETURNING id",
         (
             attempt_id,
             outcome,
