@@ -64,6 +64,7 @@ from aivedio.states import Entity
 from aivedio.store import keys
 from aivedio.store.queue import Job, JobSpec
 from aivedio.store.records import transition
+from aivedio.store.together import Part
 
 log = get_logger("aivedio.media")
 
@@ -125,21 +126,22 @@ def _spec(kind: str, asset_id: uuid.UUID, tenant_id: int, revision: int, plan: P
     )  # fmt: skip
 
 
-async def start(
-    conn: Any, asset_id: uuid.UUID, tenant_id: int, revision: int, plan: Plan,
-    per_run: float, per_second: float,
-) -> list[JobSpec]:  # fmt: skip
-    """Inside the transaction that creates a chunked revision: its first pieces (the split,
-    and the audio, which needs no chunk) and their jobs."""
+def start(
+    asset_id: uuid.UUID, tenant_id: int, revision: int, plan: Plan, per_run: float,
+    per_second: float, *, when: str,
+) -> tuple[Part, list[JobSpec]]:  # fmt: skip
+    """For the statement that creates a chunked revision: its first pieces (the split, and
+    the audio, which needs no chunk), written when ``when`` holds, and their jobs."""
     pieces = [SPLIT_PIECE] + ([AUDIO_PIECE] if plan.audio != "none" else [])
-    await conn.executemany(
-        "INSERT INTO media_pieces (asset_id, revision, piece, status) VALUES ($1, $2, $3,"
-        " 'PENDING') ON CONFLICT DO NOTHING",
-        [(asset_id, revision, piece) for piece in pieces],
+    part = Part(
+        "INSERT INTO media_pieces (asset_id, revision, piece, status)"
+        " SELECT $1::uuid, $2::int, p, 'PENDING' FROM unnest($3::text[]) AS t(p)"
+        f" WHERE {when} ON CONFLICT DO NOTHING RETURNING 1",
+        (asset_id, revision, pieces),
     )
     whole = _timeout(plan, plan.duration_seconds, per_run, per_second)
-    return [_spec(SPLIT_KIND if p == SPLIT_PIECE else ENCODE_KIND, asset_id, tenant_id,
-                  revision, plan, p, whole) for p in pieces]  # fmt: skip
+    return part, [_spec(SPLIT_KIND if p == SPLIT_PIECE else ENCODE_KIND, asset_id, tenant_id,
+                        revision, plan, p, whole) for p in pieces]  # fmt: skip
 
 
 class ChunkStage:

@@ -314,11 +314,15 @@ class MediaStage:
                     "last_error_class": None, "last_error_detail": None,
                 },
             )  # fmt: skip
+        # Everything below is written only when the asset's move (``asset``) won: this is one
+        # statement, with no transaction to roll back.
+        won = "EXISTS (SELECT 1 FROM asset)"
         parts["revision"] = Part(
             "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
             " required_outputs, optional_outputs, plan, delete_version_at_start,"
-            " cancel_version_at_start) VALUES ($1, $2, $3, 'BUILDING', $4, $5, $6, $7, $8)"
-            " RETURNING 1",
+            " cancel_version_at_start) SELECT $1::uuid, $2::int, $3::int, 'BUILDING',"
+            " $4::text[], $5::text[], $6::jsonb, $7::bigint, $8::bigint"
+            f" WHERE {won} RETURNING 1",
             (asset_id, revision, pipeline_version, plan.required, plan.optional,
              msgspec.to_builtins(plan), asset["delete_version"], asset["cancel_version"]),
         )  # fmt: skip
@@ -327,34 +331,38 @@ class MediaStage:
             " mime_type, size_bytes, checksum_alg, checksum, status) SELECT"
             " gen_random_uuid(), $1, $2, o.variant_type, o.object_key, o.mime_type, 0,"
             " 'sha256', '', 'PENDING' FROM unnest($3::text[], $4::text[], $5::text[])"
-            " AS o(variant_type, object_key, mime_type) RETURNING 1",
+            f" AS o(variant_type, object_key, mime_type) WHERE {won} RETURNING 1",
             (asset_id, revision, outputs, [f"{prefix}/{_primary(o, plan)}" for o in outputs],
              [MIME.get(Path(_primary(o, plan)).suffix, "application/octet-stream")
               for o in outputs]),
         )  # fmt: skip
-        async with self.s.pool.acquire() as conn, conn.transaction():
-            # The asset's move, the revision and its outputs: one statement, undone with the
-            # transaction when the move lost its compare-and-set.
+        specs: list[JobSpec] = []
+        by_chunks = chunk_stage.chunk_outputs(plan)
+        if by_chunks:
+            media = self.s.config.media
+            parts["pieces"], chunk_specs = chunk_stage.start(
+                asset_id, tenant_id, revision, plan, media.process_timeout_seconds,
+                media.process_timeout_per_media_second, when=won,
+            )  # fmt: skip
+            specs += chunk_specs
+        # One render job, for the first output the chunk jobs do not make: its first run
+        # renders every pending output in one DAG run. An output it fails or puts off gets a
+        # job of its own then (``_spawn``), so no output ever waits without a job.
+        lead = [o for o in outputs if o not in by_chunks][:1]
+        timeout = _render_timeout(self.s.config, summary)
+        specs += [_render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
+        jobs = self.s.queue.enqueuing(specs, name="jobs", when=won)
+        if jobs is not None:
+            parts.update(jobs.parts)
+        # The asset's move, the revision, its outputs and jobs: one statement.
+        async with self.s.pool.acquire() as conn:
             got = await write_together(conn, parts, "starting a revision")
-            if not got["asset"] and reprocess:
-                raise StaleStateError(f"asset {asset_id} disappeared")
-            if not got["asset"]:
-                raise stale(Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING")
-            specs: list[JobSpec] = []
-            by_chunks = chunk_stage.chunk_outputs(plan)
-            if by_chunks:
-                media = self.s.config.media
-                specs += await chunk_stage.start(
-                    conn, asset_id, tenant_id, revision, plan, media.process_timeout_seconds,
-                    media.process_timeout_per_media_second,
-                )  # fmt: skip
-            # One render job, for the first output the chunk jobs do not make: its first run
-            # renders every pending output in one DAG run. An output it fails or puts off gets
-            # a job of its own then (``_spawn``), so no output ever waits without a job.
-            lead = [o for o in outputs if o not in by_chunks][:1]
-            timeout = _render_timeout(self.s.config, summary)
-            specs += [_render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
-            await self.s.queue.enqueue(conn, specs)
+        if jobs is not None:
+            jobs.made(got)
+        if not got["asset"] and reprocess:
+            raise StaleStateError(f"asset {asset_id} disappeared")
+        if not got["asset"]:
+            raise stale(Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING")
         log.info("revision_building", asset_id=str(asset_id), revision=revision,
                  mode=plan.mode, path=plan.path, outputs=plan.outputs, job_id=job.id)  # fmt: skip
         return {"outcome": "processing", "revision": revision, "plan": plan.mode,
