@@ -7,12 +7,14 @@ store at its recorded size; optional outputs are checked the same way and any th
 left out of the release (an HLS rendition missing a segment is never published); media
 metadata is written; moderation allowed; the revision is still the candidate.
 
-Then ONE transaction, fenced by the job's lease: the asset row is locked and re-checked
-(status, ``delete_version``, ``cancel_version`` against the values the revision started with,
-the current revision it expects to replace), the revision becomes READY with the outputs it
-publishes, ``assets.current_revision`` moves by compare-and-set, a ``releases`` row is added,
-the generation task is linked, ``asset.ready`` goes to the outbox and the processing charge to
-the ledger. A retry after an unknown outcome finds the revision READY and current: a no-op.
+Then ONE statement, fenced by the job's lease: the task and the asset row are locked and
+re-checked (``delete_version``, ``cancel_version`` against the values the revision started
+with, the current revision it expects to replace), the revision becomes READY with the outputs
+it publishes, ``assets.current_revision`` moves by compare-and-set, a ``releases`` row is
+added, the generation task is linked, ``asset.ready`` goes to the outbox and the processing
+charge to the ledger; a check or a compare-and-set that fails raises in the statement and
+undoes all of it (``store.together.require``). A retry after an unknown outcome finds the
+revision READY and current: a no-op.
 
 PLAYABLE first with the required set. Outputs of the same revision that finish later are
 never added to it: once they are all done, an ``enrich`` run publishes a new complete
@@ -32,6 +34,7 @@ import asyncpg
 from aivedio.config import Config
 from aivedio.errors import (
     AivedioError,
+    DatabaseError,
     DeferredError,
     LeaseLostError,
     StaleStateError,
@@ -43,9 +46,9 @@ from aivedio.states import Entity
 from aivedio.store import ledger, outbox
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectStore
-from aivedio.store.queue import Job, JobSpec, Queue, fenced
+from aivedio.store.queue import Job, JobSpec, Queue, fenced, write_fenced
 from aivedio.store.records import stale, transition, transition_part
-from aivedio.store.together import Part, write_together
+from aivedio.store.together import Part, require, unmet, write_together
 
 Row = dict[str, Any]
 
@@ -145,6 +148,29 @@ class NotPublishable(Exception):
     """A checklist item failed for a reason that waiting will not fix."""
 
 
+class PointerMoved(TransientError):
+    """Under the lock the current revision was not the one the publish replaces."""
+
+
+class Unmet(Exception):
+    """A check of the caller's own (``require``) failed: the release was undone."""
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+# The codes of the release's own checks (``require``, migration 0015).
+GONE = "AVP01"  # deleted or cancelled since the revision started
+MOVED = "AVP02"  # the current revision is not the one replaced
+STALE = "AVP03"  # the revision (or the one replaced) moved on
+SHIFTED = "AVP04"  # the asset's state moved on
+NOT_CURRENT = "AVE01"  # an enrichment's base is not the current revision any more
+DELETED = "AVE02"
+CANCELLED = "AVE03"
+REBUILDING = "AVE04"
+
+
 class PublishStage:
     def __init__(self, config: Config, pool: Pool, queue: Queue, store: ObjectStore) -> None:
         self.config = config
@@ -241,16 +267,32 @@ class PublishStage:
         complete = all(v["status"] != "PENDING" for v in variants)
         enriched = complete and optional <= set(outputs)
         previous = asset["current_revision"]
+        # Under the lock, what the checklist decided on must still hold: the versions the
+        # revision started with (else not publishable) and the pointer it replaces.
+        checks = {
+            "fresh": require(
+                "(SELECT delete_version = $1 AND cancel_version = $2 FROM lock)", GONE,
+                "deleted or cancelled while publishing",
+                (revision["delete_version_at_start"], revision["cancel_version_at_start"]),
+            ),
+            "pointer": require("(SELECT current_revision IS NOT DISTINCT FROM $1::int FROM lock)",
+                               MOVED, "the current revision moved", (previous,)),
+        }  # fmt: skip
         try:
-            async with self.pool.acquire() as conn, fenced(conn, job):
-                found = await self._switch_locked(
-                    conn, asset, revision, revision_no, previous, outputs, enriched
-                )
-        except NotPublishable as exc:  # rolled back; the job itself is fine
+            await self._release(job, asset, checks, previous, revision_no, outputs, enriched)
+        except NotPublishable as exc:  # undone; the job itself is fine
             await self._abandon(asset_id, revision_no, str(exc))
             return {"outcome": "not_published", "reason": str(exc)}
-        if found is not None:
-            return found
+        except PointerMoved:
+            mine = await self.pool.fetchval(
+                "SELECT status FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
+                asset_id, revision_no,
+            )  # fmt: skip
+            if mine in ("READY", "SUPERSEDED"):
+                # Another delivery published this very revision meanwhile (the job that
+                # opened the last gate and a publish job, both seeing both gates open).
+                return {"outcome": "already_published", "revision": revision_no}
+            raise  # another revision was published meanwhile: the retry decides afresh
         log.info("asset_published", asset_id=str(asset_id), revision=revision_no,
                  outputs=outputs, state="ENRICHED" if enriched else "PLAYABLE")  # fmt: skip
         if not complete:
@@ -269,51 +311,29 @@ class PublishStage:
         return {"outcome": "published", "revision": revision_no, "outputs": outputs,
                 "enriched": enriched}  # fmt: skip
 
-    async def _switch_locked(
-        self, conn: Any, asset: asyncpg.Record, revision: Row, revision_no: int,
-        previous: int | None, outputs: list[str], enriched: bool,
-    ) -> dict[str, Any] | None:  # fmt: skip
-        """In the publish transaction: lock, re-check, release. None when released; the
-        outcome when another delivery released this revision meanwhile. NotPublishable when
-        the asset was deleted or cancelled meanwhile (a decision, not this job's failure)."""
-        asset_id: uuid.UUID = asset["id"]
-        locked = await _lock_asset(conn, asset_id)
-        if locked["delete_version"] != revision["delete_version_at_start"] or (
-            locked["cancel_version"] != revision["cancel_version_at_start"]
-        ):
-            raise NotPublishable("deleted or cancelled while publishing")
-        if locked["current_revision"] != previous:
-            mine = await conn.fetchval(
-                "SELECT status FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
-                asset_id, revision_no,
-            )  # fmt: skip
-            if mine in ("READY", "SUPERSEDED"):
-                # Another delivery published this very revision meanwhile (the job that
-                # opened the last gate and a publish job, both seeing both gates open).
-                return {"outcome": "already_published", "revision": revision_no}
-            # Another revision was published meanwhile (an enrichment, say): look again
-            # (retryable), and the next attempt decides with fresh state.
-            raise TransientError("the current revision moved; will look again")
-        await self._release(conn, asset, locked, previous, revision_no, outputs, enriched)
-        return None
-
     async def _release(
-        self, conn: Any, asset: asyncpg.Record, locked: asyncpg.Record, previous: int | None,
+        self, job: Job, asset: asyncpg.Record, checks: dict[str, Part], previous: int | None,
         revision_no: int, outputs: list[str], enriched: bool, *, enriches: int | None = None,
+        copy: dict[str, Part] | None = None,
     ) -> None:  # fmt: skip
-        """The revision READY with the outputs it publishes, the pointer switched, the
-        previous revision SUPERSEDED, the release row, the task's link, ``asset.ready`` and
-        the charge: the part a publish and an enrichment share, one statement (a second when
-        a first publish makes the asset ENRICHED at once: a row changes once per statement).
-        A compare-and-set that lost raises, and the caller's transaction undoes it all."""
+        """Lock the task and the asset, check ``checks`` against the locked row, and release:
+        the revision READY with the outputs it publishes, the pointer switched, the previous
+        revision SUPERSEDED, the release row, the task's link, ``asset.ready`` and the
+        charge. The part a publish and an enrichment share, ONE statement fenced by the
+        job's lease, undone whole by any check or compare-and-set that fails (raised as
+        NotPublishable, PointerMoved, TransientError, StaleStateError, or Unmet for a check
+        of the caller's own). ``copy``: writes made under the lock that the release must
+        see (an enrichment's new revision), so a statement before it, in one transaction
+        with it; as is a first publish that makes the asset ENRICHED at once (a row changes
+        once per statement)."""
         asset_id: uuid.UUID = asset["id"]
-        parts: dict[str, Part] = {
-            "ready": transition_part(
-                Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY",
-                values={"published_at": _now(), "published_outputs": outputs},
-            ),
-        }  # fmt: skip
-        later = self._switch(parts, asset_id, locked, previous, revision_no, enriched)
+        head: dict[str, Part] = {"lock": Part(LOCK_TASK_THEN_ASSET, (asset_id,)), **checks}
+        parts: dict[str, Part] = {} if copy else head
+        parts["ready"] = transition_part(
+            Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY",
+            values={"published_at": _now(), "published_outputs": outputs},
+        )  # fmt: skip
+        later = self._switch(parts, asset_id, asset["status"], previous, revision_no, enriched)
         payload: dict[str, Any] = {
             "asset_id": str(asset_id), "revision": revision_no, "previous_revision": previous,
             "outputs": outputs, "state": "ENRICHED" if enriched else "PLAYABLE",
@@ -333,34 +353,54 @@ class PublishStage:
             )  # fmt: skip
         if charge is not None:
             parts["charge"] = charge
-        got = await write_together(conn, parts, "recording the release")
-        if got["ready"] is None:
-            raise stale(Entity.REVISION, (asset_id, revision_no), expected="BUILDING",
-                        new="READY")  # fmt: skip
-        if not got["asset"]:
-            raise TransientError("the asset moved under the publish; will look again")
-        if "previous" in got and got["previous"] is None:
-            raise stale(Entity.REVISION, (asset_id, previous), expected="READY",
-                        new="SUPERSEDED")  # fmt: skip
-        if later:
-            await transition(conn, Entity.ASSET, (asset_id,), expected="PLAYABLE",
-                             new="ENRICHED")  # fmt: skip
+        won = "(SELECT count(*) FROM ready) = 1"
+        if "previous" in parts:
+            won += " AND (SELECT count(*) FROM previous) = 1"
+        parts["won"] = require(won, STALE, "the revision moved under the publish")
+        parts["switched"] = require(
+            "(SELECT count(*) FROM asset) = 1",
+            SHIFTED,
+            "the asset moved under the publish; will look again",
+        )
+        try:
+            async with self.pool.acquire() as conn:
+                if not copy and not later:
+                    got = await write_fenced(conn, job, parts, "recording the release")
+                else:
+                    async with fenced(conn, job):
+                        if copy:
+                            await write_together(conn, {**head, **copy}, "recording the revision")
+                        got = await write_together(conn, parts, "recording the release")
+                        if later:
+                            await transition(conn, Entity.ASSET, (asset_id,),
+                                             expected="PLAYABLE", new="ENRICHED")  # fmt: skip
+        except DatabaseError as exc:
+            code = unmet(exc)
+            errors = {GONE: NotPublishable, MOVED: PointerMoved, SHIFTED: TransientError}
+            if code in errors:
+                raise errors[code](str(getattr(exc.__cause__, "message", exc))) from exc
+            if code == STALE:
+                raise stale(Entity.REVISION, (asset_id, revision_no), expected="BUILDING",
+                            new="READY") from exc  # fmt: skip
+            if code is not None:
+                raise Unmet(code) from exc
+            raise
         if charge is not None and got["charge"]:
             ledger.log_processing_charge(charge)
 
     def _switch(
-        self, parts: dict[str, Part], asset_id: uuid.UUID, locked: asyncpg.Record,
-        previous: int | None, revision_no: int, enriched: bool,
+        self, parts: dict[str, Part], asset_id: uuid.UUID, status: str, previous: int | None,
+        revision_no: int, enriched: bool,
     ) -> bool:  # fmt: skip
         """The parts that move the pointer and the asset's state (``asset``) and supersede
         the previous revision (``previous``); whether PLAYABLE → ENRICHED follows after.
 
-        The caller holds the asset row locked and saw ``current_revision == previous`` under
-        that lock, so the pointer moves with the state change or, when the state stays, by a
-        compare-and-set of its own."""
+        ``status`` is the asset's state as read before the lock: its transition is a
+        compare-and-set, and the statement's ``pointer`` check saw ``current_revision ==
+        previous`` under the lock, so the pointer moves with the state change or, when the
+        state stays, by a compare-and-set of its own."""
         pointer = {"current_revision": revision_no}
         later = False
-        status = locked["status"]
         if status == "PROCESSING":
             parts["asset"] = transition_part(Entity.ASSET, (asset_id,), expected="PROCESSING",
                                              new="PLAYABLE", values=pointer)  # fmt: skip
@@ -410,36 +450,39 @@ class PublishStage:
         outputs = sorted(published | set(extra))
         optional = set(base["optional_outputs"])
         enriched = optional <= set(outputs)
-        async with self.pool.acquire() as conn, fenced(conn, job):
-            locked = await _lock_asset(conn, asset_id)
-            if locked["current_revision"] != base_no or locked["status"] not in (
-                "PLAYABLE", "ENRICHED",
-            ):  # fmt: skip
-                return {"outcome": "not_current"}
-            if locked["delete_version"] != base["delete_version_at_start"]:
-                return {"outcome": "deleted"}
-            if locked["cancel_version"] != base["cancel_version_at_start"]:
-                return {"outcome": "cancelled"}
-            numbers = await conn.fetchrow(
-                "SELECT max(revision) + 1 AS new_no, coalesce(bool_or(revision > $2"
-                " AND status = 'BUILDING' AND enriches IS NULL), false) AS rebuilding"
-                " FROM asset_revisions WHERE asset_id = $1",
-                asset_id, base_no,
-            )  # fmt: skip
-            assert numbers is not None  # an aggregate answers one row
-            if numbers["rebuilding"]:
-                # A rebuild (reprocess, integrity repair) will replace this revision: an
-                # enrichment now would only be superseded, or move the pointer past it.
-                return {"outcome": "superseded_by_rebuild"}
-            new_no = int(numbers["new_no"])
-            # The new revision and its outputs (the variants' reference to the revision is
-            # checked at the end of the statement, when both rows exist).
-            await write_together(conn, {
-                "revision": Part(COPY_REVISION, (asset_id, new_no, base_no)),
-                "outputs": Part(COPY_OUTPUTS, (asset_id, new_no, base_no, outputs)),
-            }, "recording the enrichment revision")  # fmt: skip
-            await self._release(conn, asset, locked, base_no, new_no, outputs, enriched,
-                                enriches=base_no)  # fmt: skip
+        # Checked under the lock, with the new revision and its outputs made there (the
+        # variants' reference to the revision is checked at the end of the statement). The
+        # number: one past the highest read with the asset; a revision that took it since
+        # makes the insert fail, and the retry reads again.
+        new_no = int(asset["max_revision"]) + 1
+        checks = {
+            "current": require(
+                "(SELECT current_revision = $1 AND status IN ('PLAYABLE', 'ENRICHED') FROM lock)",
+                NOT_CURRENT, "not the current revision", (base_no,)),
+            "not_deleted": require("(SELECT delete_version = $1 FROM lock)", DELETED,
+                                   "deleted", (base["delete_version_at_start"],)),
+            "not_cancelled": require("(SELECT cancel_version = $1 FROM lock)", CANCELLED,
+                                     "cancelled", (base["cancel_version_at_start"],)),
+            # A rebuild (reprocess, integrity repair) will replace this revision: an
+            # enrichment now would only be superseded, or move the pointer past it.
+            "no_rebuild": require(
+                "NOT EXISTS (SELECT 1 FROM asset_revisions WHERE asset_id = $1"
+                " AND revision > $2 AND status = 'BUILDING' AND enriches IS NULL)",
+                REBUILDING, "a rebuild is under way", (asset_id, base_no)),
+        }  # fmt: skip
+        copy = {
+            "revision": Part(COPY_REVISION, (asset_id, new_no, base_no)),
+            "outputs": Part(COPY_OUTPUTS, (asset_id, new_no, base_no, outputs)),
+        }
+        outcomes = {NOT_CURRENT: "not_current", DELETED: "deleted", CANCELLED: "cancelled",
+                    REBUILDING: "superseded_by_rebuild"}  # fmt: skip
+        try:
+            await self._release(job, asset, checks, base_no, new_no, outputs, enriched,
+                                enriches=base_no, copy=copy)  # fmt: skip
+        except Unmet as exc:
+            if exc.code in outcomes:
+                return {"outcome": outcomes[exc.code]}
+            raise
         log.info("asset_enriched", asset_id=str(asset_id), revision=new_no, base=base_no,
                  added=sorted(extra))  # fmt: skip
         return {"outcome": "enriched", "revision": new_no, "added": sorted(extra)}
@@ -466,6 +509,7 @@ SELECT a.*,
                   WHERE n.asset_id = r.asset_id AND n.status IN ('BUILDING', 'READY')
                     AND n.enriches IS NULL))
           FROM asset_revisions r WHERE r.asset_id = a.id AND r.revision = $2) AS revision_row,
+       (SELECT max(m.revision) FROM asset_revisions m WHERE m.asset_id = a.id) AS max_revision,
        (SELECT coalesce(jsonb_agg(to_jsonb(v) ORDER BY v.variant_type), '[]'::jsonb)
           FROM asset_variants v WHERE v.asset_id = a.id AND v.revision = $2) AS variant_rows
   FROM assets a WHERE a.id = $1
@@ -511,16 +555,6 @@ LINK_TASK = (
     "   ON a.source_provider_output_id = o.id WHERE a.id = $1)"
     " AND output_asset_id IS NULL RETURNING 1"
 )
-
-
-async def _lock_asset(conn: Any, asset_id: uuid.UUID) -> asyncpg.Record:
-    """Lock the generation task (if any) and then the asset, in the order cancel uses, so
-    a publish and a cancel never deadlock: one statement, whose one-time filter locks the
-    task before the asset row is scanned and locked."""
-    locked: asyncpg.Record | None = await conn.fetchrow(LOCK_TASK_THEN_ASSET, asset_id)
-    if locked is None:
-        raise StaleStateError(f"asset {asset_id} disappeared")
-    return locked
 
 
 def _revision_prefix(object_key: str) -> str:

@@ -12,6 +12,12 @@ earlier part's answer by its name (``… SELECT … FROM move``: written only wh
 returned a row). Part names and columns come from code, never input; a part's text has no
 ``$n`` but its parameters (no dollar quoting, no ``$1`` in a literal or a comment), since
 renumbering rewrites every one.
+
+A statement has no transaction to roll back, so a write that must not happen unless another
+part won (or a row read under lock still holds what the caller decided on) either reads that
+part (``WHERE EXISTS (SELECT 1 FROM move)``) or leaves it to a ``require`` part: a condition
+that raises its own SQLSTATE when false (migration 0015), which undoes every part;
+``unmet(exc)`` names the requirement a DatabaseError came from.
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from aivedio.errors import DatabaseError
 from aivedio.store.database import Connection, map_db_errors
 
 _PARAMETER = re.compile(r"\$(\d+)")
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_CODE = re.compile(r"AV[A-Z][0-9A-Z]{2}")
 
 
 class Part(NamedTuple):
@@ -46,7 +54,7 @@ def together_sql(parts: Mapping[str, Part]) -> tuple[str, list[Any]]:
         if not _NAME.fullmatch(name):
             raise ValueError(f"part name {name!r} is not a plain identifier")
         sql = part.sql.strip()
-        if "returning" not in sql.lower() and not sql.lower().startswith("select"):
+        if "returning" not in sql.lower() and not sql.lower().startswith(("select", "with")):
             raise ValueError(f"part {name!r} returns no rows: add a RETURNING clause")
         if part.value is not None and not _NAME.fullmatch(part.value):
             raise ValueError(f"part {name!r}: value {part.value!r} is not a plain column name")
@@ -66,3 +74,18 @@ async def write_together(conn: Connection, parts: Mapping[str, Part], doing: str
         row = await conn.fetchrow(sql, *args)
     assert row is not None
     return {name: row[name] for name in parts}
+
+
+def require(condition: str, code: str, message: str, args: Sequence[Any] = ()) -> Part:
+    """A part that raises SQLSTATE ``code`` (``AV`` + three: ours) unless ``condition``, an
+    SQL expression over earlier parts and ``args``, is true; answers true."""
+    if not _CODE.fullmatch(code):
+        raise ValueError(f"requirement code {code!r} is not of the form AVXnn")
+    n = len(args) + 1
+    return Part(f"SELECT aivedio_require({condition}, '{code}', ${n}) AS ok", (*args, message))
+
+
+def unmet(exc: DatabaseError) -> str | None:
+    """The code of the ``require`` part whose condition failed, or None."""
+    code = getattr(exc.__cause__, "sqlstate", None)
+    return code if isinstance(code, str) and _CODE.fullmatch(code) else None
