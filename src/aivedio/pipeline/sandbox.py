@@ -110,10 +110,21 @@ class RunResult:
     timed_out: bool = False
     stdout_overflow: bool = False
     stdout: bytes = b""
-    stderr_tail: list[str] = field(default_factory=list)
+    # The last lines of stderr as written: read through ``stderr_tail``, redacted.
+    raw_stderr_tail: list[str] = field(default_factory=list, repr=False)
     progress: dict[str, str] = field(default_factory=dict)
     cpu_seconds: float | None = None
     max_rss_bytes: int | None = None
+    _redacted_tail: list[str] | None = field(default=None, repr=False)
+
+    @property
+    def stderr_tail(self) -> list[str]:
+        """The last lines of stderr, redacted, each cut to 500 characters after the
+        redaction (so a secret is never cut into a fragment the patterns miss). Redacted
+        on first use: most runs succeed and nobody reads them."""
+        if self._redacted_tail is None:
+            self._redacted_tail = [redact_text(line)[:500] for line in self.raw_stderr_tail]
+        return self._redacted_tail
 
     @property
     def ok(self) -> bool:
@@ -343,19 +354,26 @@ class Sandbox:
         return result
 
     async def _read_stderr(self, process: Spawned, result: RunResult) -> None:
-        tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        # By chunk, not by line: ffmpeg writes hundreds of lines a run, and only the last
+        # few are kept (and decoded, and redacted when read).
+        tail: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        buffer = b""
         assert process.stderr is not None
         try:
-            async for line in _lines(process.stderr):
-                if not line:
-                    continue
-                if "bench: " in line:
-                    _read_benchmark(result, line)
-                tail.append(line)
+            async for chunk in process.stderr:
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                for raw in complete:
+                    if raw.strip(b"\r"):
+                        tail.append(raw)
+                        if b"bench: " in raw:
+                            _read_benchmark(result, raw.decode("utf-8", "replace"))
+                if len(buffer) > 65536:  # a line this long is noise; keep memory bounded
+                    buffer = buffer[-4096:]
         finally:
-            # Redacted once, on the lines kept (ffmpeg writes hundreds a run); cut after the
-            # redaction so that a secret is never cut into a fragment the patterns miss.
-            result.stderr_tail = [redact_text(line)[:500] for line in tail]
+            if buffer.strip(b"\r"):
+                tail.append(buffer)
+            result.raw_stderr_tail = [raw.decode("utf-8", "replace").rstrip("\r") for raw in tail]
 
     async def _read_stdout(self, process: Spawned, result: RunResult, capture: bool) -> None:
         assert process.stdout is not None
