@@ -10,6 +10,7 @@ instance): a failing part, a slow part (backpressure) and a part corrupted in tr
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 from botocore.exceptions import ClientError
 
@@ -31,10 +33,12 @@ from aivedio.errors import (
     TooLargeError,
     TransientError,
 )
+from aivedio.store import local_objects
 from aivedio.store.local_objects import LOCAL_WRITE_BATCH_BYTES
 from aivedio.store.objects import (
     MIB,
     InvalidKeyError,
+    LocalFile,
     ObjectStore,
     Upload,
     open_object_store,
@@ -242,6 +246,52 @@ async def test_list_by_prefix_in_key_order(store: ObjectStore) -> None:
     assert await keys(store, "zzz/") == []
     sizes = {info.key: info.size async for info in store.list("a/")}
     assert sizes == {"a/1": 3, "a/2": 3, "a/sub/5": 7}
+
+
+def local_files(tmp_path: Path, prefix: str, sizes: list[int]) -> list[LocalFile]:
+    files = []
+    for index, size in enumerate(sizes):
+        path = tmp_path / f"made-{index}"
+        data = payload(size, seed=index)
+        path.write_bytes(data)
+        files.append(LocalFile(key=f"{prefix}/{index}.m4s", path=str(path), size=size,
+                               sha256=hashlib.sha256(data).hexdigest(),
+                               content_type="video/iso.segment"))  # fmt: skip
+    return files
+
+
+async def test_store_files_writes_and_reads_back_every_file(
+    store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The local store's batches made small, so these files take more than one, and one
+    # takes the streamed path of a large file.
+    monkeypatch.setattr(local_objects, "BATCH_MAX_BYTES", 3000)
+    monkeypatch.setattr(local_objects, "BATCH_FILE_MAX_BYTES", 2500)
+    files = local_files(tmp_path, "out/hls/240p", [0, 1000, 1500, 2000, 2600, 10])
+    await store.store_files(files)
+    for file in files:
+        info = await store.head(file.key)
+        assert info is not None and info.size == file.size
+        assert info.content_type == "video/iso.segment"
+        assert await store.get_bytes(file.key) == Path(file.path).read_bytes()
+    assert await store.list_multipart_uploads("out/") == []
+    await store.store_files(files)  # again: the same objects, replaced by the same bytes
+    assert await keys(store, "out/") == sorted(f.key for f in files)
+
+
+async def test_store_files_refuses_a_file_that_is_not_what_was_made(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    good, changed = local_files(tmp_path, "bad", [100, 200])
+    Path(changed.path).write_bytes(payload(200, seed=99))  # same size, other bytes
+    with pytest.raises(ChecksumMismatchError, match=r"bad/1\.m4s"):
+        await store.store_files([good, changed])
+    short = msgspec.structs.replace(good, key="bad/short.m4s", size=good.size + 1)
+    with pytest.raises(TransientError, match="at the size written"):
+        await store.store_files([short])
+    with pytest.raises(InvalidKeyError):
+        await store.store_files([msgspec.structs.replace(good, key="bad//key")])
+    assert await store.list_multipart_uploads("bad/") == []
 
 
 async def test_abort_leaves_nothing(store: ObjectStore) -> None:

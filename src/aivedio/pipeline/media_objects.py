@@ -20,11 +20,11 @@ import anyio
 import asyncpg
 import msgspec
 
-from aivedio.errors import ChecksumMismatchError, TransientError
+from aivedio.errors import ChecksumMismatchError
 from aivedio.pipeline.media_outputs import OutputRecord
 from aivedio.states import Entity
 from aivedio.store.database import Pool, map_db_errors
-from aivedio.store.objects import ObjectStore
+from aivedio.store.objects import LocalFile, ObjectStore
 from aivedio.store.records import check_transition
 
 
@@ -52,32 +52,16 @@ async def download(store: ObjectStore, key: str, target: Path) -> tuple[str, int
     return digest.hexdigest(), size
 
 
-WHOLE_READ_BYTES = 1024 * 1024
-
-
 async def upload_and_verify(
     store: ObjectStore, prefix: str, out: Path, record: OutputRecord
 ) -> None:
     """Write every file under the revision prefix, then read each back: size and SHA-256
-    must match what was made before the output may count as done."""
-    for file in record.files:
-        key = f"{prefix}/{file.path}"
-        async with await store.start_upload(key, content_type=file.mime) as upload:
-            if file.size <= WHOLE_READ_BYTES:  # most files of an output: one read, no handle
-                await upload.write(await anyio.Path(out / file.path).read_bytes())
-            else:
-                async with await anyio.open_file(out / file.path, "rb") as handle:
-                    while chunk := await handle.read(1024 * 1024):
-                        await upload.write(chunk)
-            await upload.complete()
-        info = await store.head(key)
-        if info is None or info.size != file.size:
-            raise TransientError(f"{key}: not readable at the size written after upload")
-        digest = hashlib.sha256()
-        async for chunk in store.get(key):
-            digest.update(chunk)
-        if digest.hexdigest() != file.sha256:
-            raise ChecksumMismatchError(f"{key}: read back a different SHA-256")
+    must match what was made before the output may count as done (``store_files``)."""
+    await store.store_files([
+        LocalFile(key=f"{prefix}/{file.path}", path=str(out / file.path), size=file.size,
+                  sha256=file.sha256, content_type=file.mime)
+        for file in record.files
+    ])  # fmt: skip
 
 
 async def record_variant(

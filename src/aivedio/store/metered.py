@@ -29,7 +29,7 @@ wrapper does not offer it.
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
 
 import anyio
@@ -39,6 +39,7 @@ from aivedio.metrics import StoreMetrics
 from aivedio.store.objects import (
     DEFAULT_CONTENT_TYPE,
     DEFAULT_GET_BYTES_MAX_BYTES,
+    LocalFile,
     ObjectInfo,
     ObjectStore,
     PendingUpload,
@@ -48,8 +49,9 @@ from aivedio.store.objects import (
 
 # The ``operation`` label's values.
 OPERATIONS = (
-    "head", "get", "get_bytes", "put_bytes", "delete", "list", "start_upload", "write",
-    "complete_upload", "abort_upload", "list_multipart_uploads", "abort_multipart_upload",
+    "head", "get", "get_bytes", "put_bytes", "store_files", "delete", "list", "start_upload",
+    "write", "complete_upload", "abort_upload", "list_multipart_uploads",
+    "abort_multipart_upload",
 )  # fmt: skip
 # The ``outcome`` label's values besides the error classes.
 OK = "ok"
@@ -186,6 +188,11 @@ class MeteredObjectStore(_Counting):
             info = await self.inner.put_bytes(key, data, content_type=content_type)
         self._moved(UPLOAD, len(data))
         return info
+
+    async def store_files(self, files: Sequence[LocalFile]) -> None:
+        with self._call("store_files"):
+            await self.inner.store_files(files)
+        self._moved(UPLOAD, sum(f.size for f in files))
 
     async def delete(self, key: str) -> None:
         with self._call("delete"):

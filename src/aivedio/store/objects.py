@@ -37,7 +37,8 @@ Design choices, and the failure each one prevents:
 from __future__ import annotations
 
 import builtins
-from collections.abc import AsyncIterator
+import hashlib
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from pathlib import Path
@@ -45,15 +46,25 @@ from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
+import anyio
 import msgspec
 
 from aivedio.config import StorageConfig
-from aivedio.errors import AivedioError, ConfigError, Retry, TooLargeError
+from aivedio.errors import (
+    AivedioError,
+    ChecksumMismatchError,
+    ConfigError,
+    Retry,
+    TooLargeError,
+    TransientError,
+)
 
 MIB = 1024 * 1024
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
 # Reads are handed out in chunks of this size (local file reads, S3 body reads).
 READ_CHUNK_BYTES = 1 * MIB
+# ``store_files`` reads a file this small in one call.
+WHOLE_READ_BYTES = 1 * MIB
 # ``get_bytes`` is for small objects; past this it raises instead of exhausting memory.
 DEFAULT_GET_BYTES_MAX_BYTES = 64 * MIB
 # How long a shielded abort may take before we give up (a reaper finishes the job).
@@ -88,6 +99,17 @@ class ObjectInfo(msgspec.Struct, frozen=True):
     etag: str | None = None
     last_modified: datetime | None = None
     content_type: str | None = None
+
+
+class LocalFile(msgspec.Struct, frozen=True):
+    """A file on this machine to store under ``key``, with the size and SHA-256 it was
+    made with (``store_files`` reads the object back against them)."""
+
+    key: str
+    path: str
+    size: int
+    sha256: str
+    content_type: str = DEFAULT_CONTENT_TYPE
 
 
 class PendingUpload(msgspec.Struct, frozen=True):
@@ -176,6 +198,12 @@ class ObjectStore(Protocol):
         self, key: str, data: bytes, *, content_type: str = DEFAULT_CONTENT_TYPE
     ) -> ObjectInfo:
         """Write a small object in one call."""
+        ...
+
+    async def store_files(self, files: Sequence[LocalFile]) -> None:
+        """Write each file under its key, then read each object back: the size and SHA-256
+        stored must be the file's (TransientError for a missing object or another size,
+        ChecksumMismatchError for other bytes) before it may count as stored."""
         ...
 
     async def delete(self, key: str) -> None:
@@ -361,7 +389,8 @@ class UploadContextMixin:
 
 
 class ObjectStoreConveniences:
-    """``get_bytes`` and ``put_bytes`` written once over ``get`` and ``start_upload``."""
+    """``get_bytes``, ``put_bytes`` and ``store_files`` written once over ``get``, ``head``
+    and ``start_upload``."""
 
     def get(
         self, key: str, *, start: int | None = None, end: int | None = None
@@ -398,6 +427,32 @@ class ObjectStoreConveniences:
         async with await self.start_upload(key, content_type=content_type) as upload:
             await upload.write(data)
             return await upload.complete()
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        raise NotImplementedError
+
+    async def store_files(self, files: Sequence[LocalFile]) -> None:
+        """One upload per file, streamed, then a ``head`` and a full read of each."""
+        for file in files:
+            await self._store_file(file)
+
+    async def _store_file(self, file: LocalFile) -> None:
+        async with await self.start_upload(file.key, content_type=file.content_type) as upload:
+            if file.size <= WHOLE_READ_BYTES:  # most files of an output: one read, no handle
+                await upload.write(await anyio.Path(file.path).read_bytes())
+            else:
+                async with await anyio.open_file(file.path, "rb") as handle:
+                    while chunk := await handle.read(READ_CHUNK_BYTES):
+                        await upload.write(chunk)
+            await upload.complete()
+        info = await self.head(file.key)
+        if info is None or info.size != file.size:
+            raise TransientError(f"{file.key}: not readable at the size written after upload")
+        digest = hashlib.sha256()
+        async for chunk in self.get(file.key):
+            digest.update(chunk)
+        if digest.hexdigest() != file.sha256:
+            raise ChecksumMismatchError(f"{file.key}: read back a different SHA-256")
 
 
 async def _aclose(stream: AsyncIterator[bytes]) -> None:
