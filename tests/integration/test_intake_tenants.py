@@ -9,7 +9,7 @@ import pytest
 
 from aivedio.config import Config, ProviderConfig
 from aivedio.errors import NotFoundError
-from aivedio.pipeline.intake import task_tenant
+from aivedio.pipeline.intake import Received, receive, task_tenant
 from aivedio.store.database import Pool
 from aivedio.store.tenants import create_tenant
 
@@ -49,3 +49,19 @@ async def test_a_provider_naming_a_missing_tenant_is_an_error_naming_it(
     async with pool.acquire() as conn:
         with pytest.raises(NotFoundError, match="unknown tenant 'nobody'"):
             await task_tenant(conn, cfg, "sim", "t-new")
+
+
+async def test_receive_records_the_event_once_with_the_tenant_lookup(
+    pool: Pool, config: Config
+) -> None:
+    cfg = _with_providers(config, sim=ProviderConfig(tenant="acme"))
+    async with pool.acquire() as conn:
+        acme, _ = await create_tenant(conn, "acme")
+        assert await receive(conn, cfg, "sim", "t-new", "ev-1") == Received(True, acme, False)
+        # The same event again (a replay), and another provider's event of the same id.
+        assert await receive(conn, cfg, "sim", "t-new", "ev-1") == Received(False, acme, False)
+        assert await receive(conn, cfg, "other", "t-new", "ev-1") == Received(True, None, False)
+        # No event id: nothing recorded, always fresh.
+        assert await receive(conn, cfg, "sim", "t-new", None) == Received(True, acme, False)
+        rows = await conn.fetch("SELECT provider, event_id FROM callback_receipts ORDER BY 1")
+    assert [tuple(r) for r in rows] == [("other", "ev-1"), ("sim", "ev-1")]

@@ -71,6 +71,7 @@ async def _ingest(
     provider: str = "sim",
     ledger: LedgerConfig | None = None,
     url: str | None = None,
+    task_known: bool = True,
 ) -> Recorded:
     descriptor = OutputDescriptor(
         provider=provider,
@@ -89,6 +90,7 @@ async def _ingest(
         tenant_id=tenant_id,
         descriptor=descriptor,
         ledger=ledger,
+        task_known=task_known,
     )
 
 
@@ -167,14 +169,30 @@ async def test_constraints_refuse_a_negative_charge_and_a_bad_currency(pool: Poo
 # -- generation charges ---------------------------------------------------------------------
 
 
+# task_known False: the caller found no row of the task, so intake tries the task, its charge,
+# the output and its fetch job as one statement first; a task that exists makes that
+# statement write nothing, and the general path records the output.
+@pytest.mark.parametrize("task_known", [True, False])
 async def test_a_duplicate_callback_or_reingest_writes_one_generation_charge(
-    pool: Pool, config: Config
+    pool: Pool, config: Config, task_known: bool
 ) -> None:
     tenant_id = await _tenant(pool)
-    first = await ingest(pool, config, tenant_id, "t-1", ledger=PRICED)
-    await ingest(pool, config, tenant_id, "t-1", ledger=PRICED)  # the same callback again
-    await ingest(pool, config, tenant_id, "t-1", ledger=PRICED, url="https://cdn.provider.test/new")
-    await ingest(pool, config, tenant_id, "t-1", index=1, ledger=PRICED)  # a second output
+    known = {"ledger": PRICED, "task_known": task_known}
+    first = await ingest(pool, config, tenant_id, "t-1", **known)
+    assert first.output_created and first.job_created
+    again = await ingest(pool, config, tenant_id, "t-1", **known)  # the same callback again
+    assert (again.provider_output_id, again.fetch_job_id) == (
+        first.provider_output_id, first.fetch_job_id,
+    )  # fmt: skip
+    assert not again.output_created and not again.job_created
+    await ingest(pool, config, tenant_id, "t-1", url="https://cdn.provider.test/new", **known)
+    second = await ingest(pool, config, tenant_id, "t-1", index=1, **known)  # a second output
+    assert second.generation_task_id == first.generation_task_id and second.output_created
+    assert await pool.fetchval("SELECT count(*) FROM generation_tasks") == 1
+    assert await pool.fetchval(
+        "SELECT count(*) FROM jobs WHERE kind = 'fetch' AND payload->>'provider_output_id'"
+        " = ANY($1::text[])", [str(first.provider_output_id), str(second.provider_output_id)],
+    ) == 2  # fmt: skip
     [entry] = await rows(pool)
     assert entry["entry_key"] == "generation:sim:t-1"
     assert entry["kind"] == "generation_charge"
@@ -187,8 +205,9 @@ async def test_a_duplicate_callback_or_reingest_writes_one_generation_charge(
     assert entry["detail"]["micros_per_second"] == 10_000
 
 
+@pytest.mark.parametrize("task_known", [True, False])
 async def test_twenty_concurrent_intakes_of_one_task_write_one_charge(
-    pool: Pool, config: Config
+    pool: Pool, config: Config, task_known: bool
 ) -> None:
     tenant_id = await _tenant(pool)
     failures: list[BaseException] = []
@@ -196,7 +215,8 @@ async def test_twenty_concurrent_intakes_of_one_task_write_one_charge(
     async def one(i: int) -> None:
         async with open_connection(config.database) as conn:
             try:
-                await _ingest(conn, pool, config, tenant_id, "race", index=i % 3, ledger=PRICED)
+                await _ingest(conn, pool, config, tenant_id, "race", index=i % 3, ledger=PRICED,
+                              task_known=task_known)  # fmt: skip
             except Exception as exc:
                 failures.append(exc)
 
@@ -209,6 +229,8 @@ async def test_twenty_concurrent_intakes_of_one_task_write_one_charge(
         ("generation_charge", "generation:sim:race")
     ]
     assert await pool.fetchval("SELECT count(*) FROM generation_tasks") == 1
+    assert await pool.fetchval("SELECT count(*) FROM provider_outputs") == 3
+    assert await pool.fetchval("SELECT count(*) FROM jobs WHERE kind = 'fetch'") == 3
 
 
 async def test_an_unpriced_provider_still_records_the_fact_at_zero(

@@ -33,8 +33,8 @@ from aivedio.api.context import ApiContext, context
 from aivedio.api.problems import ApiError
 from aivedio.errors import PolicyBlockedError
 from aivedio.logs import get_logger
-from aivedio.pipeline.callbacks import CallbackRejected, accept_event_once, verify_signature
-from aivedio.pipeline.intake import record_task_outputs, task_tenant
+from aivedio.pipeline.callbacks import CallbackRejected, verify_signature
+from aivedio.pipeline.intake import Received, receive, record_task_outputs
 from aivedio.pipeline.providers import ProviderOutput, ProviderTask
 from aivedio.providers import GENERIC_CALLBACK_SCHEME, callback_scheme
 from aivedio.states import Entity, allowed
@@ -148,9 +148,9 @@ async def callback(request: web.Request) -> web.Response:
     if status == "SUCCEEDED" and not event.outputs:
         raise _reject(ctx, provider, 422, "malformed", "a SUCCEEDED callback lists its outputs")
     async with ctx.pool.acquire() as conn, conn.transaction():
-        with map_db_errors("recording a callback"):
-            fresh = await accept_event_once(conn, provider, event.event_id)
-        if not fresh:
+        # The receipt and the task's tenant: one round trip.
+        received = await receive(conn, ctx.config, provider, event.task_id, event.event_id)
+        if not received.fresh:
             raise _reject(
                 ctx,
                 provider,
@@ -158,7 +158,7 @@ async def callback(request: web.Request) -> web.Response:
                 "replayed_event",
                 f"event {event.event_id!r} was already received; nothing recorded",
             )
-        accepted = await _record(ctx, conn, provider, event, status)
+        accepted = await _record(ctx, conn, provider, event, status, received)
     ctx.metrics.callbacks.labels(provider, "accepted").inc()
     log.info(
         "callback_accepted",
@@ -172,9 +172,14 @@ async def callback(request: web.Request) -> web.Response:
 
 
 async def _record(
-    ctx: ApiContext, conn: Connection, provider: str, event: CallbackBody, status: str
+    ctx: ApiContext,
+    conn: Connection,
+    provider: str,
+    event: CallbackBody,
+    status: str,
+    received: Received,
 ) -> CallbackAccepted:
-    tenant_id, _known = await task_tenant(conn, ctx.config, provider, event.task_id)
+    tenant_id = received.tenant_id
     if status != "SUCCEEDED":
         task_id = await _note_progress(conn, provider, event.task_id, status)
         return CallbackAccepted(
@@ -217,6 +222,7 @@ async def _record(
             provider=provider,
             task=task,
             tenant_id=tenant_id,
+            task_known=received.known,
         )
     except PolicyBlockedError as exc:
         raise _reject(ctx, provider, 422, "invalid_output", exc.detail) from None

@@ -40,13 +40,13 @@ from aivedio.config import ProviderConfig
 from aivedio.errors import AivedioError, ConfigError, PolicyBlockedError
 from aivedio.logs import get_logger
 from aivedio.pipeline import fal_webhooks, standard_webhooks
-from aivedio.pipeline.callbacks import CallbackRejected, accept_event_once
-from aivedio.pipeline.intake import record_task_outputs, task_tenant
+from aivedio.pipeline.callbacks import CallbackRejected
+from aivedio.pipeline.intake import Received, receive, record_task_outputs
 from aivedio.pipeline.poller import can_poll, register_watch
 from aivedio.pipeline.providers import ProviderTask
 from aivedio.providers import VENDORS
 from aivedio.providers.base import CallbackHint
-from aivedio.store.database import Connection, map_db_errors
+from aivedio.store.database import Connection
 
 log = get_logger("aivedio.api.callbacks")
 JWKS_REFETCH_SECONDS = 60.0
@@ -194,9 +194,10 @@ async def record(
     provider: str,
     hint: CallbackHint,
     event_id: str | None,
+    received: Received,
 ) -> VendorCallbackAccepted:
     """Inside the receipt's transaction: record a verified body's outputs, or watch the task."""
-    tenant_id, known = await task_tenant(conn, ctx.config, provider, hint.task_id)
+    tenant_id, known = received.tenant_id, received.known
     if tenant_id is None:
         raise ApiError(
             422,
@@ -217,6 +218,7 @@ async def record(
                 provider=provider,
                 task=task,
                 tenant_id=tenant_id,
+                task_known=known,
             )
         except PolicyBlockedError as exc:
             raise ApiError(422, exc.detail, "invalid_output") from None
@@ -280,16 +282,15 @@ async def handle(
     except AivedioError as exc:
         raise reject(400, "malformed", f"callback body: {exc.detail}") from None
     async with ctx.pool.acquire() as conn, conn.transaction():
-        if event_id is not None:
-            with map_db_errors("recording a callback"):
-                fresh = await accept_event_once(conn, provider, event_id)
-            if not fresh:
-                raise reject(
-                    409,
-                    "replayed_event",
-                    f"event {event_id!r} was already received; nothing recorded",
-                )
-        accepted = await record(ctx, conn, provider, hint, event_id)
+        # The receipt (when the body has an event id) and the task's tenant: one round trip.
+        received = await receive(conn, ctx.config, provider, hint.task_id, event_id)
+        if not received.fresh:
+            raise reject(
+                409,
+                "replayed_event",
+                f"event {event_id!r} was already received; nothing recorded",
+            )
+        accepted = await record(ctx, conn, provider, hint, event_id, received)
     ctx.metrics.callbacks.labels(provider, accepted.outcome).inc()
     log.info(
         "callback_accepted",

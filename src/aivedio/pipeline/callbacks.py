@@ -14,7 +14,8 @@ import math
 import time
 
 from aivedio.errors import PolicyBlockedError
-from aivedio.store.database import Connection, map_db_errors
+from aivedio.store.database import Connection
+from aivedio.store.together import Part, write_together
 
 DEFAULT_SKEW_SECONDS = 300.0
 
@@ -52,13 +53,19 @@ def verify_signature(
         raise CallbackRejected("callback signature does not match")
 
 
+def receipt_part(provider: str, event_id: str) -> Part:
+    """The statement that records a callback's event id: a row when it is new, none when it
+    was seen before (a replay or a duplicate)."""
+    return Part(
+        "INSERT INTO callback_receipts (provider, event_id) VALUES ($1, $2)"
+        " ON CONFLICT DO NOTHING RETURNING 1",
+        (provider, event_id),
+    )
+
+
 async def accept_event_once(conn: Connection, provider: str, event_id: str) -> bool:
     """Record the event id; False when it was seen before (a replay or a duplicate)."""
-    with map_db_errors("recording a callback receipt"):
-        row = await conn.fetchval(
-            "INSERT INTO callback_receipts (provider, event_id) VALUES ($1, $2)"
-            " ON CONFLICT DO NOTHING RETURNING 1",
-            provider,
-            event_id,
-        )
-    return row is not None
+    got = await write_together(
+        conn, {"receipt": receipt_part(provider, event_id)}, "recording a callback receipt"
+    )
+    return bool(got["receipt"])

@@ -16,22 +16,24 @@ from __future__ import annotations
 
 import hmac
 import uuid
+from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
 from aivedio.config import Config
 from aivedio.crypto import UrlCipher
-from aivedio.errors import ConfigError, NotFoundError, PolicyBlockedError
+from aivedio.errors import ConfigError, NotFoundError, PolicyBlockedError, TransientError
 from aivedio.ledger_config import LedgerConfig
+from aivedio.pipeline.callbacks import receipt_part
 from aivedio.pipeline.providers import ProviderTask
 from aivedio.pipeline.registry import Registry
 from aivedio.states import TERMINAL_OUTPUT_STATES, Entity
 from aivedio.store.database import Connection, map_db_errors
 from aivedio.store.ledger import generation_charge_part, log_generation_charge
-from aivedio.store.queue import Queue
+from aivedio.store.queue import JobSpec, Queue
 from aivedio.store.records import transition
 from aivedio.store.tenants import found_tenant
 from aivedio.store.together import Part, write_together
@@ -77,31 +79,23 @@ async def record_provider_output(
     estimated_bytes_per_second: float = 20 * 1024**2,
     now: datetime | None = None,
     ledger: LedgerConfig | None = None,
+    task_known: bool = True,
 ) -> Recorded:
     """Record one provider output and enqueue its fetch. Runs in one transaction.
 
     The provider's generation charge is recorded in it too, once per provider task (the
     ledger's key makes a duplicate callback or a re-ingest a no-op); ``ledger`` None means
-    the default [ledger] policies."""
+    the default [ledger] policies. ``task_known`` False: the caller found no row of the
+    task, so the task, its charge, the output and its fetch job are first tried as one
+    statement of inserts (a task that appeared meanwhile makes it write nothing, and the
+    general path follows)."""
     now = now or datetime.now(UTC)
     expires_at = descriptor.expires_at or now + timedelta(seconds=default_ttl_seconds)
     if descriptor.sha256 is not None and len(descriptor.sha256) != 64:
         raise PolicyBlockedError("invalid_descriptor: sha256 must be 64 hex characters")
-    # The caller's transaction when there is one (a savepoint would cost two round trips
-    # and no caller goes on after a failure), else one of its own.
-    own = nullcontext() if conn.is_in_transaction() else conn.transaction()
-    async with own:
-        task_id = await _succeed_task(conn, tenant_id, descriptor)
-        charge = generation_charge_part(
-            ledger or LedgerConfig(),
-            tenant_id=tenant_id,
-            provider=descriptor.provider,
-            provider_task_id=descriptor.provider_task_id,
-            generation_task_id=task_id,
-        )
-        output_id, created, status, url_changed = await _upsert_output(
-            conn, tenant_id, task_id, descriptor, expires_at, cipher, charge
-        )
+    ledger = ledger or LedgerConfig()
+
+    def fetch_spec(output_id: uuid.UUID) -> JobSpec:
         estimated = (descriptor.size or 0) / estimated_bytes_per_second
         spec = registry.spec(
             FETCH_KIND,
@@ -110,10 +104,32 @@ async def record_provider_output(
             payload={"provider_output_id": str(output_id)},
             expires_at=expires_at,
         )
-        spec = msgspec.structs.replace(
+        return msgspec.structs.replace(
             spec, estimated_seconds=max(spec.estimated_seconds, estimated)
         )
-        enqueued = await queue.enqueue_one(conn, spec)
+
+    # The caller's transaction when there is one (a savepoint would cost two round trips
+    # and no caller goes on after a failure), else one of its own.
+    own = nullcontext() if conn.is_in_transaction() else conn.transaction()
+    async with own:
+        if not task_known:
+            new = await _record_new_task(
+                conn, queue, cipher, tenant_id, descriptor, expires_at, ledger, fetch_spec
+            )
+            if new is not None:
+                return new
+        task_id = await _succeed_task(conn, tenant_id, descriptor)
+        charge = generation_charge_part(
+            ledger,
+            tenant_id=tenant_id,
+            provider=descriptor.provider,
+            provider_task_id=descriptor.provider_task_id,
+            generation_task_id=task_id,
+        )
+        output_id, created, status, url_changed = await _upsert_output(
+            conn, tenant_id, task_id, descriptor, expires_at, cipher, charge
+        )
+        enqueued = await queue.enqueue_one(conn, fetch_spec(output_id))
         if url_changed and not enqueued.created:
             # A fresh URL for an output whose fetch job already gave up (or waits to retry):
             # bring the job back now, with a fresh budget, rather than leave the URL unused.
@@ -128,12 +144,47 @@ async def record_provider_output(
     )
 
 
+async def _record_new_task(
+    conn: Connection, queue: Queue, cipher: UrlCipher, tenant_id: int, d: OutputDescriptor,
+    expires_at: datetime, ledger: LedgerConfig, fetch_spec: Callable[[uuid.UUID], JobSpec],
+) -> Recorded | None:  # fmt: skip
+    """The task SUCCEEDED, its generation charge, the output and its fetch job: one
+    statement, every part of it written only when the task's insert was (None: the task
+    exists, nothing was written)."""
+    task_id, output_id = uuid.uuid4(), uuid.uuid4()
+    inserted = "EXISTS (SELECT 1 FROM task)"
+    charge = generation_charge_part(
+        ledger, tenant_id=tenant_id, provider=d.provider, provider_task_id=d.provider_task_id,
+        generation_task_id=task_id, when=inserted,
+    )  # fmt: skip
+    fetch = queue.enqueuing([fetch_spec(output_id)], name="fetch",
+                            when="EXISTS (SELECT 1 FROM output)")  # fmt: skip
+    assert fetch is not None
+    got = await write_together(conn, {
+        "task": Part(INSERT_TASK, (task_id, tenant_id, d.provider, d.provider_task_id),
+                     value="id"),
+        "charge": charge,
+        "output": _output_part(output_id, tenant_id, task_id, d, expires_at, cipher, inserted),
+        **fetch.parts,
+    }, "recording the provider output")  # fmt: skip
+    made = fetch.made(got).get(fetch.keys[0])
+    if got["task"] is None:
+        return None
+    if got["output"] is None or made is None:  # a new task's output and job are new too
+        raise TransientError(f"provider output of new task {d.provider_task_id} was not made")
+    if got["charge"]:
+        log_generation_charge(charge)
+    job_id, _lane = made
+    return Recorded(
+        generation_task_id=task_id, provider_output_id=output_id, fetch_job_id=job_id,
+        output_created=True, job_created=True, fetch_status="FETCH_PENDING",
+    )  # fmt: skip
+
+
 async def _succeed_task(conn: Connection, tenant_id: int, d: OutputDescriptor) -> uuid.UUID:
     with map_db_errors("recording the generation task"):
         inserted = await conn.fetchval(
-            "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
-            " provider_status) VALUES ($1, $2, $3, $4, 'PROVIDER_SUCCEEDED')"
-            " ON CONFLICT (provider, provider_task_id) DO NOTHING RETURNING id",
+            INSERT_TASK,
             uuid.uuid4(),
             tenant_id,
             d.provider,
@@ -185,19 +236,7 @@ async def _upsert_output(
     # Insert first: a new output (the common case) costs one round trip, shared with the
     # charge; a duplicate finds the row by its key, locked, below.
     output_id = uuid.uuid4()
-    blob, key_id = cipher.encrypt(d.url, bound_to=str(output_id))
-    insert = Part(
-        "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
-        " provider_task_id, output_index, output_revision, source_url_ciphertext,"
-        " source_url_key_id, source_url_expires_at, expected_size_bytes,"
-        " expected_checksum_alg, expected_checksum, content_type, fetch_status)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14,"
-        " 'FETCH_PENDING') ON CONFLICT DO NOTHING RETURNING id",
-        (output_id, tenant_id, task_id, *key, blob, key_id, expires_at, d.size,
-         "sha256" if d.sha256 else None, d.sha256.lower() if d.sha256 else None,
-         d.content_type),
-        value="id",
-    )  # fmt: skip
+    insert = _output_part(output_id, tenant_id, task_id, d, expires_at, cipher, "true")
     got = await write_together(
         conn, {"charge": charge, "output": insert}, "recording the provider output"
     )
@@ -232,6 +271,36 @@ async def _upsert_output(
     return output_id, False, status, False
 
 
+INSERT_TASK = (
+    "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
+    " provider_status) VALUES ($1, $2, $3, $4, 'PROVIDER_SUCCEEDED')"
+    " ON CONFLICT (provider, provider_task_id) DO NOTHING RETURNING id"
+)
+
+
+def _output_part(
+    output_id: uuid.UUID, tenant_id: int, task_id: uuid.UUID, d: OutputDescriptor,
+    expires_at: datetime, cipher: UrlCipher, when: str,
+) -> Part:  # fmt: skip
+    """The output's insert (FETCH_PENDING, its URL encrypted and bound to its id), when
+    ``when`` holds; answers the id, or None when the output's key exists."""
+    blob, key_id = cipher.encrypt(d.url, bound_to=str(output_id))
+    return Part(
+        "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
+        " provider_task_id, output_index, output_revision, source_url_ciphertext,"
+        " source_url_key_id, source_url_expires_at, expected_size_bytes,"
+        " expected_checksum_alg, expected_checksum, content_type, fetch_status)"
+        " SELECT $1::uuid, $2::bigint, $3::uuid, $4::text, $5::text, $6::smallint, $7::int,"
+        " $8::bytea, $9::text, $10::timestamptz, $11::bigint, $12::text, $13::text,"
+        f" $14::text, 'FETCH_PENDING' WHERE {when} ON CONFLICT DO NOTHING RETURNING id",
+        (output_id, tenant_id, task_id, d.provider, d.provider_task_id, d.output_index,
+         d.output_revision, blob, key_id, expires_at, d.size,
+         "sha256" if d.sha256 else None, d.sha256.lower() if d.sha256 else None,
+         d.content_type),
+        value="id",
+    )  # fmt: skip
+
+
 def _decrypts_to(cipher: UrlCipher, row: Any, url: str) -> bool:
     """Whether the stored URL is this one (a duplicate callback changes nothing)."""
     try:
@@ -243,29 +312,48 @@ def _decrypts_to(cipher: UrlCipher, row: Any, url: str) -> bool:
     return hmac.compare_digest(stored.encode(), url.encode())
 
 
+class Received(NamedTuple):
+    """A callback taken in: whether its event id was new (``fresh``; True when it had none)
+    and whose task it names (``task_tenant``)."""
+
+    fresh: bool
+    tenant_id: int | None
+    known: bool
+
+
+async def receive(
+    conn: Connection, config: Config, provider: str, provider_task_id: str, event_id: str | None
+) -> Received:
+    """The event id recorded (``callbacks.receipt_part``) and the task's tenant looked up,
+    in one round trip."""
+    pc = config.providers.get(provider)
+    named = pc.tenant if pc is not None and pc.tenant else None
+    parts = {
+        "known": Part(
+            "SELECT tenant_id FROM generation_tasks WHERE provider = $1 AND provider_task_id = $2",
+            (provider, provider_task_id), value="tenant_id",
+        ),
+        "named": Part("SELECT id FROM tenants WHERE name = $1", (named,), value="id"),
+    }  # fmt: skip
+    if event_id is not None:
+        parts["receipt"] = receipt_part(provider, event_id)
+    got = await write_together(conn, parts, "recording a callback")
+    fresh = event_id is None or bool(got["receipt"])
+    if got["known"] is not None:
+        return Received(fresh, int(got["known"]), True)
+    if named is None:
+        return Received(fresh, None, False)
+    return Received(fresh, found_tenant(named, got["named"]), False)
+
+
 async def task_tenant(
     conn: Connection, config: Config, provider: str, provider_task_id: str
 ) -> tuple[int | None, bool]:
     """Whose task a callback names, and whether we knew it: a known task keeps its tenant; a
     task we never saw belongs to ``[providers.NAME] tenant`` (one provider account per
     tenant), or to nobody (None) when that is unset."""
-    pc = config.providers.get(provider)
-    named = pc.tenant if pc is not None and pc.tenant else None
-    with map_db_errors("looking up the generation task"):
-        row = await conn.fetchrow(  # both lookups in one round trip
-            "SELECT (SELECT tenant_id FROM generation_tasks"
-            "  WHERE provider = $1 AND provider_task_id = $2) AS known,"
-            " (SELECT id FROM tenants WHERE name = $3) AS named",
-            provider,
-            provider_task_id,
-            named,
-        )
-    assert row is not None
-    if row["known"] is not None:
-        return int(row["known"]), True
-    if named is None:
-        return None, False
-    return found_tenant(named, row["named"]), False
+    received = await receive(conn, config, provider, provider_task_id, None)
+    return received.tenant_id, received.known
 
 
 async def tenant_exists(conn: Connection, tenant_id: int) -> bool:
@@ -283,11 +371,13 @@ async def record_task_outputs(
     provider: str,
     task: ProviderTask,
     tenant_id: int,
+    task_known: bool = True,
 ) -> list[Recorded]:
     """A SUCCEEDED task's outputs, each recorded as above, in the caller's transaction: the
-    one way a verified callback and the poller record a provider's success."""
+    one way a verified callback and the poller record a provider's success. ``task_known``
+    False: the caller found no row of the task (``task_known`` of ``receive``)."""
     pc = config.providers.get(provider)
-    recorded = []
+    recorded: list[Recorded] = []
     for output in task.outputs:
         descriptor = OutputDescriptor(
             provider=provider,
@@ -311,6 +401,7 @@ async def record_task_outputs(
                 default_ttl_seconds=pc.default_url_ttl_seconds if pc else 3600.0,
                 estimated_bytes_per_second=config.fetch.estimated_bytes_per_second,
                 ledger=config.ledger,
+                task_known=task_known or bool(recorded),
             )
         )
     return recorded

@@ -6,7 +6,8 @@ rotates its secret). The signed content is ``{id}.{timestamp}.{raw body}``, HMAC
 with the base64-decoded part of the ``whsec_`` secret. Timestamps further than the tolerance
 from now, in either direction, are refused, so a captured request cannot be replayed later;
 the ``webhook-id`` (stable across the sender's retries) is then accepted once per provider
-by ``callbacks.accept_event_once``, which refuses a replay inside the window.
+by ``callbacks.receipt_part`` (written with the callback's record), which refuses a replay
+inside the window.
 
 Nothing from the request is parsed before the signature matched, and comparisons are
 constant-time.

@@ -50,10 +50,12 @@ COMPENSATION = "compensation"
 # ``detail`` goes in as text cast to jsonb, so it is stored the same whether or not the
 # connection has the jsonb codec installed.
 
+# ``{when}``: a condition on earlier parts of the statement it is written in, or true.
 INSERT_GENERATION_CHARGE = (
     "INSERT INTO ledger_entries (entry_key, tenant_id, kind, provider, provider_task_id,"
     " generation_task_id, amount_micros, currency, policy, detail)"
-    " VALUES ($1, $2, 'generation_charge', $3, $4, $5, $6, $7, $8, $9::text::jsonb)"
+    " SELECT $1::text, $2::bigint, 'generation_charge', $3::text, $4::text, $5::uuid,"
+    " $6::bigint, $7::text, $8::text, $9::text::jsonb WHERE {when}"
     " ON CONFLICT (entry_key) DO NOTHING RETURNING id"
 )
 
@@ -251,14 +253,16 @@ def generation_charge_part(
     provider_task_id: str,
     generation_task_id: uuid.UUID,
     duration_seconds: float | None = None,
+    when: str = "true",
 ) -> Part:
     """The statement of the generation charge, for a caller that writes it together with
-    others; ``log_generation_charge`` once it returned a row."""
+    others (``when``: a condition on the statement's earlier parts);
+    ``log_generation_charge`` once it returned a row."""
     amount, policy, detail = generation_price(cfg, provider, duration_seconds)
     key = generation_key(provider, provider_task_id)
     args = (key, tenant_id, provider, provider_task_id, generation_task_id, amount,
             cfg.currency, policy, _json(detail))  # fmt: skip
-    return Part(INSERT_GENERATION_CHARGE, args)
+    return Part(INSERT_GENERATION_CHARGE.format(when=when), args)
 
 
 def log_generation_charge(part: Part) -> None:
