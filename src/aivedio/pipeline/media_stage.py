@@ -43,7 +43,7 @@ import contextlib
 import random
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -375,14 +375,13 @@ class MediaStage:
         asset_id = uuid.UUID(str(job.payload["asset_id"]))
         revision = int(job.payload["revision"])
         variant_type = str(job.payload["variant_type"])
-        state = await self._revision(asset_id, revision, variant_type)
+        asset, state = await self._asset_and_revision(asset_id, revision, variant_type)
         if state is None:
             return {"outcome": "no_such_revision"}
         # READY: published with its required set; its optional outputs still render, to be
         # released by an enrichment revision.
         if state["status"] not in ("BUILDING", "READY"):
             return {"outcome": "revision_" + state["status"].lower()}
-        asset = await self._asset_row(asset_id)  # one read for the stop check and the run
         if asset is None or _stopped_since(asset, state):
             await self._stop_outputs(asset_id, revision)
             return {"outcome": "asset_deleted_or_cancelled"}
@@ -426,7 +425,7 @@ class MediaStage:
 
     async def _render_locked(
         self, job: Job, asset: asyncpg.Record, revision: int, variant_type: str,
-        state: asyncpg.Record, hooks: Hooks, *, deferring: bool,
+        state: Mapping[str, Any], hooks: Hooks, *, deferring: bool,
     ) -> dict[str, Any]:  # fmt: skip
         asset_id: uuid.UUID = asset["id"]
         rows = await self.s.pool.fetch(
@@ -559,7 +558,7 @@ class MediaStage:
                 for o in outputs]  # fmt: skip
 
     async def _spawn_rest(
-        self, asset_id: uuid.UUID, revision: int, state: asyncpg.Record, done_with: str
+        self, asset_id: uuid.UUID, revision: int, state: Mapping[str, Any], done_with: str
     ) -> None:
         """This job is finished with its output for good: any other output still pending
         gets its own job (the run that would have made it may never have started)."""
@@ -870,32 +869,39 @@ class MediaStage:
         None for an upload: a cancel) and ``next_revision`` (the number a new one takes)."""
         with map_db_errors("loading the asset"):
             row: asyncpg.Record | None = await self.s.pool.fetchrow(
-                "SELECT a.*, (SELECT count(*) FROM media_crashes c WHERE c.asset_id = a.id)"
-                " AS media_crashes, (SELECT g.provider_status FROM provider_outputs o"
-                "  JOIN generation_tasks g ON g.id = o.generation_task_id"
-                "  WHERE o.id = a.source_provider_output_id) AS task_status,"
-                " (SELECT coalesce(max(r.revision), 0) + 1 FROM asset_revisions r"
-                "  WHERE r.asset_id = a.id) AS next_revision"
-                " FROM assets a WHERE a.id = $1",
-                asset_id,
+                f"SELECT {ASSET_COLUMNS} FROM assets a WHERE a.id = $1", asset_id
             )
         return row
 
-    async def _revision(
-        self, asset_id: uuid.UUID, revision: int, output: str | None = None
-    ) -> asyncpg.Record | None:
-        """The revision's row; with ``output``, also that output's ``mine_status`` and
-        ``mine_deferred_at`` (None when it has no such output), in the same round trip."""
+    async def _asset_and_revision(
+        self, asset_id: uuid.UUID, revision: int, output: str
+    ) -> tuple[asyncpg.Record | None, Mapping[str, Any] | None]:
+        """``_asset_row`` and ``_revision`` (with ``output``'s own state) in one round trip:
+        the asset, and the revision's row with ``mine_status`` and ``mine_deferred_at``
+        (None for a revision that does not exist)."""
+        with map_db_errors("loading the asset and its revision"):
+            row: asyncpg.Record | None = await self.s.pool.fetchrow(
+                f"SELECT {ASSET_COLUMNS}, (SELECT to_jsonb(r) FROM asset_revisions r"
+                "  WHERE r.asset_id = a.id AND r.revision = $2) AS revision_row,"
+                " m.status AS mine_status, m.deferred_at AS mine_deferred_at"
+                " FROM assets a LEFT JOIN asset_variants m ON m.asset_id = a.id"
+                " AND m.revision = $2 AND m.variant_type = $3 WHERE a.id = $1",
+                asset_id, revision, output,
+            )  # fmt: skip
+        if row is None or row["revision_row"] is None:
+            return row, None
+        # As JSON: the revision's columns read here are JSON-typed (no timestamps).
+        state = dict(row["revision_row"])
+        state.update(mine_status=row["mine_status"], mine_deferred_at=row["mine_deferred_at"])
+        return row, state
+
+    async def _revision(self, asset_id: uuid.UUID, revision: int) -> asyncpg.Record | None:
+        """The revision's row (None when there is none)."""
         with map_db_errors("loading the revision"):
             row: asyncpg.Record | None = await self.s.pool.fetchrow(
-                "SELECT r.*, m.status AS mine_status, m.deferred_at AS mine_deferred_at"
-                " FROM asset_revisions r LEFT JOIN asset_variants m ON m.asset_id = r.asset_id"
-                " AND m.revision = r.revision AND m.variant_type = $3"
-                " WHERE r.asset_id = $1 AND r.revision = $2",
-                asset_id,
-                revision,
-                output,
-            )
+                "SELECT * FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
+                asset_id, revision,
+            )  # fmt: skip
         return row
 
     @asynccontextmanager
@@ -908,6 +914,17 @@ class MediaStage:
         # and state changes need.
         async with open_connection(self.s.config.database, codecs=False) as conn:
             yield bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
+
+
+# The asset's columns and what the media jobs decide on (``_asset_row``), from ``assets a``.
+ASSET_COLUMNS = (
+    "a.*, (SELECT count(*) FROM media_crashes c WHERE c.asset_id = a.id) AS media_crashes,"
+    " (SELECT g.provider_status FROM provider_outputs o"
+    "  JOIN generation_tasks g ON g.id = o.generation_task_id"
+    "  WHERE o.id = a.source_provider_output_id) AS task_status,"
+    " (SELECT coalesce(max(r.revision), 0) + 1 FROM asset_revisions r"
+    "  WHERE r.asset_id = a.id) AS next_revision"
+)
 
 
 def _will_retry(exc: AivedioError, job: Job) -> bool:
@@ -1047,7 +1064,9 @@ def register(registry: Registry) -> None:
     )
 
 
-def _stopped_since(row: asyncpg.Record | None, revision: asyncpg.Record) -> bool:
+def _stopped_since(
+    row: asyncpg.Record | None, revision: asyncpg.Record | Mapping[str, Any]
+) -> bool:
     """Whether the asset (its row) was deleted or cancelled since the revision started."""
     return (
         row is None
