@@ -261,7 +261,8 @@ async def sample_frames(
 
 
 async def _ffmpeg(sandbox: Sandbox, scratch: Path, args: list[str], duration: float) -> list[str]:
-    """One frame extraction from our own playback MP4, still through the forced demuxer."""
+    """One frame extraction from our own playback MP4, still through the forced demuxer; the
+    last lines of its stderr as written."""
     result = await sandbox.run(
         "ffmpeg", args, cwd=scratch,
         deadline_seconds=sandbox.media.process_timeout_seconds + duration,
@@ -269,7 +270,8 @@ async def _ffmpeg(sandbox: Sandbox, scratch: Path, args: list[str], duration: fl
     if not result.ok:
         result.raise_if_exhausted()
         raise ModeratorUnavailableError(f"frame sampling failed: {result.error_detail()}")
-    return result.stderr_tail
+    # Not redacted: only the frames' times are read from these lines (showinfo), as numbers.
+    return result.raw_stderr_tail
 
 
 def _pts_time(line: str) -> float:
