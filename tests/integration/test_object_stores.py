@@ -279,6 +279,17 @@ async def test_store_files_writes_and_reads_back_every_file(
     assert await keys(store, "out/") == sorted(f.key for f in files)
 
 
+async def test_sizes_answers_every_key_at_once(store: ObjectStore) -> None:
+    await store.put_bytes("sz/a", b"12345")
+    await store.put_bytes("sz/dir/b", b"")
+    assert await store.sizes(["sz/a", "sz/dir/b", "sz/missing", "sz/dir"]) == {
+        "sz/a": 5, "sz/dir/b": 0, "sz/missing": None, "sz/dir": None,
+    }  # fmt: skip
+    assert await store.sizes([]) == {}
+    with pytest.raises(InvalidKeyError):
+        await store.sizes(["sz/../a"])
+
+
 async def test_store_files_refuses_a_file_that_is_not_what_was_made(
     store: ObjectStore, tmp_path: Path
 ) -> None:

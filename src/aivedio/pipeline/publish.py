@@ -188,17 +188,19 @@ class PublishStage:
     # -- checklist ---------------------------------------------------------------------------
 
     async def _files_present(self, variant: Row) -> bool:
-        """Every file of an output is in the store at its recorded size."""
+        """Every file of an output is in the store at its recorded size (one ``sizes``)."""
         extra = variant["extra"] or {}
         files = extra.get("files") or [{"path": None, "size": variant["size_bytes"]}]
         base = _revision_prefix(variant["object_key"])
-        for file in files:
-            key = variant["object_key"] if file["path"] is None else f"{base}/{file['path']}"
-            info = await self.store.head(key)
-            if info is None or info.size != int(file["size"]):
-                found = info.size if info else None
+        wanted = {
+            variant["object_key"] if f["path"] is None else f"{base}/{f['path']}": int(f["size"])
+            for f in files
+        }
+        found = await self.store.sizes(list(wanted))
+        for key, size in wanted.items():
+            if found.get(key) != size:
                 log.warning("publish_object_missing", key=key, variant=variant["variant_type"],
-                            expected_size=file["size"], found=found)  # fmt: skip
+                            expected_size=size, found=found.get(key))  # fmt: skip
                 return False
         return True
 

@@ -526,6 +526,23 @@ class LocalObjectStore(ObjectStoreConveniences):
         validate_key(key)
         return await _in_thread(f"head {key!r}", self._head, key)
 
+    async def sizes(self, keys: Sequence[str]) -> dict[str, int | None]:
+        """Every key's size in one thread call."""
+        for key in keys:
+            validate_key(key)
+        return await _in_thread("head", self._sizes, keys)
+
+    def _sizes(self, keys: Sequence[str]) -> dict[str, int | None]:
+        found: dict[str, int | None] = {}
+        for key in keys:
+            try:
+                st = os.stat(self._data_path(key))
+            except (FileNotFoundError, NotADirectoryError):
+                found[key] = None
+                continue
+            found[key] = st.st_size if stat.S_ISREG(st.st_mode) else None
+        return found
+
     def _head(self, key: str) -> ObjectInfo | None:
         try:
             st = os.stat(self._data_path(key))

@@ -49,8 +49,8 @@ from aivedio.store.objects import (
 
 # The ``operation`` label's values.
 OPERATIONS = (
-    "head", "get", "get_bytes", "put_bytes", "store_files", "delete", "list", "start_upload",
-    "write", "complete_upload", "abort_upload", "list_multipart_uploads",
+    "head", "sizes", "get", "get_bytes", "put_bytes", "store_files", "delete", "list",
+    "start_upload", "write", "complete_upload", "abort_upload", "list_multipart_uploads",
     "abort_multipart_upload",
 )  # fmt: skip
 # The ``outcome`` label's values besides the error classes.
@@ -147,6 +147,10 @@ class MeteredObjectStore(_Counting):
     async def head(self, key: str) -> ObjectInfo | None:
         with self._call("head"):
             return await self.inner.head(key)
+
+    async def sizes(self, keys: Sequence[str]) -> dict[str, int | None]:
+        with self._call("sizes"):
+            return await self.inner.sizes(keys)
 
     async def get(
         self, key: str, *, start: int | None = None, end: int | None = None

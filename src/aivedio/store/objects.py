@@ -175,6 +175,10 @@ class ObjectStore(Protocol):
         """The object's metadata, or ``None`` when there is no such object."""
         ...
 
+    async def sizes(self, keys: Sequence[str]) -> dict[str, int | None]:
+        """The size of each object, by key (None: no such object): ``head`` for many."""
+        ...
+
     def get(
         self, key: str, *, start: int | None = None, end: int | None = None
     ) -> AsyncIterator[bytes]:
@@ -389,8 +393,8 @@ class UploadContextMixin:
 
 
 class ObjectStoreConveniences:
-    """``get_bytes``, ``put_bytes`` and ``store_files`` written once over ``get``, ``head``
-    and ``start_upload``."""
+    """``get_bytes``, ``put_bytes``, ``sizes`` and ``store_files`` written once over ``get``,
+    ``head`` and ``start_upload``."""
 
     def get(
         self, key: str, *, start: int | None = None, end: int | None = None
@@ -430,6 +434,14 @@ class ObjectStoreConveniences:
 
     async def head(self, key: str) -> ObjectInfo | None:
         raise NotImplementedError
+
+    async def sizes(self, keys: Sequence[str]) -> dict[str, int | None]:
+        """One ``head`` per key."""
+        found: dict[str, int | None] = {}
+        for key in keys:
+            info = await self.head(key)
+            found[key] = info.size if info is not None else None
+        return found
 
     async def store_files(self, files: Sequence[LocalFile]) -> None:
         """One upload per file, streamed, then a ``head`` and a full read of each."""
