@@ -207,6 +207,85 @@ async def test_two_deliveries_of_one_publish_at_once_end_without_an_error(
                                    asset_id) == 1  # fmt: skip
 
 
+async def waiting_at_the_lock(
+    rig: Rig, asset_id: uuid.UUID, work: Any, decide: str
+) -> dict[str, Any]:
+    """``work()`` (a publish or an enrichment) loads and checks, then waits at the asset's
+    lock, which another transaction holds while it writes ``decide`` (a delete or a cancel
+    made then); the outcome once that commits."""
+    outcome: dict[str, Any] = {}
+
+    async def run() -> None:
+        outcome.update(await work())
+
+    async with rig.pool.acquire() as holder:
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT 1 FROM assets WHERE id = $1 FOR UPDATE", asset_id)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run)
+                await anyio.sleep(0.5)  # loaded, checked and waiting at the lock
+                await holder.execute(decide, asset_id)
+                await holder.execute("COMMIT")
+    return outcome
+
+
+async def test_a_delete_decided_while_the_publish_waits_at_the_lock_undoes_it_all(
+    rig: Rig, source: bytes
+) -> None:
+    asset_id = await gates_open(rig, source)
+    queue = Queue(rig.pool)
+    await rig.pool.execute("UPDATE jobs SET status = 'queued', lease_owner = NULL,"
+                           " run_after = now() WHERE kind = 'publish'")  # fmt: skip
+    (job,) = await queue.claim("control", 1, "one", 60)
+    stage = PublishStage(rig.config, rig.pool, queue, rig.store)
+    outcome = await waiting_at_the_lock(
+        rig, asset_id, lambda: stage.publish(job, asset_id, 1),
+        "UPDATE assets SET delete_version = delete_version + 1 WHERE id = $1",
+    )  # fmt: skip
+    assert outcome["outcome"] == "not_published"
+    assert "deleted or cancelled" in outcome["reason"]
+    asset = await rig.asset(asset_id)
+    assert asset["current_revision"] is None and asset["status"] == "PROCESSING"
+    assert await rig.pool.fetchval(
+        "SELECT status FROM asset_revisions WHERE asset_id = $1 AND revision = 1", asset_id
+    ) == "ABANDONED"  # fmt: skip
+    for table in ("releases", "outbox_events"):
+        assert await rig.pool.fetchval(f"SELECT count(*) FROM {table}") == 0, table
+    assert await rig.pool.fetchval(
+        "SELECT count(*) FROM ledger_entries WHERE kind = 'processing_charge'"
+    ) == 0  # fmt: skip
+
+
+async def test_a_cancel_decided_while_the_enrichment_waits_at_the_lock_adds_no_revision(
+    rig: Rig, source: bytes
+) -> None:
+    asset_id = await enriched(rig, source)
+    for sql in (  # back to revision 1 published, every output done, no enrichment yet
+        "DELETE FROM releases WHERE asset_id = $1 AND revision = 2",
+        "DELETE FROM asset_variants WHERE asset_id = $1 AND revision = 2",
+        "DELETE FROM asset_revisions WHERE asset_id = $1 AND revision = 2",
+        "UPDATE asset_revisions SET status = 'READY' WHERE asset_id = $1 AND revision = 1",
+        "UPDATE assets SET status = 'PLAYABLE', current_revision = 1 WHERE id = $1",
+    ):
+        await rig.pool.execute(sql, asset_id)
+    queue = Queue(rig.pool)
+    async with rig.pool.acquire() as conn:
+        await queue.enqueue_one(conn, publish_spec(asset_id, 1, rig.tenant_id, enrich=True))
+    (job,) = await queue.claim("control", 1, "one", 60)
+    stage = PublishStage(rig.config, rig.pool, queue, rig.store)
+    outcome = await waiting_at_the_lock(
+        rig, asset_id, lambda: stage.enrich(job, asset_id, 1),
+        "UPDATE assets SET cancel_version = cancel_version + 1 WHERE id = $1",
+    )  # fmt: skip
+    assert outcome == {"outcome": "cancelled"}
+    assert await rig.pool.fetchval(
+        "SELECT max(revision) FROM asset_revisions WHERE asset_id = $1", asset_id
+    ) == 1  # fmt: skip
+    asset = await rig.asset(asset_id)
+    assert asset["status"] == "PLAYABLE" and asset["current_revision"] == 1
+
+
 async def test_a_publish_delivered_again_after_its_commit_still_enriches(
     rig: Rig, source: bytes
 ) -> None:
