@@ -57,14 +57,35 @@ async def enriched(rig: Rig, source: bytes) -> uuid.UUID:
     return asset_id
 
 
+async def published_not_enriched(rig: Rig, source: bytes) -> tuple[uuid.UUID, Any]:
+    """An asset with revision 1 published and current, every output done and no enrichment
+    revision (an ENRICHED run taken back), and a live lease on a job to enrich it."""
+    asset_id = await enriched(rig, source)
+    for sql in (
+        "DELETE FROM releases WHERE asset_id = $1 AND revision = 2",
+        "DELETE FROM asset_variants WHERE asset_id = $1 AND revision = 2",
+        "DELETE FROM asset_revisions WHERE asset_id = $1 AND revision = 2",
+        "UPDATE asset_revisions SET status = 'READY' WHERE asset_id = $1 AND revision = 1",
+        "UPDATE assets SET status = 'PLAYABLE', current_revision = 1 WHERE id = $1",
+    ):
+        await rig.pool.execute(sql, asset_id)
+    queue = Queue(rig.pool)
+    async with rig.pool.acquire() as conn:
+        await queue.enqueue_one(conn, publish_spec(asset_id, 1, rig.tenant_id, enrich=True))
+    (job,) = await queue.claim("control", 1, "enricher", 60)
+    return asset_id, job
+
+
 async def gates_open(rig: Rig, source: bytes) -> uuid.UUID:
-    """An asset whose revision 1 has both gates open and its publish job queued: everything
-    ran but publish (a worker without it enqueues the publish job)."""
+    """An asset whose revision 1 has both gates open and its publish job queued, to be
+    claimed now: everything ran but publish (a worker without it enqueues the publish job)."""
     asset_id = await rig.quarantine(source)
     await rig.enqueue_probe(asset_id)
     async with running_worker(rig, registry_without("publish")) as worker:
         await rig.wait("SELECT 1 FROM jobs WHERE kind = 'publish'")
         worker.request_drain(force=True)
+    await rig.pool.execute("UPDATE jobs SET status = 'queued', lease_owner = NULL,"
+                           " run_after = now() WHERE kind = 'publish'")  # fmt: skip
     return asset_id
 
 
@@ -180,54 +201,44 @@ async def test_two_deliveries_of_one_publish_at_once_end_without_an_error(
     # published under the lock: done, not an error to retry.
     asset_id = await gates_open(rig, source)
     queue = Queue(rig.pool)
-    await rig.pool.execute("UPDATE jobs SET status = 'queued', lease_owner = NULL,"
-                           " run_after = now() WHERE kind = 'publish'")  # fmt: skip
     async with rig.pool.acquire() as conn:
         await queue.enqueue_one(conn, publish_spec(asset_id, 1, rig.tenant_id, enrich=True))
     jobs = await queue.claim("control", 2, "both", 60)  # two live leases to publish under
     assert len(jobs) == 2
     stage = PublishStage(rig.config, rig.pool, queue, rig.store)
-    outcomes: list[str] = []
-
-    async def deliver(job: Any) -> None:
-        outcomes.append((await stage.publish(job, asset_id, 1))["outcome"])
-
-    async with rig.pool.acquire() as holder:
-        # Hold the asset row so that both load first and then meet at the lock.
-        await holder.execute("BEGIN")
-        await holder.execute("SELECT 1 FROM assets WHERE id = $1 FOR UPDATE", asset_id)
-        with anyio.fail_after(30):
-            async with anyio.create_task_group() as tg:
-                for job in jobs:
-                    tg.start_soon(deliver, job)
-                await anyio.sleep(0.5)  # both loaded, checked and waiting at the lock
-                await holder.execute("COMMIT")
+    # Both load first and then meet at the lock.
+    ended = await waiting_at_the_lock(
+        rig, asset_id, [lambda job=job: stage.publish(job, asset_id, 1) for job in jobs]
+    )
+    outcomes = [e["outcome"] for e in ended]
     assert sorted(outcomes) == ["already_published", "published"]
     assert await rig.pool.fetchval("SELECT count(*) FROM releases WHERE asset_id = $1",
                                    asset_id) == 1  # fmt: skip
 
 
 async def waiting_at_the_lock(
-    rig: Rig, asset_id: uuid.UUID, work: Any, decide: str
-) -> dict[str, Any]:
-    """``work()`` (a publish or an enrichment) loads and checks, then waits at the asset's
-    lock, which another transaction holds while it writes ``decide`` (a delete or a cancel
-    made then); the outcome once that commits."""
-    outcome: dict[str, Any] = {}
+    rig: Rig, asset_id: uuid.UUID, works: list[Any], decide: str | None = None
+) -> list[dict[str, Any]]:
+    """Each of ``works`` (a publish or an enrichment) loads and checks, then waits at the
+    asset's lock, which another transaction holds while it writes ``decide`` (a delete or a
+    cancel made then, or nothing); their outcomes once that commits, in the order they end."""
+    outcomes: list[dict[str, Any]] = []
 
-    async def run() -> None:
-        outcome.update(await work())
+    async def run(work: Any) -> None:
+        outcomes.append(await work())
 
     async with rig.pool.acquire() as holder:
         await holder.execute("BEGIN")
         await holder.execute("SELECT 1 FROM assets WHERE id = $1 FOR UPDATE", asset_id)
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
-                tg.start_soon(run)
+                for work in works:
+                    tg.start_soon(run, work)
                 await anyio.sleep(0.5)  # loaded, checked and waiting at the lock
-                await holder.execute(decide, asset_id)
+                if decide is not None:
+                    await holder.execute(decide, asset_id)
                 await holder.execute("COMMIT")
-    return outcome
+    return outcomes
 
 
 async def test_a_delete_decided_while_the_publish_waits_at_the_lock_undoes_it_all(
@@ -235,12 +246,10 @@ async def test_a_delete_decided_while_the_publish_waits_at_the_lock_undoes_it_al
 ) -> None:
     asset_id = await gates_open(rig, source)
     queue = Queue(rig.pool)
-    await rig.pool.execute("UPDATE jobs SET status = 'queued', lease_owner = NULL,"
-                           " run_after = now() WHERE kind = 'publish'")  # fmt: skip
     (job,) = await queue.claim("control", 1, "one", 60)
     stage = PublishStage(rig.config, rig.pool, queue, rig.store)
-    outcome = await waiting_at_the_lock(
-        rig, asset_id, lambda: stage.publish(job, asset_id, 1),
+    (outcome,) = await waiting_at_the_lock(
+        rig, asset_id, [lambda: stage.publish(job, asset_id, 1)],
         "UPDATE assets SET delete_version = delete_version + 1 WHERE id = $1",
     )  # fmt: skip
     assert outcome["outcome"] == "not_published"
@@ -260,25 +269,14 @@ async def test_a_delete_decided_while_the_publish_waits_at_the_lock_undoes_it_al
 async def test_a_cancel_decided_while_the_enrichment_waits_at_the_lock_adds_no_revision(
     rig: Rig, source: bytes
 ) -> None:
-    asset_id = await enriched(rig, source)
-    for sql in (  # back to revision 1 published, every output done, no enrichment yet
-        "DELETE FROM releases WHERE asset_id = $1 AND revision = 2",
-        "DELETE FROM asset_variants WHERE asset_id = $1 AND revision = 2",
-        "DELETE FROM asset_revisions WHERE asset_id = $1 AND revision = 2",
-        "UPDATE asset_revisions SET status = 'READY' WHERE asset_id = $1 AND revision = 1",
-        "UPDATE assets SET status = 'PLAYABLE', current_revision = 1 WHERE id = $1",
-    ):
-        await rig.pool.execute(sql, asset_id)
+    asset_id, job = await published_not_enriched(rig, source)
     queue = Queue(rig.pool)
-    async with rig.pool.acquire() as conn:
-        await queue.enqueue_one(conn, publish_spec(asset_id, 1, rig.tenant_id, enrich=True))
-    (job,) = await queue.claim("control", 1, "one", 60)
     stage = PublishStage(rig.config, rig.pool, queue, rig.store)
-    outcome = await waiting_at_the_lock(
-        rig, asset_id, lambda: stage.enrich(job, asset_id, 1),
+    outcomes = await waiting_at_the_lock(
+        rig, asset_id, [lambda: stage.enrich(job, asset_id, 1)],
         "UPDATE assets SET cancel_version = cancel_version + 1 WHERE id = $1",
     )  # fmt: skip
-    assert outcome == {"outcome": "cancelled"}
+    assert outcomes == [{"outcome": "cancelled"}]
     assert await rig.pool.fetchval(
         "SELECT max(revision) FROM asset_revisions WHERE asset_id = $1", asset_id
     ) == 1  # fmt: skip
@@ -293,21 +291,10 @@ async def test_a_publish_delivered_again_after_its_commit_still_enriches(
     # every output done and no live job. The enrichment check follows the publish's commit;
     # a delivery that died between the two left it to nobody, since a delivery again found
     # the revision published and stopped there.
-    asset_id = await enriched(rig, source)
     # As that death left it: revision 1 published and current, every output done, no
-    # enrichment revision.
-    for sql in (
-        "DELETE FROM releases WHERE asset_id = $1 AND revision = 2",
-        "DELETE FROM asset_variants WHERE asset_id = $1 AND revision = 2",
-        "DELETE FROM asset_revisions WHERE asset_id = $1 AND revision = 2",
-        "UPDATE asset_revisions SET status = 'READY' WHERE asset_id = $1 AND revision = 1",
-        "UPDATE assets SET status = 'PLAYABLE', current_revision = 1 WHERE id = $1",
-    ):
-        await rig.pool.execute(sql, asset_id)
+    # enrichment revision; a live lease for the delivery again.
+    asset_id, job = await published_not_enriched(rig, source)
     queue = Queue(rig.pool)
-    async with rig.pool.acquire() as conn:  # a live lease for the delivery again
-        await queue.enqueue_one(conn, publish_spec(asset_id, 1, rig.tenant_id, enrich=True))
-    (job,) = await queue.claim("control", 1, "again", 60)
     stage = PublishStage(rig.config, rig.pool, queue, rig.store)
     assert (await stage.publish(job, asset_id, 1))["outcome"] == "already_published"
     asset = await rig.asset(asset_id)
@@ -317,8 +304,6 @@ async def test_a_publish_delivered_again_after_its_commit_still_enriches(
 async def test_a_publish_whose_lease_moved_on_cannot_publish(rig: Rig, source: bytes) -> None:
     asset_id = await gates_open(rig, source)
     queue = Queue(rig.pool)
-    await rig.pool.execute("UPDATE jobs SET status = 'queued', lease_owner = NULL,"
-                           " run_after = now() WHERE kind = 'publish'")  # fmt: skip
     (first,) = await queue.claim("control", 1, "first", 60)
     assert first.kind == "publish"
     await rig.pool.execute("UPDATE jobs SET lease_until = now() - interval '1 s'")
