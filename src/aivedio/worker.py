@@ -57,11 +57,14 @@ from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.backlog import BacklogMonitor, Reading
 from aivedio.pipeline.registry import JobContext, Registry
 from aivedio.scheduling import backoff_seconds, decide_retry
-from aivedio.store.database import Pool, open_connection
+from aivedio.store.database import Pool, open_connection, until_database_answers
 from aivedio.store.queue import NOTIFY_CHANNEL, Job, LocalLanes, Queue
 
 log = get_logger("aivedio.worker")
 
+# How long a worker tries to record a job's failure or deferral while the database does not
+# answer (a restart, a failover) before it leaves the lease to expire.
+RECORD_SECONDS = 10.0
 # How soon a job of a kind this worker cannot run is offered again (to any worker).
 UNKNOWN_KIND_RETRY_SECONDS = 30.0
 
@@ -518,15 +521,19 @@ class Worker:
         delay = error.retry_after_seconds or self.config.queue.backoff_base_seconds
         self._promote_by(delay)
         try:
-            with anyio.CancelScope(shield=True), anyio.fail_after(10):
-                await self.queue.retry_later(
-                    job,
-                    self.owner,
-                    delay_seconds=delay,
-                    penalty_seconds=0,
-                    error_class=error.error_class,
-                    detail=redact_text(error.detail),
-                    refund_attempt=True,
+            with anyio.CancelScope(shield=True), anyio.fail_after(RECORD_SECONDS + 2):
+                await until_database_answers(
+                    lambda: self.queue.retry_later(
+                        job,
+                        self.owner,
+                        delay_seconds=delay,
+                        penalty_seconds=0,
+                        error_class=error.error_class,
+                        detail=redact_text(error.detail),
+                        refund_attempt=True,
+                    ),
+                    "deferring a job",
+                    within_seconds=RECORD_SECONDS,
                 )
         except (DatabaseError, TimeoutError) as exc:
             log.error("job_defer_failed", job_id=job.id, kind=job.kind, error=str(exc))
@@ -555,24 +562,33 @@ class Worker:
             retry_after_seconds=error.retry_after_seconds,
         )
         detail = redact_text(error.detail)
+
+        async def record() -> bool:
+            if decision.retry:
+                return await self.queue.retry_later(
+                    job,
+                    self.owner,
+                    delay_seconds=decision.delay_seconds,
+                    penalty_seconds=qc.retry_penalty_seconds * job.attempts,
+                    error_class=error.error_class,
+                    detail=detail,
+                )
+            return await self.queue.bury(
+                job, self.owner, error_class=error.error_class, detail=detail
+            )
+
         try:
-            with anyio.CancelScope(shield=True), anyio.fail_after(10):
+            with anyio.CancelScope(shield=True), anyio.fail_after(RECORD_SECONDS + 2):
                 if decision.retry:
                     self._promote_by(decision.delay_seconds)
-                    ok = await self.queue.retry_later(
-                        job,
-                        self.owner,
-                        delay_seconds=decision.delay_seconds,
-                        penalty_seconds=qc.retry_penalty_seconds * job.attempts,
-                        error_class=error.error_class,
-                        detail=detail,
-                    )
-                    self.metrics.retried.labels(job.kind).inc()
-                else:
-                    ok = await self.queue.bury(
-                        job, self.owner, error_class=error.error_class, detail=detail
-                    )
-                    self.metrics.dead.labels(job.kind).inc()
+                # Again while the database restarts: a failure left unrecorded would leave
+                # the lease to expire, which the reaper counts as a crash (the poison rule).
+                ok = await until_database_answers(
+                    record, "recording a job's failure", within_seconds=RECORD_SECONDS
+                )
+                (self.metrics.retried if decision.retry else self.metrics.dead).labels(
+                    job.kind
+                ).inc()
         except (DatabaseError, TimeoutError) as exc:
             log.error("job_failure_not_recorded", job_id=job.id, kind=job.kind, error=str(exc))
             return
@@ -653,7 +669,11 @@ class Worker:
         if not jobs:
             return
         try:
-            released = await self.queue.release(self.owner, [(j.id, j.lease_token) for j in jobs])
+            released = await until_database_answers(
+                lambda: self.queue.release(self.owner, [(j.id, j.lease_token) for j in jobs]),
+                "releasing leases",
+                within_seconds=RECORD_SECONDS,
+            )
         except DatabaseError as exc:
             log.error("release_failed", jobs=[j.id for j in jobs], error=str(exc))
             return

@@ -8,13 +8,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
 import pytest
 from asyncpg import InternalClientError
 
-from aivedio.config import DatabaseConfig
+from aivedio.config import Config, DatabaseConfig
 from aivedio.errors import DatabaseError
+from aivedio.pipeline.kinds import default_registry
 from aivedio.store.database import Pool, map_db_errors, open_pool, until_database_answers
 from aivedio.store.queue import Queue
+from aivedio.worker import Worker
 
 pytestmark = pytest.mark.anyio
 
@@ -132,3 +135,41 @@ async def test_a_pool_opened_while_the_server_is_away_waits_then_fails_cleanly()
         async with open_pool(config, min_size=1, max_size=1, wait_seconds=1.0):
             pass
     assert time.monotonic() - started < 5
+
+
+# Chaos finding 6 (scripts/chaos --n 200 --seed 505): a worker drained during `pg_ctl
+# restart`; its probe job failed on the restart itself, and the one attempt to record that
+# failure met the database starting up. The lease was left to expire, which the reaper
+# counts as a media crash: with one real kill later, the source was quarantined as poison.
+async def test_a_failure_met_by_a_database_restart_is_recorded_once_it_answers(
+    config: Config, pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = default_registry()
+    async with pool.acquire() as conn:
+        job_id = (await Queue(pool).enqueue_one(conn, registry.spec(
+            "diag.fail", "restart", payload={"error_class": "transient"}, max_attempts=3,
+        ))).job_id  # fmt: skip
+    worker = Worker(config, pool, registry)
+    real = worker.queue.retry_later
+    refused: list[int] = []
+
+    async def retry_later(*args: Any, **kwargs: Any) -> bool:
+        if len(refused) < 3:  # the server is starting up: three refusals, then it answers
+            refused.append(1)
+            raise _refused("scheduling a retry")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(worker.queue, "retry_later", retry_later)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: worker.run(install_signal_handlers=False))
+        with anyio.fail_after(20):
+            while True:
+                row = await pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+                if row is not None and row["status"] != "running" and row["attempts"] >= 1:
+                    break
+                await anyio.sleep(0.05)
+        worker.request_drain(force=True)
+    assert len(refused) == 3
+    assert row["status"] in ("queued", "waiting") and row["lease_owner"] is None
+    assert row["last_error_class"] == "transient"
+    assert await pool.fetchval("SELECT count(*) FROM media_crashes") == 0
