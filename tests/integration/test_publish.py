@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from aivedio.config import Config
-from aivedio.errors import LeaseLostError, RenderError
+from aivedio.errors import LeaseLostError, RenderError, TransientError
 from aivedio.pipeline import dag
 from aivedio.pipeline.lifecycle import cancel_task, delete_asset
 from aivedio.pipeline.media_stage import open_media_stage
@@ -282,6 +282,32 @@ async def test_a_cancel_decided_while_the_enrichment_waits_at_the_lock_adds_no_r
     ) == 1  # fmt: skip
     asset = await rig.asset(asset_id)
     assert asset["status"] == "PLAYABLE" and asset["current_revision"] == 1
+
+
+async def test_a_rebuild_that_takes_the_number_while_the_enrichment_waits_is_retried(
+    rig: Rig, source: bytes
+) -> None:
+    # The enrichment's number is read with the asset; a rebuild committed while it waited
+    # at the lock took it. The insert's conflict undoes the statement and asks for a retry,
+    # which then finds the rebuild under way.
+    asset_id, job = await published_not_enriched(rig, source)
+    stage = PublishStage(rig.config, rig.pool, Queue(rig.pool), rig.store)
+
+    async def enrich() -> dict[str, Any]:
+        with pytest.raises(TransientError, match="took the number"):
+            await stage.enrich(job, asset_id, 1)
+        return {}
+
+    await waiting_at_the_lock(
+        rig, asset_id, [enrich],
+        "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status)"
+        " VALUES ($1, 2, 1, 'BUILDING')",
+    )  # fmt: skip
+    assert await rig.pool.fetchval(
+        "SELECT count(*) FROM asset_revisions WHERE asset_id = $1 AND enriches IS NOT NULL",
+        asset_id,
+    ) == 0  # fmt: skip
+    assert (await stage.enrich(job, asset_id, 1)) == {"outcome": "superseded_by_rebuild"}
 
 
 async def test_a_publish_delivered_again_after_its_commit_still_enriches(

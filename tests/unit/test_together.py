@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aivedio.store.together import Part, together_sql
+from aivedio.store.together import Part, require, together_sql
 
 
 def test_parameters_are_renumbered_part_by_part_and_the_args_follow() -> None:
@@ -52,3 +52,13 @@ def test_parameter_numbers_past_nine_are_shifted_whole() -> None:
 def test_bad_parts_are_refused(parts: dict[str, Part], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         together_sql(parts)
+
+
+def test_a_requirement_answers_true_or_raises_its_own_code() -> None:
+    part = require("(SELECT n = $1 FROM lock)", "AVP01", "moved", (3,))
+    assert part.sql == "SELECT aivedio_require((SELECT n = $1 FROM lock), 'AVP01', $2) AS ok"
+    assert tuple(part.args) == (3, "moved")
+    # AVL01 is the lease check's; a code not of ours could hide a server's own error.
+    for code in ("AVL01", "23505", "AVP1", "avp01", "AVP01'; --"):
+        with pytest.raises(ValueError, match="not of the form"):
+            require("true", code, "no")

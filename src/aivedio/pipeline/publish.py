@@ -160,6 +160,7 @@ class Unmet(Exception):
         self.code = code
 
 
+UNIQUE_VIOLATION = "23505"
 # The codes of the release's own checks (``require``, migration 0015).
 GONE = "AVP01"  # deleted or cancelled since the revision started
 MOVED = "AVP02"  # the current revision is not the one replaced
@@ -331,11 +332,17 @@ class PublishStage:
         asset_id: uuid.UUID = asset["id"]
         head: dict[str, Part] = {"lock": Part(LOCK_TASK_THEN_ASSET, (asset_id,)), **checks}
         parts: dict[str, Part] = {} if copy else head
+        # The first write reads the last check, and so waits for the lock and the checks
+        # whatever order PostgreSQL runs the parts in (the task before the asset, as cancel
+        # locks them: no deadlock with it).
+        checked = f"EXISTS (SELECT 1 FROM {list(head)[-1]})"
         parts["ready"] = transition_part(
             Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY",
             values={"published_at": _now(), "published_outputs": outputs},
+            when=None if copy else checked,
         )  # fmt: skip
-        later = self._switch(parts, asset_id, asset["status"], previous, revision_no, enriched)
+        later = self._switch(parts, asset_id, asset["status"], previous, revision_no, enriched,
+                             when=None if copy else checked)  # fmt: skip
         payload: dict[str, Any] = {
             "asset_id": str(asset_id), "revision": revision_no, "previous_revision": previous,
             "outputs": outputs, "state": "ENRICHED" if enriched else "PLAYABLE",
@@ -377,6 +384,10 @@ class PublishStage:
                             await transition(conn, Entity.ASSET, (asset_id,),
                                              expected="PLAYABLE", new="ENRICHED")  # fmt: skip
         except DatabaseError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) == UNIQUE_VIOLATION and copy:
+                # A revision took the enrichment's number since the load (a rebuild that
+                # committed while this waited at the lock): the retry decides afresh.
+                raise TransientError("another revision took the number; will look again") from exc
             code = unmet(exc)
             errors = {GONE: NotPublishable, MOVED: PointerMoved, SHIFTED: TransientError}
             if code in errors:
@@ -392,7 +403,7 @@ class PublishStage:
 
     def _switch(
         self, parts: dict[str, Part], asset_id: uuid.UUID, status: str, previous: int | None,
-        revision_no: int, enriched: bool,
+        revision_no: int, enriched: bool, *, when: str | None,
     ) -> bool:  # fmt: skip
         """The parts that move the pointer and the asset's state (``asset``) and supersede
         the previous revision (``previous``); whether PLAYABLE → ENRICHED follows after.
@@ -400,25 +411,28 @@ class PublishStage:
         ``status`` is the asset's state as read before the lock: its transition is a
         compare-and-set, and the statement's ``pointer`` check saw ``current_revision ==
         previous`` under the lock, so the pointer moves with the state change or, when the
-        state stays, by a compare-and-set of its own."""
+        state stays, by a compare-and-set of its own. ``when``: a condition each of these
+        writes reads first (the statement's checks)."""
         pointer = {"current_revision": revision_no}
         later = False
         if status == "PROCESSING":
             parts["asset"] = transition_part(Entity.ASSET, (asset_id,), expected="PROCESSING",
-                                             new="PLAYABLE", values=pointer)  # fmt: skip
+                                             new="PLAYABLE", values=pointer, when=when)  # fmt: skip
             later = enriched
         elif enriched and status == "PLAYABLE":
             parts["asset"] = transition_part(Entity.ASSET, (asset_id,), expected="PLAYABLE",
-                                             new="ENRICHED", values=pointer)  # fmt: skip
+                                             new="ENRICHED", values=pointer, when=when)  # fmt: skip
         else:
             parts["asset"] = Part(
                 "UPDATE assets SET current_revision = $2, updated_at = now()"
-                " WHERE id = $1 AND current_revision IS NOT DISTINCT FROM $3 RETURNING 1",
+                " WHERE id = $1 AND current_revision IS NOT DISTINCT FROM $3"
+                f" AND {when or 'true'} RETURNING 1",
                 (asset_id, revision_no, previous),
             )
         if previous is not None:
             parts["previous"] = transition_part(Entity.REVISION, (asset_id, previous),
-                                                expected="READY", new="SUPERSEDED")  # fmt: skip
+                                                expected="READY", new="SUPERSEDED",
+                                                when=when)  # fmt: skip
         return later
 
     async def _abandon(self, asset_id: uuid.UUID, revision_no: int, reason: str) -> None:
@@ -472,10 +486,13 @@ class PublishStage:
                 " AND revision > $2 AND status = 'BUILDING' AND enriches IS NULL)",
                 REBUILDING, "a rebuild is under way", (asset_id, base_no)),
         }  # fmt: skip
+        # The copy reads the last check, so it waits for the lock and the checks.
+        checked = " AND EXISTS (SELECT 1 FROM no_rebuild)"
         copy = {
-            "revision": Part(COPY_REVISION, (asset_id, new_no, base_no)),
-            "outputs": Part(COPY_OUTPUTS, (asset_id, new_no, base_no, outputs)),
-        }
+            "revision": Part(COPY_REVISION.format(when=checked), (asset_id, new_no, base_no)),
+            "outputs": Part(COPY_OUTPUTS.format(when=checked),
+                            (asset_id, new_no, base_no, outputs)),
+        }  # fmt: skip
         outcomes = {NOT_CURRENT: "not_current", DELETED: "deleted", CANCELLED: "cancelled",
                     REBUILDING: "superseded_by_rebuild"}  # fmt: skip
         try:
@@ -534,7 +551,7 @@ COPY_REVISION = (
     " SELECT asset_id, $2, pipeline_version, 'BUILDING', required_outputs,"
     " optional_outputs, plan, moderation_verdict, moderation_version,"
     " moderation_reasons, delete_version_at_start, cancel_version_at_start, $3"
-    " FROM asset_revisions WHERE asset_id = $1 AND revision = $3 RETURNING 1"
+    " FROM asset_revisions WHERE asset_id = $1 AND revision = $3{when} RETURNING 1"
 )
 
 COPY_OUTPUTS = (
@@ -543,7 +560,8 @@ COPY_OUTPUTS = (
     " status, extra) SELECT gen_random_uuid(), asset_id, $2, variant_type,"
     " object_key, mime_type, size_bytes, checksum_alg, checksum, width, height,"
     " bitrate, codec, 'SUCCEEDED', extra FROM asset_variants"
-    " WHERE asset_id = $1 AND revision = $3 AND variant_type = ANY($4::text[]) RETURNING 1"
+    " WHERE asset_id = $1 AND revision = $3 AND variant_type = ANY($4::text[]){when}"
+    " RETURNING 1"
 )
 
 RECORD_RELEASE = (

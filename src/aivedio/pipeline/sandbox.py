@@ -371,8 +371,10 @@ class Sandbox:
                 if len(buffer) > 65536:  # a line this long is noise; keep memory bounded
                     buffer = buffer[-4096:]
         finally:
-            if buffer.strip(b"\r"):
+            if buffer.strip(b"\r"):  # a last line without its newline
                 tail.append(buffer)
+                if b"bench: " in buffer:
+                    _read_benchmark(result, buffer.decode("utf-8", "replace"))
             result.raw_stderr_tail = [raw.decode("utf-8", "replace").rstrip("\r") for raw in tail]
 
     async def _read_stdout(self, process: Spawned, result: RunResult, capture: bool) -> None:

@@ -421,22 +421,23 @@ class LocalObjectStore(ObjectStoreConveniences):
             await _in_thread("storing files", self._store_batch, batch)
 
     def _store_batch(self, files: Sequence[LocalFile]) -> None:
-        staged: builtins.list[tuple[LocalFile, str, BinaryIO]] = []
+        """Each file copied and published in turn (one open handle at a time), the
+        directories synced once at the end, then each object read back."""
         dirs: set[Path] = set()
-        try:
-            for file in files:
-                upload_id = uuid.uuid4().hex
-                handle = self._begin(upload_id, file.key, file.content_type)
-                staged.append((file, upload_id, handle))
+        for file in files:
+            upload_id = uuid.uuid4().hex
+            handle = self._begin(upload_id, file.key, file.content_type)
+            try:
                 with open(file.path, "rb") as source:
                     shutil.copyfileobj(source, handle, READ_CHUNK_BYTES)
-            while staged:
-                file, upload_id, handle = staged[0]
                 self._commit(upload_id, handle, file.key, file.content_type, dirs=dirs)
-                staged.pop(0)
-        finally:
-            for _, upload_id, handle in staged:  # not published: leave nothing behind
-                self._discard(upload_id, handle)
+            except BaseException:
+                with suppress(OSError):  # a full disk fails the close's flush too
+                    handle.close()
+                for suffix in ("part", "meta", "upload"):  # not published: nothing behind
+                    with suppress(OSError):
+                        _unlink(self._tmp_path(upload_id, suffix))
+                raise
         for directory in sorted(dirs):
             _fsync_dir(directory)
         for file in files:

@@ -118,10 +118,12 @@ def transition_part(
     new: str,
     version: int | None = None,
     values: Mapping[str, Any] | None = None,
+    when: str | None = None,
 ) -> Part:
     """The statement of ``transition``, checked against the table, for a caller that writes
     it together with others (``store.together``): it returns the new ``version`` (1 for a
-    variant) from its one row, or no row when the CAS lost; then raise ``stale(…)``."""
+    variant) from its one row, or no row when the CAS lost; then raise ``stale(…)``.
+    ``when``: a condition on the statement's earlier parts, which it then reads first."""
     check_transition(entity, expected, new)
     table, status_column, key_columns = TABLES[entity]
     values = dict(values or {})
@@ -145,6 +147,8 @@ def transition_part(
             raise TransitionError(f"{entity.value} has no version column")
         params.append(version)
         where.append(f"version = ${len(params)}")
+    if when is not None:
+        where.append(when)
     returning = "version" if has_version else "1 AS version"
     sql = f"UPDATE {table} SET {', '.join(sets)} WHERE {' AND '.join(where)} RETURNING {returning}"
     return Part(sql, params, value="version")

@@ -31,7 +31,8 @@ from aivedio.store.database import Connection, map_db_errors
 
 _PARAMETER = re.compile(r"\$(\d+)")
 _NAME = re.compile(r"[a-z_][a-z0-9_]*")
-_CODE = re.compile(r"AV[A-Z][0-9A-Z]{2}")
+# Ours: AV and three more; AVL.. is the lease check's (store/queue.py), never a requirement.
+_CODE = re.compile(r"AV[A-KM-Z][0-9A-Z]{2}")
 
 
 class Part(NamedTuple):
@@ -77,8 +78,9 @@ async def write_together(conn: Connection, parts: Mapping[str, Part], doing: str
 
 
 def require(condition: str, code: str, message: str, args: Sequence[Any] = ()) -> Part:
-    """A part that raises SQLSTATE ``code`` (``AV`` + three: ours) unless ``condition``, an
-    SQL expression over earlier parts and ``args``, is true; answers true."""
+    """A part that raises SQLSTATE ``code`` (``AV`` + three, not ``AVL``) unless
+    ``condition``, an SQL expression over earlier parts and ``args``, is true; answers
+    true."""
     if not _CODE.fullmatch(code):
         raise ValueError(f"requirement code {code!r} is not of the form AVXnn")
     n = len(args) + 1
