@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
-from aivedio.pipeline.callbacks import accept_event_once
-from aivedio.store.database import Pool
+from aivedio.config import Config
+from aivedio.pipeline.intake import receive
+from aivedio.store.database import Connection, Pool
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_first_delivery_is_accepted_and_a_replay_is_not(pool: Pool) -> None:
+@pytest.fixture
+def accept_event_once(config: Config) -> object:
+    """The receipt as a callback records it (``intake.receive``): True for a new event."""
+
+    async def accept(conn: Connection, provider: str, event_id: str) -> bool:
+        return (await receive(conn, config, provider, "t-1", event_id)).fresh
+
+    return accept
+
+
+async def test_first_delivery_is_accepted_and_a_replay_is_not(
+    pool: Pool, accept_event_once: Any
+) -> None:
     async with pool.acquire() as conn:
         assert await accept_event_once(conn, "sim", "evt_1") is True
         assert await accept_event_once(conn, "sim", "evt_1") is False
@@ -22,20 +37,24 @@ async def test_first_delivery_is_accepted_and_a_replay_is_not(pool: Pool) -> Non
     assert count == 1
 
 
-async def test_same_event_id_from_another_provider_is_accepted(pool: Pool) -> None:
+async def test_same_event_id_from_another_provider_is_accepted(
+    pool: Pool, accept_event_once: Any
+) -> None:
     async with pool.acquire() as conn:
         assert await accept_event_once(conn, "sim", "evt_1") is True
         assert await accept_event_once(conn, "other", "evt_1") is True
         assert await accept_event_once(conn, "other", "evt_1") is False
 
 
-async def test_distinct_event_ids_are_each_accepted(pool: Pool) -> None:
+async def test_distinct_event_ids_are_each_accepted(pool: Pool, accept_event_once: Any) -> None:
     async with pool.acquire() as conn:
         results = [await accept_event_once(conn, "sim", f"evt_{n}") for n in range(5)]
     assert results == [True] * 5
 
 
-async def test_receipt_rolls_back_with_the_callers_transaction(pool: Pool) -> None:
+async def test_receipt_rolls_back_with_the_callers_transaction(
+    pool: Pool, accept_event_once: Any
+) -> None:
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
@@ -44,7 +63,7 @@ async def test_receipt_rolls_back_with_the_callers_transaction(pool: Pool) -> No
         assert await accept_event_once(conn, "sim", "evt_rollback") is True
 
 
-async def test_concurrent_duplicates_accept_exactly_one(pool: Pool) -> None:
+async def test_concurrent_duplicates_accept_exactly_one(pool: Pool, accept_event_once: Any) -> None:
     results: list[bool] = []
 
     async def deliver() -> None:

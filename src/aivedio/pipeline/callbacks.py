@@ -14,8 +14,7 @@ import math
 import time
 
 from aivedio.errors import PolicyBlockedError
-from aivedio.store.database import Connection
-from aivedio.store.together import Part, write_together
+from aivedio.store.together import Part
 
 DEFAULT_SKEW_SECONDS = 300.0
 
@@ -61,11 +60,3 @@ def receipt_part(provider: str, event_id: str) -> Part:
         " ON CONFLICT DO NOTHING RETURNING 1",
         (provider, event_id),
     )
-
-
-async def accept_event_once(conn: Connection, provider: str, event_id: str) -> bool:
-    """Record the event id; False when it was seen before (a replay or a duplicate)."""
-    got = await write_together(
-        conn, {"receipt": receipt_part(provider, event_id)}, "recording a callback receipt"
-    )
-    return bool(got["receipt"])

@@ -245,9 +245,9 @@ class Queue:
             return []
         got = await write_together(conn, pending.parts, "enqueueing jobs")
         created = pending.made(got)
-        return await self.results(conn, pending, created)
+        return await self._results(conn, pending, created)
 
-    async def results(
+    async def _results(
         self, conn: Connection, pending: Enqueuing, created: Mapping[str, tuple[int, str]]
     ) -> list[Enqueued]:
         """One result per key of ``pending``: the job it created, or the one a known key
