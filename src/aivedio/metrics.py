@@ -31,6 +31,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from aivedio import transfer_cpu
 
 # A provider download takes from well under a second (a short clip) to the fetcher's total
 # deadline (an hour by default).
@@ -88,6 +91,22 @@ class StoreMetrics:
             ["direction"],
             registry=registry,
         )
+
+
+class ByteTransferCpu:
+    """``aivedio_byte_transfer_cpu_seconds_total{kind}``: the process's CPU spent moving and
+    hashing bytes (``transfer_cpu``), read at each scrape. Beside the process's own CPU
+    (``/proc/PID/stat``) it splits a worker's CPU into byte transfer and the rest."""
+
+    def collect(self) -> list[Metric]:
+        family = CounterMetricFamily(
+            "aivedio_byte_transfer_cpu_seconds",
+            "CPU seconds this process spent moving and hashing bytes (store, fetch, hash)",
+            labels=["kind"],
+        )
+        for kind, seconds in transfer_cpu.seconds().items():
+            family.add_metric([kind], seconds)
+        return [family]
 
 
 class WorkerMetrics:
@@ -178,6 +197,7 @@ class WorkerMetrics:
             ["path", "mode"],
             registry=r,
         )
+        r.register(ByteTransferCpu())
         self._before_scrape: list[Callable[[], None]] = []
 
     def media_processed(

@@ -25,6 +25,7 @@ import msgspec
 import pytest
 from botocore.exceptions import ClientError
 
+from aivedio import transfer_cpu
 from aivedio.config import StorageConfig
 from aivedio.errors import (
     ChecksumMismatchError,
@@ -268,7 +269,10 @@ async def test_store_files_writes_and_reads_back_every_file(
     monkeypatch.setattr(local_objects, "BATCH_MAX_BYTES", 3000)
     monkeypatch.setattr(local_objects, "BATCH_FILE_MAX_BYTES", 2500)
     files = local_files(tmp_path, "out/hls/240p", [0, 1000, 1500, 2000, 2600, 10])
+    spent = transfer_cpu.seconds()["store"]
     await store.store_files(files)
+    # Storing bytes is byte transfer: its CPU is accounted where it was spent.
+    assert transfer_cpu.seconds()["store"] > spent
     for file in files:
         info = await store.head(file.key)
         assert info is not None and info.size == file.size

@@ -96,7 +96,11 @@ def exported_metrics() -> dict[str, set[str]]:
     for metrics in (WorkerMetrics(), ApiMetrics()):
         # Every collector of the process's registry (some live in nested helper objects).
         for value in list(metrics.registry._collector_to_names):
-            assert isinstance(value, MetricWrapperBase)
+            if not isinstance(value, MetricWrapperBase):  # a custom collector: its samples
+                for family in value.collect():
+                    for sample in family.samples:
+                        out[sample.name] = set(sample.labels)
+                continue
             name, labels, kind = value._name, set(value._labelnames), value._type
             if kind == "counter":
                 out[f"{name}_total"] = labels

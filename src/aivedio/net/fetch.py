@@ -44,6 +44,7 @@ from aivedio.errors import (
 from aivedio.logs import url_for_log
 from aivedio.net.policy import FetchPolicy, Target, check_url
 from aivedio.net.resolver import PinningResolver, guarded_socket_factory
+from aivedio.transfer_cpu import measured
 
 Sink = Callable[[bytes], Awaitable[None]]
 
@@ -334,7 +335,8 @@ class Fetcher:
                 state.received += len(chunk)
                 if state.received > cap:
                     raise TooLargeError(f"body exceeds the cap of {cap} bytes")
-                hasher.update(chunk)
+                with measured("fetch"):
+                    hasher.update(chunk)
                 await sink(chunk)
                 if progress is not None:
                     progress(state.received)

@@ -26,6 +26,7 @@ from aivedio.states import Entity
 from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.objects import LocalFile, ObjectStore
 from aivedio.store.records import check_transition
+from aivedio.transfer_cpu import measured
 
 
 async def download_source(store: ObjectStore, asset: asyncpg.Record, target: Path) -> None:
@@ -46,7 +47,8 @@ async def download(store: ObjectStore, key: str, target: Path) -> tuple[str, int
     target.parent.mkdir(parents=True, exist_ok=True)
     async with await anyio.open_file(target, "wb") as handle:
         async for chunk in store.get(key):
-            digest.update(chunk)
+            with measured("hash"):
+                digest.update(chunk)
             size += len(chunk)
             await handle.write(chunk)
     return digest.hexdigest(), size

@@ -19,6 +19,7 @@ from aivedio.errors import RenderError
 from aivedio.pipeline.inspect import Verdict
 from aivedio.pipeline.plan import Plan
 from aivedio.pipeline.sandbox import RunResult
+from aivedio.transfer_cpu import measured
 
 MIME = {
     ".mp4": "video/mp4",
@@ -144,7 +145,7 @@ def describe(path: Path, out: Path) -> OutputFile:
     if not path.is_file() or path.stat().st_size == 0:
         raise RenderError(f"output {path.relative_to(out)} is missing or empty")
     digest = hashlib.sha256()
-    with path.open("rb") as handle:
+    with measured("hash"), path.open("rb") as handle:
         while chunk := handle.read(1024 * 1024):
             digest.update(chunk)
     name = path.relative_to(out).as_posix()

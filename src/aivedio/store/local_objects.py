@@ -76,6 +76,7 @@ from aivedio.store.objects import (
     validate_prefix,
     validate_range,
 )
+from aivedio.transfer_cpu import measuring
 
 log = get_logger("aivedio.store.objects")
 
@@ -126,6 +127,12 @@ async def _in_thread(action: str, func: Callable[P, T], *args: P.args, **kwargs:
 
     with map_os_errors(action):
         return await anyio.to_thread.run_sync(call)
+
+
+async def _moving_bytes(action: str, func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``_in_thread`` for a call that writes or reads object bytes: its CPU is byte transfer
+    (``transfer_cpu``)."""
+    return await _in_thread(action, measuring("store", func), *args, **kwargs)
 
 
 def _etag(st: os.stat_result) -> str:
@@ -252,7 +259,7 @@ class LocalUpload(UploadContextMixin):
 
     async def _flush(self) -> None:
         data, self._buffer = self._buffer, bytearray()  # hand over, no copy
-        await _in_thread(f"writing {self._key!r}", self._file.write, data)
+        await _moving_bytes(f"writing {self._key!r}", self._file.write, data)
 
     async def complete(self) -> ObjectInfo:
         self._require_open()
@@ -260,7 +267,7 @@ class LocalUpload(UploadContextMixin):
         try:
             # The buffered tail is written by the commit's own thread call: one hop fewer.
             tail, self._buffer = self._buffer, bytearray()
-            info = await _in_thread(
+            info = await _moving_bytes(
                 f"publishing {self._key!r}",
                 self._store._commit,
                 self._upload_id,
@@ -413,12 +420,12 @@ class LocalObjectStore(ObjectStoreConveniences):
                 await self._store_file(file)
                 continue
             if batch and size + file.size > BATCH_MAX_BYTES:
-                await _in_thread("storing files", self._store_batch, batch)
+                await _moving_bytes("storing files", self._store_batch, batch)
                 batch, size = [], 0
             batch.append(file)
             size += file.size
         if batch:
-            await _in_thread("storing files", self._store_batch, batch)
+            await _moving_bytes("storing files", self._store_batch, batch)
 
     def _store_batch(self, files: Sequence[LocalFile]) -> None:
         """Each file copied and published in turn (one open handle at a time), the
@@ -572,7 +579,7 @@ class LocalObjectStore(ObjectStoreConveniences):
         validate_key(key)
         validate_range(start, end)
         # Opened and first read in one thread call: a small object costs one hop.
-        file, remaining, chunk = await _in_thread(
+        file, remaining, chunk = await _moving_bytes(
             f"reading {key!r}", self._open_and_read, key, start, end
         )
         try:
@@ -581,7 +588,7 @@ class LocalObjectStore(ObjectStoreConveniences):
                 yield chunk
                 if remaining <= 0:
                     return
-                chunk = await _in_thread(
+                chunk = await _moving_bytes(
                     f"reading {key!r}", file.read, min(READ_CHUNK_BYTES, remaining)
                 )
         finally:

@@ -58,6 +58,7 @@ from aivedio.errors import (
     TooLargeError,
     TransientError,
 )
+from aivedio.transfer_cpu import measured
 
 MIB = 1024 * 1024
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
@@ -462,7 +463,8 @@ class ObjectStoreConveniences:
             raise TransientError(f"{file.key}: not readable at the size written after upload")
         digest = hashlib.sha256()
         async for chunk in self.get(file.key):
-            digest.update(chunk)
+            with measured("hash"):
+                digest.update(chunk)
         if digest.hexdigest() != file.sha256:
             raise ChecksumMismatchError(f"{file.key}: read back a different SHA-256")
 

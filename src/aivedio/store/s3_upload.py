@@ -56,6 +56,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from aivedio.errors import AivedioError, ChecksumMismatchError, TooLargeError, TransientError
 from aivedio.logs import get_logger
 from aivedio.store.objects import ABORT_TIMEOUT_SECONDS, ObjectInfo, UploadContextMixin
+from aivedio.transfer_cpu import measuring
 
 if TYPE_CHECKING:
     from aivedio.store.s3_objects import S3ObjectStore
@@ -253,7 +254,9 @@ class S3Upload(UploadContextMixin):
 
     async def _upload_part(self, number: int, buffer: bytearray, size: int) -> None:
         try:
-            checksum = await anyio.to_thread.run_sync(sha256_b64, memoryview(buffer)[:size])
+            checksum = await anyio.to_thread.run_sync(
+                measuring("store", sha256_b64), memoryview(buffer)[:size]
+            )
             with self._store._map_errors(f"uploading part {number} of {self._key!r}"):
                 response = await self._store._client.upload_part(
                     Bucket=self._store.bucket,
@@ -315,7 +318,7 @@ class S3Upload(UploadContextMixin):
         buffer, size = self._take_part()
         data = bytes(memoryview(buffer)[:size])  # smaller than a part: one copy is cheap
         del buffer
-        checksum = await anyio.to_thread.run_sync(sha256_b64, data)
+        checksum = await anyio.to_thread.run_sync(measuring("store", sha256_b64), data)
         with (
             self._store._map_errors(f"putting {self._key!r}"),
             anyio.CancelScope(shield=True),
