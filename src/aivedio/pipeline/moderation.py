@@ -204,6 +204,10 @@ def make_moderator(config: ModerationConfig) -> Moderator:
     raise ConfigError(f"config error: moderation.backend: {config.backend!r} unknown")
 
 
+# The scene frames' times, as the metadata filter prints them (in the scratch directory).
+SCENE_TIMES = "scene_times.txt"
+
+
 # -- frames --------------------------------------------------------------------------------
 
 
@@ -212,66 +216,63 @@ async def sample_frames(
 ) -> list[Frame]:
     """First, middle and last frames, then up to ``max_scene_frames`` at scene changes.
 
-    The four extractions run at once (each is its own sandboxed ffmpeg): moderation sits on
-    the path to publish, so its wall time is what a user waits for."""
+    One sandboxed ffmpeg makes them all: the video opened three times (from the start, at
+    the middle, one second before the end), each opening scaled into its own JPEG, and the
+    first one also through the scene filter, whose frames' times the ``metadata`` filter
+    writes to a file in the scratch directory (read back as numbers; stderr is not parsed).
+    Moderation sits on the path to publish: the seeks make the three stills cheap, and the
+    scene pass decodes the video once, as it did when each ran in a process of its own."""
     width = config.frame_width
     scale = f"scale='min({width},iw)':-2"
-    jobs: dict[str, list[str]] = {
-        "first": ["-ss", "0", *input_args(MP4, video), "-frames:v", "1"],
-        "middle": ["-ss", f"{max(duration / 2, 0.0):.3f}", *input_args(MP4, video),
-                   "-frames:v", "1"],
-        "last": ["-sseof", "-1", *input_args(MP4, video)],
-    }  # fmt: skip
-    results: dict[str, list[str]] = {}
-
-    async def extract(kind: str, head: list[str]) -> None:
-        args = [*head, "-vf", scale, "-q:v", "4", "-update", "1", str(scratch / f"{kind}.jpg")]
-        results[kind] = await _ffmpeg(sandbox, scratch, args, duration)
-
-    async def scenes() -> None:
-        select = f"select='gt(scene,{config.scene_threshold})',{scale},showinfo"
-        args = [*input_args(MP4, video), "-vf", select, "-fps_mode", "passthrough",
-                "-frames:v", str(config.max_scene_frames), "-q:v", "4",
-                str(scratch / "scene_%03d.jpg")]  # fmt: skip
-        results["scene"] = await _ffmpeg(sandbox, scratch, args, duration)
-
-    try:
-        async with anyio.create_task_group() as tg:
-            for kind, head in jobs.items():
-                tg.start_soon(extract, kind, head)
-            if config.max_scene_frames:
-                tg.start_soon(scenes)
-    except* AivedioError as group:  # one extraction failed: report the first as it was
-        raise group.exceptions[0] from None
-    seconds = {"first": 0.0, "middle": max(duration / 2, 0.0), "last": max(duration - 1, 0.0)}
+    middle = max(duration / 2, 0.0)
+    seconds = {"first": 0.0, "middle": middle, "last": max(duration - 1, 0.0)}
+    inputs = [
+        "-ss", "0", *input_args(MP4, video),
+        "-ss", f"{middle:.3f}", *input_args(MP4, video),
+        "-sseof", "-1", *input_args(MP4, video),
+    ]  # fmt: skip
+    graph = [f"[1:v]{scale}[middle]", f"[2:v]{scale}[last]"]
+    stills = ["-q:v", "4", "-update", "1"]
+    outputs = [
+        "-map", "[first]", "-frames:v", "1", *stills, str(scratch / "first.jpg"),
+        "-map", "[middle]", "-frames:v", "1", *stills, str(scratch / "middle.jpg"),
+        "-map", "[last]", *stills, str(scratch / "last.jpg"),
+    ]  # fmt: skip
+    if config.max_scene_frames:
+        select = f"select='gt(scene,{config.scene_threshold})'"
+        graph[:0] = [
+            "[0:v]split=2[whole][scenes]",
+            f"[whole]{scale}[first]",
+            f"[scenes]{select},metadata=mode=print:file={SCENE_TIMES},{scale}[scene]",
+        ]
+        outputs += ["-map", "[scene]", "-fps_mode", "passthrough",
+                    "-frames:v", str(config.max_scene_frames), "-q:v", "4",
+                    str(scratch / "scene_%03d.jpg")]  # fmt: skip
+    else:
+        graph[:0] = [f"[0:v]{scale}[first]"]
+    result = await sandbox.run(
+        "ffmpeg", [*inputs, "-filter_complex", ";".join(graph), *outputs], cwd=scratch,
+        deadline_seconds=sandbox.media.process_timeout_seconds + duration,
+    )  # fmt: skip
+    if not result.ok:
+        result.raise_if_exhausted()
+        raise ModeratorUnavailableError(f"frame sampling failed: {result.error_detail()}")
 
     def read() -> list[Frame]:
         frames = [
-            Frame(kind, seconds[kind], (scratch / f"{kind}.jpg").read_bytes())
-            for kind in jobs
+            Frame(kind, at, (scratch / f"{kind}.jpg").read_bytes())
+            for kind, at in seconds.items()
             if (scratch / f"{kind}.jpg").exists()
         ]
-        times = [_pts_time(line) for line in results.get("scene", []) if "pts_time:" in line]
+        printed = scratch / SCENE_TIMES
+        lines = printed.read_text("utf-8", "replace").splitlines() if printed.exists() else []
+        times = [_pts_time(line) for line in lines if "pts_time:" in line]
         for index, path in enumerate(sorted(scratch.glob("scene_*.jpg"))):
             at = times[index] if index < len(times) else 0.0
             frames.append(Frame("scene", at, path.read_bytes()))
         return frames
 
     return await anyio.to_thread.run_sync(read)
-
-
-async def _ffmpeg(sandbox: Sandbox, scratch: Path, args: list[str], duration: float) -> list[str]:
-    """One frame extraction from our own playback MP4, still through the forced demuxer; the
-    last lines of its stderr as written."""
-    result = await sandbox.run(
-        "ffmpeg", args, cwd=scratch,
-        deadline_seconds=sandbox.media.process_timeout_seconds + duration,
-    )  # fmt: skip
-    if not result.ok:
-        result.raise_if_exhausted()
-        raise ModeratorUnavailableError(f"frame sampling failed: {result.error_detail()}")
-    # Not redacted: only the frames' times are read from these lines (showinfo), as numbers.
-    return result.raw_stderr_tail
 
 
 def _pts_time(line: str) -> float:

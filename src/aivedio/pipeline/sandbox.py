@@ -11,7 +11,9 @@ ffmpeg is a native parser of hostile input. Every process started here gets:
 * its own process group, a wall-clock deadline, then SIGKILL of the whole group, shielded
   from cancellation so that no ffmpeg outlives the job that started it;
 * progress parsed from ``-progress pipe:1`` and the tail of stderr kept, redacted, for the
-  error detail. ``-benchmark`` makes ffmpeg report its own CPU time and peak RSS.
+  error detail; ffmpeg logs warnings and errors only (``log_level="info"`` for a run whose
+  caller reads info lines), so a run that goes well writes next to nothing to read;
+* ffmpeg's CPU time and peak RSS from the kernel's account of the process (``wait4``).
 """
 
 from __future__ import annotations
@@ -42,8 +44,6 @@ log = get_logger("aivedio.sandbox")
 
 STDERR_TAIL_LINES = 40
 STDOUT_LIMIT_BYTES = 64 * 1024**2
-_BENCH_TIMES = re.compile(r"bench: utime=([\d.]+)s stime=([\d.]+)s rtime=([\d.]+)s")
-_BENCH_RSS = re.compile(r"bench: maxrss=(\d+)kB")
 # stderr text that means the process ran out of something rather than met bad input.
 _EXHAUSTION = re.compile(
     r"(?i)cannot allocate memory|out of memory|not enough memory|no space left on device|"
@@ -311,19 +311,23 @@ class Sandbox:
         capture_stdout: bool = False,
         on_progress: ProgressCallback | None = None,
         record: list[RunResult] | None = None,
+        log_level: str = "warning",
     ) -> RunResult:
         """Run ``tool`` (ffmpeg or ffprobe) with ``args``; never raises for the tool's failure.
 
-        ffmpeg gets ``-nostdin -hide_banner -nostats -benchmark -progress pipe:1`` and
-        level-tagged logs; ffprobe's stdout is captured (bounded) when ``capture_stdout``.
+        ffmpeg gets ``-nostdin -hide_banner -nostats -progress pipe:1`` and level-tagged logs
+        at ``log_level`` (``warning``, or ``info`` when the caller reads a filter's info
+        lines); ffprobe logs errors only, its stdout captured (bounded) on ``capture_stdout``.
         """
         if tool not in self._tools:
             raise ValueError(f"unknown tool {tool!r}")
+        if log_level not in ("warning", "info"):
+            raise ValueError(f"unknown log level {log_level!r}")
         binary = self._tool_path(tool)
         if tool == "ffmpeg":
             # -y: a node retried in the same scratch directory rewrites its intermediates.
-            head = ["-y", "-nostdin", "-hide_banner", "-nostats", "-loglevel", "level+info"]
-            head += ["-benchmark", "-progress", "pipe:1"]
+            head = ["-y", "-nostdin", "-hide_banner", "-nostats", "-loglevel", f"level+{log_level}"]
+            head += ["-progress", "pipe:1"]
         else:
             head = ["-hide_banner", "-loglevel", "level+error"]
         isolation = await self.isolation_prefix()
@@ -349,13 +353,17 @@ class Sandbox:
                 await _kill_group(process)
             result.wall_seconds = time.monotonic() - started
             result.returncode = process.returncode if process.returncode is not None else -1
+            if tool == "ffmpeg" and process.rusage is not None:
+                usage = process.rusage
+                result.cpu_seconds = usage.ru_utime + usage.ru_stime
+                result.max_rss_bytes = usage.ru_maxrss * 1024  # kilobytes on Linux
             if record is not None:
                 record.append(result)
         return result
 
     async def _read_stderr(self, process: Spawned, result: RunResult) -> None:
-        # By chunk, not by line: ffmpeg writes hundreds of lines a run, and only the last
-        # few are kept (and decoded, and redacted when read).
+        # By chunk, not by line: a run at info level writes hundreds of lines, and only the
+        # last few are kept (and decoded, and redacted when read).
         tail: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL_LINES)
         buffer = b""
         assert process.stderr is not None
@@ -363,18 +371,12 @@ class Sandbox:
             async for chunk in process.stderr:
                 buffer += chunk
                 *complete, buffer = buffer.split(b"\n")
-                for raw in complete:
-                    if raw.strip(b"\r"):
-                        tail.append(raw)
-                        if b"bench: " in raw:
-                            _read_benchmark(result, raw.decode("utf-8", "replace"))
+                tail.extend(raw for raw in complete if raw.strip(b"\r"))
                 if len(buffer) > 65536:  # a line this long is noise; keep memory bounded
                     buffer = buffer[-4096:]
         finally:
             if buffer.strip(b"\r"):  # a last line without its newline
                 tail.append(buffer)
-                if b"bench: " in buffer:
-                    _read_benchmark(result, buffer.decode("utf-8", "replace"))
             result.raw_stderr_tail = [raw.decode("utf-8", "replace").rstrip("\r") for raw in tail]
 
     async def _read_stdout(self, process: Spawned, result: RunResult, capture: bool) -> None:
@@ -435,15 +437,6 @@ async def _kill_group(process: Spawned) -> None:
     with anyio.move_on_after(10):
         await process.wait()
     await process.aclose()
-
-
-def _read_benchmark(result: RunResult, line: str) -> None:
-    times = _BENCH_TIMES.search(line)
-    if times:
-        result.cpu_seconds = float(times.group(1)) + float(times.group(2))
-    rss = _BENCH_RSS.search(line)
-    if rss:
-        result.max_rss_bytes = int(rss.group(1)) * 1024
 
 
 def media_deadline(media: MediaConfig, duration_seconds: float | None) -> float:

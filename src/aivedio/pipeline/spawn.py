@@ -13,8 +13,10 @@ handed to the loop:
 * the exit is awaited on a pidfd (Linux 5.3+), which becomes readable when the child exits;
   where there is none, the exit is polled every few milliseconds.
 
-Only this process reaps its child (``Popen.wait``): neither asyncio's child watcher nor
-libuv's waits for a pid it did not start.
+Only this process reaps its child (``os.wait4``): neither asyncio's child watcher nor libuv's
+waits for a pid it did not start. ``wait4`` hands over the child's resource usage with its
+status: its CPU time and peak RSS (``Spawned.rusage``), the whole process's, whatever it
+exec'd into (``prlimit`` and ``unshare`` exec the tool in the same process).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import resource
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -69,6 +72,8 @@ class Spawned:
         self.pid = popen.pid
         self.stdout = stdout
         self.stderr = stderr
+        # The child's resource usage, once reaped (None if something else reaped it).
+        self.rusage: resource.struct_rusage | None = None
         self._pidfd: int | None = None
         with contextlib.suppress(AttributeError, OSError):
             self._pidfd = os.pidfd_open(popen.pid)
@@ -80,13 +85,28 @@ class Spawned:
     async def wait(self) -> int:
         """The exit status (negative: the signal that ended it), once the child has exited."""
         interval = POLL_SECONDS
-        while self._popen.poll() is None:
+        while not self._reaped():
             if self._pidfd is not None:
                 await anyio.wait_readable(self._pidfd)
             else:  # no pidfd (an old kernel, a seccomp profile that refuses it): poll
                 await anyio.sleep(interval)
                 interval = min(interval * 2, POLL_MAX_SECONDS)
+        assert self._popen.returncode is not None
         return self._popen.returncode
+
+    def _reaped(self) -> bool:
+        """Reap the child if it has exited, keeping its status and resource usage."""
+        if self._popen.returncode is not None:
+            return True
+        try:
+            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
+        except ChildProcessError:  # reaped behind our back: Popen knows what can be known
+            return self._popen.poll() is not None
+        if pid == 0:
+            return False
+        self._popen.returncode = os.waitstatus_to_exitcode(status)
+        self.rusage = usage
+        return True
 
     async def aclose(self) -> None:
         """Close the pipes and the pidfd; the caller has waited for the exit (or killed)."""
