@@ -16,6 +16,7 @@ from aivedio.pipeline.render import (
     Layout,
     encode_args,
     encode_job,
+    merge_copy_runs,
     package_args,
     poster_seek_args,
 )
@@ -428,6 +429,45 @@ def test_only_the_wanted_packages_are_made(layout: Layout) -> None:
     [proxy] = package(plan, layout, {"proxy"}, has_audio=False)
     assert [v for _, v in inputs(proxy)] == [f"file:{layout.proxy_video}"]
     assert proxy[-1] == str(layout.proxy)
+
+
+@pytest.mark.parametrize("mode", ["remux", "transcode"])
+def test_package_runs_merge_into_one_process(mode: str, layout: Layout) -> None:
+    plan = make_plan(mode)
+    runs = package(plan, layout)
+    merged = merge_copy_runs(runs)
+    # Each distinct input opened once, in the order first used.
+    opened = [v for _, v in inputs(merged)]
+    assert len(opened) == len(set(opened))
+    assert set(opened) == {v for run in runs for _, v in inputs(run)}
+    # Every output's own options, in order, its maps naming the same files as before.
+    tails = []
+    for run in runs:
+        end = max(i for i, _ in inputs(run)) + 2
+        named = [v for _, v in inputs(run)]
+        tail = run[end:]
+        maps = values(tail, "-map")
+        tails.append([opened.index(named[int(m.split(":")[0])]) for m in maps])
+        tails[-1].append(tail[-1])
+    merged_tail = merged[max(i for i, _ in inputs(merged)) + 2 :]
+    outputs, maps = [], []
+    for i, arg in enumerate(merged_tail):
+        if i and merged_tail[i - 1] == "-map":
+            maps.append(int(arg.split(":")[0]))
+        if arg in {str(layout.playback), str(layout.proxy)} or arg.endswith("index.m3u8"):
+            outputs.append([*maps, arg])
+            maps = []
+    assert outputs == tails
+    assert values(merged, "-c") == ["copy"] * len(runs)
+
+
+def test_merge_refuses_a_map_it_cannot_renumber() -> None:
+    with pytest.raises(ValueError, match="cannot renumber"):
+        merge_copy_runs([["-i", "file:/a.mp4", "-map", "[v]", "out.mp4"]])
+    with pytest.raises(ValueError, match="cannot renumber"):
+        merge_copy_runs([["-i", "file:/a.mp4", "-map", "1:a:0", "out.mp4"]])
+    with pytest.raises(ValueError, match="without an input"):
+        merge_copy_runs([["-map", "0:v:0", "out.mp4"]])
 
 
 # -- the poster by seek -----------------------------------------------------------------------

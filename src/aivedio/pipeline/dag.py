@@ -43,6 +43,7 @@ from aivedio.pipeline.render import (
     Layout,
     encode_args,
     encode_job,
+    merge_copy_runs,
     package_args,
     poster_seek_args,
 )
@@ -387,8 +388,8 @@ class MediaRun:
             plan, wants, self.media, self._sniff, self.source, self.layout,
             has_audio=has_audio, hls_offset=offset,
         )  # fmt: skip
-        for index, args in enumerate(runs):
-            await self._ffmpeg(f"package[{index}]", args, plan.duration_seconds)
+        if runs:  # one process for every copy-only output
+            await self._ffmpeg("package", merge_copy_runs(runs), plan.duration_seconds)
         shared = time.monotonic() - started
         for node in nodes:
             node_started = time.monotonic()

@@ -6,7 +6,7 @@
   intermediates go to ``work/``; audio is encoded (or copied) once.
 * ``package_args``: copy-only muxing of intermediates (or, when remuxing, of the source's own
   streams) into the playback MP4 (``+faststart``), the proxy MP4 and one fMP4 HLS rendition
-  per rung. No decode, no encode.
+  per rung. No decode, no encode. ``merge_copy_runs`` makes them one process.
 * ``poster_seek_args``: a poster by input seek, when no encode pass runs (remux).
 """
 
@@ -331,6 +331,37 @@ def package_args(
                 str(directory / "index.m3u8"),
             ])  # fmt: skip
     return runs
+
+
+def merge_copy_runs(runs: list[list[str]]) -> list[str]:
+    """Several copy-only runs of ``package_args`` as one ffmpeg: each distinct input opened
+    once (the source a remux packages twice, the audio file every rendition muxes), every
+    output with its own options, its ``-map`` renumbered to the merged inputs. Copying is
+    cheap; starting a process per output was most of what packaging cost."""
+    inputs: list[list[str]] = []
+    outputs: list[str] = []
+    for run in runs:
+        if "-i" not in run:
+            raise ValueError("a package run without an input")
+        end = max(i for i, arg in enumerate(run) if arg == "-i") + 2
+        numbers: list[int] = []
+        start = 0
+        for i in range(end):
+            if run[i] == "-i":
+                group = run[start : i + 2]
+                if group not in inputs:
+                    inputs.append(group)
+                numbers.append(inputs.index(group))
+                start = i + 2
+        tail = run[end:]
+        for i, arg in enumerate(tail):
+            if i and tail[i - 1] == "-map":
+                number, sep, rest = arg.partition(":")
+                if not (sep and number.isdigit() and int(number) < len(numbers)):
+                    raise ValueError(f"cannot renumber the map {arg!r}")
+                arg = f"{numbers[int(number)]}:{rest}"
+            outputs.append(arg)
+    return [*(arg for group in inputs for arg in group), *outputs]
 
 
 def poster_seek_args(
