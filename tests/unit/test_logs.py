@@ -173,3 +173,26 @@ def test_ordinary_prose_is_not_redacted(text: str) -> None:
 
 def test_url_for_log_keeps_ipv6_brackets() -> None:
     assert logs.url_for_log("https://[::1]:8443/a/b?sig=x").startswith("https://[::1]:8443/#")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "https://cdn.example/v.mp4?X-Amz-Signature=abc123def456",
+        "Authorization: Bearer abcdefghijklmnopqrstuvwxyz",
+        '{"api_key": "sk-1234567890"}',
+        "token=abcdefgh1234",
+        "av_live_abcdefghijklmnopqrstuvwx",
+        "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----",
+        "plain-identifier-without-anything",
+        "3f2b9c1e-1d2a-4b7c-9e8f-123456789abc",
+    ],
+)
+def test_the_fast_path_skips_only_text_no_pattern_could_match(text: str) -> None:
+    # Every pattern applied, as if there were no fast path: the same answer.
+    slow = text
+    for pattern, replacement in logs._PATTERNS:
+        slow = pattern.sub(replacement, slow)
+    assert redact_text(text) == slow
+    if not logs._MAY_HOLD_A_SECRET.search(text):
+        assert all(not pattern.search(text) for pattern, _ in logs._PATTERNS)

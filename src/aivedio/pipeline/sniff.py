@@ -9,6 +9,7 @@ verdict (an HTML error page is a provider or CDN problem, random bytes are somet
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,5 +104,7 @@ def input_args(
         "-f",
         sniff.demuxer,
         "-i",
-        f"file:{path.resolve()}",
+        # Absolute, and lexically normalized: the caller's own paths (no symlink to chase,
+        # and resolve() would stat every component of every input of every run).
+        f"file:{os.path.abspath(path)}",
     ]
