@@ -388,34 +388,42 @@ async def test_isolation_prefix_when_available() -> None:
 # -- progress, benchmark, stdout ---------------------------------------------------------------
 
 
-async def test_progress_blocks_reach_sync_and_async_callbacks(tmp_path: Path) -> None:
-    sync_blocks: list[dict[str, str]] = []
-    async_blocks: list[dict[str, str]] = []
+PROGRESS_ARGS = [
+    *("-stats_period", "0.1", "-re", "-f", "lavfi"),
+    *("-i", "testsrc2=s=160x120:r=20:d=1", "-f", "null", "-"),
+]
 
-    async def on_progress(block: dict[str, str]) -> None:
-        await anyio.sleep(0)
-        async_blocks.append(dict(block))
 
-    for blocks, callback in ((sync_blocks, sync_blocks.append), (async_blocks, on_progress)):
-        result = await Sandbox(MediaConfig()).run(
-            "ffmpeg",
-            [
-                *("-stats_period", "0.1", "-re", "-f", "lavfi"),
-                *("-i", "testsrc2=s=160x120:r=20:d=1", "-f", "null", "-"),
-            ],
-            cwd=tmp_path,
-            deadline_seconds=20,
-            on_progress=callback,
-        )
-        assert result.ok
-        assert len(blocks) >= 3, blocks
-        assert all("progress" in b and "out_time_us" in b and "frame" in b for b in blocks)
-        assert blocks[-1]["progress"] == "end"
-        assert {b["progress"] for b in blocks[:-1]} <= {"continue"}
-        frames = [int(b["frame"]) for b in blocks]
-        assert frames == sorted(frames) and frames[-1] == 20
-        assert int(blocks[-1]["out_time_us"]) > 900_000
-        assert result.progress == blocks[-1]
+async def test_progress_blocks_reach_the_callback(tmp_path: Path) -> None:
+    blocks: list[dict[str, str]] = []
+    result = await Sandbox(MediaConfig()).run(
+        "ffmpeg", PROGRESS_ARGS, cwd=tmp_path, deadline_seconds=20, on_progress=blocks.append
+    )
+    assert result.ok
+    assert len(blocks) >= 3, blocks
+    assert all("progress" in b and "out_time_us" in b and "frame" in b for b in blocks)
+    assert blocks[-1]["progress"] == "end"
+    assert {b["progress"] for b in blocks[:-1]} <= {"continue"}
+    frames = [int(b["frame"]) for b in blocks]
+    assert frames == sorted(frames) and frames[-1] == 20
+    assert int(blocks[-1]["out_time_us"]) > 900_000
+    assert result.progress == blocks[-1]
+
+
+async def test_a_failing_progress_callback_fails_the_run_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    def on_progress(block: dict[str, str]) -> None:
+        raise RuntimeError(f"callback broke at frame {block['frame']}")
+
+    record: list[RunResult] = []
+    with pytest.raises(RuntimeError, match="callback broke"):
+        await Sandbox(MediaConfig()).run(
+            "ffmpeg", PROGRESS_ARGS, cwd=tmp_path, deadline_seconds=20,
+            on_progress=on_progress, record=record,
+        )  # fmt: skip
+    [result] = record  # recorded all the same, the process reaped
+    assert result.returncode != -1
 
 
 async def test_cpu_and_peak_rss_of_ffmpeg_come_from_the_kernel(tmp_path: Path) -> None:

@@ -125,3 +125,34 @@ async def test_a_spawn_under_a_cancelled_scope_completes_and_leaks_nothing(tmp_p
     await process.aclose()
     await anyio.sleep(0)
     assert _open_fds() == before
+
+
+async def test_callbacks_get_the_output_and_drained_waits_for_both_pipes(tmp_path: Path) -> None:
+    script = "import sys; sys.stdout.write('out' * 100000); sys.stderr.write('err'); sys.exit(3)"
+    out: list[bytes] = []
+    err: list[bytes] = []
+    process = await spawn([sys.executable, "-c", script], cwd=str(tmp_path), env=ENV,
+                          on_stdout=out.append, on_stderr=err.append)  # fmt: skip
+    assert process.stdout is None and process.stderr is None  # fed, not streamed
+    with anyio.fail_after(10):
+        assert await process.wait() == 3
+        await process.drained()
+    await process.aclose()
+    assert b"".join(out) == b"out" * 100000 and b"".join(err) == b"err"
+
+
+async def test_a_failing_callback_is_raised_by_drained(tmp_path: Path) -> None:
+    seen: list[bytes] = []
+
+    def broken(chunk: bytes) -> None:
+        seen.append(chunk)
+        raise ValueError("cannot parse")
+
+    process = await spawn([sys.executable, "-c", "print('x' * 300000)"], cwd=str(tmp_path),
+                          env=ENV, on_stdout=broken, on_stderr=lambda _: None)  # fmt: skip
+    with anyio.fail_after(10):
+        assert await process.wait() == 0
+        with pytest.raises(ValueError, match="cannot parse"):
+            await process.drained()
+    await process.aclose()
+    assert len(seen) == 1  # fed nothing more once it failed

@@ -28,12 +28,11 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
-from anyio.abc import ByteReceiveStream
 
 from aivedio.errors import ConfigError, ResourceExhaustedError
 from aivedio.logs import get_logger, redact_text
@@ -59,7 +58,7 @@ CRASH_SIGNALS = {-signal.SIGSEGV, -signal.SIGABRT, -signal.SIGBUS, -signal.SIGIL
 # attacker writes ("comment=Cannot allocate memory").
 _ERROR_LEVEL = re.compile(r"\[(error|fatal|panic)\]")
 
-ProgressCallback = Callable[[dict[str, str]], Awaitable[None] | None]
+ProgressCallback = Callable[[dict[str, str]], None]
 
 
 SCRATCH_PREFIX = "aivedio-media-"
@@ -337,22 +336,29 @@ class Sandbox:
             network_isolated=bool(isolation),
         )  # fmt: skip
         started = time.monotonic()
-        process = await spawn(argv, cwd=str(cwd), env={"LC_ALL": "C"})
+        # Each pipe is read by a callback as its bytes arrive: no reader task per pipe.
+        stderr = _StderrTail()
+        stdout: _Progress | _Capture = (
+            _Progress(result, on_progress) if tool == "ffmpeg" else _Capture(capture_stdout)
+        )
+        process = await spawn(argv, cwd=str(cwd), env={"LC_ALL": "C"},
+                              on_stdout=stdout.feed, on_stderr=stderr.feed)  # fmt: skip
         try:
+            if isinstance(stdout, _Capture):
+                stdout.started(process)
             with anyio.move_on_after(deadline_seconds) as scope:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._read_stderr, process, result)
-                    if tool == "ffmpeg":
-                        tg.start_soon(self._read_progress, process, result, on_progress)
-                    else:
-                        tg.start_soon(self._read_stdout, process, result, capture_stdout)
-                    await process.wait()
+                await process.wait()
+                await process.drained()  # a failing progress callback raises here
             result.timed_out = scope.cancelled_caught
         finally:
             with anyio.CancelScope(shield=True):
                 await _kill_group(process)
             result.wall_seconds = time.monotonic() - started
             result.returncode = process.returncode if process.returncode is not None else -1
+            result.raw_stderr_tail = stderr.lines()
+            if isinstance(stdout, _Capture):
+                result.stdout_overflow = stdout.overflow
+                result.stdout = b"" if stdout.overflow or not capture_stdout else stdout.data()
             if tool == "ffmpeg" and process.rusage is not None:
                 usage = process.rusage
                 result.cpu_seconds = usage.ru_utime + usage.ru_stime
@@ -361,69 +367,88 @@ class Sandbox:
                 record.append(result)
         return result
 
-    async def _read_stderr(self, process: Spawned, result: RunResult) -> None:
-        # By chunk, not by line: a run at info level writes hundreds of lines, and only the
-        # last few are kept (and decoded, and redacted when read).
-        tail: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL_LINES)
-        buffer = b""
-        assert process.stderr is not None
-        try:
-            async for chunk in process.stderr:
-                buffer += chunk
-                *complete, buffer = buffer.split(b"\n")
-                tail.extend(raw for raw in complete if raw.strip(b"\r"))
-                if len(buffer) > 65536:  # a line this long is noise; keep memory bounded
-                    buffer = buffer[-4096:]
-        finally:
-            if buffer.strip(b"\r"):  # a last line without its newline
-                tail.append(buffer)
-            result.raw_stderr_tail = [raw.decode("utf-8", "replace").rstrip("\r") for raw in tail]
 
-    async def _read_stdout(self, process: Spawned, result: RunResult, capture: bool) -> None:
-        assert process.stdout is not None
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in process.stdout:
-            if not capture:
-                continue
-            size += len(chunk)
-            if size > STDOUT_LIMIT_BYTES:
-                result.stdout_overflow = True
-                _signal_group(process, signal.SIGKILL)
-                return
-            chunks.append(chunk)
-        result.stdout = b"".join(chunks)
+class _StderrTail:
+    """The last lines of stderr, kept by chunk, not by line: a run at info level writes
+    hundreds of lines, and only the last few are kept (decoded and redacted when read)."""
 
-    async def _read_progress(
-        self, process: Spawned, result: RunResult, on_progress: ProgressCallback | None
-    ) -> None:
-        assert process.stdout is not None
-        block: dict[str, str] = {}
-        async for line in _lines(process.stdout):
-            key, sep, value = line.partition("=")
-            if not sep:
-                continue
-            block[key.strip()] = value.strip()
-            if key == "progress":
-                result.progress = block
-                if on_progress is not None:
-                    outcome = on_progress(block)
-                    if outcome is not None:
-                        await outcome
-                block = {}
+    def __init__(self) -> None:
+        self._tail: collections.deque[bytes] = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self._buffer = b""
 
-
-async def _lines(stream: ByteReceiveStream) -> collections.abc.AsyncIterator[str]:
-    buffer = b""
-    async for chunk in stream:
-        buffer += chunk
+    def feed(self, chunk: bytes) -> None:
+        buffer = self._buffer + chunk
         *complete, buffer = buffer.split(b"\n")
-        for raw in complete:
-            yield raw.decode("utf-8", "replace").rstrip("\r")
+        self._tail.extend(raw for raw in complete if raw.strip(b"\r"))
         if len(buffer) > 65536:  # a line this long is noise; keep memory bounded
             buffer = buffer[-4096:]
-    if buffer:
-        yield buffer.decode("utf-8", "replace")
+        self._buffer = buffer
+
+    def lines(self) -> list[str]:
+        tail = list(self._tail)
+        if self._buffer.strip(b"\r"):  # a last line without its newline
+            tail = [*tail, self._buffer][-STDERR_TAIL_LINES:]
+        return [raw.decode("utf-8", "replace").rstrip("\r") for raw in tail]
+
+
+class _Capture:
+    """ffprobe's stdout, bounded: past STDOUT_LIMIT_BYTES the process group is killed."""
+
+    def __init__(self, keep: bool) -> None:
+        self._keep = keep
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._process: Spawned | None = None
+        self.overflow = False
+
+    def started(self, process: Spawned) -> None:
+        self._process = process
+        if self.overflow:  # it overflowed before we knew its pid
+            _signal_group(process, signal.SIGKILL)
+
+    def feed(self, chunk: bytes) -> None:
+        if not self._keep or self.overflow:
+            return
+        self._size += len(chunk)
+        if self._size > STDOUT_LIMIT_BYTES:
+            self.overflow = True
+            self._chunks = []
+            if self._process is not None:
+                _signal_group(self._process, signal.SIGKILL)
+            return
+        self._chunks.append(chunk)
+
+    def data(self) -> bytes:
+        return b"".join(self._chunks)
+
+
+class _Progress:
+    """ffmpeg's ``-progress pipe:1`` blocks: ``key=value`` lines ending with ``progress=``;
+    each complete block becomes ``result.progress`` and goes to the callback."""
+
+    def __init__(self, result: RunResult, on_progress: ProgressCallback | None) -> None:
+        self._result = result
+        self._on_progress = on_progress
+        self._block: dict[str, str] = {}
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> None:
+        buffer = self._buffer + chunk
+        *complete, buffer = buffer.split(b"\n")
+        if len(buffer) > 65536:  # a line this long is noise; keep memory bounded
+            buffer = buffer[-4096:]
+        self._buffer = buffer
+        for raw in complete:
+            key, sep, value = raw.decode("utf-8", "replace").partition("=")
+            if not sep:
+                continue
+            key = key.strip()
+            self._block[key] = value.strip()
+            if key == "progress":
+                block, self._block = self._block, {}
+                self._result.progress = block
+                if self._on_progress is not None:
+                    self._on_progress(block)
 
 
 def _signal_group(process: Spawned, signum: int) -> None:

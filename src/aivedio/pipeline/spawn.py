@@ -8,8 +8,11 @@ a spawn against 0.1 ms for ``subprocess.Popen``, which uses ``vfork`` (the paren
 never copied). So the process is started by ``Popen`` and only its pipes and its exit are
 handed to the loop:
 
-* stdout and stderr are read through the loop's pipe transports (``connect_read_pipe``), as
-  anyio byte streams;
+* stdout and stderr are read through the loop's pipe transports (``connect_read_pipe``):
+  as anyio byte streams, or, for a caller that passes ``on_stdout``/``on_stderr``, handed
+  to that callback as they arrive (no task, no stream: the sandbox's way, where every asset
+  starts about a dozen processes and each reader task's wakeups were a good part of the
+  worker's own CPU); ``drained()`` waits for such pipes to end;
 * the exit is awaited on a pidfd (Linux 5.3+), which becomes readable when the child exits;
   where there is none, the exit is polled every few milliseconds.
 
@@ -27,7 +30,7 @@ import os
 import resource
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 import anyio
@@ -56,8 +59,40 @@ class PipeStream(ByteReceiveStream):
         self._transport.close()
 
 
-async def _pipe(file: IO[bytes]) -> PipeStream:
+class _Sink(asyncio.Protocol):
+    """A pipe whose bytes go to ``feed`` as they arrive. A failing ``feed`` is remembered
+    (``error``, raised by ``Spawned.drained``) and fed nothing more."""
+
+    def __init__(self, feed: Callable[[bytes], None]) -> None:
+        self._feed = feed
+        self.error: BaseException | None = None
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.error is None:
+            try:
+                self._feed(data)
+            except Exception as exc:  # handed to the caller by drained()
+                self.error = exc
+
+    def eof_received(self) -> bool | None:
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+
+async def _pipe(file: IO[bytes], feed: Callable[[bytes], None] | None) -> PipeStream | _Sink:
     loop = asyncio.get_running_loop()
+    if feed is not None:
+        sink = _Sink(feed)
+        await loop.connect_read_pipe(lambda: sink, file)
+        return sink
     reader = asyncio.StreamReader(limit=READ_LIMIT_BYTES)
     transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), file)
     return PipeStream(reader, transport)
@@ -66,12 +101,14 @@ async def _pipe(file: IO[bytes]) -> PipeStream:
 class Spawned:
     """A started child: ``pid``, ``stdout``, ``stderr``, ``wait()``, ``returncode``."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], stdout: PipeStream | None,
-                 stderr: PipeStream | None) -> None:  # fmt: skip
+    def __init__(self, popen: subprocess.Popen[bytes], pipes: Sequence[PipeStream | _Sink | None]
+                 ) -> None:  # fmt: skip
         self._popen = popen
         self.pid = popen.pid
-        self.stdout = stdout
-        self.stderr = stderr
+        self._pipes = list(pipes)
+        out, err = pipes
+        self.stdout = out if isinstance(out, PipeStream) else None
+        self.stderr = err if isinstance(err, PipeStream) else None
         # The child's resource usage, once reaped (None if something else reaped it).
         self.rusage: resource.struct_rusage | None = None
         self._pidfd: int | None = None
@@ -108,32 +145,51 @@ class Spawned:
         self.rusage = usage
         return True
 
+    async def drained(self) -> None:
+        """Wait until the pipes read by callbacks have ended (the child and anything that
+        inherited them closed them); then raise what a callback raised, if one did."""
+        for pipe in self._pipes:
+            if isinstance(pipe, _Sink):
+                await pipe.closed
+                if pipe.error is not None:
+                    raise pipe.error
+
     async def aclose(self) -> None:
         """Close the pipes and the pidfd; the caller has waited for the exit (or killed)."""
-        for stream in (self.stdout, self.stderr):
-            if stream is not None:
-                await stream.aclose()
+        await _close(self._pipes)
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
 
 
+async def _close(pipes: Sequence[PipeStream | _Sink | None]) -> None:
+    for pipe in pipes:
+        if isinstance(pipe, PipeStream):
+            await pipe.aclose()
+        elif pipe is not None and pipe.transport is not None:
+            pipe.transport.close()
+
+
 async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
                 stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE,
-                start_new_session: bool = True) -> Spawned:  # fmt: skip
-    """Start ``argv`` (never a shell) with stdin from /dev/null; OSError if it cannot start."""
+                start_new_session: bool = True,
+                on_stdout: Callable[[bytes], None] | None = None,
+                on_stderr: Callable[[bytes], None] | None = None) -> Spawned:  # fmt: skip
+    """Start ``argv`` (never a shell) with stdin from /dev/null; OSError if it cannot start.
+    A piped output with an ``on_…`` callback is fed to it instead of being a stream."""
     popen = subprocess.Popen(  # noqa: ASYNC220 - vfork: the loop waits only for the exec
         list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=cwd,
         env=dict(env), start_new_session=start_new_session,
     )  # fmt: skip
     files = [popen.stdout, popen.stderr]
-    streams: list[PipeStream | None] = []
+    feeds = [on_stdout, on_stderr]
+    streams: list[PipeStream | _Sink | None] = []
     try:
         # Shielded: a cancellation while a transport is being attached (uvloop takes a loop
         # turn) would leave the file's descriptor closed under us or not, unknowable.
         with anyio.CancelScope(shield=True):
-            for file in files:
-                streams.append(await _pipe(file) if file is not None else None)
+            for file, feed in zip(files, feeds, strict=True):
+                streams.append(await _pipe(file, feed) if file is not None else None)
     except BaseException:
         with anyio.CancelScope(shield=True):
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -142,9 +198,7 @@ async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
                 else:
                     popen.kill()
             popen.wait()  # killed: it exits at once
-            for stream in streams:
-                if stream is not None:
-                    await stream.aclose()
+            await _close(streams)
             # Files never handed to a transport (the one that failed may have been closed
             # by it: only those after it are surely ours).
             for file in files[len(streams) + 1 :]:
@@ -152,4 +206,4 @@ async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
                     with contextlib.suppress(OSError):
                         file.close()
         raise
-    return Spawned(popen, streams[0], streams[1])
+    return Spawned(popen, streams)
