@@ -27,7 +27,7 @@ from aivedio.pipeline.media_stage import reprocess_spec
 from aivedio.pipeline.sweep_scans import Finding, SweepReport
 from aivedio.store import outbox
 from aivedio.store.database import Connection, Pool
-from aivedio.store.objects import ObjectInfo, ObjectStore
+from aivedio.store.objects import ObjectStore
 from aivedio.store.queue import Queue
 from aivedio.sweeper_config import SweeperConfig
 
@@ -146,33 +146,40 @@ class IntegrityAudit:
         """Every file of every published output at its recorded size; every HLS playlist
         parsed and every URI in it present. Playlists (read anyway) also match their SHA-256."""
         problems: dict[str, str] = {}
-        heads: dict[str, ObjectInfo | None] = {}
         by_type = {v["variant_type"]: v for v in variants}
+        outputs: list[tuple[Any, list[tuple[str, Any, str | None]]]] = []
         for name in sorted(row["published_outputs"] or ()):
             variant = by_type.get(name)
             if variant is None:
                 problems[f"{name} (no variant record)"] = "missing"
                 continue
-            files = _files(variant)
+            outputs.append((variant, _files(variant)))
+        # Every recorded file of the revision in one store call (one request a file on S3,
+        # one thread call for all of them on the local store).
+        found = await self.store.sizes([key for _, files in outputs for key, _, _ in files])
+        for variant, files in outputs:
             for key, size, _ in files:
-                info = heads[key] = await self.store.head(key)
-                if info is None:
+                stored = found[key]
+                if stored is None:
                     problems[key] = "missing"
-                elif size is not None and info.size != int(size):
-                    problems[key] = f"size {info.size}, recorded {size}"
+                elif size is not None and stored != int(size):
+                    problems[key] = f"size {stored}, recorded {size}"
             if variant["object_key"].endswith(".m3u8"):
                 digests = {key: sha for key, _, sha in files}
-                await self._audit_hls(variant["object_key"], digests, heads, problems)
+                await self._audit_hls(variant["object_key"], digests, found, problems)
         return [{"key": key, "problem": problem} for key, problem in problems.items()]
 
     async def _audit_hls(
-        self, master: str, digests: dict[str, str | None], heads: dict[str, ObjectInfo | None],
+        self, master: str, digests: dict[str, str | None], found: dict[str, int | None],
         problems: dict[str, str],
     ) -> None:  # fmt: skip
+        """Every playlist reachable from ``master`` read, every URI in it present (the
+        files the records did not list looked up a playlist at a time)."""
         queue, seen = [master], {master}
         while queue:
             playlist = queue.pop(0)
             text = await self._playlist(playlist, digests.get(playlist), problems)
+            named: list[str] = []
             for uri in playlist_uris(text or ""):
                 key = resolve_uri(playlist, uri)
                 if key is None:
@@ -184,9 +191,12 @@ class IntegrityAudit:
                 if key.endswith(".m3u8"):
                     queue.append(key)
                     continue
-                if key not in heads:
-                    heads[key] = await self.store.head(key)
-                if heads[key] is None:  # a file list that lost it already said "missing"
+                named.append(key)
+            unknown = [key for key in named if key not in found]
+            if unknown:
+                found.update(await self.store.sizes(unknown))
+            for key in named:
+                if found[key] is None:  # a file list that lost it already said "missing"
                     problems.setdefault(key, f"missing (named by {posixpath.basename(playlist)})")
 
     async def _playlist(self, key: str, sha256: str | None, problems: dict[str, str]) -> str | None:
