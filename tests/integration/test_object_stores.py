@@ -249,6 +249,26 @@ async def test_list_by_prefix_in_key_order(store: ObjectStore) -> None:
     assert sizes == {"a/1": 3, "a/2": 3, "a/sub/5": 7}
 
 
+async def test_a_listing_longer_than_a_batch_is_whole_and_in_key_order(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The local store walks in batches of LIST_BATCH objects a thread call: made tiny, a
+    # listing crosses batches in the middle of a directory and between directories.
+    monkeypatch.setattr(local_objects, "LIST_BATCH", 3)
+    made = [f"w/{d}/{f}" for d in ("a", "b", "b-c", "c/d") for f in ("1", "2", "3", "4")]
+    made += ["w/e", "w/f"]
+    for key in made:
+        await store.put_bytes(key, b"x")
+    assert await keys(store, "w/") == sorted(made)
+    assert len(await keys(store, "w/b")) == 8  # "w/b/…" and "w/b-c/…"
+    listed: list[str] = []
+    async for info in store.list("w/"):  # stopped early: nothing left behind to finish
+        listed.append(info.key)
+        if len(listed) == 5:
+            break
+    assert listed == sorted(made)[:5]
+
+
 def local_files(tmp_path: Path, prefix: str, sizes: list[int]) -> list[LocalFile]:
     files = []
     for index, size in enumerate(sizes):

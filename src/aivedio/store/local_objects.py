@@ -37,6 +37,7 @@ from __future__ import annotations
 import builtins
 import errno
 import hashlib
+import itertools
 import os
 import shutil
 import stat
@@ -86,6 +87,8 @@ LOCAL_WRITE_BATCH_BYTES = 1024 * 1024
 # call a batch (a call cannot be cancelled midway, so neither may be long).
 BATCH_FILE_MAX_BYTES = 8 * 1024 * 1024
 BATCH_MAX_BYTES = 32 * 1024 * 1024
+# ``list``: objects a thread call walks to (a store's listing visits thousands of dirs).
+LIST_BATCH = 1000
 TMP_DIR = ".tmp"
 META_DIR = ".meta"
 # Attempts at "create parents, rename" when a concurrent delete prunes the parent between.
@@ -624,20 +627,7 @@ class LocalObjectStore(ObjectStoreConveniences):
         validate_prefix(prefix)
         directory, _, name_prefix = prefix.rpartition("/")
         start = self._root.joinpath(*directory.split("/")) if directory else self._root
-        return self._walk(start, f"{directory}/" if directory else "", name_prefix)
-
-    async def _walk(
-        self, path: Path, key_prefix: str, name_prefix: str
-    ) -> AsyncIterator[ObjectInfo]:
-        entries = await _in_thread("listing objects", _scan, path, name_prefix)
-        for name, st in entries:
-            if stat.S_ISDIR(st.st_mode):
-                async for info in self._walk(path / name, f"{key_prefix}{name}/", ""):
-                    yield info
-            else:
-                yield ObjectInfo(
-                    key=key_prefix + name, size=st.st_size, etag=_etag(st), last_modified=_mtime(st)
-                )
+        return _listing(_walk(start, f"{directory}/" if directory else "", name_prefix))
 
     # -- deletes -------------------------------------------------------------------------
 
@@ -655,6 +645,32 @@ class LocalObjectStore(ObjectStoreConveniences):
             _fsync_dir(data_path.parent)
         _prune_empty_parents(data_path, self._root)
         _prune_empty_parents(meta_path, self._meta)
+
+
+async def _listing(walk: Iterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
+    """The walk advanced in a thread a batch at a time: one thread call for up to
+    LIST_BATCH objects, however many directories they sit in."""
+    while True:
+        batch = await _in_thread("listing objects", _take, walk, LIST_BATCH)
+        for info in batch:
+            yield info
+        if len(batch) < LIST_BATCH:
+            return
+
+
+def _take(walk: Iterator[ObjectInfo], count: int) -> builtins.list[ObjectInfo]:
+    return builtins.list(itertools.islice(walk, count))
+
+
+def _walk(path: Path, key_prefix: str, name_prefix: str) -> Iterator[ObjectInfo]:
+    """Depth first, in key order (``_scan``); each directory read when the walk reaches it."""
+    for name, st in _scan(path, name_prefix):
+        if stat.S_ISDIR(st.st_mode):
+            yield from _walk(path / name, f"{key_prefix}{name}/", "")
+        else:
+            yield ObjectInfo(
+                key=key_prefix + name, size=st.st_size, etag=_etag(st), last_modified=_mtime(st)
+            )
 
 
 def _scan(path: Path, name_prefix: str) -> builtins.list[tuple[str, os.stat_result]]:
