@@ -3,6 +3,7 @@ over both real stores (a local directory and S3 on moto's server)."""
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing, asynccontextmanager
@@ -92,7 +93,7 @@ async def test_an_upload_given_up_counts_one_abort_and_nothing_is_stored(
 
 
 async def test_reads_count_their_bytes_and_a_stream_counts_once_when_it_ends(
-    storage: StorageConfig,
+    storage: StorageConfig, tmp_path: Path
 ) -> None:
     data = b"0123456789" * 50_000
     async with metered(storage) as (store, metrics):
@@ -117,6 +118,14 @@ async def test_reads_count_their_bytes_and_a_stream_counts_once_when_it_ends(
         assert await store.get_bytes("r/obj.bin", start=10, end=19) == data[10:20]
         assert requests(metrics, "get_bytes") == 1
         assert moved(metrics, "download") == 2 * len(data) - (len(data) - len(first)) + 10
+
+        before = moved(metrics, "download")
+        target = tmp_path / "copy.bin"
+        assert await store.download_file("r/obj.bin", str(target)) == (
+            hashlib.sha256(data).hexdigest(), len(data),
+        )  # fmt: skip
+        assert requests(metrics, "download_file") == 1
+        assert moved(metrics, "download") == before + len(data)
 
         head = await store.head("r/obj.bin")
         assert head is not None and head.size == len(data)

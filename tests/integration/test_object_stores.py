@@ -249,6 +249,22 @@ async def test_list_by_prefix_in_key_order(store: ObjectStore) -> None:
     assert sizes == {"a/1": 3, "a/2": 3, "a/sub/5": 7}
 
 
+async def test_download_file_writes_the_object_and_its_digest(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    data = payload(3 * 1024 * 1024 + 17, seed=5)  # more than one read chunk
+    await store.put_bytes("dl/source.bin", data)
+    target = tmp_path / "source.bin"
+    target.write_bytes(b"stale bytes of an earlier attempt, longer than nothing")
+    spent = transfer_cpu.seconds()
+    digest, size = await store.download_file("dl/source.bin", str(target))
+    assert (digest, size) == (hashlib.sha256(data).hexdigest(), len(data))
+    assert target.read_bytes() == data  # replaced, not appended to
+    assert sum(transfer_cpu.seconds().values()) > sum(spent.values())  # byte transfer
+    with pytest.raises(NotFoundError):
+        await store.download_file("dl/missing.bin", str(tmp_path / "missing.bin"))
+
+
 async def test_a_listing_longer_than_a_batch_is_whole_and_in_key_order(
     store: ObjectStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,13 +10,11 @@ job logic reads as job logic; each function takes the store or pool it needs.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-import anyio
 import asyncpg
 import msgspec
 
@@ -26,7 +24,6 @@ from aivedio.states import Entity
 from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.objects import LocalFile, ObjectStore
 from aivedio.store.records import check_transition
-from aivedio.transfer_cpu import measured
 
 
 async def download_source(store: ObjectStore, asset: asyncpg.Record, target: Path) -> None:
@@ -42,16 +39,8 @@ async def download_source(store: ObjectStore, asset: asyncpg.Record, target: Pat
 
 
 async def download(store: ObjectStore, key: str, target: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
     target.parent.mkdir(parents=True, exist_ok=True)
-    async with await anyio.open_file(target, "wb") as handle:
-        async for chunk in store.get(key):
-            with measured("hash"):
-                digest.update(chunk)
-            size += len(chunk)
-            await handle.write(chunk)
-    return digest.hexdigest(), size
+    return await store.download_file(key, str(target))
 
 
 async def upload_and_verify(

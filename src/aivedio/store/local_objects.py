@@ -597,6 +597,22 @@ class LocalObjectStore(ObjectStoreConveniences):
         finally:
             file.close()  # a read-only descriptor: closing cannot block on I/O
 
+    async def download_file(self, key: str, path: str) -> tuple[str, int]:
+        """Copied and hashed in one thread call."""
+        validate_key(key)
+        return await _moving_bytes(f"reading {key!r}", self._copy_out, key, path)
+
+    def _copy_out(self, key: str, path: str) -> tuple[str, int]:
+        source, _ = self._open_for_read(key)
+        digest = hashlib.sha256()
+        size = 0
+        with source, open(path, "wb") as target:
+            while chunk := source.read(READ_CHUNK_BYTES):
+                digest.update(chunk)
+                size += len(chunk)
+                target.write(chunk)
+        return digest.hexdigest(), size
+
     def _open_and_read(
         self, key: str, start: int | None, end: int | None
     ) -> tuple[BinaryIO, int, bytes]:

@@ -49,9 +49,9 @@ from aivedio.store.objects import (
 
 # The ``operation`` label's values.
 OPERATIONS = (
-    "head", "sizes", "get", "get_bytes", "put_bytes", "store_files", "delete", "list",
-    "start_upload", "write", "complete_upload", "abort_upload", "list_multipart_uploads",
-    "abort_multipart_upload",
+    "head", "sizes", "get", "get_bytes", "download_file", "put_bytes", "store_files",
+    "delete", "list", "start_upload", "write", "complete_upload", "abort_upload",
+    "list_multipart_uploads", "abort_multipart_upload",
 )  # fmt: skip
 # The ``outcome`` label's values besides the error classes.
 OK = "ok"
@@ -171,6 +171,12 @@ class MeteredObjectStore(_Counting):
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+    async def download_file(self, key: str, path: str) -> tuple[str, int]:
+        with self._call("download_file"):
+            digest, size = await self.inner.download_file(key, path)
+        self._moved(DOWNLOAD, size)
+        return digest, size
 
     async def get_bytes(
         self,

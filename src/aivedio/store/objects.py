@@ -180,6 +180,11 @@ class ObjectStore(Protocol):
         """The size of each object, by key (None: no such object): ``head`` for many."""
         ...
 
+    async def download_file(self, key: str, path: str) -> tuple[str, int]:
+        """Write the object to the local file ``path`` (created or replaced); its SHA-256
+        (hex) and size. ``NotFoundError`` when missing."""
+        ...
+
     def get(
         self, key: str, *, start: int | None = None, end: int | None = None
     ) -> AsyncIterator[bytes]:
@@ -394,8 +399,8 @@ class UploadContextMixin:
 
 
 class ObjectStoreConveniences:
-    """``get_bytes``, ``put_bytes``, ``sizes`` and ``store_files`` written once over ``get``,
-    ``head`` and ``start_upload``."""
+    """``get_bytes``, ``put_bytes``, ``sizes``, ``download_file`` and ``store_files`` written
+    once over ``get``, ``head`` and ``start_upload``."""
 
     def get(
         self, key: str, *, start: int | None = None, end: int | None = None
@@ -443,6 +448,18 @@ class ObjectStoreConveniences:
             info = await self.head(key)
             found[key] = info.size if info is not None else None
         return found
+
+    async def download_file(self, key: str, path: str) -> tuple[str, int]:
+        """Streamed from ``get`` into the file, hashed on the way."""
+        digest = hashlib.sha256()
+        size = 0
+        async with await anyio.open_file(path, "wb") as handle:
+            async for chunk in self.get(key):
+                with measured("hash"):
+                    digest.update(chunk)
+                size += len(chunk)
+                await handle.write(chunk)
+        return digest.hexdigest(), size
 
     async def store_files(self, files: Sequence[LocalFile]) -> None:
         """One upload per file, streamed, then a ``head`` and a full read of each."""
