@@ -33,21 +33,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class Packet:
+class Packet(NamedTuple):  # a tuple: made by the thousand for each scan
     pts: float | None  # seconds; None when ffprobe prints N/A
     dts: float | None
     pos: int | None  # byte offset in the file
     key: bool
 
 
-def _number(field: str) -> float | None:
-    return None if field in ("N/A", "") else float(field)
+_MISSING = frozenset({"N/A", ""})
 
 
 def parse_packets(csv_text: str) -> list[Packet]:
@@ -58,6 +55,9 @@ def parse_packets(csv_text: str) -> list[Packet]:
     naming the line.
     """
     packets: list[Packet] = []
+    append = packets.append
+    isfinite = math.isfinite
+    missing = _MISSING
     for number, raw in enumerate(csv_text.splitlines(), start=1):
         line = raw.strip()
         if not line:
@@ -65,23 +65,22 @@ def parse_packets(csv_text: str) -> list[Packet]:
         fields = line.split(",")
         if fields[0] == "packet":
             fields = fields[1:]
-        # A packet with side data (AAC priming's skip-samples, say) gets an empty trailing
-        # sub-section even when none was asked for: "...,KD," (or "...,KD,side_data,").
-        extra = fields[4:]
-        if len(fields) < 4 or any(f and not f.replace("_", "").isalpha() for f in extra):
-            raise ValueError(f"line {number}: expected pts_time,dts_time,pos,flags: {line!r}")
-        pts_field, dts_field, pos_field, flags = fields[:4]
+        if len(fields) != 4:
+            # A packet with side data (AAC priming's skip-samples, say) gets an empty trailing
+            # sub-section even when none was asked for: "...,KD," (or "...,KD,side_data,").
+            extra = fields[4:]
+            if len(fields) < 4 or any(f and not f.replace("_", "").isalpha() for f in extra):
+                raise ValueError(f"line {number}: expected pts_time,dts_time,pos,flags: {line!r}")
+        pts_field, dts_field, pos_field, flags = fields[0], fields[1], fields[2], fields[3]
         try:
-            pts = _number(pts_field)
-            dts = _number(dts_field)
-            pos = None if pos_field in ("N/A", "") else int(pos_field)
+            pts = None if pts_field in missing else float(pts_field)
+            dts = None if dts_field in missing else float(dts_field)
+            pos = None if pos_field in missing else int(pos_field)
         except ValueError as exc:
             raise ValueError(f"line {number}: unparsable packet {line!r}") from exc
-        if (pts is not None and not math.isfinite(pts)) or (
-            dts is not None and not math.isfinite(dts)
-        ):
+        if (pts is not None and not isfinite(pts)) or (dts is not None and not isfinite(dts)):
             raise ValueError(f"line {number}: non-finite timestamp {line!r}")
-        packets.append(Packet(pts=pts, dts=dts, pos=pos, key=flags.startswith("K")))
+        append(Packet(pts, dts, pos, flags[:1] == "K"))
     return packets
 
 

@@ -177,6 +177,7 @@ class Sandbox:
         self._isolation: list[str] | None = None
         self._isolation_checked = False
         self._prlimit = shutil.which("prlimit")
+        self._base: Path | None = None
 
     # -- scratch ------------------------------------------------------------------------
 
@@ -189,11 +190,13 @@ class Sandbox:
     def scratch(self) -> Iterator[Path]:
         """An empty private directory, removed with everything in it afterwards. Its name
         carries this host and process (``reclaim_scratch`` after a crash)."""
-        base = self._scratch_base()
-        base.mkdir(parents=True, exist_ok=True)
+        base = self._base
+        if base is None or not base.is_dir():  # resolved once; made again if removed
+            base = self._base = self._scratch_base()
+            base.mkdir(parents=True, exist_ok=True)
         # Absolute: ffmpeg runs with its cwd inside, so a relative path would point elsewhere.
         prefix = f"{SCRATCH_PREFIX}{_host_tag()}-{os.getpid()}-"
-        path = Path(tempfile.mkdtemp(prefix=prefix, dir=base)).resolve()
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))  # base is resolved
         try:
             yield path
         finally:

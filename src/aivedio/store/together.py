@@ -22,6 +22,7 @@ that raises its own SQLSTATE when false (migration 0015), which undoes every par
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -48,24 +49,32 @@ def _shifted(sql: str, offset: int) -> str:
 def together_sql(parts: Mapping[str, Part]) -> tuple[str, list[Any]]:
     if not parts:
         raise ValueError("no statements to write together")
+    shape = tuple((name, part.sql, part.value, len(part.args)) for name, part in parts.items())
+    return _composed(shape), [arg for part in parts.values() for arg in part.args]
+
+
+@functools.lru_cache(maxsize=1024)
+def _composed(shape: tuple[tuple[str, str, str | None, int], ...]) -> str:
+    """The statement's text for parts of these names, texts, answers and argument counts:
+    the same few shapes come back for every job, so each is checked and renumbered once."""
     ctes: list[str] = []
     counts: list[str] = []
-    args: list[Any] = []
-    for name, part in parts.items():
+    offset = 0
+    for name, text, value, arity in shape:
         if not _NAME.fullmatch(name):
             raise ValueError(f"part name {name!r} is not a plain identifier")
-        sql = part.sql.strip()
+        sql = text.strip()
         if "returning" not in sql.lower() and not sql.lower().startswith(("select", "with")):
             raise ValueError(f"part {name!r} returns no rows: add a RETURNING clause")
-        if part.value is not None and not _NAME.fullmatch(part.value):
-            raise ValueError(f"part {name!r}: value {part.value!r} is not a plain column name")
-        ctes.append(f"{name} AS ({_shifted(sql, len(args))})")
-        if part.value is None:
+        if value is not None and not _NAME.fullmatch(value):
+            raise ValueError(f"part {name!r}: value {value!r} is not a plain column name")
+        ctes.append(f"{name} AS ({_shifted(sql, offset)})")
+        if value is None:
             counts.append(f"(SELECT count(*) FROM {name}) AS {name}")
         else:
-            counts.append(f"(SELECT {part.value} FROM {name} LIMIT 1) AS {name}")
-        args.extend(part.args)
-    return f"WITH {', '.join(ctes)} SELECT {', '.join(counts)}", args
+            counts.append(f"(SELECT {value} FROM {name} LIMIT 1) AS {name}")
+        offset += arity
+    return f"WITH {', '.join(ctes)} SELECT {', '.join(counts)}"
 
 
 async def write_together(conn: Connection, parts: Mapping[str, Part], doing: str) -> dict[str, Any]:
