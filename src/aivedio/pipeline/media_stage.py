@@ -83,10 +83,11 @@ from aivedio.pipeline.validate import MediaSummary
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
 from aivedio.store import keys, ledger, outbox
-from aivedio.store.database import Pool, map_db_errors, open_connection
+from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.objects import ObjectStore, open_object_store
 from aivedio.store.queue import Job, JobSpec, Queue
 from aivedio.store.records import stale, transition, transition_part
+from aivedio.store.session_locks import SessionLocks
 from aivedio.store.together import Part, write_together
 
 log = get_logger("aivedio.media")
@@ -134,6 +135,7 @@ class MediaServices:
     queue: Queue
     store: ObjectStore
     sandbox: Sandbox
+    locks: SessionLocks
 
 
 class MediaStage:
@@ -906,14 +908,11 @@ class MediaStage:
 
     @asynccontextmanager
     async def _revision_lock(self, asset_id: uuid.UUID, revision: int) -> AsyncIterator[bool]:
-        """A session advisory lock on its own connection, released when that session ends:
-        on exit (the connection is closed; no unlock statement needed) or when the
-        connection dies with its worker."""
+        """A session advisory lock (``SessionLocks``: not a pooled connection, which a long
+        render must not pin), released on exit or when the session dies with its worker."""
         key = zlib.crc32(f"render:{asset_id}:{revision}".encode()) - 2**31
-        # Not from the pool: a long render must not pin a pooled connection that heartbeats
-        # and state changes need.
-        async with open_connection(self.s.config.database, codecs=False) as conn:
-            yield bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", key))
+        async with self.s.locks.hold(key) as acquired:
+            yield acquired
 
 
 # The asset's columns and what the media jobs decide on (``_asset_row``), from ``assets a``.
@@ -985,8 +984,10 @@ async def open_media_stage(
         # Refuse to start (ConfigError) rather than fail assets: ffmpeg, ffprobe and prlimit
         # must be there and, if required, the network namespace must work.
         await sandbox.check()
+        locks = SessionLocks(config.database)
+        stack.push_async_callback(locks.aclose)
         services = MediaServices(config=config, pool=pool, queue=queue, store=store,
-                                 sandbox=sandbox)  # fmt: skip
+                                 sandbox=sandbox, locks=locks)  # fmt: skip
         yield MediaStage(services)
 
 

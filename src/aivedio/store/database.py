@@ -153,14 +153,12 @@ async def _create_pool(config: DatabaseConfig, min_size: int | None, max_size: i
     return pool
 
 
-@asynccontextmanager
-async def open_connection(
-    config: DatabaseConfig, *, codecs: bool = True
-) -> AsyncIterator[Connection]:
-    """A connection of its own. ``codecs=False`` skips the jsonb codec, whose set-up reads
-    the type from the catalogue (a round trip): for a connection that only holds a lock."""
+async def connect(config: DatabaseConfig, *, codecs: bool = True) -> Connection:
+    """A connection of its own, the caller's to close. ``codecs=False`` skips the jsonb
+    codec, whose set-up reads the type from the catalogue (a round trip): for a connection
+    that only holds locks."""
     with map_db_errors("connecting to PostgreSQL"):
-        conn = await asyncpg.connect(
+        conn: Connection = await asyncpg.connect(
             config.url,
             server_settings=_server_settings(config),
             timeout=config.connect_timeout_seconds,
@@ -171,6 +169,15 @@ async def open_connection(
         except BaseException:  # cancelled or failed half-way: the connection is still ours
             conn.terminate()
             raise
+    return conn
+
+
+@asynccontextmanager
+async def open_connection(
+    config: DatabaseConfig, *, codecs: bool = True
+) -> AsyncIterator[Connection]:
+    """``connect``, closed on exit."""
+    conn = await connect(config, codecs=codecs)
     try:
         yield conn
     finally:
