@@ -333,9 +333,7 @@ class ModerationStage:
         try:
             with self.sandbox.scratch() as scratch:
                 video = scratch / "playback.mp4"
-                async with await anyio.open_file(video, "wb") as handle:
-                    async for chunk in self.store.get(row["playback_key"]):
-                        await handle.write(chunk)
+                await self.store.download_file(row["playback_key"], str(video))
                 frames = await sample_frames(
                     self.sandbox, video, float(media.get("duration_seconds") or 0.0),
                     self.config, scratch,

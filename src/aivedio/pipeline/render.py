@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aivedio.media_config import MediaConfig
@@ -30,14 +30,13 @@ class Layout:
     """Where things live in a job's scratch directory (``out/`` mirrors the object keys)."""
 
     root: Path
+    # Made once: every path of a render's argv and checks is under one of the two.
+    work: Path = field(init=False, repr=False)
+    out: Path = field(init=False, repr=False)
 
-    @property
-    def work(self) -> Path:
-        return self.root / "work"
-
-    @property
-    def out(self) -> Path:
-        return self.root / "out"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "work", self.root / "work")
+        object.__setattr__(self, "out", self.root / "out")
 
     def rung_video(self, rung: Rung) -> Path:
         return self.work / f"rung_{rung.name}.mp4"
