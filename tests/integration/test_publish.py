@@ -528,15 +528,18 @@ async def test_hls_missing_a_segment_is_never_published(
     rig: Rig, source: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A segment object disappears after render verified it, before publish checks it.
-    original = PublishStage._files_present
+    original = PublishStage._present
 
-    async def files_present(self: PublishStage, variant: Any) -> bool:
-        if variant["variant_type"] == "hls":
-            base = variant["object_key"].rsplit("/hls/", 1)[0]
-            await self.store.delete(f"{base}/hls/180p/seg_00001.m4s")
-        return await original(self, variant)
+    async def present(
+        self: PublishStage, variants: Any, also: Any = ()
+    ) -> tuple[set[str], dict[str, int | None]]:
+        for variant in variants:
+            if variant["variant_type"] == "hls":
+                base = variant["object_key"].rsplit("/hls/", 1)[0]
+                await self.store.delete(f"{base}/hls/180p/seg_00001.m4s")
+        return await original(self, variants, also)
 
-    monkeypatch.setattr(PublishStage, "_files_present", files_present)
+    monkeypatch.setattr(PublishStage, "_present", present)
     asset_id = await rig.quarantine(source)
     await rig.enqueue_probe(asset_id)
     async with running_worker(rig):

@@ -25,6 +25,7 @@ The player of revision n keeps working: nothing it references changed.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -188,22 +189,25 @@ class PublishStage:
 
     # -- checklist ---------------------------------------------------------------------------
 
-    async def _files_present(self, variant: Row) -> bool:
-        """Every file of an output is in the store at its recorded size (one ``sizes``)."""
-        extra = variant["extra"] or {}
-        files = extra.get("files") or [{"path": None, "size": variant["size_bytes"]}]
-        base = _revision_prefix(variant["object_key"])
-        wanted = {
-            variant["object_key"] if f["path"] is None else f"{base}/{f['path']}": int(f["size"])
-            for f in files
-        }
-        found = await self.store.sizes(list(wanted))
-        for key, size in wanted.items():
-            if found.get(key) != size:
-                log.warning("publish_object_missing", key=key, variant=variant["variant_type"],
-                            expected_size=size, found=found.get(key))  # fmt: skip
-                return False
-        return True
+    async def _present(
+        self, variants: Sequence[Row], also: Sequence[str] = ()
+    ) -> tuple[set[str], dict[str, int | None]]:
+        """The outputs among ``variants`` whose every file is in the store at its recorded
+        size, and the sizes found (``also``: more keys to look up in the same call): one
+        ``sizes`` call for all of them."""
+        wanted_by = {v["variant_type"]: _wanted(v) for v in variants}
+        keys = [*also, *(key for wanted in wanted_by.values() for key in wanted)]
+        found = await self.store.sizes(keys) if keys else {}
+        present: set[str] = set()
+        for name, wanted in wanted_by.items():
+            missing = [(key, size) for key, size in wanted.items() if found.get(key) != size]
+            if not missing:
+                present.add(name)
+                continue
+            key, size = missing[0]
+            log.warning("publish_object_missing", key=key, variant=name,
+                        expected_size=size, found=found.get(key))  # fmt: skip
+        return present, found
 
     async def _checklist(
         self, asset: asyncpg.Record, revision: Row, variants: list[Row]
@@ -219,8 +223,11 @@ class PublishStage:
             raise NotPublishable(f"moderation verdict is {revision['moderation_verdict']!r}")
         if asset["width"] is None or asset["duration_us"] is None:
             raise NotPublishable("media metadata is not written")
-        source = await self.store.head(asset["source_object_key"])
-        if source is None or source.size != asset["source_size_bytes"]:
+        # The source and every finished output's files in one store call.
+        source_key = asset["source_object_key"]
+        done = [v for v in variants if v["status"] == "SUCCEEDED"]
+        present, found = await self._present(done, also=[source_key] if source_key else [])
+        if source_key is None or found.get(source_key) != asset["source_size_bytes"]:
             raise TransientError("the source object is missing or has another size")
         required = set(revision["required_outputs"])
         by_type = {v["variant_type"]: v for v in variants}
@@ -230,14 +237,10 @@ class PublishStage:
                 raise DeferredError(
                     f"required output {name} is not done yet", retry_after_seconds=5
                 )
-            if not await self._files_present(variant):
+            if name not in present:
                 raise TransientError(f"required output {name}: an object is missing")
         outputs = sorted(required)
-        for name, variant in sorted(by_type.items()):
-            if name in required or variant["status"] != "SUCCEEDED":
-                continue
-            if await self._files_present(variant):
-                outputs.append(name)
+        outputs += [name for name in sorted(present) if name not in required]
         return outputs
 
     # -- publish -------------------------------------------------------------------------------
@@ -455,12 +458,11 @@ class PublishStage:
         if any(v["status"] == "PENDING" for v in variants):
             raise DeferredError("outputs are still rendering", retry_after_seconds=10)
         published = set(base["published_outputs"] or [])
-        extra: list[str] = []
-        for variant in variants:
-            name = variant["variant_type"]
-            fresh = variant["status"] == "SUCCEEDED" and name not in published
-            if fresh and await self._files_present(variant):
-                extra.append(name)
+        fresh = [
+            v for v in variants if v["status"] == "SUCCEEDED" and v["variant_type"] not in published
+        ]
+        present, _ = await self._present(fresh)
+        extra = [v["variant_type"] for v in fresh if v["variant_type"] in present]
         if not extra:
             return {"outcome": "nothing_to_add"}
         outputs = sorted(published | set(extra))
@@ -575,6 +577,17 @@ LINK_TASK = (
     "   ON a.source_provider_output_id = o.id WHERE a.id = $1)"
     " AND output_asset_id IS NULL RETURNING 1"
 )
+
+
+def _wanted(variant: Row) -> dict[str, int]:
+    """An output's files as object keys with their recorded sizes."""
+    extra = variant["extra"] or {}
+    files = extra.get("files") or [{"path": None, "size": variant["size_bytes"]}]
+    base = _revision_prefix(variant["object_key"])
+    return {
+        variant["object_key"] if f["path"] is None else f"{base}/{f['path']}": int(f["size"])
+        for f in files
+    }
 
 
 def _revision_prefix(object_key: str) -> str:
