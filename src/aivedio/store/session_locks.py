@@ -10,7 +10,11 @@ and PostgreSQL a backend process each time.
   and releases it on exit (``pg_advisory_unlock``, shielded). A session lock is re-entrant
   within its session, so two holders in this process are told apart here: a key already held
   here is refused without asking the server.
-* Statements on the session go one at a time (one connection, one statement in flight).
+* Statements on the session go one at a time (one connection, one statement in flight),
+  shielded from the caller's cancellation (a statement cut short would make the session
+  unusable, and dropping it drops everyone's locks) and bounded by the statement timeout: a
+  database that does not answer in time, a broken connection or a failed unlock drop the
+  session; a server's error on a try (the lock not taken) keeps it.
 * When the session dies (a database restart), every lock on it is gone, as a per-render
   session's was when it died: the holders run on (what they write is fenced by their leases
   and compare-and-sets, the lock only keeps two renders from doing the same work at once).
@@ -23,6 +27,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+import asyncpg
 
 from aivedio.config import DatabaseConfig
 from aivedio.errors import AivedioError, TransientError
@@ -31,7 +36,8 @@ from aivedio.store.database import Connection, connect, map_db_errors
 
 log = get_logger("aivedio.store.session_locks")
 
-RELEASE_TIMEOUT_SECONDS = 10.0
+TRY_LOCK = "SELECT pg_try_advisory_lock($1)"
+UNLOCK = "SELECT pg_advisory_unlock($1)"
 
 
 class SessionLocks:
@@ -51,7 +57,7 @@ class SessionLocks:
             return
         self._held.add(key)  # claimed here before the await: a second holder sees it
         try:
-            acquired = bool(await self._fetchval("SELECT pg_try_advisory_lock($1)", key))
+            acquired, session = await self._statement(TRY_LOCK, key)
         except BaseException:
             self._held.discard(key)
             raise
@@ -59,22 +65,28 @@ class SessionLocks:
             self._held.discard(key)
             yield False
             return
-        session = self._conn
         try:
             yield True
         finally:
-            # Released by the session that took it; a session since closed or lost took
-            # the lock with it (a new session must not be opened just to say so).
-            if session is self._conn and session is not None and not session.is_closed():
-                with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT_SECONDS):
-                    try:
-                        await self._fetchval("SELECT pg_advisory_unlock($1)", key)
-                    except AivedioError as exc:  # the session is gone, and the lock with it
-                        log.warning("session_lock_release_failed", key=key, error=exc.detail)
+            # Shielded and without a deadline of its own: the statement's timeout bounds
+            # it, and a session that does not answer is dropped (the lock with it). Either
+            # the lock is released or its session is gone; never left held.
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self._statement(UNLOCK, key, on=session)
+                except AivedioError as exc:  # the session is gone, and the lock with it
+                    log.warning("session_lock_release_failed", key=key, error=exc.detail)
             self._held.discard(key)
 
-    async def _fetchval(self, sql: str, key: int) -> object:
+    async def _statement(
+        self, sql: str, key: int, *, on: Connection | None = None
+    ) -> tuple[bool, Connection | None]:
+        """Run ``sql`` on the session: the answer and the session it ran on. ``on``: only on
+        that session (an unlock): when it has been replaced or closed since, its locks went
+        with it and nothing is sent (no session is opened just to say so)."""
         async with self._mutex:
+            if on is not None and (on is not self._conn or on.is_closed()):
+                return False, None
             if self._closed:
                 raise TransientError("session locks are closed: the worker is stopping")
             if self._conn is None or self._conn.is_closed():
@@ -87,8 +99,15 @@ class SessionLocks:
                 with anyio.move_on_after(self._database.statement_timeout_seconds) as late:
                     with map_db_errors("holding a session lock"):
                         try:
-                            return await conn.fetchval(sql, key)
-                        except BaseException:
+                            return bool(await conn.fetchval(sql, key)), conn
+                        except asyncpg.PostgresError:
+                            # The server answered with an error: the session works. A
+                            # refused lock was not taken; an unlock that failed may have
+                            # left one held, so that session goes.
+                            if sql == UNLOCK:
+                                self._drop(conn)
+                            raise
+                        except BaseException:  # the connection broke
                             self._drop(conn)
                             raise
             assert late.cancelled_caught
