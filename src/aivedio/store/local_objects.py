@@ -47,7 +47,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO, ParamSpec, TypeVar
+from typing import Any, BinaryIO, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -598,20 +598,29 @@ class LocalObjectStore(ObjectStoreConveniences):
             file.close()  # a read-only descriptor: closing cannot block on I/O
 
     async def download_file(self, key: str, path: str) -> tuple[str, int]:
-        """Copied and hashed in one thread call."""
+        """Copied and hashed up to BATCH_MAX_BYTES a thread call (a small object: one call;
+        a call cannot be cancelled midway, so none is long)."""
         validate_key(key)
-        return await _moving_bytes(f"reading {key!r}", self._copy_out, key, path)
+        action = f"reading {key!r}"
+        source, target = await _moving_bytes(action, self._open_copy, key, path)
+        try:
+            digest = hashlib.sha256()
+            size = 0
+            while copied := await _moving_bytes(action, _copy_some, source, target, digest):
+                size += copied
+            return digest.hexdigest(), size
+        finally:
+            source.close()  # read-only: closing cannot block on I/O
+            with map_os_errors(f"writing {path}"):
+                target.close()
 
-    def _copy_out(self, key: str, path: str) -> tuple[str, int]:
+    def _open_copy(self, key: str, path: str) -> tuple[BinaryIO, BinaryIO]:
         source, _ = self._open_for_read(key)
-        digest = hashlib.sha256()
-        size = 0
-        with source, open(path, "wb") as target:
-            while chunk := source.read(READ_CHUNK_BYTES):
-                digest.update(chunk)
-                size += len(chunk)
-                target.write(chunk)
-        return digest.hexdigest(), size
+        try:
+            return source, open(path, "wb")
+        except BaseException:
+            source.close()
+            raise
 
     def _open_and_read(
         self, key: str, start: int | None, end: int | None
@@ -663,23 +672,38 @@ class LocalObjectStore(ObjectStoreConveniences):
         _prune_empty_parents(meta_path, self._meta)
 
 
-async def _listing(walk: Iterator[ObjectInfo]) -> AsyncIterator[ObjectInfo]:
+def _copy_some(source: BinaryIO, target: BinaryIO, digest: Any) -> int:
+    """Up to BATCH_MAX_BYTES from ``source`` to ``target``, hashed; the bytes copied."""
+    copied = 0
+    while copied < BATCH_MAX_BYTES and (chunk := source.read(READ_CHUNK_BYTES)):
+        digest.update(chunk)
+        target.write(chunk)
+        copied += len(chunk)
+    return copied
+
+
+async def _listing(walk: Iterator[ObjectInfo | None]) -> AsyncIterator[ObjectInfo]:
     """The walk advanced in a thread a batch at a time: one thread call for up to
-    LIST_BATCH objects, however many directories they sit in."""
+    LIST_BATCH objects and directories, however the store is laid out."""
     while True:
-        batch = await _in_thread("listing objects", _take, walk, LIST_BATCH)
+        batch, more = await _in_thread("listing objects", _take, walk, LIST_BATCH)
         for info in batch:
             yield info
-        if len(batch) < LIST_BATCH:
+        if not more:
             return
 
 
-def _take(walk: Iterator[ObjectInfo], count: int) -> builtins.list[ObjectInfo]:
-    return builtins.list(itertools.islice(walk, count))
+def _take(walk: Iterator[ObjectInfo | None], count: int) -> tuple[builtins.list[ObjectInfo], bool]:
+    """The objects among the walk's next ``count`` steps (each object or directory entered
+    is a step), and whether the walk has more."""
+    steps = builtins.list(itertools.islice(walk, count))
+    return [info for info in steps if info is not None], len(steps) == count
 
 
-def _walk(path: Path, key_prefix: str, name_prefix: str) -> Iterator[ObjectInfo]:
-    """Depth first, in key order (``_scan``); each directory read when the walk reaches it."""
+def _walk(path: Path, key_prefix: str, name_prefix: str) -> Iterator[ObjectInfo | None]:
+    """Depth first, in key order (``_scan``); each directory read when the walk reaches it
+    (a None step: a listing of empty directories is batched as one of objects is)."""
+    yield None
     for name, st in _scan(path, name_prefix):
         if stat.S_ISDIR(st.st_mode):
             yield from _walk(path / name, f"{key_prefix}{name}/", "")
