@@ -42,6 +42,8 @@ from aivedio.pipeline.spawn import Spawned, spawn
 log = get_logger("aivedio.sandbox")
 
 STDERR_TAIL_LINES = 40
+# After the process exits, how long its pipes may stay open (held by something it started).
+PIPES_GRACE_SECONDS = 2.0
 STDOUT_LIMIT_BYTES = 64 * 1024**2
 # stderr text that means the process ran out of something rather than met bad input.
 _EXHAUSTION = re.compile(
@@ -351,7 +353,10 @@ class Sandbox:
                 stdout.started(process)
             with anyio.move_on_after(deadline_seconds) as scope:
                 await process.wait()
-                await process.drained()  # a failing progress callback raises here
+                # The pipes end with the process, unless something it started holds them:
+                # a short wait, then the group is killed (below) and the pipes closed.
+                with anyio.move_on_after(PIPES_GRACE_SECONDS):
+                    await process.drained()
             result.timed_out = scope.cancelled_caught
         finally:
             with anyio.CancelScope(shield=True):
@@ -451,7 +456,11 @@ class _Progress:
                 block, self._block = self._block, {}
                 self._result.progress = block
                 if self._on_progress is not None:
-                    self._on_progress(block)
+                    try:
+                        self._on_progress(block)
+                    except Exception:  # progress is for logs: a broken callback stops alone
+                        log.exception("sandbox_progress_callback_failed")
+                        self._on_progress = None
 
 
 def _signal_group(process: Spawned, signum: int) -> None:
