@@ -468,6 +468,21 @@ def test_merge_refuses_a_map_it_cannot_renumber() -> None:
         merge_copy_runs([["-i", "file:/a.mp4", "-map", "1:a:0", "out.mp4"]])
     with pytest.raises(ValueError, match="without an input"):
         merge_copy_runs([["-map", "0:v:0", "out.mp4"]])
+    with pytest.raises(ValueError, match="without -map"):
+        merge_copy_runs([["-i", "file:/a.mp4", "-c", "copy", "out.mp4"]])
+
+
+def test_each_merged_output_keeps_its_own_first_inputs_metadata() -> None:
+    merged = merge_copy_runs([
+        ["-i", "file:/src.mp4", "-map", "0:v:0", "-c", "copy", "a.mp4"],
+        ["-i", "file:/proxy.mp4", "-i", "file:/audio.m4a", "-map", "0:v:0", "-map", "1:a:0",
+         "-c", "copy", "b.mp4"],
+    ])  # fmt: skip
+    assert merged[merged.index("a.mp4") - 1] == "copy"
+    second = merged[merged.index("a.mp4") + 1 :]
+    assert values(merged, "-map_metadata") == ["0", "1"]
+    assert values(merged, "-map_chapters") == ["0", "1"]
+    assert values(second, "-map") == ["1:v:0", "2:a:0"]
 
 
 # -- the poster by seek -----------------------------------------------------------------------

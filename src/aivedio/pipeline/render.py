@@ -353,6 +353,11 @@ def merge_copy_runs(runs: list[list[str]]) -> list[str]:
                 numbers.append(inputs.index(group))
                 start = i + 2
         tail = run[end:]
+        if "-map" not in tail:
+            raise ValueError("a package run without -map would take streams of every input")
+        # What ffmpeg takes from "the first input" by default (global metadata, chapters)
+        # is named, so each output keeps its own run's first input's.
+        outputs += ["-map_metadata", str(numbers[0]), "-map_chapters", str(numbers[0])]
         for i, arg in enumerate(tail):
             if i and tail[i - 1] == "-map":
                 number, sep, rest = arg.partition(":")
