@@ -52,3 +52,24 @@ async def test_frames_are_sampled_at_the_scene_changes(tmp_path: Path) -> None:
 async def test_the_scene_pass_is_left_out_when_no_scene_frame_is_wanted(tmp_path: Path) -> None:
     frames = await sample(tmp_path, max_scene_frames=0)
     assert [f.kind for f in frames] == ["first", "middle", "last"]
+
+
+@pytest.mark.parametrize(
+    ("source", "seconds"),
+    [("color=c=gray:s=160x120:r=10:d=3", 3.0), ("testsrc2=s=160x120:r=10:d=0.5", 0.5)],
+    ids=["no-scene-change", "shorter-than-a-second"],
+)
+async def test_stills_without_scenes_and_from_a_short_clip(
+    tmp_path: Path, source: str, seconds: float
+) -> None:
+    clip = tmp_path / "clip.mp4"
+    run_ffmpeg("-f", "lavfi", "-i", source, "-c:v", "libx264", "-pix_fmt", "yuv420p",
+               "-movflags", "+faststart", str(clip))  # fmt: skip
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    frames = await sample_frames(
+        Sandbox(MediaConfig()), clip, seconds, ModerationConfig(max_scene_frames=4), scratch
+    )
+    assert [f.kind for f in frames][:3] == ["first", "middle", "last"]
+    assert all(f.jpeg.startswith(b"\xff\xd8") for f in frames)
+    assert [f for f in frames if f.kind == "scene"] == []  # gray has none; 0.5 s none

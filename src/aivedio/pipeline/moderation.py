@@ -231,7 +231,10 @@ async def sample_frames(
         "-ss", f"{middle:.3f}", *input_args(MP4, video),
         "-sseof", "-1", *input_args(MP4, video),
     ]  # fmt: skip
-    graph = [f"[1:v]{scale}[middle]", f"[2:v]{scale}[last]"]
+    # trim: a still's branch ends at its frame. Without it the graph goes on decoding that
+    # opening (and scaling the first's) to the end: twice the CPU on a long video.
+    still = f"trim=end_frame=1,{scale}"
+    graph = [f"[1:v]{still}[middle]", f"[2:v]{scale}[last]"]
     stills = ["-q:v", "4", "-update", "1"]
     outputs = [
         "-map", "[first]", "-frames:v", "1", *stills, str(scratch / "first.jpg"),
@@ -242,14 +245,14 @@ async def sample_frames(
         select = f"select='gt(scene,{config.scene_threshold})'"
         graph[:0] = [
             "[0:v]split=2[whole][scenes]",
-            f"[whole]{scale}[first]",
+            f"[whole]{still}[first]",
             f"[scenes]{select},metadata=mode=print:file={SCENE_TIMES},{scale}[scene]",
         ]
         outputs += ["-map", "[scene]", "-fps_mode", "passthrough",
                     "-frames:v", str(config.max_scene_frames), "-q:v", "4",
                     str(scratch / "scene_%03d.jpg")]  # fmt: skip
     else:
-        graph[:0] = [f"[0:v]{scale}[first]"]
+        graph[:0] = [f"[0:v]{still}[first]"]
     result = await sandbox.run(
         "ffmpeg", [*inputs, "-filter_complex", ";".join(graph), *outputs], cwd=scratch,
         deadline_seconds=sandbox.media.process_timeout_seconds + duration,
