@@ -27,37 +27,33 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     return request.param  # type: ignore[no-any-return]
 
 
-async def _read_all(stream: Any) -> bytes:
-    return b"".join([chunk async for chunk in stream])
-
-
 def _open_fds() -> set[str]:
     return set(os.listdir("/proc/self/fd"))
 
 
 async def test_output_and_status(tmp_path: Path) -> None:
     script = "import sys; sys.stdout.write('out' * 100000); sys.stderr.write('err'); sys.exit(3)"
-    process = await spawn([sys.executable, "-c", script], cwd=str(tmp_path), env=ENV)
-    async with anyio.create_task_group() as tg:
-        results: dict[str, bytes] = {}
-
-        async def read(name: str, stream: Any) -> None:
-            results[name] = await _read_all(stream)
-
-        tg.start_soon(read, "out", process.stdout)
-        tg.start_soon(read, "err", process.stderr)
-        assert await process.wait() == 3
+    out: list[bytes] = []
+    err: list[bytes] = []
+    process = await spawn([sys.executable, "-c", script], cwd=str(tmp_path), env=ENV,
+                          on_stdout=out.append, on_stderr=err.append)  # fmt: skip
+    assert await process.wait() == 3
+    await process.drained()
     await process.aclose()
+    results = {"out": b"".join(out), "err": b"".join(err)}
     assert results == {"out": b"out" * 100000, "err": b"err"}
     assert process.returncode == 3
 
 
 async def test_cwd_and_environment_are_the_callers(tmp_path: Path) -> None:
     script = "import os; print(os.getcwd()); print(sorted(os.environ))"
-    process = await spawn([sys.executable, "-c", script], cwd=str(tmp_path), env={"LC_ALL": "C"})
-    out = await _read_all(process.stdout)
+    chunks: list[bytes] = []
+    process = await spawn([sys.executable, "-c", script], cwd=str(tmp_path), env={"LC_ALL": "C"},
+                          on_stdout=chunks.append)  # fmt: skip
     assert await process.wait() == 0
+    await process.drained()
     await process.aclose()
+    out = b"".join(chunks)
     cwd, names = out.decode().splitlines()
     assert Path(cwd) == tmp_path
     assert "LC_ALL" in names and "PATH" not in names
@@ -125,20 +121,6 @@ async def test_a_spawn_under_a_cancelled_scope_completes_and_leaks_nothing(tmp_p
     await process.aclose()
     await anyio.sleep(0)
     assert _open_fds() == before
-
-
-async def test_callbacks_get_the_output_and_drained_waits_for_both_pipes(tmp_path: Path) -> None:
-    script = "import sys; sys.stdout.write('out' * 100000); sys.stderr.write('err'); sys.exit(3)"
-    out: list[bytes] = []
-    err: list[bytes] = []
-    process = await spawn([sys.executable, "-c", script], cwd=str(tmp_path), env=ENV,
-                          on_stdout=out.append, on_stderr=err.append)  # fmt: skip
-    assert process.stdout is None and process.stderr is None  # fed, not streamed
-    with anyio.fail_after(10):
-        assert await process.wait() == 3
-        await process.drained()
-    await process.aclose()
-    assert b"".join(out) == b"out" * 100000 and b"".join(err) == b"err"
 
 
 async def test_a_failing_callback_is_raised_by_drained(tmp_path: Path) -> None:

@@ -8,11 +8,11 @@ a spawn against 0.1 ms for ``subprocess.Popen``, which uses ``vfork`` (the paren
 never copied). So the process is started by ``Popen`` and only its pipes and its exit are
 handed to the loop:
 
-* stdout and stderr are read through the loop's pipe transports (``connect_read_pipe``):
-  as anyio byte streams, or, for a caller that passes ``on_stdout``/``on_stderr``, handed
-  to that callback as they arrive (no task, no stream: the sandbox's way, where every asset
-  starts about a dozen processes and each reader task's wakeups were a good part of the
-  worker's own CPU); ``drained()`` waits for such pipes to end;
+* stdout and stderr are read through the loop's pipe transports (``connect_read_pipe``)
+  and handed to the caller's ``on_stdout``/``on_stderr`` as they arrive (without one, the
+  bytes are dropped): no task, no stream, since every asset starts about a dozen processes
+  and a reader task's wakeups were a good part of the worker's own CPU; ``drained()`` waits
+  for the pipes to end;
 * the exit is awaited on a pidfd (Linux 5.3+), which becomes readable when the child exits;
   where there is none, the exit is polled every few milliseconds.
 
@@ -34,29 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 import anyio
-from anyio import EndOfStream
-from anyio.abc import ByteReceiveStream
 
 POLL_SECONDS = 0.005
 POLL_MAX_SECONDS = 0.1
-READ_LIMIT_BYTES = 1024 * 1024
-
-
-class PipeStream(ByteReceiveStream):
-    """One of the child's output pipes, read through the event loop."""
-
-    def __init__(self, reader: asyncio.StreamReader, transport: asyncio.BaseTransport) -> None:
-        self._reader = reader
-        self._transport = transport
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        data = await self._reader.read(max_bytes)
-        if not data:
-            raise EndOfStream
-        return data
-
-    async def aclose(self) -> None:
-        self._transport.close()
 
 
 class _Sink(asyncio.Protocol):
@@ -87,28 +67,23 @@ class _Sink(asyncio.Protocol):
             self.closed.set_result(None)
 
 
-async def _pipe(file: IO[bytes], feed: Callable[[bytes], None] | None) -> PipeStream | _Sink:
-    loop = asyncio.get_running_loop()
-    if feed is not None:
-        sink = _Sink(feed)
-        await loop.connect_read_pipe(lambda: sink, file)
-        return sink
-    reader = asyncio.StreamReader(limit=READ_LIMIT_BYTES)
-    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), file)
-    return PipeStream(reader, transport)
+def _drop(_data: bytes) -> None:
+    """Output nobody reads."""
+
+
+async def _pipe(file: IO[bytes], feed: Callable[[bytes], None] | None) -> _Sink:
+    sink = _Sink(feed or _drop)
+    await asyncio.get_running_loop().connect_read_pipe(lambda: sink, file)
+    return sink
 
 
 class Spawned:
-    """A started child: ``pid``, ``stdout``, ``stderr``, ``wait()``, ``returncode``."""
+    """A started child: ``pid``, ``wait()``, ``drained()``, ``returncode``."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], pipes: Sequence[PipeStream | _Sink | None]
-                 ) -> None:  # fmt: skip
+    def __init__(self, popen: subprocess.Popen[bytes], pipes: Sequence[_Sink | None]) -> None:
         self._popen = popen
         self.pid = popen.pid
         self._pipes = list(pipes)
-        out, err = pipes
-        self.stdout = out if isinstance(out, PipeStream) else None
-        self.stderr = err if isinstance(err, PipeStream) else None
         # The child's resource usage, once reaped (None if something else reaped it).
         self.rusage: resource.struct_rusage | None = None
         self._pidfd: int | None = None
@@ -146,27 +121,25 @@ class Spawned:
         return True
 
     async def drained(self) -> None:
-        """Wait until the pipes read by callbacks have ended (the child and anything that
-        inherited them closed them); then raise what a callback raised, if one did."""
+        """Wait until the pipes have ended (the child and anything that inherited them
+        closed them); then raise what a callback raised, if one did."""
         for pipe in self._pipes:
-            if isinstance(pipe, _Sink):
+            if pipe is not None:
                 await pipe.closed
                 if pipe.error is not None:
                     raise pipe.error
 
     async def aclose(self) -> None:
         """Close the pipes and the pidfd; the caller has waited for the exit (or killed)."""
-        await _close(self._pipes)
+        _close(self._pipes)
         if self._pidfd is not None:
             os.close(self._pidfd)
             self._pidfd = None
 
 
-async def _close(pipes: Sequence[PipeStream | _Sink | None]) -> None:
+def _close(pipes: Sequence[_Sink | None]) -> None:
     for pipe in pipes:
-        if isinstance(pipe, PipeStream):
-            await pipe.aclose()
-        elif pipe is not None and pipe.transport is not None:
+        if pipe is not None and pipe.transport is not None:
             pipe.transport.close()
 
 
@@ -176,34 +149,33 @@ async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
                 on_stdout: Callable[[bytes], None] | None = None,
                 on_stderr: Callable[[bytes], None] | None = None) -> Spawned:  # fmt: skip
     """Start ``argv`` (never a shell) with stdin from /dev/null; OSError if it cannot start.
-    A piped output with an ``on_…`` callback is fed to it instead of being a stream."""
+    A piped output goes to its ``on_…`` callback as it arrives."""
     popen = subprocess.Popen(  # noqa: ASYNC220 - vfork: the loop waits only for the exec
         list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=cwd,
         env=dict(env), start_new_session=start_new_session,
     )  # fmt: skip
     files = [popen.stdout, popen.stderr]
     feeds = [on_stdout, on_stderr]
-    streams: list[PipeStream | _Sink | None] = []
+    streams: list[_Sink | None] = []
     try:
         # Shielded: a cancellation while a transport is being attached (uvloop takes a loop
         # turn) would leave the file's descriptor closed under us or not, unknowable.
         with anyio.CancelScope(shield=True):
             for file, feed in zip(files, feeds, strict=True):
                 streams.append(await _pipe(file, feed) if file is not None else None)
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                if start_new_session:
-                    os.killpg(popen.pid, signal.SIGKILL)
-                else:
-                    popen.kill()
-            popen.wait()  # killed: it exits at once
-            await _close(streams)
-            # Files never handed to a transport (the one that failed may have been closed
-            # by it: only those after it are surely ours).
-            for file in files[len(streams) + 1 :]:
-                if file is not None:
-                    with contextlib.suppress(OSError):
-                        file.close()
+    except BaseException:  # nothing below awaits: no cancellation can cut it short
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if start_new_session:
+                os.killpg(popen.pid, signal.SIGKILL)
+            else:
+                popen.kill()
+        popen.wait()  # killed: it exits at once
+        _close(streams)
+        # Files never handed to a transport (the one that failed may have been closed
+        # by it: only those after it are surely ours).
+        for file in files[len(streams) + 1 :]:
+            if file is not None:
+                with contextlib.suppress(OSError):
+                    file.close()
         raise
     return Spawned(popen, streams)
