@@ -267,6 +267,32 @@ async def test_download_file_writes_the_object_and_its_digest(
         await store.download_file("dl/missing.bin", str(tmp_path / "missing.bin"))
 
 
+async def test_the_local_store_downloads_a_batch_a_thread_call_the_first_with_the_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[object] = []
+    real = anyio.to_thread.run_sync
+
+    async def counting(func: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(func)
+        return await real(func, *args, **kwargs)
+
+    async with opened(StorageConfig(url=f"file://{tmp_path}/objects")) as store:
+        small, large = payload(100_000, seed=3), payload(3 * MIB + 17, seed=4)
+        await store.put_bytes("dl/small.bin", small)
+        await store.put_bytes("dl/large.bin", large)
+        monkeypatch.setattr(local_objects.anyio.to_thread, "run_sync", counting)
+        got = await store.download_file("dl/small.bin", str(tmp_path / "small.bin"))
+        assert got == (hashlib.sha256(small).hexdigest(), len(small))
+        assert len(calls) == 1  # opened, copied, the end found: one hop
+        calls.clear()
+        monkeypatch.setattr(local_objects, "BATCH_MAX_BYTES", MIB)
+        got = await store.download_file("dl/large.bin", str(tmp_path / "large.bin"))
+        assert got == (hashlib.sha256(large).hexdigest(), len(large))
+        assert (tmp_path / "large.bin").read_bytes() == large
+        assert len(calls) == 4  # three full batches, then the 17 bytes and the end
+
+
 async def test_a_listing_longer_than_a_batch_is_whole_and_in_key_order(
     store: ObjectStore, storage_config: StorageConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:

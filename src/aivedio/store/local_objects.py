@@ -602,11 +602,12 @@ class LocalObjectStore(ObjectStoreConveniences):
         a call cannot be cancelled midway, so none is long)."""
         validate_key(key)
         action = f"reading {key!r}"
-        source, target = await _moving_bytes(action, self._open_copy, key, path)
+        digest = hashlib.sha256()
+        # Opened and the first batch copied in one thread call: a small object costs one hop.
+        source, target, size, done = await _moving_bytes(action, self._open_copy, key, path, digest)
         try:
-            digest = hashlib.sha256()
-            size = 0
-            while copied := await _moving_bytes(action, _copy_some, source, target, digest):
+            while not done:
+                copied, done = await _moving_bytes(action, _copy_some, source, target, digest)
                 size += copied
             return digest.hexdigest(), size
         finally:
@@ -614,12 +615,18 @@ class LocalObjectStore(ObjectStoreConveniences):
             with map_os_errors(f"writing {path}"):
                 target.close()
 
-    def _open_copy(self, key: str, path: str) -> tuple[BinaryIO, BinaryIO]:
+    def _open_copy(self, key: str, path: str, digest: Any) -> tuple[BinaryIO, BinaryIO, int, bool]:
+        """Both files opened and the first batch copied (``_copy_some``)."""
         source, _ = self._open_for_read(key)
+        target: BinaryIO | None = None
         try:
-            return source, open(path, "wb")
+            target = open(path, "wb")  # noqa: SIM115 - handed to the caller, who closes it
+            return source, target, *_copy_some(source, target, digest)
         except BaseException:
             source.close()
+            if target is not None:
+                with suppress(OSError):  # a full disk fails the close's flush too
+                    target.close()
             raise
 
     def _open_and_read(
@@ -672,14 +679,18 @@ class LocalObjectStore(ObjectStoreConveniences):
         _prune_empty_parents(meta_path, self._meta)
 
 
-def _copy_some(source: BinaryIO, target: BinaryIO, digest: Any) -> int:
-    """Up to BATCH_MAX_BYTES from ``source`` to ``target``, hashed; the bytes copied."""
+def _copy_some(source: BinaryIO, target: BinaryIO, digest: Any) -> tuple[int, bool]:
+    """Up to BATCH_MAX_BYTES from ``source`` to ``target``, hashed: the bytes copied, and
+    whether the source has ended."""
     copied = 0
-    while copied < BATCH_MAX_BYTES and (chunk := source.read(READ_CHUNK_BYTES)):
+    while copied < BATCH_MAX_BYTES:
+        chunk = source.read(READ_CHUNK_BYTES)
+        if not chunk:
+            return copied, True
         digest.update(chunk)
         target.write(chunk)
         copied += len(chunk)
-    return copied
+    return copied, False
 
 
 async def _listing(walk: Iterator[ObjectInfo | None]) -> AsyncIterator[ObjectInfo]:
