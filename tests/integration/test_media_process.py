@@ -233,9 +233,12 @@ def test_remux_plan_and_faststart_playback(runs: Runs) -> None:
         assert done.report.nodes[name].status == "done"
     assert done.layout.playback.is_file() and done.layout.poster.is_file()
     assert {n for n, o in done.report.nodes.items() if o.status == "done"} == ALL_OUTPUTS
-    # The required set needs no encode: the first steps after the scans are copy and seek.
+    # The required set needs no encode: the first step after the scans copies the playback
+    # and seeks the poster, in one process.
     after_scan = [s for s in steps(done) if not s.startswith(("inspect:", "keyframe", "audio_"))]
-    assert after_scan[:2] == ["package", "poster_seek"]
+    assert after_scan[0] == "package+poster_seek"
+    before = steps(done)[: steps(done).index(after_scan[0])]
+    assert not any(step.startswith("encode") for step in before)
 
 
 def test_remux_keeps_the_bitstreams(runs: Runs) -> None:
@@ -257,6 +260,40 @@ def test_remux_hls_copied_and_lower_rungs_are_aligned_and_decode(runs: Runs) -> 
     copied = done.layout.hls / "360p"
     assert (copied / "init.mp4").is_file()
     assert sorted(copied.glob("seg_*.m4s"))
+
+
+def test_remux_hls_offset_takes_the_sources_start_from_the_probe(runs: Runs) -> None:
+    done = runs.get("remux")
+    # What a scan of the source's first packets (every stream) finds, the plan recorded.
+    argv = [mf.FFPROBE, "-v", "error", "-read_intervals", "%+#48", "-show_entries",
+            "packet=pts_time,dts_time", "-of", "csv=p=0", str(done.source)]  # fmt: skip
+    text = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    stamps = [float(v) for line in text.splitlines() for v in line.strip().split(",")[:2]
+              if v not in ("", "N/A")]  # fmt: skip
+    assert done.plan.source_earliest == pytest.approx(min(stamps), abs=1e-6)
+    assert done.plan.source_earliest < 0  # B-frames and AAC priming: the offset matters
+    # So the render scans only what it encoded: the 240p rung's video and the audio file.
+    assert steps(done).count("ts_scan") == 2
+
+
+def test_a_plan_recorded_without_the_sources_start_scans_it_and_gets_the_same_offset(
+    runs: Runs,
+) -> None:
+    done = runs.get("remux")
+    old = msgspec.structs.replace(done.plan, source_earliest=None)
+
+    async def main() -> tuple[Report, list[str], float, float]:
+        run = MediaRun(Sandbox(done.media), done.source, runs.root / "runs" / "old-plan")
+        run.assume_valid(done.summary)
+        report = await run.run(wants=["hls"], plan=old)
+        ran = steps(report)
+        recorded = await run._hls_offset(done.plan, has_audio=True)
+        return report, ran, await run._hls_offset(old, has_audio=True), recorded
+
+    report, ran, scanned, recorded = anyio.run(main)
+    assert report.nodes["hls"].status == "done", report.failed()
+    assert ran.count("ts_scan") == 3  # the source too
+    assert scanned == recorded > 0
 
 
 def test_no_audio_remux_has_no_audio_and_a_silent_waveform(runs: Runs) -> None:

@@ -16,7 +16,7 @@ from aivedio.pipeline.render import (
     Layout,
     encode_args,
     encode_job,
-    merge_copy_runs,
+    merge_runs,
     package_args,
     poster_seek_args,
 )
@@ -435,7 +435,7 @@ def test_only_the_wanted_packages_are_made(layout: Layout) -> None:
 def test_package_runs_merge_into_one_process(mode: str, layout: Layout) -> None:
     plan = make_plan(mode)
     runs = package(plan, layout)
-    merged = merge_copy_runs(runs)
+    merged = merge_runs(runs)
     # Each distinct input opened once, in the order first used.
     opened = [v for _, v in inputs(merged)]
     assert len(opened) == len(set(opened))
@@ -463,17 +463,17 @@ def test_package_runs_merge_into_one_process(mode: str, layout: Layout) -> None:
 
 def test_merge_refuses_a_map_it_cannot_renumber() -> None:
     with pytest.raises(ValueError, match="cannot renumber"):
-        merge_copy_runs([["-i", "file:/a.mp4", "-map", "[v]", "out.mp4"]])
+        merge_runs([["-i", "file:/a.mp4", "-map", "[v]", "out.mp4"]])
     with pytest.raises(ValueError, match="cannot renumber"):
-        merge_copy_runs([["-i", "file:/a.mp4", "-map", "1:a:0", "out.mp4"]])
+        merge_runs([["-i", "file:/a.mp4", "-map", "1:a:0", "out.mp4"]])
     with pytest.raises(ValueError, match="without an input"):
-        merge_copy_runs([["-map", "0:v:0", "out.mp4"]])
+        merge_runs([["-map", "0:v:0", "out.mp4"]])
     with pytest.raises(ValueError, match="without -map"):
-        merge_copy_runs([["-i", "file:/a.mp4", "-c", "copy", "out.mp4"]])
+        merge_runs([["-i", "file:/a.mp4", "-c", "copy", "out.mp4"]])
 
 
 def test_each_merged_output_keeps_its_own_first_inputs_metadata() -> None:
-    merged = merge_copy_runs([
+    merged = merge_runs([
         ["-i", "file:/src.mp4", "-map", "0:v:0", "-c", "copy", "a.mp4"],
         ["-i", "file:/proxy.mp4", "-i", "file:/audio.m4a", "-map", "0:v:0", "-map", "1:a:0",
          "-c", "copy", "b.mp4"],
@@ -483,6 +483,21 @@ def test_each_merged_output_keeps_its_own_first_inputs_metadata() -> None:
     assert values(merged, "-map_metadata") == ["0", "1"]
     assert values(merged, "-map_chapters") == ["0", "1"]
     assert values(second, "-map") == ["1:v:0", "2:a:0"]
+
+
+def test_a_remuxs_required_set_merges_with_the_posters_seek_as_an_input_of_its_own(
+    layout: Layout,
+) -> None:
+    plan = make_plan("remux", poster_seconds=1.25)
+    [playback] = package(plan, layout, {"playback", "poster"})
+    poster = poster_seek_args(plan, MEDIA, MP4, SOURCE, layout)
+    merged = merge_runs([playback, poster])
+    # The source twice: copied from the start, and seeked for the poster.
+    [(first, _), (second, _)] = inputs(merged)
+    assert "-ss" not in merged[:first] and values(merged[first:second], "-ss") == ["1.250"]
+    tail = merged[merged.index(str(layout.playback)) + 1 :]
+    assert values(tail, "-map") == ["1:0"]  # the poster's frame from the seeked opening
+    assert tail[-3:] == ["-f", "image2", str(layout.poster)]
 
 
 # -- the poster by seek -----------------------------------------------------------------------

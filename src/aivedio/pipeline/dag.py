@@ -43,7 +43,7 @@ from aivedio.pipeline.render import (
     Layout,
     encode_args,
     encode_job,
-    merge_copy_runs,
+    merge_runs,
     package_args,
     poster_seek_args,
 )
@@ -57,6 +57,7 @@ PROGRESS_LOG_SECONDS = 10.0
 # Packets read from the head of a file to find its earliest timestamp (reorder delay and
 # audio priming show up within the first few).
 HEAD_PACKETS = 48
+AUDIO_HEAD_PACKETS = 8  # the audio's start: its first packets
 
 OnDone = Callable[[OutputRecord], Awaitable[None]]
 
@@ -132,23 +133,24 @@ class MediaRun:
         summary = self._summary
         assert summary is not None
         if plan is None:
-            self.layout.make_dirs()
+            self.layout.make_dirs(wants=())  # the scans' cwd
             # Only HLS needs the source's keyframes (the cut points of a copied rung).
             # (and the chunked path: a long source is split at its keyframes).
             needs_cuts = plan_only or wants is None or "hls" in set(wants)
             needs_cuts = needs_cuts or 0 < self.media.chunk_threshold_seconds < (
                 summary.duration_seconds
             )
-            source_keys, start, packets = (
-                await self._source_keyframes(summary) if needs_cuts else (None, None, None)
+            source_keys, start, packets, earliest = (
+                await self._source_keyframes(summary) if needs_cuts else (None, None, None, None)
             )
             plan = make_plan(summary, self.media, source_keyframes=source_keys,
-                             stream_start=start, video_packets=packets)  # fmt: skip
+                             stream_start=start, video_packets=packets,
+                             source_earliest=earliest)  # fmt: skip
         report.plan = plan
-        self.layout.make_dirs(plan)
         if plan_only:
             wants = []
         want = set(plan.outputs if wants is None else wants) & set(plan.outputs)
+        self.layout.make_dirs(plan, want)
         report.wanted = want
         await self._produce(plan, summary, want)
         report.wall_seconds = time.monotonic() - started
@@ -191,9 +193,10 @@ class MediaRun:
 
     async def _source_keyframes(
         self, summary: MediaSummary
-    ) -> tuple[list[float], float | None, list[keyframes.Packet]]:
-        """The source's video keyframe times, the earliest audio packet's time, and the
-        video packets (decode order) the chunked path splits by."""
+    ) -> tuple[list[float], float | None, list[keyframes.Packet], float | None]:
+        """The source's video keyframe times, the earliest audio packet's time, the video
+        packets (decode order) the chunked path splits by, and the earliest pts or dts among
+        the first packets of both (``Plan.source_earliest``)."""
         assert self._sniff is not None and self.report is not None
         started = time.monotonic()
         video = str(summary.video_stream_index)
@@ -202,25 +205,35 @@ class MediaRun:
         packets = keyframes.parse_packets(text)
         times = keyframes.keyframe_pts(packets)
         audio_start: float | None = None
+        heads: list[keyframes.Packet] = []
         if summary.audio_stream_index is not None:
             index = str(summary.audio_stream_index)
-            args = _packet_args(self._sniff, self.source, stream=index, first=8)
+            args = _packet_args(self._sniff, self.source, stream=index, first=AUDIO_HEAD_PACKETS)
             heads = keyframes.parse_packets(await self._ffprobe_csv("audio_start_scan", args))
             starts = [p.pts for p in heads if p.pts is not None]
             audio_start = min(starts) if starts else None
+        stamps = [value for packet in (*packets[:HEAD_PACKETS], *heads)
+                  for value in (packet.pts, packet.dts) if value is not None]  # fmt: skip
         self.report.steps["keyframe_scan"] = time.monotonic() - started
-        return times, audio_start, packets
+        return times, audio_start, packets, min(stamps, default=None)
 
     async def _hls_offset(self, plan: Plan, has_audio: bool) -> float:
         """The one timestamp offset for every rendition: the earliest timestamp among the
         packets that will be muxed, negated (1 ms margin), or 0."""
         inputs: list[tuple[Sniff | None, Path]] = []
-        if plan.top.copy:
-            inputs.append((self._sniff, self.source))
-        inputs += [(None, self.layout.rung_video(r)) for r in plan.rungs if not r.copy]
-        if has_audio and self.layout.audio.exists():
-            inputs.append((None, self.layout.audio))
         earliest = 0.0
+        encoded = [r for r in plan.rungs if not r.copy]
+        if plan.top.copy:
+            # The source's own packets: known from the probe's scans, when it recorded them.
+            if plan.source_earliest is None:
+                inputs.append((self._sniff, self.source))
+            else:
+                earliest = min(earliest, plan.source_earliest)
+        inputs += [(None, self.layout.rung_video(r)) for r in encoded]
+        # The audio file is muxed with the encoded rungs only (a copied one takes the
+        # source's own audio).
+        if has_audio and encoded and self.layout.audio.exists():
+            inputs.append((None, self.layout.audio))
         for sniff, path in inputs:
             args = _packet_args(sniff, path, stream=None, first=HEAD_PACKETS)
             for packet in keyframes.parse_packets(await self._ffprobe_csv("ts_scan", args)):
@@ -243,8 +256,8 @@ class MediaRun:
         package, finalize and verify ``nodes`` (a failure fails them all)."""
         assert self.report is not None and self._summary is not None
         self.report.plan = plan
-        self.layout.make_dirs(plan)
         nodes = [n for n in CHUNK_OUTPUTS if n in nodes]
+        self.layout.make_dirs(plan, nodes)
         self.report.wanted = set(nodes)
         try:
             await self._run_group(nodes, plan, self._summary, encoded=True)
@@ -263,9 +276,9 @@ class MediaRun:
         required = [n for n in plan.required if n in want]
         optional = [n for n in plan.optional if n in want]
         if plan.mode == "remux":
-            # The required set needs no decode at all: copy and one seek.
-            for node in required:
-                await self._attempt([node], plan, summary)
+            # The required set needs no encode pass: copies and a poster by seek, in one
+            # process, before the optional outputs' decode.
+            await self._attempt(required, plan, summary)
             await self._attempt([n for n in optional], plan, summary)
         else:
             await self._attempt(required + optional, plan, summary)
@@ -380,16 +393,17 @@ class MediaRun:
                 audio_channels=summary.audio_channels, audio_rate=summary.audio_sample_rate,
             )  # fmt: skip
             await self._ffmpeg("audio", args, plan.duration_seconds)
-        if "poster" in wants and not job.poster:
-            args = poster_seek_args(plan, self.media, self._sniff, self.source, self.layout)
-            await self._ffmpeg("poster_seek", args, plan.duration_seconds)
         offset = await self._hls_offset(plan, has_audio) if "hls" in wants else 0.0
         runs = package_args(
             plan, wants, self.media, self._sniff, self.source, self.layout,
             has_audio=has_audio, hls_offset=offset,
         )  # fmt: skip
-        if runs:  # one process for every copy-only output
-            await self._ffmpeg("package", merge_copy_runs(runs), plan.duration_seconds)
+        named = ["package"] if runs else []
+        if "poster" in wants and not job.poster:  # no encode pass makes it: one frame by seek
+            runs.append(poster_seek_args(plan, self.media, self._sniff, self.source, self.layout))
+            named.append("poster_seek")
+        if runs:  # one process for every output that needs no encode pass
+            await self._ffmpeg("+".join(named), merge_runs(runs), plan.duration_seconds)
         shared = time.monotonic() - started
         for node in nodes:
             node_started = time.monotonic()

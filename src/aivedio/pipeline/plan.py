@@ -68,6 +68,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     # A long source: split at keyframes, (chunk, rendition) encoded as separate jobs; None:
     # one pass. Recorded here so the worker and ``aivedio process`` take the same path.
     chunking: Chunking | None = None
+    # The earliest pts or dts among the first packets of the source's video and audio (the
+    # probe's scans): what a copied rung adds to the HLS timestamp offset. None (a plan
+    # recorded before it was, or made without the scans): the render scans the source.
+    source_earliest: float | None = None
 
     @property
     def path(self) -> str:
@@ -161,12 +165,14 @@ def make_plan(
     stream_start: float | None = None,
     outputs: list[str] | None = None,
     video_packets: list[Packet] | None = None,
+    source_earliest: float | None = None,
 ) -> Plan:
     """The plan for this media. ``source_keyframes`` (seconds) is needed to remux with HLS;
     ``stream_start`` is the earliest packet of any stream muxed with the video (AAC priming
     starts about 23 ms before the video), from which the HLS muxer measures its cuts.
     ``video_packets`` (decode order) lets a source longer than
-    ``chunk_threshold_seconds`` take the chunked path."""
+    ``chunk_threshold_seconds`` take the chunked path. ``source_earliest`` is recorded as
+    given (``Plan.source_earliest``)."""
     reasons = transcode_reasons(s)
     mode = "transcode" if reasons else "remux"
     short = min(s.display_width, s.display_height)
@@ -250,4 +256,5 @@ def make_plan(
         video_stream=s.video_stream_index,
         audio_stream=s.audio_stream_index,
         chunking=chunking,
+        source_earliest=source_earliest,
     )

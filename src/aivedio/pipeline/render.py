@@ -6,12 +6,14 @@
   intermediates go to ``work/``; audio is encoded (or copied) once.
 * ``package_args``: copy-only muxing of intermediates (or, when remuxing, of the source's own
   streams) into the playback MP4 (``+faststart``), the proxy MP4 and one fMP4 HLS rendition
-  per rung. No decode, no encode. ``merge_copy_runs`` makes them one process.
+  per rung. No decode, no encode.
 * ``poster_seek_args``: a poster by input seek, when no encode pass runs (remux).
+* ``merge_runs``: those runs as one process.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,10 +86,19 @@ class Layout:
     def keyframes(self) -> Path:
         return self.out / "keyframes.json"
 
-    def make_dirs(self, plan: Plan | None = None) -> None:
-        """Every directory the argv of this module writes into (the builders stay pure)."""
-        paths = [self.work, self.out, self.sprites, self.waveform]
-        if plan is not None:
+    def make_dirs(self, plan: Plan | None = None, wants: Collection[str] | None = None) -> None:
+        """The directories the argv of this module writes into for ``wants`` (every output
+        when None; ``work/``, the processes' cwd, always): the builders stay pure. A probe
+        wants nothing and gets ``work/`` alone: each directory made and removed again costs
+        the worker a tenth of a millisecond on ext4."""
+        paths = [self.work]
+        if wants is None or wants:
+            paths.append(self.out)
+        if wants is None or "sprite" in wants:
+            paths.append(self.sprites)
+        if wants is None or "waveform" in wants:
+            paths.append(self.waveform)
+        if plan is not None and (wants is None or "hls" in wants):
             paths += [self.hls_rung(rung) for rung in plan.rungs]
         for path in paths:
             path.mkdir(parents=True, exist_ok=True)
@@ -332,11 +343,12 @@ def package_args(
     return runs
 
 
-def merge_copy_runs(runs: list[list[str]]) -> list[str]:
-    """Several copy-only runs of ``package_args`` as one ffmpeg: each distinct input opened
-    once (the source a remux packages twice, the audio file every rendition muxes), every
-    output with its own options, its ``-map`` renumbered to the merged inputs. Copying is
-    cheap; starting a process per output was most of what packaging cost."""
+def merge_runs(runs: list[list[str]]) -> list[str]:
+    """Several runs of ``package_args`` (and ``poster_seek_args``) as one ffmpeg: each
+    distinct input opened once (the source a remux packages twice, the audio file every
+    rendition muxes; the poster's seeked opening is an input of its own), every output with
+    its own options, its ``-map`` renumbered to the merged inputs. Copying and one seeked
+    frame are cheap; starting a process per output was most of what they cost."""
     inputs: list[list[str]] = []
     outputs: list[str] = []
     for run in runs:
