@@ -57,7 +57,7 @@ from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.backlog import BacklogMonitor, Reading
 from aivedio.pipeline.registry import JobContext, Registry
 from aivedio.scheduling import backoff_seconds, decide_retry
-from aivedio.store.database import Pool, open_connection, until_database_answers
+from aivedio.store.database import Pool, lost_server, open_connection, until_database_answers
 from aivedio.store.queue import NOTIFY_CHANNEL, Job, LocalLanes, Queue
 
 log = get_logger("aivedio.worker")
@@ -487,9 +487,15 @@ class Worker:
         except AivedioError as exc:
             error = exc
         except Exception as exc:
-            error = TransientError(redact_text(f"{type(exc).__name__}: {exc}"))
-            error.error_class = "internal"
-            log.exception("job_crashed", job_id=job.id, kind=job.kind)
+            lost = lost_server(exc)
+            if lost is not None:  # a restart or failover under a stage's own pool call
+                error = lost
+                log.warning("job_database_lost", job_id=job.id, kind=job.kind,
+                            error=redact_text(lost.detail))  # fmt: skip
+            else:
+                error = TransientError(redact_text(f"{type(exc).__name__}: {exc}"))
+                error.error_class = "internal"
+                log.exception("job_crashed", job_id=job.id, kind=job.kind)
         finally:
             del self._running[(job.id, job.lease_token)]
             lane.busy -= 1

@@ -56,22 +56,31 @@ async def _init_connection(conn: Connection) -> None:
     )
 
 
+# What the driver and the sockets under it raise: DatabaseError at the seam.
+DRIVER_ERRORS = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    # What a pooled connection raises after the server restarted under it ("cannot switch
+    # to state …; another operation is in progress"): not an InterfaceError, and as
+    # transient as one.
+    asyncpg.InternalClientError,
+    OSError,
+    TimeoutError,
+)
+
+
+def database_error(action: str, exc: BaseException) -> DatabaseError:
+    """``exc`` (one of DRIVER_ERRORS) as the DatabaseError to raise ``from`` it."""
+    return DatabaseError(f"{action}: {type(exc).__name__}: {exc}")
+
+
 @contextmanager
 def map_db_errors(action: str) -> Iterator[None]:
     """Translate driver and socket errors into DatabaseError, naming what we were doing."""
     try:
         yield
-    except (
-        asyncpg.PostgresError,
-        asyncpg.InterfaceError,
-        # What a pooled connection raises after the server restarted under it ("cannot
-        # switch to state …; another operation is in progress"): not an InterfaceError, and
-        # as transient as one.
-        asyncpg.InternalClientError,
-        OSError,
-        TimeoutError,
-    ) as exc:
-        raise DatabaseError(f"{action}: {type(exc).__name__}: {exc}") from exc
+    except DRIVER_ERRORS as exc:
+        raise database_error(action, exc) from exc
 
 
 async def until_database_answers(
@@ -103,8 +112,26 @@ def _unreachable(exc: DatabaseError) -> bool:
     cause = exc.__cause__
     if isinstance(cause, OSError | TimeoutError | asyncpg.InterfaceError):
         return True
-    state = str(getattr(cause, "sqlstate", "") or "")
+    return _server_gone(cause)
+
+
+def _server_gone(exc: BaseException | None) -> bool:
+    """The server's own word that it is going or gone: SQLSTATE class 08 (connection
+    exception), 57P01-57P03 (shutting down, crashed, starting up)."""
+    state = str(getattr(exc, "sqlstate", "") or "")
     return state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
+
+def lost_server(exc: BaseException) -> DatabaseError | None:
+    """A driver error that escaped ``map_db_errors`` (a stage's own ``pool.acquire()`` or
+    query while the server restarted under it) as the DatabaseError it is, when it says the
+    server went away: a refused, reset or closed connection, a connection in a state the
+    restart left it in, SQLSTATE class 08 or 57P01-57P03. Anything else, None: a bug stays a
+    crash with its traceback (an OSError of a file, a timeout of anything)."""
+    gone = isinstance(exc, ConnectionError | asyncpg.InterfaceError | asyncpg.InternalClientError)
+    if gone or (isinstance(exc, asyncpg.PostgresError) and _server_gone(exc)):
+        return database_error("the server went away", exc)
+    return None
 
 
 async def _keep_session(_conn: Connection) -> None:
