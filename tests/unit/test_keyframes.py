@@ -8,6 +8,7 @@ import pytest
 
 from aivedio.pipeline.keyframes import (
     Packet,
+    by_stream,
     keyframe_index,
     keyframe_pts,
     parse_packets,
@@ -230,3 +231,42 @@ def test_audio_priming_moves_the_cuts(tmp_path: Path) -> None:
     _run(FFMPEG or "ffmpeg", "-v", "error", "-i", str(src), "-an", "-c", "copy", str(video_only))
     assert _hls_boundaries(video_only, tmp_path / "v", 2) == pytest.approx([4.0], abs=1e-3)
     assert segment_boundaries(times, segment_seconds=2) == [4.0]
+
+
+def test_a_scan_of_every_stream_splits_by_index_keeping_the_heads_asked_for() -> None:
+    # What ffprobe prints with stream_index first: video 0, AAC priming on 1 (with its empty
+    # side-data sub-section and blank line), a data stream 2 nobody asked for.
+    scan = (
+        "0,0.000000,-0.083333,2982,K_\n"
+        "0,0.166667,-0.041667,7735,__\n"
+        "1,-0.023220,-0.023220,9982,KD,\n"
+        "\n"
+        "2,0.000000,0.000000,10100,K_\n"
+        "1,0.000000,0.000000,10296,K_\n"
+        "0,0.083333,0.000000,10400,__\n"
+        "1,0.023220,0.023220,10500,K_\n"
+        "10,9.0,9.0,1,K_\n"  # stream 10 is not stream 1
+    )
+    parts = by_stream(scan, {0: None, 1: 2})
+    assert set(parts) == {0, 1}
+    video, audio = parse_packets(parts[0]), parse_packets(parts[1])
+    assert [p.pos for p in video] == [2982, 7735, 10400]  # every one, in file order
+    assert [p.pts for p in audio] == [-0.02322, 0.0]  # the first two only
+    assert by_stream("", {0: None}) == {0: ""}
+
+
+@needs_ffmpeg
+def test_by_stream_reads_ffprobes_own_scan_as_the_per_stream_scans_do(tmp_path: Path) -> None:
+    assert FFMPEG is not None and FFPROBE is not None
+    clip = tmp_path / "av.mp4"
+    _run(FFMPEG, "-v", "error", "-f", "lavfi", "-i", "testsrc2=size=160x120:rate=24:duration=2",
+         "-f", "lavfi", "-i", "sine=frequency=440:duration=2", "-c:v", "libx264", "-bf", "2",
+         "-c:a", "aac", "-shortest", str(clip))  # fmt: skip
+    entries = ["-show_entries", "packet=pts_time,dts_time,pos,flags", "-of", "csv=p=0"]
+    video = _run(FFPROBE, "-v", "error", "-select_streams", "0", *entries, str(clip))
+    audio = _run(FFPROBE, "-v", "error", "-select_streams", "1", *entries, str(clip))
+    indexed = ["-show_entries", "packet=stream_index,pts_time,dts_time,pos,flags"]
+    every = _run(FFPROBE, "-v", "error", *indexed, "-of", "csv=p=0", str(clip))
+    parts = by_stream(every, {0: None, 1: 8})
+    assert parse_packets(parts[0]) == parse_packets(video)
+    assert parse_packets(parts[1]) == parse_packets(audio)[:8]

@@ -199,19 +199,23 @@ class MediaRun:
         the first packets of both (``Plan.source_earliest``)."""
         assert self._sniff is not None and self.report is not None
         started = time.monotonic()
-        video = str(summary.video_stream_index)
-        args = _packet_args(self._sniff, self.source, stream=video)
-        text = await self._ffprobe_csv("keyframe_scan", args)
-        packets = keyframes.parse_packets(text)
-        times = keyframes.keyframe_pts(packets)
+        video, audio = summary.video_stream_index, summary.audio_stream_index
         audio_start: float | None = None
         heads: list[keyframes.Packet] = []
-        if summary.audio_stream_index is not None:
-            index = str(summary.audio_stream_index)
-            args = _packet_args(self._sniff, self.source, stream=index, first=AUDIO_HEAD_PACKETS)
-            heads = keyframes.parse_packets(await self._ffprobe_csv("audio_start_scan", args))
+        if audio is None:
+            args = _packet_args(self._sniff, self.source, stream=str(video))
+            packets = keyframes.parse_packets(await self._ffprobe_csv("keyframe_scan", args))
+        else:
+            # One scan of every stream (ffprobe demuxes them all either way), split here:
+            # a process fewer than a scan per stream, for lines of audio the parse skips.
+            args = _packet_args(self._sniff, self.source, stream=None, indexed=True)
+            text = await self._ffprobe_csv("keyframe_scan", args)
+            parts = keyframes.by_stream(text, {video: None, audio: AUDIO_HEAD_PACKETS})
+            packets = keyframes.parse_packets(parts[video])
+            heads = keyframes.parse_packets(parts[audio])
             starts = [p.pts for p in heads if p.pts is not None]
             audio_start = min(starts) if starts else None
+        times = keyframes.keyframe_pts(packets)
         stamps = [value for packet in (*packets[:HEAD_PACKETS], *heads)
                   for value in (packet.pts, packet.dts) if value is not None]  # fmt: skip
         self.report.steps["keyframe_scan"] = time.monotonic() - started
@@ -560,17 +564,17 @@ class _ProgressLog:
 
 
 def _packet_args(
-    sniff: Sniff | None, path: Path, *, stream: str | None = "v:0", first: int | None = None
+    sniff: Sniff | None,
+    path: Path,
+    *,
+    stream: str | None = "v:0",
+    first: int | None = None,
+    indexed: bool = False,
 ) -> list[str]:
+    """ffprobe's packets of ``stream`` (None: every stream), ``pts_time,dts_time,pos,flags``
+    a line (``indexed``: ``stream_index`` first, for ``keyframes.by_stream``)."""
     source = input_args(sniff or MP4, path)
     head = ["-read_intervals", f"%+#{first}"] if first else []
     select = ["-select_streams", stream] if stream else []
-    return [
-        *source,
-        *head,
-        *select,
-        "-show_entries",
-        "packet=pts_time,dts_time,pos,flags",
-        "-of",
-        "csv=p=0",
-    ]
+    fields = ("stream_index," if indexed else "") + "pts_time,dts_time,pos,flags"
+    return [*source, *head, *select, "-show_entries", f"packet={fields}", "-of", "csv=p=0"]

@@ -32,7 +32,7 @@ in integer microseconds, exact for ffprobe's six-decimal times. ``hls_init_time`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
 from typing import Any, NamedTuple
 
@@ -82,6 +82,24 @@ def parse_packets(csv_text: str) -> list[Packet]:
             raise ValueError(f"line {number}: non-finite timestamp {line!r}")
         append(Packet(pts, dts, pos, flags[:1] == "K"))
     return packets
+
+
+def by_stream(csv_text: str, limits: Mapping[int, int | None]) -> dict[int, str]:
+    """Split a scan of every stream (``stream_index`` first on each line) into the CSV of
+    each stream in ``limits``, the index taken off, at most ``limits[i]`` packets of stream
+    ``i`` (None: all). Lines of other streams, blank lines and lines without an index are
+    dropped; ``parse_packets`` reads each part."""
+    prefixes = {f"{index},": index for index in limits}
+    kept: dict[int, list[str]] = {index: [] for index in limits}
+    for raw in csv_text.splitlines():
+        head, sep, rest = raw.partition(",")
+        index = prefixes.get(head + sep)
+        if index is None:
+            continue
+        lines, limit = kept[index], limits[index]
+        if limit is None or len(lines) < limit:
+            lines.append(rest)
+    return {index: "\n".join(lines) for index, lines in kept.items()}
 
 
 def keyframe_pts(packets: Iterable[Packet]) -> list[float]:
