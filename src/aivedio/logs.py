@@ -105,9 +105,9 @@ def configure(level: str = "info", fmt: str = "json", stream: Any = None) -> Non
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            redact_processor,
+            redact_processor,  # everything a caller or a traceback put in the event
+            structlog.processors.TimeStamper(fmt="iso", utc=True),  # ours: not scanned
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
