@@ -296,6 +296,38 @@ def test_a_plan_recorded_without_the_sources_start_scans_it_and_gets_the_same_of
     assert scanned == recorded > 0
 
 
+def two_audio_tracks(directory: Path) -> Path:
+    """640x360 H.264 + two AAC tracks, 2 s: a remuxable source with a track nobody uses."""
+    out = directory / "two_audio.mp4"
+    mf.run_ffmpeg(
+        *("-f", "lavfi", "-i", "testsrc2=s=640x360:r=24:d=2"),
+        *("-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000:duration=2"),
+        *("-f", "lavfi", "-i", "sine=frequency=880:sample_rate=48000:duration=2"),
+        *("-map", "0:v", "-map", "1:a", "-map", "2:a", "-c:v", "libx264", "-bf", "2"),
+        *("-c:a", "aac", "-b:a", "64k"),
+        str(out),
+    )
+    return out
+
+
+def test_the_probe_scans_every_stream_at_once_only_when_there_are_just_the_two_it_uses(
+    runs: Runs,
+) -> None:
+    async def probe_plan(source: Path, root: Path) -> tuple[Plan | None, list[str]]:
+        report = await MediaRun(Sandbox(SMALL), source, root).run(plan_only=True)
+        return report.plan, steps(report)
+
+    plan, ran = anyio.run(probe_plan, runs.get("remux").source, runs.root / "runs" / "scan-1")
+    assert [s for s in ran if "scan" in s] == ["keyframe_scan"]  # video and audio together
+    assert plan == runs.get("remux").plan
+    source = runs.cache.get("two_audio", two_audio_tracks)
+    plan, ran = anyio.run(probe_plan, source, runs.root / "runs" / "scan-2")
+    # Another track's packets are never printed: a scan per stream used.
+    assert [s for s in ran if "scan" in s] == ["keyframe_scan", "audio_start_scan"]
+    assert plan is not None and plan.mode == "remux" and plan.source_earliest is not None
+    assert plan.source_earliest < 0 and plan.cut_points is not None
+
+
 def test_no_audio_remux_has_no_audio_and_a_silent_waveform(runs: Runs) -> None:
     done = runs.get("no_audio")
     assert done.plan.mode == "remux"

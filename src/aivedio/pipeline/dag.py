@@ -200,21 +200,25 @@ class MediaRun:
         assert self._sniff is not None and self.report is not None
         started = time.monotonic()
         video, audio = summary.video_stream_index, summary.audio_stream_index
-        audio_start: float | None = None
         heads: list[keyframes.Packet] = []
-        if audio is None:
-            args = _packet_args(self._sniff, self.source, stream=str(video))
-            packets = keyframes.parse_packets(await self._ffprobe_csv("keyframe_scan", args))
-        else:
-            # One scan of every stream (ffprobe demuxes them all either way), split here:
-            # a process fewer than a scan per stream, for lines of audio the parse skips.
+        if audio is not None and _just_video_and_audio(summary):
+            # One scan of every stream (ffprobe demuxes them all either way), split here: a
+            # process fewer than a scan per stream, for the audio lines the split skips.
             args = _packet_args(self._sniff, self.source, stream=None, indexed=True)
             text = await self._ffprobe_csv("keyframe_scan", args)
             parts = keyframes.by_stream(text, {video: None, audio: AUDIO_HEAD_PACKETS})
             packets = keyframes.parse_packets(parts[video])
             heads = keyframes.parse_packets(parts[audio])
-            starts = [p.pts for p in heads if p.pts is not None]
-            audio_start = min(starts) if starts else None
+        else:
+            # Other tracks too (up to max_streams): never printed, a scan per stream used.
+            args = _packet_args(self._sniff, self.source, stream=str(video))
+            packets = keyframes.parse_packets(await self._ffprobe_csv("keyframe_scan", args))
+            if audio is not None:
+                args = _packet_args(self._sniff, self.source, stream=str(audio),
+                                    first=AUDIO_HEAD_PACKETS)  # fmt: skip
+                heads = keyframes.parse_packets(await self._ffprobe_csv("audio_start_scan", args))
+        starts = [p.pts for p in heads if p.pts is not None]
+        audio_start = min(starts) if starts else None
         times = keyframes.keyframe_pts(packets)
         stamps = [value for packet in (*packets[:HEAD_PACKETS], *heads)
                   for value in (packet.pts, packet.dts) if value is not None]  # fmt: skip
@@ -561,6 +565,12 @@ class _ProgressLog:
         log.info("render_progress", step=self.step, media_seconds=round(done, 2),
                  of_seconds=round(self.duration, 2), speed=block.get("speed"),
                  elapsed_seconds=round(now - self.started, 1))  # fmt: skip
+
+
+def _just_video_and_audio(summary: MediaSummary) -> bool:
+    """The file holds the one video and the one audio stream a render uses, nothing else."""
+    others = summary.subtitle_streams + summary.attachment_streams + summary.data_streams
+    return summary.video_streams == 1 and summary.audio_streams == 1 and not others
 
 
 def _packet_args(

@@ -129,9 +129,11 @@ def lost_server(exc: BaseException) -> DatabaseError | None:
     restart left it in, SQLSTATE class 08 or 57P01-57P03. Anything else, None: a bug stays a
     crash with its traceback (an OSError of a file, a timeout of anything)."""
     gone = isinstance(exc, ConnectionError | asyncpg.InterfaceError | asyncpg.InternalClientError)
-    if gone or (isinstance(exc, asyncpg.PostgresError) and _server_gone(exc)):
-        return database_error("the server went away", exc)
-    return None
+    if not gone and not (isinstance(exc, asyncpg.PostgresError) and _server_gone(exc)):
+        return None
+    error = database_error("the server went away", exc)
+    error.__cause__ = exc  # as map_db_errors' ``raise … from``
+    return error
 
 
 async def _keep_session(_conn: Connection) -> None:
