@@ -139,6 +139,20 @@ async def test_a_pool_opened_while_the_server_is_away_waits_then_fails_cleanly()
     assert time.monotonic() - started < 5
 
 
+async def _first_attempt_ended(worker: Worker, pool: Pool, job_id: int) -> Any:
+    """Run ``worker`` until the job's first attempt has ended; the job's row then."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: worker.run(install_signal_handlers=False))
+        with anyio.fail_after(20):
+            while True:
+                row = await pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
+                if row is not None and row["status"] != "running" and row["attempts"] >= 1:
+                    break
+                await anyio.sleep(0.05)
+        worker.request_drain(force=True)
+    return row
+
+
 # Chaos finding 6 (scripts/chaos --n 200 --seed 505): a worker drained during `pg_ctl
 # restart`; its probe job failed on the restart itself, and the one attempt to record that
 # failure met the database starting up. The lease was left to expire, which the reaper
@@ -162,15 +176,7 @@ async def test_a_failure_met_by_a_database_restart_is_recorded_once_it_answers(
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(worker.queue, "retry_later", retry_later)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: worker.run(install_signal_handlers=False))
-        with anyio.fail_after(20):
-            while True:
-                row = await pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
-                if row is not None and row["status"] != "running" and row["attempts"] >= 1:
-                    break
-                await anyio.sleep(0.05)
-        worker.request_drain(force=True)
+    row = await _first_attempt_ended(worker, pool, job_id)
     assert len(refused) == 3
     assert row["status"] in ("queued", "waiting") and row["lease_owner"] is None
     assert row["last_error_class"] == "transient"
@@ -203,15 +209,7 @@ async def test_a_stage_meeting_a_restart_under_its_own_pool_call_is_a_database_e
         ))).job_id  # fmt: skip
     worker = Worker(config, pool, registry)
     with capture_logs() as logs:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: worker.run(install_signal_handlers=False))
-            with anyio.fail_after(20):
-                while True:
-                    row = await pool.fetchrow("SELECT * FROM jobs WHERE id = $1", job_id)
-                    if row is not None and row["status"] != "running" and row["attempts"] >= 1:
-                        break
-                    await anyio.sleep(0.05)
-            worker.request_drain(force=True)
+        row = await _first_attempt_ended(worker, pool, job_id)
     assert row["status"] in ("queued", "waiting")  # retried either way
     assert row["last_error_class"] == error_class
     events = [entry for entry in logs if entry["event"] in ("job_crashed", "job_database_lost")]
