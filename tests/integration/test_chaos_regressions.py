@@ -10,7 +10,13 @@ from typing import Any
 
 import anyio
 import pytest
-from asyncpg import InternalClientError
+from asyncpg import (
+    ConnectionDoesNotExistError,
+    DataError,
+    InterfaceError,
+    InternalClientError,
+    OutdatedSchemaCacheError,
+)
 from structlog.testing import capture_logs
 
 from aivedio.config import Config, DatabaseConfig
@@ -192,7 +198,21 @@ async def test_a_failure_met_by_a_database_restart_is_recorded_once_it_answers(
     [
         (ConnectionResetError(104, "Connection reset by peer"), "database", "job_database_lost"),
         (InternalClientError(STALE_PROTOCOL), "database", "job_database_lost"),
+        (InterfaceError("connection is closed"), "database", "job_database_lost"),
+        (
+            ConnectionDoesNotExistError("connection was closed in the middle of operation"),
+            "database",
+            "job_database_lost",
+        ),
+        # Bugs stay crashes, asyncpg's included.
         (FileNotFoundError(2, "No such file or directory"), "internal", "job_crashed"),
+        (DataError("invalid input for query argument $1: 'x'"), "internal", "job_crashed"),
+        (
+            InterfaceError("the server expects 2 arguments for this query, 1 was passed"),
+            "internal",
+            "job_crashed",
+        ),
+        (OutdatedSchemaCacheError("cache lookup failed for type 25"), "internal", "job_crashed"),
     ],
 )
 async def test_a_stage_meeting_a_restart_under_its_own_pool_call_is_a_database_error(

@@ -58,6 +58,10 @@ PROGRESS_LOG_SECONDS = 10.0
 # audio priming show up within the first few).
 HEAD_PACKETS = 48
 AUDIO_HEAD_PACKETS = 8  # the audio's start: its first packets
+# A scan of every stream prints every audio packet: at ~40 bytes a line, 500,000 are ~20 MB
+# of ffprobe output, a third of the sandbox's stdout cap (an hour of 60 fps video with AAC
+# at 48 kHz is about 385,000).
+ONE_SCAN_MAX_PACKETS = 500_000
 
 OnDone = Callable[[OutputRecord], Awaitable[None]]
 
@@ -201,7 +205,7 @@ class MediaRun:
         started = time.monotonic()
         video, audio = summary.video_stream_index, summary.audio_stream_index
         heads: list[keyframes.Packet] = []
-        if audio is not None and _just_video_and_audio(summary):
+        if audio is not None and _one_scan(summary):
             # One scan of every stream (ffprobe demuxes them all either way), split here: a
             # process fewer than a scan per stream, for the audio lines the split skips.
             args = _packet_args(self._sniff, self.source, stream=None, indexed=True)
@@ -210,7 +214,8 @@ class MediaRun:
             packets = keyframes.parse_packets(parts[video])
             heads = keyframes.parse_packets(parts[audio])
         else:
-            # Other tracks too (up to max_streams): never printed, a scan per stream used.
+            # Other tracks (up to max_streams), audio of unknown or high packet rate, or
+            # just too many packets: the other lines are never printed, a scan per stream.
             args = _packet_args(self._sniff, self.source, stream=str(video))
             packets = keyframes.parse_packets(await self._ffprobe_csv("keyframe_scan", args))
             if audio is not None:
@@ -567,10 +572,17 @@ class _ProgressLog:
                  elapsed_seconds=round(now - self.started, 1))  # fmt: skip
 
 
-def _just_video_and_audio(summary: MediaSummary) -> bool:
-    """The file holds the one video and the one audio stream a render uses, nothing else."""
+def _one_scan(summary: MediaSummary) -> bool:
+    """Whether one scan of every stream is bounded: the file holds just the video and the
+    AAC audio a render uses (an AAC packet is 1,024 samples: a known rate), and their
+    packets together stay under ONE_SCAN_MAX_PACKETS (ffprobe's output under its cap)."""
     others = summary.subtitle_streams + summary.attachment_streams + summary.data_streams
-    return summary.video_streams == 1 and summary.audio_streams == 1 and not others
+    if summary.video_streams != 1 or summary.audio_streams != 1 or others:
+        return False
+    if summary.audio_codec != "aac" or not summary.audio_sample_rate:
+        return False
+    per_second = max(summary.frame_rate, summary.real_frame_rate) + summary.audio_sample_rate / 1024
+    return summary.duration_seconds * per_second <= ONE_SCAN_MAX_PACKETS
 
 
 def _packet_args(

@@ -122,13 +122,25 @@ def _server_gone(exc: BaseException | None) -> bool:
     return state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
+# What asyncpg says, in an error of its own type, when the connection under a call is gone
+# (the exact class only: its subclasses are programming errors, e.g. DataError).
+_GONE_MESSAGES = {
+    asyncpg.InterfaceError: ("connection is closed",),
+    # A pooled connection the restart left mid-protocol (chaos finding 1).
+    asyncpg.InternalClientError: ("cannot switch to state",),
+}
+
+
 def lost_server(exc: BaseException) -> DatabaseError | None:
     """A driver error that escaped ``map_db_errors`` (a stage's own ``pool.acquire()`` or
     query while the server restarted under it) as the DatabaseError it is, when it says the
-    server went away: a refused, reset or closed connection, a connection in a state the
-    restart left it in, SQLSTATE class 08 or 57P01-57P03. Anything else, None: a bug stays a
-    crash with its traceback (an OSError of a file, a timeout of anything)."""
-    gone = isinstance(exc, ConnectionError | asyncpg.InterfaceError | asyncpg.InternalClientError)
+    server went away: a refused, reset or aborted connection, asyncpg's own "connection is
+    closed" or stale-protocol error, SQLSTATE class 08 or 57P01-57P03. Anything else, None:
+    a bug stays a crash with its traceback (an argument asyncpg cannot encode, a wrong
+    argument count, an OSError of a file, a timeout of anything)."""
+    gone = isinstance(exc, ConnectionError) or any(
+        phrase in str(exc) for phrase in _GONE_MESSAGES.get(type(exc), ())
+    )
     if not gone and not (isinstance(exc, asyncpg.PostgresError) and _server_gone(exc)):
         return None
     error = database_error("the server went away", exc)
