@@ -40,6 +40,8 @@ pytestmark = pytest.mark.anyio
 
 FPS = 24
 RATE = 48000
+LONG = 60  # seconds: the long source
+SHORT = 20  # seconds: the short ones, four chunks of about 5 s with ``short_chunks``
 
 
 @pytest.fixture(scope="module")
@@ -164,11 +166,13 @@ def longest_silence_ms(samples: array.array[int]) -> float:
 
 
 @pytest.mark.timeout(600)
-async def test_three_minutes_through_the_chunked_path_give_exact_frames_in_sync(
+async def test_a_long_source_through_the_chunked_path_gives_exact_frames_in_sync(
     rig: Rig, media_cache: MediaCache, tmp_path: Path
 ) -> None:
-    # Keyframes every 47 frames: most fall off the 1 s segment grid (47/24 s apart).
-    source = media_cache.get("counted_180", counted_av, seconds=180, fps=FPS, keyint=47)
+    # Keyframes every 47 frames: most fall off the 1 s segment grid (47/24 s apart). A
+    # minute in chunks of about 6 s: ten chunks, nine boundaries to check.
+    source = media_cache.get(f"counted_{LONG}", counted_av, seconds=LONG, fps=FPS, keyint=47)
+    rig = chunked(rig, chunk_threshold_seconds=30.0, chunk_seconds=6.0)
     async with running_worker(rig):
         asset_id = await publish(rig, source)
     asset = await rig.asset(asset_id)
@@ -178,7 +182,7 @@ async def test_three_minutes_through_the_chunked_path_give_exact_frames_in_sync(
     assert plan.mode == "transcode" and plan.path == "chunked"
     assert plan.chunking is not None
     chunking = plan.chunking
-    assert chunking.count >= 7
+    assert chunking.count >= 8
     assert any(abs(s - round(s)) > 0.01 for s in chunking.starts[1:]), "an off-grid split"
 
     jobs = await history(rig, asset_id)
@@ -205,7 +209,7 @@ async def test_three_minutes_through_the_chunked_path_give_exact_frames_in_sync(
     local = tmp_path / "out"
     names = await download_revision(rig, asset_id, local)
     assert check_hls(local / "hls" / "master.m3u8") == []
-    total = 180 * FPS
+    total = LONG * FPS
     for rung in plan.rungs:
         playlist = local / "hls" / rung.name / "index.m3u8"
         # Exactly the source's frames, each once, in order.
@@ -224,7 +228,7 @@ async def test_three_minutes_through_the_chunked_path_give_exact_frames_in_sync(
             assert abs(video_at - audio_at) < 1 / FPS, (rung.name, boundary, video_at, audio_at)
         # No audio gap at all (the track is encoded once, never cut).
         assert longest_silence_ms(samples) < 5.0
-        assert abs(len(samples) / RATE - 180) < 0.1
+        assert abs(len(samples) / RATE - LONG) < 0.1
     playback = local / "playback.mp4"
     assert read_counters(playback, width=plan.top.width) == list(range(total))
     assert "keyframes.json" in names
@@ -235,14 +239,13 @@ async def test_three_minutes_through_the_chunked_path_give_exact_frames_in_sync(
 
 @pytest.fixture
 def short_source(media_cache: MediaCache) -> Path:
-    # 40 s, yuv420p H.264: a remux (the copied top rung plus one encoded rung); with
-    # ``short_chunks`` 4 chunks of about 10 s.
-    return media_cache.get("counted_40", counted_av, seconds=40, fps=FPS, keyint=47,
+    # yuv420p H.264: a remux (the copied top rung plus one encoded rung).
+    return media_cache.get(f"counted_{SHORT}", counted_av, seconds=SHORT, fps=FPS, keyint=47,
                            pix_fmt="yuv420p")  # fmt: skip
 
 
 def short_chunks(rig: Rig) -> Rig:
-    return chunked(rig, chunk_threshold_seconds=30.0, chunk_seconds=10.0)
+    return chunked(rig, chunk_threshold_seconds=10.0, chunk_seconds=5.0)
 
 
 async def test_a_chunk_failing_twice_then_succeeding_changes_nothing(
@@ -287,7 +290,7 @@ async def test_renditions_from_one_decode_match_those_encoded_one_by_one(
 ) -> None:
     rig = short_chunks(rig)
     # yuv444p: a transcode, every rung encoded from the chunks.
-    source = media_cache.get("counted_40_444", counted_av, seconds=40, fps=FPS, keyint=47,
+    source = media_cache.get(f"counted_{SHORT}_444", counted_av, seconds=SHORT, fps=FPS, keyint=47,
                              pix_fmt="yuv444p")  # fmt: skip
     async with running_worker(rig):
         together = await publish(rig, source)
@@ -351,7 +354,7 @@ async def test_a_source_that_cannot_be_split_takes_the_single_pass(
     local = tmp_path / "out"
     await download_revision(rig, asset_id, local)
     assert check_hls(local / "hls" / "master.m3u8") == []
-    every_frame = list(range(40 * FPS))
+    every_frame = list(range(SHORT * FPS))
     for rung in plan.rungs:
         playlist = local / "hls" / rung.name / "index.m3u8"
         assert read_counters(playlist, width=rung.width) == every_frame, rung.name
