@@ -138,3 +138,61 @@ async def test_a_failing_callback_is_raised_by_drained(tmp_path: Path) -> None:
             await process.drained()
     await process.aclose()
     assert len(seen) == 1  # fed nothing more once it failed
+
+
+RACE = """
+import asyncio, os, sys, threading, time
+import uvloop
+from aivedio.pipeline.spawn import spawn
+
+def opener(stop, errors, path):
+    while not stop.is_set():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, b"x")
+            if os.fstat(fd).st_ino != os.stat(path).st_ino:
+                errors.append("descriptor swapped")
+            os.close(fd)
+        except OSError as exc:
+            errors.append(repr(exc))
+
+async def main(directory, seconds):
+    stop, errors = threading.Event(), []
+    path = os.path.join(directory, "file")
+    threads = [threading.Thread(target=opener, args=(stop, errors, path)) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    started, spawned = time.monotonic(), 0
+    try:
+        while time.monotonic() - started < seconds:
+            process = await spawn(["true"], cwd=directory, env={"PATH": os.environ["PATH"]},
+                                  on_stdout=lambda _: None, on_stderr=lambda _: None)
+            await process.wait()
+            await process.drained()
+            await process.aclose()
+            spawned += 1
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    print(spawned, len(errors), errors[:3])
+
+uvloop.run(main(sys.argv[1], float(sys.argv[2])))
+"""
+
+
+def test_no_descriptor_of_another_thread_is_closed_by_a_finished_child(tmp_path: Path) -> None:
+    """Under uvloop, with threads opening files all the while (the object store's), a few
+    thousand children started and closed leave every thread's descriptors alone. Pipe files
+    handed to uvloop were closed twice (MagicStack/uvloop#763): in 3 s this run aborted,
+    hung or saw EBADF in the threads."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", RACE, str(tmp_path), "3"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    spawned, errors, _ = done.stdout.split(" ", 2)
+    assert int(spawned) > 300
+    assert errors == "0", done.stdout

@@ -12,7 +12,12 @@ handed to the loop:
   and handed to the caller's ``on_stdout``/``on_stderr`` as they arrive (without one, the
   bytes are dropped): no task, no stream, since every asset starts about a dozen processes
   and a reader task's wakeups were a good part of the worker's own CPU; ``drained()`` waits
-  for the pipes to end;
+  for the pipes to end. The "pipes" are Unix socket pairs, not ``os.pipe``: uvloop (0.23)
+  closes a pipe transport's descriptor twice, once in libuv and once through the file
+  object it was given (MagicStack/uvloop#763), and a file a store thread opened in between
+  gets that number and is closed under it (seen as ``EBADF`` in a fleet benchmark, then a
+  worker's abort). A socket object it detaches instead: each descriptor closed once, on
+  either loop;
 * the exit is awaited on a pidfd (Linux 5.3+), which becomes readable when the child exits;
   where there is none, the exit is polled every few milliseconds.
 
@@ -29,9 +34,10 @@ import contextlib
 import os
 import resource
 import signal
+import socket
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
-from typing import IO, Any
+from typing import Any
 
 import anyio
 
@@ -71,9 +77,9 @@ def _drop(_data: bytes) -> None:
     """Output nobody reads."""
 
 
-async def _pipe(file: IO[bytes], feed: Callable[[bytes], None] | None) -> _Sink:
+async def _pipe(end: socket.socket, feed: Callable[[bytes], None] | None) -> _Sink:
     sink = _Sink(feed or _drop)
-    await asyncio.get_running_loop().connect_read_pipe(lambda: sink, file)
+    await asyncio.get_running_loop().connect_read_pipe(lambda: sink, end)
     return sink
 
 
@@ -150,19 +156,39 @@ async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
                 on_stderr: Callable[[bytes], None] | None = None) -> Spawned:  # fmt: skip
     """Start ``argv`` (never a shell) with stdin from /dev/null; OSError if it cannot start.
     A piped output goes to its ``on_…`` callback as it arrives."""
-    popen = subprocess.Popen(  # noqa: ASYNC220 - vfork: the loop waits only for the exec
-        list(argv), stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr, cwd=cwd,
-        env=dict(env), start_new_session=start_new_session,
-    )  # fmt: skip
-    files = [popen.stdout, popen.stderr]
+    ours: list[socket.socket | None] = []
+    theirs: list[Any] = []
+    try:
+        for target in (stdout, stderr):
+            if target is subprocess.PIPE:
+                mine, child = socket.socketpair()  # both ends close-on-exec
+                ours.append(mine)
+                theirs.append(child)
+            else:
+                ours.append(None)
+                theirs.append(target)
+        popen = subprocess.Popen(  # noqa: ASYNC220 - vfork: the loop waits only for the exec
+            list(argv), stdin=subprocess.DEVNULL, stderr=_child_end(theirs[1]),
+            stdout=_child_end(theirs[0]), cwd=cwd, env=dict(env),
+            start_new_session=start_new_session,
+        )  # fmt: skip
+    except BaseException:
+        for end in ours:
+            if end is not None:
+                end.close()
+        raise
+    finally:
+        for end in theirs:
+            if isinstance(end, socket.socket):
+                end.close()  # the child holds its own copy
     feeds = [on_stdout, on_stderr]
     streams: list[_Sink | None] = []
     try:
         # Shielded: a cancellation while a transport is being attached (uvloop takes a loop
-        # turn) would leave the file's descriptor closed under us or not, unknowable.
+        # turn) would leave the descriptor closed under us or not, unknowable.
         with anyio.CancelScope(shield=True):
-            for file, feed in zip(files, feeds, strict=True):
-                streams.append(await _pipe(file, feed) if file is not None else None)
+            for end, feed in zip(ours, feeds, strict=True):
+                streams.append(await _pipe(end, feed) if end is not None else None)
     except BaseException:  # nothing below awaits: no cancellation can cut it short
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if start_new_session:
@@ -171,11 +197,18 @@ async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
                 popen.kill()
         popen.wait()  # killed: it exits at once
         _close(streams)
-        # Files never handed to a transport (the one that failed may have been closed
-        # by it: only those after it are surely ours).
-        for file in files[len(streams) + 1 :]:
-            if file is not None:
-                with contextlib.suppress(OSError):
-                    file.close()
+        # The end that failed to attach may have been closed by the loop: detached, never
+        # closed again (a leak at worst, never another's descriptor). Those after it are ours.
+        failed = len(streams)
+        for index, end in enumerate(ours):
+            if end is not None and index == failed:
+                end.detach()
+            elif end is not None and index > failed:
+                end.close()
         raise
     return Spawned(popen, streams)
+
+
+def _child_end(end: Any) -> Any:
+    """What Popen takes for a child's output: a socket's descriptor, else as given."""
+    return end.fileno() if isinstance(end, socket.socket) else end
