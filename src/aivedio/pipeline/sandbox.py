@@ -431,36 +431,56 @@ class _Capture:
 
 
 class _Progress:
-    """ffmpeg's ``-progress pipe:1`` blocks: ``key=value`` lines ending with ``progress=``;
-    each complete block becomes ``result.progress`` and goes to the callback."""
+    """ffmpeg's ``-progress pipe:1`` blocks: ``key=value`` lines ending with ``progress=``.
+    Of the blocks that complete in one read, the newest becomes ``result.progress`` and
+    goes to the callback; the older ones are superseded and never parsed (a block has a
+    line per output stream: an encode pass of five outputs writes dozens)."""
 
     def __init__(self, result: RunResult, on_progress: ProgressCallback | None) -> None:
         self._result = result
         self._on_progress = on_progress
-        self._block: dict[str, str] = {}
-        self._buffer = b""
+        self._lines = b""  # complete lines of the block not yet ended
+        self._buffer = b""  # a line not yet complete
 
     def feed(self, chunk: bytes) -> None:
         buffer = self._buffer + chunk
-        *complete, buffer = buffer.split(b"\n")
+        cut = buffer.rfind(b"\n") + 1
+        lines, buffer = self._lines + buffer[:cut], buffer[cut:]
         if len(buffer) > 65536:  # a line this long is noise; keep memory bounded
             buffer = buffer[-4096:]
         self._buffer = buffer
-        for raw in complete:
-            key, sep, value = raw.decode("utf-8", "replace").partition("=")
-            if not sep:
-                continue
-            key = key.strip()
-            self._block[key] = value.strip()
-            if key == "progress":
-                block, self._block = self._block, {}
-                self._result.progress = block
-                if self._on_progress is not None:
-                    try:
-                        self._on_progress(block)
-                    except Exception:  # progress is for logs: a broken callback stops alone
-                        log.exception("sandbox_progress_callback_failed")
-                        self._on_progress = None
+        found = _progress_line(lines, len(lines))
+        if found is None:
+            self._lines = lines[-65536:]  # no block ends in a page of lines: noise
+            return
+        at, last = found
+        self._lines = lines[last:]
+        previous = _progress_line(lines, at)
+        first = previous[1] if previous else 0
+        block: dict[str, str] = {}
+        for raw in lines[first:last].decode("utf-8", "replace").split("\n"):
+            key, sep, value = raw.partition("=")
+            if sep:
+                block[key.strip()] = value.strip()
+        self._result.progress = block
+        if self._on_progress is not None:
+            try:
+                self._on_progress(block)
+            except Exception:  # progress is for logs: a broken callback stops alone
+                log.exception("sandbox_progress_callback_failed")
+                self._on_progress = None
+
+
+def _progress_line(lines: bytes, before: int) -> tuple[int, int] | None:
+    """Where the last ``progress=`` line ending at or before ``before`` starts and ends
+    (just past its newline), in ``lines`` (complete lines); None if there is none."""
+    limit = before
+    while (at := lines.rfind(b"progress=", 0, limit)) >= 0:
+        end = lines.find(b"\n", at) + 1
+        if (at == 0 or lines[at - 1] == 0x0A) and end <= before:
+            return at, end
+        limit = at + len(b"progress=") - 1  # a match starting before this one
+    return None
 
 
 def _signal_group(process: Spawned, signum: int) -> None:
