@@ -197,16 +197,24 @@ async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
                 popen.kill()
         popen.wait()  # killed: it exits at once
         _close(streams)
-        # The end that failed to attach may have been closed by the loop: detached, never
-        # closed again (a leak at worst, never another's descriptor). Those after it are ours.
+        # The end that failed to attach: uvloop's libuv has closed its descriptor by number
+        # (detached here, never closed again: a leak at worst, never another's descriptor);
+        # asyncio closes the socket object, later or not at all, and closing it here too is
+        # harmless (a socket object closes once). Those after it are ours alone.
         failed = len(streams)
         for index, end in enumerate(ours):
-            if end is not None and index == failed:
+            if end is not None and index == failed and _closes_by_number():
                 end.detach()
-            elif end is not None and index > failed:
+            elif end is not None and index >= failed:
                 end.close()
         raise
     return Spawned(popen, streams)
+
+
+def _closes_by_number() -> bool:
+    """Whether the running loop is uvloop's, whose pipe transports close the descriptor
+    itself (libuv) rather than the object they were given."""
+    return type(asyncio.get_running_loop()).__module__.startswith("uvloop")
 
 
 def _child_end(end: Any) -> Any:
