@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aivedio.config import Config
-from aivedio.errors import ConfigError
+from aivedio.errors import ConfigError, TransientError
 from aivedio.pipeline.lifecycle import delete_asset
 from aivedio.pipeline.media_stage import probe_spec
 from aivedio.pipeline.registry import Registry
@@ -44,7 +44,7 @@ from aivedio.pipeline.sweeper import (
 )
 from aivedio.store import keys
 from aivedio.store.database import Pool, open_pool
-from aivedio.store.objects import ObjectStore, open_object_store
+from aivedio.store.objects import ObjectStore, ObjectStoreError, open_object_store
 from aivedio.store.queue import JobSpec, Queue
 from aivedio.sweep_command import add_parsers
 from aivedio.sweeper_config import SweeperConfig, validate_sweeper
@@ -793,3 +793,51 @@ async def test_an_upload_a_live_job_owns_is_never_aborted_whatever_its_reported_
         assert [u.key for u in await store.list_multipart_uploads()] == [owned.key]
         await owned.abort()
         await orphan.abort()
+
+
+class _Unanswering:
+    """The rig's store, but reads of ``failing`` (a method name) raise ``error``."""
+
+    def __init__(self, store: ObjectStore, failing: str, error: Exception) -> None:
+        self._store, self._failing, self._error = store, failing, error
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self._failing:
+
+            async def refuse(*args: Any, **kwargs: Any) -> Any:
+                raise self._error
+
+            return refuse
+        return getattr(self._store, name)
+
+
+@pytest.mark.parametrize("failing", ["get_bytes", "sizes"])
+async def test_a_store_that_cannot_answer_is_no_integrity_failure(
+    rig: Rig, source: bytes, failing: str
+) -> None:
+    """Seen in a chaos run: the audit met the S3 outage while reading a master playlist,
+    took "unreadable: transient" for a broken revision and rebuilt a whole one."""
+    media = msgspec.structs.replace(
+        rig.config.media, required_outputs=["playback", "poster", "hls"], optional_outputs=[]
+    )
+    rig.config = msgspec.structs.replace(rig.config, media=media)
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait("SELECT current_revision = 1 FROM assets WHERE id = $1", asset_id)
+        await rig.wait_idle(asset_id)
+    outage = _Unanswering(rig.store, failing, TransientError("s3: connection refused"))
+    async with open_sweeper(rig.config, rig.pool, outage, sweeper=CFG) as s:  # type: ignore[arg-type]
+        report = await s.sweep(dry_run=False)
+    assert report.integrity == []
+    assert report.counts["revisions_inconclusive"] == 1
+    assert report.errors == [], report.errors
+    assert [e for e in await rig.events(asset_id) if e["event_type"] == INTEGRITY_EVENT] == []
+    assert await rig.pool.fetchval("SELECT count(*) FROM jobs WHERE kind = 'reprocess'") == 0
+    # A refusal no retry will fix is a verdict on the object, as before.
+    refused = _Unanswering(rig.store, "get_bytes", ObjectStoreError("s3: 403 AccessDenied"))
+    async with open_sweeper(rig.config, rig.pool, refused, sweeper=CFG) as s:  # type: ignore[arg-type]
+        report = await s.sweep(dry_run=False)
+    (finding,) = report.integrity
+    assert finding.action == "alerted_and_rebuild"
+    assert any(p["problem"] == "unreadable: object_store" for p in finding.data["problems"])

@@ -6,6 +6,8 @@ each pass samples current READY revisions, HEADs every file of every published o
 walks HLS playlists down to each init and segment. A failure is logged, sent as one
 ``asset.integrity_failed`` outbox event per revision, and, when the source is still there,
 rebuilt once into a new revision by the reprocess job, which publishes it atomically.
+A store that cannot answer (a transient or throttled request) says nothing about a revision:
+its audit is counted inconclusive and left to the next pass, never alerted or rebuilt.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from aivedio.errors import AivedioError, NotFoundError
+from aivedio.errors import AivedioError, NotFoundError, Retry
 from aivedio.logs import get_logger
 from aivedio.pipeline.gc import revision_root
 from aivedio.pipeline.media_stage import reprocess_spec
@@ -130,7 +132,18 @@ class IntegrityAudit:
 
         async def audit(row: Any) -> None:
             async with limiter:
-                found = await self._audit_revision(row, variants.get(row["id"], []))
+                try:
+                    found = await self._audit_revision(row, variants.get(row["id"], []))
+                except AivedioError as exc:
+                    if exc.retry is not Retry.BACKOFF:
+                        raise
+                    # The store could not answer (an outage, throttling): that says nothing
+                    # about the revision. The next pass audits it again.
+                    log.warning("integrity_audit_inconclusive", asset_id=str(row["id"]),
+                                revision=row["revision"], error_class=exc.error_class,
+                                detail=exc.detail)  # fmt: skip
+                    report.bump("revisions_inconclusive")
+                    return
             if found:
                 problems[row["id"]] = found
 
@@ -206,6 +219,8 @@ class IntegrityAudit:
             problems[key] = "missing"
             return None
         except AivedioError as exc:
+            if exc.retry is Retry.BACKOFF:
+                raise  # a store that cannot answer now: no verdict on the object
             problems[key] = f"unreadable: {exc.error_class}"
             return None
         if sha256 and hashlib.sha256(data).hexdigest() != sha256:
