@@ -42,7 +42,6 @@ GC_BATCH = 1000  # listed keys checked against the database per query
 ROOT_REVISIONS = frozenset({"READY", "SUPERSEDED", "BUILDING"})
 _UUID = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 _ASSET_KEY = re.compile(rf"assets/[0-9a-f]+/({_UUID})/")
-_REVISION_ROOT = re.compile(r"(.*?/rev/[0-9]+)/")
 
 # -- queries -------------------------------------------------------------------------------
 
@@ -82,12 +81,6 @@ WHERE EXISTS (SELECT 1 FROM assets a WHERE a.source_object_key = c.k
 # -- roots (pure) ---------------------------------------------------------------------------
 
 
-def revision_root(key: str) -> str | None:
-    """``assets/t/a/rev/3/hls/x.m4s`` → ``assets/t/a/rev/3``; None off the layout."""
-    found = _REVISION_ROOT.match(key)
-    return found.group(1) if found else None
-
-
 def asset_of(key: str) -> str | None:
     found = _ASSET_KEY.match(key)
     return found.group(1) if found else None
@@ -121,7 +114,7 @@ class GcRoots:
                 roots.prefixes.add(prefix + "/")
             if status in ROOT_REVISIONS and row["object_key"] is not None:
                 roots.keys.add(row["object_key"])
-                base = revision_root(row["object_key"])
+                base = keys.revision_root(row["object_key"])
                 if base is not None:
                     roots.keys.update(f"{base}/{path}" for path in row["paths"] or () if path)
         return roots
@@ -135,7 +128,7 @@ class GcRoots:
             return "deleted_asset"
         if key in self.keys or any(key.startswith(p) for p in self.prefixes):
             return None
-        root = revision_root(key)
+        root = keys.revision_root(key)
         status = self.revisions.get(root) if root else None
         if status in ("FAILED", "ABANDONED"):
             return f"{status.lower()}_revision"

@@ -24,10 +24,10 @@ import anyio
 
 from aivedio.errors import AivedioError, NotFoundError, Retry
 from aivedio.logs import get_logger
-from aivedio.pipeline.gc import revision_root
+from aivedio.pipeline.media_objects import recorded_files
 from aivedio.pipeline.media_stage import reprocess_spec
 from aivedio.pipeline.sweep_scans import Finding, SweepReport
-from aivedio.store import outbox
+from aivedio.store import keys, outbox
 from aivedio.store.database import Connection, Pool
 from aivedio.store.objects import ObjectStore
 from aivedio.store.queue import Queue
@@ -84,21 +84,12 @@ def playlist_uris(text: str) -> list[str]:
 
 def resolve_uri(playlist_key: str, uri: str) -> str | None:
     """The key a relative URI names, or None when it leaves the playlist's revision."""
-    root = revision_root(playlist_key)
+    root = keys.revision_root(playlist_key)
     if root is None or _SCHEME.match(uri) or uri.startswith("/"):
         return None
     path = uri.split("#", 1)[0].split("?", 1)[0]
     key = posixpath.normpath(posixpath.join(posixpath.dirname(playlist_key), path))
     return key if key.startswith(root + "/") else None
-
-
-def _files(variant: Any) -> list[tuple[str, int | None, str | None]]:
-    """(key, size, sha256) of every file of a variant."""
-    base = revision_root(variant["object_key"])
-    files = variant["files"] if isinstance(variant["files"], list) else []
-    if not files or base is None:
-        return [(variant["object_key"], variant["size_bytes"], variant["checksum"] or None)]
-    return [(f"{base}/{f['path']}", f.get("size"), f.get("sha256")) for f in files]
 
 
 # -- the audit -------------------------------------------------------------------------------
@@ -166,7 +157,8 @@ class IntegrityAudit:
             if variant is None:
                 problems[f"{name} (no variant record)"] = "missing"
                 continue
-            outputs.append((variant, _files(variant)))
+            record = (variant["object_key"], variant["size_bytes"], variant["checksum"])
+            outputs.append((variant, recorded_files(*record, variant["files"])))
         # Every recorded file of the revision in one store call (one request a file on S3,
         # one thread call for all of them on the local store).
         found = await self.store.sizes([key for _, files in outputs for key, _, _ in files])

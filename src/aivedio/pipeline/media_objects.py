@@ -21,6 +21,7 @@ import msgspec
 from aivedio.errors import ChecksumMismatchError
 from aivedio.pipeline.media_outputs import OutputRecord
 from aivedio.states import Entity
+from aivedio.store import keys
 from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.objects import LocalFile, ObjectStore
 from aivedio.store.records import check_transition
@@ -93,3 +94,16 @@ async def record_variants(
             now,
         )  # fmt: skip
     return {row["variant_type"] for row in moved}
+
+
+def recorded_files(
+    object_key: str, size_bytes: int | None, checksum: str | None, files: object
+) -> list[tuple[str, int | None, str | None]]:
+    """(key, size, sha256) of every file of a recorded output: its ``extra->'files'`` (paths
+    under the revision's root, as ``record_variants`` writes them), or its primary object
+    alone when it lists none or its key is off the layout. Publish and the integrity audit
+    both check an output's files through this one reading."""
+    base = keys.revision_root(object_key)
+    if not isinstance(files, list) or not files or base is None:
+        return [(object_key, size_bytes, checksum or None)]
+    return [(f"{base}/{f['path']}", f.get("size"), f.get("sha256")) for f in files]

@@ -42,6 +42,7 @@ from aivedio.errors import (
     TransientError,
 )
 from aivedio.logs import get_logger
+from aivedio.pipeline.media_objects import recorded_files
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
 from aivedio.states import Entity
 from aivedio.store import ledger, outbox
@@ -581,20 +582,13 @@ LINK_TASK = (
 
 def _wanted(variant: Row) -> dict[str, int]:
     """An output's files as object keys with their recorded sizes."""
-    extra = variant["extra"] or {}
-    files = extra.get("files") or [{"path": None, "size": variant["size_bytes"]}]
-    base = _revision_prefix(variant["object_key"])
+    files = (variant["extra"] or {}).get("files")
     return {
-        variant["object_key"] if f["path"] is None else f"{base}/{f['path']}": int(f["size"])
-        for f in files
+        key: int(size)  # type: ignore[arg-type]  # every recorded file has its size
+        for key, size, _ in recorded_files(
+            variant["object_key"], variant["size_bytes"], None, files
+        )
     }
-
-
-def _revision_prefix(object_key: str) -> str:
-    """``assets/t/a/rev/3/hls/master.m3u8`` → ``assets/t/a/rev/3``."""
-    head, sep, tail = object_key.partition("/rev/")
-    number = tail.split("/", 1)[0]
-    return f"{head}{sep}{number}"
 
 
 def _now() -> datetime:

@@ -6,7 +6,10 @@ a secret (anyone can hash small ids), and nothing uses keys for authorization (s
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
+
+_REVISION_ROOT = re.compile(r"(.*?/rev/[0-9]+)/")
 
 
 def tenant_hash(tenant_id: int) -> str:
@@ -24,3 +27,9 @@ def asset_prefix(tenant_id: int, asset_id: uuid.UUID) -> str:
 
 def revision_prefix(tenant_id: int, asset_id: uuid.UUID, revision: int) -> str:
     return f"{asset_prefix(tenant_id, asset_id)}/rev/{revision}"
+
+
+def revision_root(key: str) -> str | None:
+    """``assets/t/a/rev/3/hls/x.m4s`` → ``assets/t/a/rev/3``; None off the layout."""
+    found = _REVISION_ROOT.match(key)
+    return found.group(1) if found else None
