@@ -159,12 +159,9 @@ async def add_output(pool: Pool, tenant_id: int, status: str, *, expires_in: flo
 # -- seed 004's negative case --------------------------------------------------------------------
 
 
-async def publish_then_lose_a_segment(
-    rig: Rig, source: bytes, monkeypatch: pytest.MonkeyPatch
-) -> tuple[uuid.UUID, str]:
-    """An asset published through the worker, then one HLS segment of it deleted from the
-    store (its playlist still names it): the asset id and the lost key."""
-    # HLS in the required set, nothing optional: one complete revision per build.
+async def publish_with_hls(rig: Rig, source: bytes) -> uuid.UUID:
+    """An asset published through the worker with HLS in its required set and nothing
+    optional: one complete revision per build."""
     media = msgspec.structs.replace(
         rig.config.media, required_outputs=["playback", "poster", "hls"], optional_outputs=[]
     )
@@ -174,6 +171,15 @@ async def publish_then_lose_a_segment(
     async with running_worker(rig):
         await rig.wait("SELECT current_revision = 1 FROM assets WHERE id = $1", asset_id)
         await rig.wait_idle(asset_id)
+    return asset_id
+
+
+async def publish_then_lose_a_segment(
+    rig: Rig, source: bytes, monkeypatch: pytest.MonkeyPatch
+) -> tuple[uuid.UUID, str]:
+    """An asset published through the worker, then one HLS segment of it deleted from the
+    store (its playlist still names it): the asset id and the lost key."""
+    asset_id = await publish_with_hls(rig, source)
     hls = await rig.pool.fetchrow(
         "SELECT object_key, extra FROM asset_variants WHERE asset_id = $1 AND revision = 1"
         " AND variant_type = 'hls'",
@@ -817,15 +823,7 @@ async def test_a_store_that_cannot_answer_is_no_integrity_failure(
 ) -> None:
     """Seen in a chaos run: the audit met the S3 outage while reading a master playlist,
     took "unreadable: transient" for a broken revision and rebuilt a whole one."""
-    media = msgspec.structs.replace(
-        rig.config.media, required_outputs=["playback", "poster", "hls"], optional_outputs=[]
-    )
-    rig.config = msgspec.structs.replace(rig.config, media=media)
-    asset_id = await rig.quarantine(source)
-    await rig.enqueue_probe(asset_id)
-    async with running_worker(rig):
-        await rig.wait("SELECT current_revision = 1 FROM assets WHERE id = $1", asset_id)
-        await rig.wait_idle(asset_id)
+    asset_id = await publish_with_hls(rig, source)
     outage = _Unanswering(rig.store, failing, TransientError("s3: connection refused"))
     async with open_sweeper(rig.config, rig.pool, outage, sweeper=CFG) as s:  # type: ignore[arg-type]
         report = await s.sweep(dry_run=False)
