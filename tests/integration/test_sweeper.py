@@ -839,3 +839,23 @@ async def test_a_store_that_cannot_answer_is_no_integrity_failure(
     (finding,) = report.integrity
     assert finding.action == "alerted_and_rebuild"
     assert any(p["problem"] == "unreadable: object_store" for p in finding.data["problems"])
+
+
+async def test_a_broken_revision_whose_source_cannot_be_checked_now_waits_for_the_next_pass(
+    rig: Rig, source: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real problem, but the HEAD of the source (which decides the rebuild) meets an
+    outage: nothing is alerted or rebuilt this pass, the next one does both."""
+    asset_id, lost = await publish_then_lose_a_segment(rig, source, monkeypatch)
+    outage = _Unanswering(rig.store, "head", TransientError("s3: connection refused"))
+    async with open_sweeper(rig.config, rig.pool, outage, sweeper=CFG) as s:  # type: ignore[arg-type]
+        report = await s.sweep(dry_run=False)
+    assert report.integrity == [] and report.errors == []
+    assert report.counts["revisions_inconclusive"] == 1
+    assert [e for e in await rig.events(asset_id) if e["event_type"] == INTEGRITY_EVENT] == []
+    assert await rig.pool.fetchval("SELECT count(*) FROM jobs WHERE kind = 'reprocess'") == 0
+    async with sweeper(rig) as s:
+        report = await s.sweep(dry_run=False)
+    (finding,) = report.integrity
+    assert finding.action == "alerted_and_rebuild"
+    assert {"key": lost, "problem": "missing"} in finding.data["problems"]

@@ -95,6 +95,18 @@ def resolve_uri(playlist_key: str, uri: str) -> str | None:
 # -- the audit -------------------------------------------------------------------------------
 
 
+def _inconclusive(report: SweepReport, row: Any, exc: AivedioError) -> bool:
+    """Whether ``exc`` cut a revision's audit short without a verdict: a store or database
+    that could not answer (an outage, throttling). Such a revision is counted and logged,
+    and the next pass audits it again; any other error is the caller's to raise."""
+    if exc.retry is not Retry.BACKOFF:
+        return False
+    log.warning("integrity_audit_inconclusive", asset_id=str(row["id"]), revision=row["revision"],
+                error_class=exc.error_class, detail=exc.detail)  # fmt: skip
+    report.bump("revisions_inconclusive")
+    return True
+
+
 class IntegrityAudit:
     """Audits a sample of published revisions; alerts and rebuilds the ones found broken."""
 
@@ -126,14 +138,8 @@ class IntegrityAudit:
                 try:
                     found = await self._audit_revision(row, variants.get(row["id"], []))
                 except AivedioError as exc:
-                    if exc.retry is not Retry.BACKOFF:
+                    if not _inconclusive(report, row, exc):
                         raise
-                    # The store could not answer (an outage, throttling): that says nothing
-                    # about the revision. The next pass audits it again.
-                    log.warning("integrity_audit_inconclusive", asset_id=str(row["id"]),
-                                revision=row["revision"], error_class=exc.error_class,
-                                detail=exc.detail)  # fmt: skip
-                    report.bump("revisions_inconclusive")
                     return
             if found:
                 problems[row["id"]] = found
@@ -144,7 +150,11 @@ class IntegrityAudit:
         report.bump("revisions_audited", len(rows))
         for row in rows:
             if row["id"] in problems:
-                await self._integrity_failed(report, row, problems[row["id"]])
+                try:
+                    await self._integrity_failed(report, row, problems[row["id"]])
+                except AivedioError as exc:  # the next pass decides again (finds a committed alert)
+                    if not _inconclusive(report, row, exc):
+                        raise
 
     async def _audit_revision(self, row: Any, variants: Sequence[Any]) -> list[dict[str, str]]:
         """Every file of every published output at its recorded size; every HLS playlist
@@ -228,12 +238,12 @@ class IntegrityAudit:
     ) -> None:
         """Alert once per revision, and rebuild once with it when the source is there."""
         asset_id, revision = row["id"], row["revision"]
-        log.error("integrity_failed", asset_id=str(asset_id), revision=revision,
-                  problems=problems[:20], count=len(problems))  # fmt: skip
         data: dict[str, Any] = {"revision": revision, "problems": problems[:50]}
         source = (
             await self.store.head(row["source_object_key"]) if row["source_object_key"] else None
         )
+        log.error("integrity_failed", asset_id=str(asset_id), revision=revision,
+                  problems=problems[:20], count=len(problems))  # fmt: skip
         source_ok = source is not None and source.size == row["source_size_bytes"]
         rebuild = self.cfg.rebuild_on_integrity_failure and source_ok
         async with self.pool.acquire() as conn, conn.transaction():
