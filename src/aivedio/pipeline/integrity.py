@@ -95,11 +95,17 @@ def resolve_uri(playlist_key: str, uri: str) -> str | None:
 # -- the audit -------------------------------------------------------------------------------
 
 
+def _no_verdict(exc: AivedioError) -> bool:
+    """A store or database that could not answer (an outage, throttling: the retryable
+    class): it says nothing about the objects asked for."""
+    return exc.retry is Retry.BACKOFF
+
+
 def _inconclusive(report: SweepReport, row: Any, exc: AivedioError) -> bool:
-    """Whether ``exc`` cut a revision's audit short without a verdict: a store or database
-    that could not answer (an outage, throttling). Such a revision is counted and logged,
-    and the next pass audits it again; any other error is the caller's to raise."""
-    if exc.retry is not Retry.BACKOFF:
+    """Whether ``exc`` cut a revision's audit short without a verdict (``_no_verdict``).
+    Such a revision is counted and logged, and the next pass audits it again; any other
+    error is the caller's to raise."""
+    if not _no_verdict(exc):
         return False
     log.warning("integrity_audit_inconclusive", asset_id=str(row["id"]), revision=row["revision"],
                 error_class=exc.error_class, detail=exc.detail)  # fmt: skip
@@ -221,8 +227,8 @@ class IntegrityAudit:
             problems[key] = "missing"
             return None
         except AivedioError as exc:
-            if exc.retry is Retry.BACKOFF:
-                raise  # a store that cannot answer now: no verdict on the object
+            if _no_verdict(exc):
+                raise  # the revision's audit is inconclusive, not this object broken
             problems[key] = f"unreadable: {exc.error_class}"
             return None
         if sha256 and hashlib.sha256(data).hexdigest() != sha256:
