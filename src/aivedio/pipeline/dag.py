@@ -109,8 +109,8 @@ class MediaRun:
         verdict, _ = await inspect_file(
             self.sandbox, self.source, declared=declared, tolerance=tolerance, record=runs
         )
-        self.report = Report(verdict=verdict)
-        self.report.processes += [ProcessRecord.of(f"inspect:{r.tool}", r) for r in runs]
+        self.report = Report(verdict=verdict, origin=started)
+        self.report.processes += [ProcessRecord.of(f"inspect:{r.tool}", r, started) for r in runs]
         self.report.steps["inspect"] = time.monotonic() - started
         self._sniff = sniff_file(self.source)
         self._summary = verdict.media
@@ -174,7 +174,7 @@ class MediaRun:
             deadline_seconds=media_deadline(self.media, duration),
             on_progress=progress,
         )
-        self.report.processes.append(ProcessRecord.of(step, result))
+        self.report.processes.append(ProcessRecord.of(step, result, self.report.origin))
         if not result.ok:
             result.raise_if_exhausted()
             raise RenderError(f"{step}: {result.error_detail()}")
@@ -189,7 +189,7 @@ class MediaRun:
             deadline_seconds=self.media.probe_timeout_seconds,
             capture_stdout=True,
         )
-        self.report.processes.append(ProcessRecord.of(step, result))
+        self.report.processes.append(ProcessRecord.of(step, result, self.report.origin))
         if not result.ok:
             result.raise_if_exhausted()
             raise RenderError(f"{step}: {result.error_detail()}")

@@ -9,6 +9,7 @@ before mdat, JPEG magic) can be used and read without the scheduling of ffmpeg r
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,16 +71,18 @@ class OutputRecord(msgspec.Struct, kw_only=True):
 class ProcessRecord(msgspec.Struct, kw_only=True):
     step: str
     tool: str
+    started_seconds: float  # after the report's origin: processes side by side overlap
     wall_seconds: float
     cpu_seconds: float | None
     max_rss_bytes: int | None
     returncode: int
 
     @classmethod
-    def of(cls, step: str, result: RunResult) -> ProcessRecord:
+    def of(cls, step: str, result: RunResult, origin: float) -> ProcessRecord:
         return cls(
             step=step,
             tool=result.tool,
+            started_seconds=round(result.started_at - origin, 4),
             wall_seconds=round(result.wall_seconds, 4),
             cpu_seconds=result.cpu_seconds,
             max_rss_bytes=result.max_rss_bytes,
@@ -104,6 +107,7 @@ class Report:
     processes: list[ProcessRecord] = field(default_factory=list)
     steps: dict[str, float] = field(default_factory=dict)
     wall_seconds: float = 0.0
+    origin: float = field(default_factory=time.monotonic)  # what process starts count from
 
     wanted: set[str] | None = None  # the outputs asked for (None: all)
 

@@ -108,6 +108,7 @@ class RunResult:
     returncode: int
     wall_seconds: float
     network_isolated: bool
+    started_at: float = 0.0  # time.monotonic() when the process was started
     timed_out: bool = False
     stdout_overflow: bool = False
     stdout: bytes = b""
@@ -340,7 +341,7 @@ class Sandbox:
             tool=tool, args=list(args), returncode=-1, wall_seconds=0.0,
             network_isolated=bool(isolation),
         )  # fmt: skip
-        started = time.monotonic()
+        started = result.started_at = time.monotonic()
         # Each pipe is read by a callback as its bytes arrive: no reader task per pipe.
         stderr = _StderrTail()
         stdout: _Progress | _Capture = (
