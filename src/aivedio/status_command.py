@@ -270,6 +270,9 @@ class _Doorbell:
         if payload in self.keys:
             self._event.set()
 
+    def ring(self) -> None:
+        self._event.set()
+
     async def wait(self, seconds: float) -> None:
         with anyio.move_on_after(seconds):
             await self._event.wait()
@@ -324,6 +327,9 @@ class _Listen:
                 await conn.add_listener(NOTIFY_CHANNEL, self._bell.heard)
         except DatabaseError:
             await self.close()
+            return
+        # What changed before the LISTEN took effect was never announced: read again now.
+        self._bell.ring()
 
     async def close(self) -> None:
         cm, self._cm, self._conn = self._cm, None, None

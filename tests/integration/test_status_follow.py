@@ -212,6 +212,41 @@ async def test_follows_an_output_into_its_asset_until_enriched(pool: Pool, confi
     assert lines.lines[-1] == f"== asset {asset}: ENRICHED, final"
 
 
+async def test_a_change_made_while_the_listen_opens_is_shown_at_once(
+    pool: Pool, config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    task = await make_task(pool)
+    (output,) = task.outputs
+    asset = await fetch_and_store(pool, task, output)
+    opening = status_command.open_connection
+
+    def open_after_a_change(database: Any) -> Any:
+        # The first read is done; the change commits before the LISTEN exists, so its
+        # notification reaches nobody.
+        cm = opening(database)
+
+        class ChangeFirst:
+            async def __aenter__(self) -> Any:
+                await move(pool, Entity.ASSET, asset, "QUARANTINED", "PROBING")
+                return await cm.__aenter__()
+
+            async def __aexit__(self, *exc: Any) -> Any:
+                return await cm.__aexit__(*exc)
+
+        return ChangeFirst()
+
+    monkeypatch.setattr(status_command, "open_connection", open_after_a_change)
+    lines, result = Lines(), list[int]()
+    with anyio.move_on_after(10):
+        async with anyio.create_task_group() as tg:
+            # A long timer: only the read after the LISTEN can show the change in time.
+            tg.start_soon(lambda: run_follow(pool, config, Target("asset", str(asset)), lines,
+                                             result, interval_seconds=30.0))  # fmt: skip
+            await lines.wait_for("→ PROBING", timeout=3)
+            tg.cancel_scope.cancel()
+    assert lines.count("asset              → PROBING") == 1
+
+
 async def test_a_lost_notification_only_delays_a_line(pool: Pool, config: Config) -> None:
     task = await make_task(pool)
     (output,) = task.outputs
