@@ -394,6 +394,8 @@ class OutboxRelay:
 
                         conn.add_termination_listener(on_lost)
                         await conn.add_listener(NOTIFY_CHANNEL, on_notify)
+                        # Events emitted before the LISTEN took effect woke nobody.
+                        self._wake.set()
                         failures = 0
                         while not lost.is_set() and not conn.is_closed():
                             with anyio.move_on_after(30):
