@@ -234,7 +234,12 @@ async def waiting_at_the_lock(
             async with anyio.create_task_group() as tg:
                 for work in works:
                     tg.start_soon(run, work)
-                await anyio.sleep(0.5)  # loaded, checked and waiting at the lock
+                # Loaded, checked and waiting at the lock, every one of them.
+                while await rig.pool.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'"
+                ) < len(works):  # fmt: skip
+                    await anyio.sleep(0.02)
                 if decide is not None:
                     await holder.execute(decide, asset_id)
                 await holder.execute("COMMIT")
