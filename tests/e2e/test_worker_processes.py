@@ -129,7 +129,9 @@ async def test_sigterm_drains_finishes_running_work_and_releases_the_rest(
     await poll(pool, "SELECT count(*) FROM jobs WHERE status = 'running'", 2, 10)
     started = time.monotonic()
     worker.signal(signal.SIGTERM)
-    await anyio.sleep(0.3)
+    with anyio.fail_after(10):  # it has stopped claiming
+        while "worker_draining" not in [e.get("event") for e in worker.events()]:
+            await anyio.sleep(0.05)
     later = await enqueue(pool, "diag.noop", 5, "after-sigterm")
     assert worker.wait(10) == 0
     elapsed = time.monotonic() - started
