@@ -651,12 +651,12 @@ async def test_the_periodic_sweep_runs_through_a_worker_once_per_interval(rig: R
     registry = Registry()  # the sweep kind alone, whatever the default registry holds
     register(registry)
     cfg = msgspec.structs.replace(CFG, interval_seconds=1.0)
+    started = time.monotonic()  # before anything that could start a pass
     async with sweeper(rig, cfg) as s, anyio.create_task_group() as tg:
         worker = Worker(rig.config, rig.pool, registry, services={"sweeper": s})
         tg.start_soon(lambda: worker.run(install_signal_handlers=False))
         for _ in range(3):  # every worker seeds at start: one job per bucket
             await seed_periodic_sweep(rig.pool, Queue(rig.pool), cfg)
-        started = time.monotonic()
         await rig.wait(
             "SELECT count(*) >= 3 FROM job_history WHERE kind = 'sweep'"
             " AND status = 'succeeded' AND result->>'outcome' = 'swept'",
