@@ -78,6 +78,19 @@ class SseReader:
             got.append(event)
         return got
 
+    async def comments_only(self, comment: str, count: int, timeout: float = 5.0) -> None:
+        """Read until ``count`` more ``comment`` lines arrive; assert no event comes first."""
+        wanted = self.comments.count(comment) + count
+        with anyio.fail_after(timeout):
+            while self.comments.count(comment) < wanted:
+                raw = await self.resp.content.readline()
+                assert raw, f"the stream ended after {self.comments}"
+                line = raw.decode().rstrip("\n").rstrip("\r")
+                if line.startswith(":"):
+                    self.comments.append(line[1:].strip())
+                else:
+                    assert line == "", f"unexpected {line!r} while waiting for {comment!r}"
+
     async def quiet(self, seconds: float) -> None:
         """Assert no event arrives for ``seconds``."""
         with anyio.move_on_after(seconds):
@@ -377,10 +390,14 @@ async def test_the_listener_reconnects_and_catches_up(
 async def test_keepalives_while_idle(config: Config, pool: Pool, tmp_path: Path) -> None:
     async with open_api(config, pool, tmp_path, sse_keepalive_seconds=0.2) as api:
         asset = await api.rig.quarantine(b"a" * 64)
+        started = time.monotonic()
         async with stream(api, asset) as sse:
             await sse.take(1)
-            await sse.quiet(0.7)
-            assert sse.comments.count("keepalive") >= 2
+            # Idle after the history: keepalives, and nothing else, however slow the host.
+            await sse.comments_only("keepalive", 2)
+            # Not sent back to back: each waited its 0.2 s of silence after the event (sent
+            # after ``started``) or the keepalive before it.
+            assert time.monotonic() - started >= 2 * 0.2 - 1e-6
 
 
 async def test_streams_end_when_the_server_shuts_down(

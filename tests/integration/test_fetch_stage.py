@@ -16,6 +16,7 @@ from unittest.mock import ANY
 import anyio
 import msgspec
 import pytest
+from aiohttp import web
 
 from aivedio.config import Config, NetConfig, ProviderConfig
 from aivedio.errors import AivedioError
@@ -162,6 +163,7 @@ async def test_a_provider_output_is_fetched_into_quarantine(rig: Rig, worker: Wo
     asset = await rig.pool.fetchrow(
         "SELECT * FROM assets WHERE source_provider_output_id = $1", recorded.provider_output_id
     )
+    assert asset is not None
     assert asset["status"] == "QUARANTINED"
     assert asset["source_sha256"] == hashlib.sha256(body).hexdigest()
     key = keys.quarantine_source(rig.tenant_id, recorded.provider_output_id, recorded.fetch_job_id)
@@ -173,12 +175,14 @@ async def test_a_provider_output_is_fetched_into_quarantine(rig: Rig, worker: Wo
         "SELECT kind, payload FROM jobs WHERE kind = 'probe'"
         " UNION ALL SELECT kind, payload FROM job_history WHERE kind = 'probe'"
     )
+    assert probe is not None
     assert probe["payload"] == {"asset_id": str(asset["id"])}
     attempts = await rig.pool.fetch("SELECT outcome, sha256 FROM fetch_attempts")
     assert [(a["outcome"], a["sha256"]) for a in attempts] == [
         ("stored", hashlib.sha256(body).hexdigest())
     ]
     task = await rig.pool.fetchrow("SELECT provider_status FROM generation_tasks")
+    assert task is not None
     assert task["provider_status"] == "PROVIDER_SUCCEEDED"
 
 
@@ -190,6 +194,7 @@ async def test_the_url_never_reaches_a_job_payload_or_a_row_in_clear(rig: Rig) -
     job = await rig.pool.fetchrow(
         "SELECT payload::text AS p FROM jobs WHERE id = $1", recorded.fetch_job_id
     )
+    assert job is not None
     assert sig not in job["p"]
     blob = await rig.pool.fetchval("SELECT source_url_ciphertext FROM provider_outputs")
     assert sig.encode() not in blob
@@ -250,6 +255,7 @@ async def test_a_gone_output_ends_in_output_lost_with_an_event(rig: Rig, worker:
     output = await rig.wait_final(recorded)
     assert output["fetch_status"] == "OUTPUT_LOST"
     event = await rig.pool.fetchrow("SELECT event_type, payload FROM outbox_events")
+    assert event is not None
     assert event["event_type"] == "output.lost"
     assert event["payload"]["provider_task_id"] == "task-1"
     assert await rig.pool.fetchval("SELECT count(*) FROM assets") == 0
@@ -288,6 +294,7 @@ async def test_a_wrong_checksum_is_retried_a_little_then_invalid(rig: Rig, worke
     job = await rig.pool.fetchrow(
         "SELECT status, attempts FROM job_history WHERE id = $1", recorded.fetch_job_id
     )
+    assert job is not None
     assert (job["status"], job["attempts"]) == ("dead", 3)
     # Nothing of the bad body is left in storage.
     async with open_object_store(rig.config.storage) as store:
@@ -316,14 +323,34 @@ async def test_a_stored_object_from_a_lost_attempt_is_reused_not_downloaded(rig:
     assert rig.sim.requests["download"] == 0
     assert output["fetch_status"] == "STORED"
     asset = await rig.pool.fetchrow("SELECT source_sha256 FROM assets")
+    assert asset is not None
     assert asset["source_sha256"] == hashlib.sha256(body).hexdigest()
 
 
-async def test_a_run_whose_lease_was_taken_over_cannot_commit(rig: Rig) -> None:
+async def test_a_run_whose_lease_was_taken_over_cannot_commit(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # At-least-once: the first run's lease expires mid-download and a second worker claims
     # the job. Whatever the first run does after that, only the second one's work counts.
     body = b"twice" * 200_000
     rig.sim.add_output("task-1", 0, body, faults=Faults(drip_bytes_per_second=2 << 20))
+    # The provider holds the first download after its first chunk until the takeover is done
+    # (the client's idle-read timeout raised to 30 s so that a slow host cannot end it first),
+    # then sends the rest; the second download is not held.
+    rig.config = msgspec.structs.replace(
+        rig.config, net=msgspec.structs.replace(rig.config.net, idle_read_timeout_seconds=30)
+    )
+    mid_download = anyio.Event()
+    taken_over = anyio.Event()
+    write = SimulatedProvider._write
+
+    async def write_then_hold(resp: web.StreamResponse, data: memoryview, rate: int | None) -> None:
+        await write(resp, data, rate)
+        if not taken_over.is_set():
+            mid_download.set()
+            await taken_over.wait()
+
+    monkeypatch.setattr(SimulatedProvider, "_write", staticmethod(write_then_hold))
     recorded = await rig.ingest("task-1")
     queue = Queue(rig.pool)
     (first,) = await queue.claim("fetch", 1, "first", 60)
@@ -338,12 +365,16 @@ async def test_a_run_whose_lease_was_taken_over_cannot_commit(rig: Rig) -> None:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(run, "first", first)
-            while (await rig.output(recorded))["fetch_status"] != "FETCHING":
-                await anyio.sleep(0.02)
+            with anyio.fail_after(10):
+                await mid_download.wait()
+            assert (await rig.output(recorded))["fetch_status"] == "FETCHING"
+            assert "first" not in outcomes  # still downloading
             await rig.pool.execute("UPDATE jobs SET lease_until = now() - interval '1 s'")
             await queue.reap()
             (second,) = await queue.claim("fetch", 1, "second", 60)
             assert second.lease_token == first.lease_token + 1
+            assert "first" not in outcomes  # the lease was taken over mid-download
+            taken_over.set()
             tg.start_soon(run, "second", second)
     assert outcomes["second"] == {
         "outcome": "stored",
@@ -378,6 +409,7 @@ async def test_a_fresh_url_revives_a_fetch_job_that_gave_up(rig: Rig) -> None:
         job = await rig.pool.fetchrow(
             "SELECT status FROM job_history WHERE id = $1", recorded.fetch_job_id
         )
+        assert job is not None
         assert job["status"] == "dead"
         # The provider recovers and calls back with a new URL.
         rig.sim.add_output("task-1", 0, b"late" * 1000)

@@ -26,6 +26,7 @@ from structlog.testing import capture_logs
 
 from aivedio.api import vendor_callbacks
 from aivedio.config import Config
+from aivedio.pipeline.poller import RateLimiter
 from aivedio.pipeline.services import url_cipher
 from aivedio.sim.provider import Faults
 from aivedio.sim.tls import make_test_ca
@@ -422,8 +423,21 @@ async def test_minimax_challenge_is_echoed(open_vendor: Opener) -> None:
 
 
 async def test_the_poller_honours_retry_after_and_the_provider_rate_limit(
-    open_vendor: Opener,
+    open_vendor: Opener, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # When the limiter let each read go, by its own clock: the spacing it keeps, without the
+    # jitter of delivering each request to the simulator.
+    granted: list[float] = []
+    acquire = RateLimiter.acquire
+
+    def recording_acquire(self: RateLimiter, provider: str, per_second: float) -> float:
+        now = self.clock()
+        wait = acquire(self, provider, per_second)
+        if wait == 0:
+            granted.append(now)
+        return wait
+
+    monkeypatch.setattr(RateLimiter, "acquire", recording_acquire)
     async with open_vendor("runway", poll_requests_per_second=2.0) as rig:
         sim = rig.sim
         sim.retry_after_seconds = 1.0
@@ -436,10 +450,14 @@ async def test_the_poller_honours_retry_after_and_the_provider_rate_limit(
             for name in ("a", "b", "c"):
                 sim.complete(name)
             await rig.wait_outputs(3)
-        times = [t for t, _ in sim.task_reads]
-        gaps = [b - a for a, b in itertools.pairwise(times)]
-        # One worker, 2 requests a second to this provider: never two reads 0.5 s apart.
-        assert min(gaps) >= 0.4, gaps  # 0.5 s apart, less the network's jitter
+        # One worker, 2 requests a second to this provider: the limiter let every read go
+        # at least 0.5 s after the one before (by its clock), one grant per read...
+        assert len(granted) == len(sim.task_reads), (granted, sim.task_reads)
+        gaps = [b - a for a, b in itertools.pairwise(granted)]
+        assert min(gaps) >= 0.5 - 1e-6, gaps
+        # ...and the simulator saw them spaced too (loosely: delivery jitter shrinks a gap).
+        seen = [b - a for (a, _), (b, _) in itertools.pairwise(sim.task_reads)]
+        assert min(seen) >= 0.25, seen
         # The first read was throttled with Retry-After: 1. A 429 is about the account, not
         # the task: no task of this provider was read sooner, then every one was.
         first_at, _throttled = sim.task_reads[0]

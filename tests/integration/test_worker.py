@@ -105,15 +105,25 @@ async def test_retry_after_overrides_the_backoff_schedule(config: Config, pool: 
         {"error_class": "throttled", "retry_after": 1.5, "fail_attempts": 1},
     )
     async with running_worker(config, pool):
-        waiting = await wait_for(
-            pool,
-            "SELECT run_after - now() AS wait FROM jobs WHERE id = $1 AND status = 'waiting'",
-            job_id,
-        )
-        assert waiting["wait"].total_seconds() > 1.0
-        started = time.monotonic()
-        row = await wait_for(pool, "SELECT * FROM job_history WHERE id = $1", job_id)
-        assert time.monotonic() - started > 0.9
+        # The database's own clock, not how soon this poll noticed: until the retry is
+        # claimed, started_at is the first attempt's claim (before its failure) and run_after
+        # the failure's now() plus the delay.
+        history = "SELECT * FROM job_history WHERE id = $1"
+        waiting = None
+        with anyio.fail_after(15):
+            while (row := await pool.fetchrow(history, job_id)) is None:
+                waiting = waiting or await pool.fetchrow(
+                    "SELECT started_at, run_after, last_error_class FROM jobs"
+                    " WHERE id = $1 AND status IN ('waiting', 'queued') AND attempts = 1",
+                    job_id,
+                )
+                await anyio.sleep(0.02)
+    assert waiting is not None, "the retry was never seen waiting"
+    assert waiting["last_error_class"] == "throttled"
+    # Retry-After (1.5 s), not the backoff (at most 50 ms), counted from the failure...
+    assert (waiting["run_after"] - waiting["started_at"]).total_seconds() >= 1.5
+    # ...and the retry waited for it: the second attempt was claimed no sooner.
+    assert row["started_at"] >= waiting["run_after"]
     assert row["status"] == "succeeded"
     assert row["attempts"] == 2
 
