@@ -12,10 +12,11 @@ What pressure does, and where:
 
 * **optional outputs are deferred** (``media_stage``): a render makes the required set only
   and the revision is published PLAYABLE; the optional outputs stay PENDING with
-  ``asset_variants.deferred_at`` set, their render jobs wait (``run_after``, the attempt
-  refunded, ``last_error_class = 'backlog_deferred'``) and render once the pressure is gone
-  (or after ``defer_max_seconds`` regardless), and the enrichment path publishes them
-  (ENRICHED). A waiting job is a live job, so the sweeper's stuck scans leave them alone;
+  ``asset_variants.deferred_at`` set, one render job for them waits (``run_after``, the
+  attempt refunded, ``last_error_class = 'backlog_deferred'``) and renders them together once
+  the pressure is gone (or after ``defer_max_seconds`` regardless), and the enrichment path
+  publishes them (ENRICHED). A waiting job is a live job, so the sweeper's stuck scans leave
+  them alone;
 * **new uploads are refused** (``api/videos``): ``POST /v1/videos`` answers 503 with
   ``Retry-After``; provider callbacks are never refused (their URLs expire), and sessions
   already open may still upload and complete;

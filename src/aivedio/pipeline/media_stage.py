@@ -10,11 +10,12 @@ BUILDING revision, one PENDING variant per output and ONE render job, for the fi
 
 ``render``: under a per-revision advisory lock (held on its own connection, so a crashed
 worker releases it), its first attempt renders every output still pending in one DAG run
-(one decode feeds many outputs). An output that run fails, or puts off under backlog
-pressure, gets a render job of its own with the same key scheme; a job retried after a
+(one decode feeds many outputs). An output that run fails gets a render job of its own with
+the same key scheme, and the outputs it puts off under backlog pressure get one together
+(the job of the first of them, whose first attempt renders them all); a job retried after a
 failure renders its own output alone and gives every other pending output its own job, as
-does a job that fails for good. So every pending output always has a job, and a healthy
-revision costs one render job, not one per output.
+does a job that fails for good or finds its output made. So every pending output always has
+a job that will make it, and a healthy revision costs one render job, not one per output.
 Each output's files are uploaded under the revision prefix, read back and verified (size
 and SHA-256) before its variant becomes SUCCEEDED. An output that exhausts its retries
 becomes FAILED: a required one fails the revision (PROCESSING_FAILED); an optional one never
@@ -22,10 +23,10 @@ blocks the required set. When every required variant has succeeded the revision'
 set is complete and the publish stage takes over.
 
 Under backlog pressure (``pipeline/backlog.py``) a render makes the required set only: the
-optional outputs stay PENDING with ``deferred_at`` set, and their own render jobs defer
-themselves (``DeferredError``, attempt refunded, error class ``backlog_deferred``) until the
-pressure is gone or they have waited ``defer_max_seconds``; the enrichment path then
-publishes them.
+optional outputs stay PENDING with ``deferred_at`` set, and one render job for them defers
+itself (``DeferredError``, attempt refunded, error class ``backlog_deferred``) until the
+pressure is gone or they have waited ``defer_max_seconds``, then renders them in one DAG run;
+the enrichment path publishes them.
 
 Poison media (seed 002 §11.11.3). Every attempt in which a sandboxed ffmpeg/ffprobe over the
 source died of a crash signal is a row in ``media_crashes``, and so is every media job whose
@@ -348,8 +349,10 @@ class MediaStage:
             )  # fmt: skip
             specs += chunk_specs
         # One render job, for the first output the chunk jobs do not make: its first run
-        # renders every pending output in one DAG run. An output it fails or puts off gets a
-        # job of its own then (``_spawn``), so no output ever waits without a job.
+        # renders every pending output in one DAG run. An output it fails gets a job of its
+        # own then, the outputs it puts off one together (``_spawn``), and a job that finds
+        # its output made spawns jobs for the rest (``_spawn_rest``): no output ever waits
+        # without a job that will make it.
         lead = [o for o in outputs if o not in by_chunks][:1]
         timeout = _render_timeout(self.s.config, summary)
         specs += [_render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
@@ -525,9 +528,11 @@ class MediaStage:
         log.info("render_done", asset_id=str(asset_id), revision=revision, group=group,
                  done=done, failed=sorted(failed), deferred=put_off, job_id=job.id)  # fmt: skip
         await self._check_revision(asset_id, revision, asked, hooks.here(job))
-        # Outputs of this run that failed (retried alone) or were put off (deferred).
+        # Each output of this run that failed gets a job (retried alone); the ones put off
+        # share one, whose first run renders every pending output together: under a long
+        # backlog one job per revision looks at the pressure again, not one per output.
         await self._spawn(asset, revision, plan, summary,
-                          [n for n in [*failed, *put_off] if n != variant_type])  # fmt: skip
+                          [n for n in [*failed, *put_off[:1]] if n != variant_type])  # fmt: skip
         if variant_type in failed:
             outcome = failed[variant_type]
             detail = outcome.detail or f"{variant_type} failed"
