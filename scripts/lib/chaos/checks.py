@@ -421,5 +421,46 @@ def secrets_in_logs(logs: list[Path], signatures: set[str], secrets: dict[str, s
                   f"and {len(needles)} secrets searched", sorted(set(found)))  # fmt: skip
 
 
+DEFERRED_OUTPUTS = """
+SELECT v.status, count(*) AS n, count(*) FILTER (WHERE r.status IN ('READY', 'SUPERSEDED')
+       AND EXISTS (SELECT 1 FROM asset_revisions e WHERE e.asset_id = v.asset_id
+                   AND e.enriches = v.revision AND e.status IN ('READY', 'SUPERSEDED')))
+       AS enriched
+FROM asset_variants v JOIN asset_revisions r USING (asset_id, revision)
+JOIN assets a ON a.id = v.asset_id
+WHERE v.deferred_at IS NOT NULL AND a.status <> 'DELETED'
+GROUP BY v.status
+"""
+
+
+def degradation(dsn: str, events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Result]:
+    """What degradation under backlog did in the run, from the workers' logs (the pressure's
+    transitions, the jobs put back to wait) and the database (the outputs deferred and how
+    they ended, the sources quarantined as poison); and the invariant that no deferred output
+    was left pending. Uploads are not part of the run (callbacks are never refused)."""
+    on = [e for e in events if e.get("event") == "backlog_pressure_on"]
+    signals = sorted({s for e in on for s in e.get("signals", [])})
+    waited = sum(1 for e in events if e.get("event") == "job_deferred"
+                 and e.get("error_class") == "backlog_deferred")  # fmt: skip
+    by_status = {r["status"]: (int(r["n"]), int(r["enriched"])) for r in sql(dsn, DEFERRED_OUTPUTS)}
+    deferred = sum(n for n, _ in by_status.values())
+    poison = sql(dsn, "SELECT count(*) AS n FROM assets WHERE last_error_class = 'poison_media'")
+    rows = [
+        {"what": "backlog pressure turned on", "seen": str(len(on)),
+         "detail": f"signals {', '.join(signals) or 'none'} (workers' backlog_pressure_on)"},
+        {"what": "optional outputs deferred", "seen": str(deferred),
+         "detail": ", ".join(f"{status} {n} ({e} released by an enrichment)"
+                             for status, (n, e) in sorted(by_status.items())) or "none"},
+        {"what": "render jobs put back to wait", "seen": str(waited),
+         "detail": "job_deferred with error class backlog_deferred"},
+        {"what": "sources quarantined as poison", "seen": str(poison[0]["n"]),
+         "detail": "assets PROCESSING_FAILED or PLAYABLE with poison_media"},
+    ]  # fmt: skip
+    pending = by_status.get("PENDING", (0, 0))[0]
+    result = Result("no deferred optional output left pending", pending == 0,
+                    f"{deferred} deferred, {pending} still PENDING")  # fmt: skip
+    return rows, result
+
+
 def count_by(items: list[dict[str, Any]], key: str) -> Counter[str]:
     return Counter(str(i[key]) for i in items)

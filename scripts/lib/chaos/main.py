@@ -53,6 +53,9 @@ TENANT = "chaos"
 LOOPBACK_NAMES = "127.0.0.1,localhost,::1"
 DRAIN_TIMEOUT_SECONDS = 20.0
 LEASE_SECONDS = 10.0
+# The media lane's oldest job this old turns backlog pressure on (the default, 300 s, is
+# never reached in a run of a few minutes).
+BACKLOG_MEDIA_OLDEST_SECONDS = 20.0
 RUN_SWEEP_INTERVAL = 10.0
 RUN_GRACE_SECONDS = 10.0
 RUN_MULTIPART_STALE_SECONDS = 60.0
@@ -102,6 +105,12 @@ slots = 8
 slots = 2
 [worker.lanes.control]
 slots = 8
+
+[backlog]
+# Low enough for this run's media backlog to cross it: degradation runs under the chaos too.
+check_interval_seconds = 1.0
+media_oldest_job_seconds = {BACKLOG_MEDIA_OLDEST_SECONDS}
+defer_seconds = 2.0
 
 [queue]
 backoff_base_seconds = 0.5
@@ -642,6 +651,10 @@ def run(args: argparse.Namespace) -> int:
         results += outcome_results
         results += checks.uniqueness(runner.dsn)
         results += checks.leftovers(runner.dsn)
+        worker_events = [e for w in runner.worker_history for e in w.events()]
+        degraded, degraded_result = checks.degradation(runner.dsn, worker_events)
+        results.append(degraded_result)
+        report["degradation"] = degraded
         results += checks.store_checks(runner.dir / "aivedio.toml", runner.dsn, sweep_at,
                                        FINAL_GRACE_SECONDS)  # fmt: skip
         drain = runner.drain_result
@@ -719,6 +732,10 @@ def run(args: argparse.Namespace) -> int:
         out(f"    a worker still starting refused to start (exit 1; restarted): {refused}")
     out(f"  S3 'restart' (proxy outage; moto keeps running, its data in memory): "
         f"{runner.s3_result or 'not reached'}")  # fmt: skip
+    if report.get("degradation"):
+        out()
+        out("== degradation under backlog ([backlog] of this run's config)")
+        print_table(report["degradation"], ["what", "seen", "detail"])
     out()
     out("== invariants")
     rows = [{"invariant": r.name, "result": "ok" if r.ok else "VIOLATION", "detail": r.detail}
