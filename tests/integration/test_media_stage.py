@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from aivedio.config import Config
-from aivedio.errors import DeferredError, RenderError
+from aivedio.errors import DatabaseError, DeferredError, RenderError
 from aivedio.pipeline import dag
 from aivedio.pipeline.kinds import default_registry
 from aivedio.pipeline.media_stage import MediaStage, open_media_stage
@@ -284,4 +284,42 @@ async def test_a_retried_render_whose_output_was_made_gives_the_rest_their_own_j
         str(asset_id),
     )
     pending = {n for n, v in (await rig.variants(asset_id)).items() if v["status"] == "PENDING"}
+    assert pending and {r["output"] for r in queued} == pending
+
+
+async def test_a_last_attempt_failing_before_the_lock_leaves_no_output_without_a_job(
+    rig: Rig, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The outputs put off under backlog pressure wait on one job. If its last attempt fails
+    before it holds the revision's lock (the lock session cannot be opened, say), its output
+    is FAILED and every other pending output gets a job of its own, as after a failure under
+    the lock."""
+    asset_id = await rig.quarantine(source.read_bytes())
+    async with open_media_stage(rig.config, rig.pool, Queue(rig.pool), rig.store) as stage:
+        assert isinstance(stage, MediaStage)
+        await stage.probe(fake_job({"asset_id": str(asset_id)}, kind="probe"))
+        lead = "SELECT payload->>'variant_type' FROM jobs WHERE kind = 'render'"
+        assert [r[0] for r in await rig.pool.fetch(lead)] == ["playback"]
+
+        @asynccontextmanager
+        async def unreachable(*_args: Any) -> AsyncIterator[bool]:
+            raise DatabaseError("opening the lock session: too many connections")
+            yield True  # pragma: no cover
+
+        monkeypatch.setattr(stage, "_revision_lock", unreachable)
+        payload = {"asset_id": str(asset_id), "revision": 1, "variant_type": "proxy"}
+        with pytest.raises(DatabaseError):  # not the last attempt: retried, nothing changes
+            await stage.render(fake_job(payload, "render", attempts=1))
+        assert (await rig.variants(asset_id))["proxy"]["status"] == "PENDING"
+        assert [r[0] for r in await rig.pool.fetch(lead)] == ["playback"]
+        with pytest.raises(DatabaseError):
+            await stage.render(fake_job(payload, "render", attempts=8))  # max_attempts
+    variants = await rig.variants(asset_id)
+    assert variants["proxy"]["status"] == "FAILED"
+    queued = await rig.pool.fetch(
+        "SELECT payload->>'variant_type' AS output FROM jobs WHERE kind = 'render'"
+        " AND payload->>'asset_id' = $1",
+        str(asset_id),
+    )
+    pending = {n for n, v in variants.items() if v["status"] == "PENDING"}
     assert pending and {r["output"] for r in queued} == pending

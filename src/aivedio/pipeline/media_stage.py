@@ -398,35 +398,55 @@ class MediaStage:
             await self._spawn_rest(asset_id, revision, state, variant_type)
             await self._check_revision(asset_id, revision, here=hooks.here(job))
             return {"outcome": "already_" + (mine.lower() if mine else "missing")}
-        deferring = await hooks.deferring()
-        if (
-            deferring
-            and variant_type not in state["required_outputs"]
-            and not self._overdue(deferred_at)
-        ):
-            if deferred_at is None:  # marked once; later looks change nothing
-                await self._defer_outputs(asset_id, revision, [variant_type], hooks)
-            raise self._deferred(variant_type, hooks, deferred_at)
-        async with self._revision_lock(asset_id, revision) as acquired:
-            if not acquired:
-                raise DeferredError(
-                    "another render of this revision is running",
-                    retry_after_seconds=LOCK_BUSY_RETRY_SECONDS,
-                )
-            try:
-                return await self._render_locked(
-                    job, asset, revision, variant_type, state, hooks, deferring=deferring
-                )
-            except DeferredError:
-                raise
-            except AivedioError as exc:
-                # The queue makes the same decision from the same rule; when it will not
-                # retry, the output is FAILED now rather than PENDING forever.
-                if not _will_retry(exc, job):
-                    with anyio.CancelScope(shield=True):
-                        await self._mark_failed(asset_id, revision, variant_type, exc.detail)
-                        await self._spawn_rest(asset_id, revision, state, variant_type)
-                raise
+        handled = False
+        try:
+            deferring = await hooks.deferring()
+            if (
+                deferring
+                and variant_type not in state["required_outputs"]
+                and not self._overdue(deferred_at)
+            ):
+                if deferred_at is None:  # marked once; later looks change nothing
+                    await self._defer_outputs(asset_id, revision, [variant_type], hooks)
+                raise self._deferred(variant_type, hooks, deferred_at)
+            async with self._revision_lock(asset_id, revision) as acquired:
+                if not acquired:
+                    raise DeferredError(
+                        "another render of this revision is running",
+                        retry_after_seconds=LOCK_BUSY_RETRY_SECONDS,
+                    )
+                try:
+                    return await self._render_locked(
+                        job, asset, revision, variant_type, state, hooks, deferring=deferring
+                    )
+                except DeferredError:
+                    raise
+                except AivedioError as exc:
+                    handled = True  # under the lock, as the run's own failures are
+                    await self._give_up_if_last(job, exc, asset_id, revision, variant_type,
+                                                state)  # fmt: skip
+                    raise
+        except DeferredError:
+            raise
+        except AivedioError as exc:
+            # Before the lock or in taking it (the database, the lock session): the last
+            # attempt must not leave this output, or those put off with it, without a job.
+            if not handled:
+                await self._give_up_if_last(job, exc, asset_id, revision, variant_type, state)
+            raise
+
+    async def _give_up_if_last(
+        self, job: Job, exc: AivedioError, asset_id: uuid.UUID, revision: int,
+        variant_type: str, state: Mapping[str, Any],
+    ) -> None:  # fmt: skip
+        """The queue makes the same decision from the same rule; when it will not retry, the
+        output is FAILED now rather than PENDING forever, and every other pending output gets
+        a job of its own (the outputs put off together wait on one job: this one)."""
+        if _will_retry(exc, job):
+            return
+        with anyio.CancelScope(shield=True):
+            await self._mark_failed(asset_id, revision, variant_type, exc.detail)
+            await self._spawn_rest(asset_id, revision, state, variant_type)
 
     async def _render_locked(
         self, job: Job, asset: asyncpg.Record, revision: int, variant_type: str,
