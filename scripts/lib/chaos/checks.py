@@ -421,45 +421,60 @@ def secrets_in_logs(logs: list[Path], signatures: set[str], secrets: dict[str, s
                   f"and {len(needles)} secrets searched", sorted(set(found)))  # fmt: skip
 
 
+# Deferred outputs of assets not deleted, by status and by their revision's fate: a revision
+# that ended otherwise (FAILED, ABANDONED, SUPERSEDED before its enrichment) leaves its
+# outputs as they were, which is no fault of the deferral. Released: the enrichment revision
+# of theirs holds the output SUCCEEDED.
 DEFERRED_OUTPUTS = """
-SELECT v.status, count(*) AS n, count(*) FILTER (WHERE r.status IN ('READY', 'SUPERSEDED')
-       AND EXISTS (SELECT 1 FROM asset_revisions e WHERE e.asset_id = v.asset_id
-                   AND e.enriches = v.revision AND e.status IN ('READY', 'SUPERSEDED')))
-       AS enriched
+SELECT v.status, r.status IN ('BUILDING', 'READY') AS live, count(*) AS n,
+       count(*) FILTER (WHERE EXISTS (
+           SELECT 1 FROM asset_revisions e JOIN asset_variants ev
+             ON ev.asset_id = e.asset_id AND ev.revision = e.revision
+           WHERE e.asset_id = v.asset_id AND e.enriches = v.revision
+             AND e.status IN ('READY', 'SUPERSEDED')
+             AND ev.variant_type = v.variant_type AND ev.status = 'SUCCEEDED')) AS released
 FROM asset_variants v JOIN asset_revisions r USING (asset_id, revision)
 JOIN assets a ON a.id = v.asset_id
 WHERE v.deferred_at IS NOT NULL AND a.status <> 'DELETED'
-GROUP BY v.status
+GROUP BY 1, 2
 """
 
 
 def degradation(dsn: str, events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Result]:
-    """What degradation under backlog did in the run, from the workers' logs (the pressure's
-    transitions, the jobs put back to wait) and the database (the outputs deferred and how
+    """What degradation under backlog did in the run, from the workers' logs (each worker's
+    turns of the pressure, the deferral looks) and the database (the outputs deferred and how
     they ended, the sources quarantined as poison); and the invariant that no deferred output
-    was left pending. Uploads are not part of the run (callbacks are never refused)."""
+    of a live revision was left pending. Uploads are not part of the run (callbacks are never
+    refused)."""
     on = [e for e in events if e.get("event") == "backlog_pressure_on"]
     signals = sorted({s for e in on for s in e.get("signals", [])})
-    waited = sum(1 for e in events if e.get("event") == "job_deferred"
-                 and e.get("error_class") == "backlog_deferred")  # fmt: skip
-    by_status = {r["status"]: (int(r["n"]), int(r["enriched"])) for r in sql(dsn, DEFERRED_OUTPUTS)}
-    deferred = sum(n for n, _ in by_status.values())
-    poison = sql(dsn, "SELECT count(*) AS n FROM assets WHERE last_error_class = 'poison_media'")
-    rows = [
-        {"what": "backlog pressure turned on", "seen": str(len(on)),
-         "detail": f"signals {', '.join(signals) or 'none'} (workers' backlog_pressure_on)"},
+    looks = sum(1 for e in events if e.get("event") == "job_deferred"
+                and e.get("error_class") == "backlog_deferred")  # fmt: skip
+    rows = sql(dsn, DEFERRED_OUTPUTS)
+    by_status: Counter[str] = Counter()
+    released = 0
+    for row in rows:
+        by_status[row["status"]] += int(row["n"])
+        released += int(row["released"])
+    deferred = sum(by_status.values())
+    pending = sum(int(r["n"]) for r in rows if r["status"] == "PENDING" and r["live"])
+    poison = sql(dsn, "SELECT count(*) AS n FROM assets WHERE last_error_class = 'poison_media'"
+                      " AND status <> 'DELETED'")  # fmt: skip
+    table = [
+        {"what": "backlog pressure turned on (each worker's turns)", "seen": str(len(on)),
+         "detail": f"signals {', '.join(signals) or 'none'} (backlog_pressure_on)"},
         {"what": "optional outputs deferred", "seen": str(deferred),
-         "detail": ", ".join(f"{status} {n} ({e} released by an enrichment)"
-                             for status, (n, e) in sorted(by_status.items())) or "none"},
-        {"what": "render jobs put back to wait", "seen": str(waited),
+         "detail": ", ".join(f"{status} {n}" for status, n in sorted(by_status.items()))
+                   + f"; {released} released by an enrichment" if deferred else "none"},
+        {"what": "deferral looks (a job put back to wait)", "seen": str(looks),
          "detail": "job_deferred with error class backlog_deferred"},
         {"what": "sources quarantined as poison", "seen": str(poison[0]["n"]),
          "detail": "assets PROCESSING_FAILED or PLAYABLE with poison_media"},
     ]  # fmt: skip
-    pending = by_status.get("PENDING", (0, 0))[0]
-    result = Result("no deferred optional output left pending", pending == 0,
-                    f"{deferred} deferred, {pending} still PENDING")  # fmt: skip
-    return rows, result
+    result = Result("no deferred optional output of a live revision left pending", pending == 0,
+                    f"{deferred} deferred, {pending} still PENDING in a building or published"
+                    " revision")  # fmt: skip
+    return table, result
 
 
 def count_by(items: list[dict[str, Any]], key: str) -> Counter[str]:
