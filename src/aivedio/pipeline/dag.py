@@ -31,7 +31,6 @@ from aivedio.pipeline.inspect import Verdict, inspect_file
 from aivedio.pipeline.media_outputs import (
     NodeOutcome,
     OutputRecord,
-    ProcessRecord,
     Report,
     describe,
     require_faststart,
@@ -110,7 +109,8 @@ class MediaRun:
             self.sandbox, self.source, declared=declared, tolerance=tolerance, record=runs
         )
         self.report = Report(verdict=verdict, origin=started)
-        self.report.processes += [ProcessRecord.of(f"inspect:{r.tool}", r, started) for r in runs]
+        for run in runs:
+            self.report.record(f"inspect:{run.tool}", run)
         self.report.steps["inspect"] = time.monotonic() - started
         self._sniff = sniff_file(self.source)
         self._summary = verdict.media
@@ -174,7 +174,7 @@ class MediaRun:
             deadline_seconds=media_deadline(self.media, duration),
             on_progress=progress,
         )
-        self.report.processes.append(ProcessRecord.of(step, result, self.report.origin))
+        self.report.record(step, result)
         if not result.ok:
             result.raise_if_exhausted()
             raise RenderError(f"{step}: {result.error_detail()}")
@@ -189,7 +189,7 @@ class MediaRun:
             deadline_seconds=self.media.probe_timeout_seconds,
             capture_stdout=True,
         )
-        self.report.processes.append(ProcessRecord.of(step, result, self.report.origin))
+        self.report.record(step, result)
         if not result.ok:
             result.raise_if_exhausted()
             raise RenderError(f"{step}: {result.error_detail()}")

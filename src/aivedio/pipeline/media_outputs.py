@@ -111,6 +111,10 @@ class Report:
 
     wanted: set[str] | None = None  # the outputs asked for (None: all)
 
+    def record(self, step: str, result: RunResult) -> None:
+        """Add a finished process to the timeline (its start counted from ``origin``)."""
+        self.processes.append(ProcessRecord.of(step, result, self.origin))
+
     @property
     def required_done(self) -> bool:
         """Every required output that was asked for is done."""
