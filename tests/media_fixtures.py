@@ -19,6 +19,7 @@ matching assertions are in ``tests/unit/test_media_fixtures.py``.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 import random
@@ -405,6 +406,103 @@ def many_audio_streams(directory: Path, n: int = 20) -> Path:
         str(out),
     )
     return out
+
+
+# Language tags of ``tagged_audio_streams``' tracks, in order (cycled past 20).
+LANGUAGES = ("eng", "fra", "deu", "spa", "ita", "por", "nld", "swe", "nor", "dan",
+             "fin", "pol", "ces", "hun", "ron", "ell", "tur", "rus", "jpn", "kor")  # fmt: skip
+
+
+def audio_tone_hz(k: int) -> int:
+    """The sine of ``tagged_audio_streams``' audio stream ``k`` (0-based): 300, 400, ... Hz."""
+    return 300 + 100 * k
+
+
+def tagged_audio_streams(
+    directory: Path, *, n: int = 20, default: int = 2, pix_fmt: str = "yuv420p"
+) -> Path:
+    """H.264 320x240 + ``n`` mono AAC streams, 2 s. Audio ``k`` is a sine of
+    ``audio_tone_hz(k)`` Hz tagged ``LANGUAGES[k % 20]``; only audio ``default`` has the
+    default disposition (its absolute index is ``default + 1``). ``yuv420p`` remuxes,
+    ``yuv444p`` needs a transcode."""
+    out = _fresh(directory, f"tagged_audio_x{n}_default{default}_{pix_fmt}.mp4")
+    args = ["-f", "lavfi", "-i", "testsrc2=s=320x240:r=24:d=2"]
+    maps = ["-map", "0:v"]
+    tags: list[str] = []
+    for k in range(n):
+        args += ["-f", "lavfi", "-i", f"sine=frequency={audio_tone_hz(k)}:sample_rate=48000:d=2"]
+        maps += ["-map", f"{k + 1}:a"]
+        tags += [f"-metadata:s:a:{k}", f"language={LANGUAGES[k % len(LANGUAGES)]}"]
+    run_ffmpeg(
+        *args, *maps,
+        *("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", pix_fmt),
+        *("-c:a", "aac", "-b:a", "32k"),
+        *("-disposition:a", "0", f"-disposition:a:{default}", "default"), *tags,
+        str(out),
+    )  # fmt: skip
+    return out
+
+
+def two_video_streams(directory: Path) -> Path:
+    """Two H.264 video streams, 320x240 (stream 0) and 480x270 (stream 1, the only one with
+    the default disposition), + AAC, 2 s."""
+    out = _fresh(directory, "two_videos.mp4")
+    run_ffmpeg(
+        *("-f", "lavfi", "-i", "testsrc2=s=320x240:r=24:d=2"),
+        *("-f", "lavfi", "-i", "testsrc=s=480x270:r=24:d=2"),
+        *("-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000:duration=2"),
+        *("-map", "0:v", "-map", "1:v", "-map", "2:a"),
+        *("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p"),
+        *("-c:a", "aac", "-b:a", "64k"),
+        *("-disposition:v:0", "0", "-disposition:v:1", "default"),
+        str(out),
+    )
+    return out
+
+
+def sized_video(directory: Path, *, width: int, height: int, seconds: float = 2) -> Path:
+    """H.264 yuv444p (so any size, odd ones too) ``width``x``height``, square pixels, + AAC,
+    24 fps: a 1x1, a 4000x2 or a 16x16 source."""
+    out = _fresh(directory, f"sized_{width}x{height}.mp4")
+    run_ffmpeg(
+        *("-f", "lavfi", "-i", f"testsrc2=s=320x240:r=24:d={seconds}"),
+        *("-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={seconds}"),
+        *("-vf", f"scale={width}:{height}:flags=bicubic,setsar=1"),
+        *("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv444p"),
+        *("-c:a", "aac", "-b:a", "64k"),
+        str(out),
+    )
+    return out
+
+
+def short_clip(directory: Path, *, video_seconds: float, audio_seconds: float = 0.0) -> Path:
+    """H.264 320x240 at 100 fps lasting ``video_seconds`` (5 frames for 0.05 s), with an
+    AAC track of ``audio_seconds`` when given: a clip too short, or a picture that ends
+    long before its sound."""
+    out = _fresh(directory, f"short_{video_seconds:g}s_{audio_seconds:g}s.mp4")
+    args = ["-f", "lavfi", "-i", f"testsrc2=s=320x240:r=100:d={video_seconds}"]
+    if audio_seconds:
+        args += ["-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:d={audio_seconds}"]
+        args += ["-map", "0:v", "-map", "1:a", "-c:a", "aac", "-b:a", "64k"]
+    args += ["-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p"]
+    run_ffmpeg(*args, str(out))
+    return out
+
+
+def tone_of(path: Path, stream: str = "0:a:0") -> float:
+    """The frequency (Hz) of the sine in ``stream`` of ``path`` (a file or a playlist), by
+    counting zero crossings of its decoded samples (mono, 16 kHz)."""
+    result = subprocess.run(
+        [FFMPEG, "-nostdin", "-v", "error", "-i", str(path), "-map", stream, "-ac", "1",
+         "-ar", "16000", "-f", "s16le", "-"],
+        capture_output=True, check=True, timeout=60,
+    )  # fmt: skip
+    samples = [v for (v,) in struct.iter_unpack("<h", result.stdout)]
+    # Skip the encoder's priming and fade-in, and count only clear sign changes.
+    body = samples[1600:-1600] or samples
+    signs = [v > 0 for v in body if abs(v) > 64]
+    crossings = sum(1 for a, b in itertools.pairwise(signs) if a != b)
+    return crossings / 2 / (len(body) / 16000)
 
 
 # -- hostile inputs ---------------------------------------------------------------------------

@@ -97,6 +97,9 @@ async def asset_status(pool: Pool, asset_id: uuid.UUID) -> dict[str, Any] | None
         "error_class": asset["last_error_class"],
         "error_detail": asset["last_error_detail"],
         "variants": [_variant(v) for v in variants],
+        # The source's streams no output carries (more audio tracks than one, a cover
+        # picture, subtitles), as the probe's verdict listed them.
+        "ignored_streams": _ignored_streams(asset["probe"]),
         "timeline": timeline,
     }
 
@@ -149,6 +152,12 @@ async def output_status(pool: Pool, provider_output_id: uuid.UUID) -> dict[str, 
         "error_detail": redact_text(detail) if detail else None,
         "timeline": timeline,
     }
+
+
+def _ignored_streams(probe: Any) -> list[dict[str, Any]]:
+    media = probe.get("media") if isinstance(probe, dict) else None
+    ignored = media.get("ignored_streams") if isinstance(media, dict) else None
+    return list(ignored) if isinstance(ignored, list) else []
 
 
 def _str(value: Any) -> str | None:

@@ -62,16 +62,21 @@ class MediaConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     process_timeout_seconds: float = 120.0
     process_timeout_per_media_second: float = 20.0
     threads: int = 0  # 0: ffmpeg decides
-    # Parser limits passed to ffprobe and ffmpeg.
+    # Parser limits passed to ffprobe and ffmpeg. ``max_streams`` is the one cap on streams:
+    # a file with more is refused (``too_many_streams``); up to it, the streams no output
+    # uses are ignored and listed in the verdict.
     max_pixels: int = 4096 * 4096
-    max_streams: int = 8
-    # Validation rules (seed 002 §11.7.5).
+    max_streams: int = 32
+    # Validation rules (seed 002 §11.7.5). The minimums refuse a picture or a clip too small
+    # to render (a 1x1 or 4000x2 video, a single frame): each side of the coded and of the
+    # displayed size, and the file's and the video track's own duration.
+    min_width: int = 16
+    min_height: int = 16
     max_width: int = 4096
     max_height: int = 4096
     min_duration_seconds: float = 0.1
     max_duration_seconds: float = 3600.0
     max_frame_rate: float = 120.0
-    max_audio_streams: int = 4
     allowed_video_codecs: list[str] = msgspec.field(
         default_factory=lambda: ["h264", "hevc", "vp9", "av1", "vp8", "mpeg4", "prores"]
     )
@@ -151,6 +156,8 @@ def validate_media(media: MediaConfig) -> None:
         "process_timeout_seconds",
         "max_pixels",
         "max_streams",
+        "min_width",
+        "min_height",
         "max_width",
         "max_height",
         "max_duration_seconds",
@@ -167,6 +174,13 @@ def validate_media(media: MediaConfig) -> None:
     ):
         if getattr(media, name) <= 0:
             raise ConfigError(f"config error: media.{name}: must be positive")
+    for side in ("width", "height"):
+        if getattr(media, f"min_{side}") > getattr(media, f"max_{side}"):
+            raise ConfigError(f"config error: media.min_{side}: above media.max_{side}")
+    if not 0 <= media.min_duration_seconds <= media.max_duration_seconds:
+        raise ConfigError(
+            "config error: media.min_duration_seconds: 0 (off) up to max_duration_seconds"
+        )
     if media.chunk_threshold_seconds < 0:
         raise ConfigError("config error: media.chunk_threshold_seconds: 0 (off) or more")
     steps = media.chunk_seconds / media.segment_seconds

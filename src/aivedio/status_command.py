@@ -218,6 +218,14 @@ def _asset_text(status: dict[str, Any]) -> str:
     for v in status["variants"]:
         lines.append(f"  {v['variant_type']:<10} {v['size_bytes']:>10}  {v['sha256'][:16]}…  "
                      f"{v['object_key']}")  # fmt: skip
+    ignored = [
+        f"#{i['index']} {i['codec_type']} {i['codec_name']}"
+        + (f" [{i['language']}]" if i.get("language") else "")
+        + f" ({i['why']})"
+        for i in status.get("ignored_streams", [])
+    ]
+    if ignored:
+        lines.append(f"  ignored streams: {', '.join(ignored)}")
     lines.extend(_entry_line(entry) for entry in status["timeline"])
     return "\n".join(lines)
 

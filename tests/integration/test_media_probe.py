@@ -285,18 +285,95 @@ async def test_audio_only(cache: mf.MediaCache, tmp_path: Path) -> None:
     assert [r.tool for r in got.record] == ["ffprobe"]
 
 
-async def test_twenty_audio_streams(cache: mf.MediaCache, tmp_path: Path) -> None:
-    path = cache.get("audio_x20", mf.many_audio_streams, n=20)
-    # ffprobe's own -max_streams 8 stops the demuxer ("Cannot allocate memory" on stderr): a
-    # verdict, not resource exhaustion.
+async def test_twenty_audio_streams_use_the_default_one_and_list_the_rest(
+    cache: mf.MediaCache, tmp_path: Path
+) -> None:
+    # 21 streams, under the demuxer's cap (32); the third audio stream (absolute index 3) has
+    # the default disposition. Refused as too_many_streams before: ffprobe ran under
+    # -max_streams 8, and past it a rule allowed 4 audio streams.
+    path = cache.get("tagged_x20", mf.tagged_audio_streams, n=20, default=2)
     got = await inspect(path, tmp_path / "a")
-    assert got.verdict.reasons == ["too_many_streams"]
-    assert got.verdict.media is None
-    # Let the parser through and the rule on audio streams (max 4) speaks instead.
-    got = await inspect(path, tmp_path / "b", max_streams=32)
-    assert got.verdict.reasons == ["too_many_audio_streams"]
-    assert got.media["audio_streams"] == 20
-    assert got.verdict.decode_check == "skipped"
+    assert got.verdict.valid, got.json
+    media = got.media
+    assert (media["audio_stream_index"], media["audio_streams"]) == (3, 20)
+    assert (media["audio_codec"], media["audio_channels"]) == ("aac", 1)
+    assert [(i["index"], i["codec_type"], i["language"], i["why"])
+            for i in media["ignored_streams"]] == [
+        (k + 1, "audio", mf.LANGUAGES[k], "not_chosen") for k in range(20) if k != 2
+    ]  # fmt: skip
+    # Without a default disposition (every track flagged alike): the first audio stream.
+    plain = await inspect(cache.get("audio_x20", mf.many_audio_streams, n=20), tmp_path / "b")
+    assert plain.verdict.valid, plain.json
+    assert plain.media["audio_stream_index"] == 1
+    assert len(plain.media["ignored_streams"]) == 19
+
+
+@pytest.mark.parametrize(("audios", "valid"), [(31, True), (32, False)])
+async def test_only_more_streams_than_the_demuxers_cap_are_refused(
+    cache: mf.MediaCache, tmp_path: Path, audios: int, valid: bool
+) -> None:
+    # 1 video + 31 audio streams is exactly max_streams (32); one more is past it.
+    got = await inspect(
+        cache.get(f"audio_x{audios}", mf.many_audio_streams, n=audios), tmp_path / "s"
+    )
+    if valid:
+        assert got.verdict.valid, got.json
+        assert len(got.media["ignored_streams"]) == audios - 1
+    else:
+        # ffprobe's own -max_streams stops the demuxer ("Cannot allocate memory" on
+        # stderr): a verdict, not resource exhaustion, and no decode after it.
+        assert got.verdict.reasons == ["too_many_streams"]
+        assert got.verdict.media is None
+        assert got.verdict.detail is not None and "max_streams" in got.verdict.detail
+        assert [r.tool for r in got.record] == ["ffprobe"]
+    # The cap is the configured one.
+    lower = await inspect(cache.get("audio_x20", mf.many_audio_streams, n=20), tmp_path / "l",
+                          max_streams=8)  # fmt: skip
+    assert lower.verdict.reasons == ["too_many_streams"]
+
+
+async def test_the_default_video_stream_is_the_one_validated(
+    cache: mf.MediaCache, tmp_path: Path
+) -> None:
+    got = await inspect(cache.get("two_videos", mf.two_video_streams), tmp_path / "s")
+    assert got.verdict.valid, got.json  # not refused as multiple_video_streams any more
+    media = got.media
+    assert (media["video_stream_index"], media["width"], media["height"]) == (1, 480, 270)
+    assert (media["video_streams"], media["audio_stream_index"]) == (2, 2)
+    assert [(i["index"], i["why"]) for i in media["ignored_streams"]] == [(0, "not_chosen")]
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "reasons"),
+    [
+        ("1x1", lambda d: mf.sized_video(d, width=1, height=1), ["dimensions_too_small:1x1"]),
+        ("4000x2", lambda d: mf.sized_video(d, width=4000, height=2),
+         ["dimensions_too_small:4000x2"]),
+        ("2x4000", lambda d: mf.sized_video(d, width=2, height=4000),
+         ["dimensions_too_small:2x4000"]),
+        ("15x16", lambda d: mf.sized_video(d, width=15, height=16),
+         ["dimensions_too_small:15x16"]),
+        ("16x16", lambda d: mf.sized_video(d, width=16, height=16), []),
+        ("0.05s", lambda d: mf.short_clip(d, video_seconds=0.05), ["duration_too_short"]),
+        ("0.1s", lambda d: mf.short_clip(d, video_seconds=0.1), []),
+        # One frame under 3 s of sound: the file lasts 3 s, the picture 0.04 s.
+        ("frame_under_audio", lambda d: mf.short_clip(d, video_seconds=0.04, audio_seconds=3),
+         ["video_duration_too_short"]),
+    ],
+)  # fmt: skip
+async def test_minimum_size_and_duration(
+    cache: mf.MediaCache, tmp_path: Path, name: str, make: Generator, reasons: list[str]
+) -> None:
+    got = await inspect(cache.get(f"small_{name}", make), tmp_path / "s")
+    assert got.verdict.reasons == reasons, got.json
+    assert got.verdict.media is not None  # probed: the summary says what was found
+    if reasons:
+        assert got.verdict.decode_check == "skipped"
+        assert [r.tool for r in got.record] == ["ffprobe"]
+    # Configurable: the same source under lower minimums.
+    relaxed = await inspect(cache.get(f"small_{name}", make), tmp_path / "r", min_width=1,
+                            min_height=1, min_duration_seconds=0.01)  # fmt: skip
+    assert relaxed.verdict.valid, relaxed.json
 
 
 async def test_decompression_bomb_is_refused_without_decoding(
@@ -581,7 +658,14 @@ CLI_CASES: dict[str, tuple[str, Generator, int, list[str]]] = {
     "zero_bytes": ("zero_bytes", mf.zero_bytes, 5, ["empty_file"]),
     "html": ("html_error_page", mf.html_error_page, 5, ["unsupported_container:html"]),
     "truncated": ("truncated", mf.truncated_half, 5, ["decode_failed"]),
-    "audio_x20": ("audio_x20", lambda d: mf.many_audio_streams(d, n=20), 5, ["too_many_streams"]),
+    "tagged_x20": ("tagged_x20", lambda d: mf.tagged_audio_streams(d, n=20, default=2), 0, []),
+    "audio_x32": ("audio_x32", lambda d: mf.many_audio_streams(d, n=32), 5, ["too_many_streams"]),
+    "1x1": (
+        "small_1x1",
+        lambda d: mf.sized_video(d, width=1, height=1),
+        5,
+        ["dimensions_too_small:1x1"],
+    ),
     "bomb": ("bomb", mf.decompression_bomb, 5, ["too_many_pixels"]),
 }
 
@@ -604,8 +688,14 @@ async def test_cli_verdicts(cache: mf.MediaCache, tmp_path: Path, case: str) -> 
     if case == "truncated":
         assert verdict["decode_check"] == "sampled"
         assert verdict["media"]["duration_seconds"] == 3.0
-    if case in ("zero_bytes", "html", "bomb", "audio_x20"):
+    if case in ("zero_bytes", "html", "bomb", "audio_x32"):
         assert verdict["media"] is None
+    if case == "tagged_x20":  # what ``aivedio probe`` prints: the choice and what it ignored
+        assert verdict["media"]["audio_stream_index"] == 3
+        ignored = verdict["media"]["ignored_streams"]
+        assert [i["index"] for i in ignored] == [1, 2, *range(4, 21)]
+        assert ignored[0] == {"index": 1, "codec_type": "audio", "codec_name": "aac",
+                              "language": "eng", "why": "not_chosen"}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -292,7 +292,8 @@ def test_a_plan_recorded_without_the_sources_start_scans_it_and_gets_the_same_of
 
     report, ran, scanned, recorded = anyio.run(main)
     assert report.nodes["hls"].status == "done", report.failed()
-    assert ran.count("ts_scan") == 3  # the source too
+    # The source too, its planned video and audio streams one scan each.
+    assert ran.count("ts_scan") == 4
     assert scanned == recorded > 0
 
 
@@ -902,3 +903,76 @@ def test_a_source_not_starting_at_zero_is_transcoded_and_aligned(tmp_path: Path)
     assert "start_time" in report.plan.transcode_reasons
     assert report.nodes["hls"].status == "done"
     assert check_hls(Layout(tmp_path / "run").hls / "master.m3u8") == []
+
+
+# -- which streams: the verdict's choice, in every output --------------------------------------
+
+
+@pytest.mark.parametrize("pix_fmt", ["yuv420p", "yuv444p"], ids=["remux", "transcode"])
+def test_of_twenty_audio_tracks_the_default_one_is_in_every_output(
+    runs: Runs, pix_fmt: str
+) -> None:
+    # The third audio track (stream 3) has the default disposition; its sine is 500 Hz and
+    # its language "deu", every other track's differs.
+    source = runs.cache.get(f"tagged_x20_{pix_fmt}", mf.tagged_audio_streams, pix_fmt=pix_fmt)
+    root = runs.root / "runs" / f"tagged_{pix_fmt}"
+    report = run_dag(source, root, SMALL)
+    assert report.verdict.valid, report.verdict
+    assert report.plan is not None and report.plan.audio_stream == 3
+    assert report.plan.mode == ("remux" if pix_fmt == "yuv420p" else "transcode")
+    assert all(node.status == "done" for node in report.nodes.values()), report.failed()
+    layout = Layout(root)
+    want = mf.audio_tone_hz(2)
+    for output in (layout.playback, layout.proxy):
+        [track] = audio_streams(probe(output))
+        assert track["tags"]["language"] == "deu", output
+        assert mf.tone_of(output) == pytest.approx(want, abs=10), output
+    assert report.plan.rungs
+    for rung in report.plan.rungs:
+        assert mf.tone_of(layout.hls_rung(rung) / "index.m3u8") == pytest.approx(want, abs=10)
+    assert check_hls(layout.hls / "master.m3u8") == []
+
+
+def test_of_two_video_streams_the_default_one_is_published(runs: Runs) -> None:
+    source = runs.cache.get("two_videos", mf.two_video_streams)
+    root = runs.root / "runs" / "two_videos"
+    report = run_dag(source, root, SMALL, wants=["playback", "poster", "hls"])
+    assert report.plan is not None and report.plan.video_stream == 1
+    assert report.required_done and report.nodes["hls"].status == "done", report.failed()
+    layout = Layout(root)
+    assert image_size(layout.playback) == (480, 270)  # stream 0 is 320x240
+    assert stream_md5(layout.playback, "0:v:0") == stream_md5(source, "0:1")  # remuxed
+    assert image_size(layout.poster) == (480, 270)
+
+
+def test_a_16x16_source_makes_every_output(runs: Runs) -> None:
+    source = runs.cache.get("sized_16x16", mf.sized_video, width=16, height=16)
+    root = runs.root / "runs" / "sized_16x16"
+    report = run_dag(source, root, SMALL)
+    assert report.verdict.valid, report.verdict
+    assert all(node.status == "done" for node in report.nodes.values()), report.failed()
+    assert image_size(Layout(root).playback) == (16, 16)
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "reason"),
+    [
+        ("1x1", lambda d: mf.sized_video(d, width=1, height=1), "dimensions_too_small:1x1"),
+        ("4000x2", lambda d: mf.sized_video(d, width=4000, height=2),
+         "dimensions_too_small:4000x2"),
+        ("0.05s", lambda d: mf.short_clip(d, video_seconds=0.05), "duration_too_short"),
+        # A 2x2 playback and a failed proxy (1x1), and a poster from past the one frame of
+        # a 3 s file: refused before any of it now.
+        ("frame_under_audio", lambda d: mf.short_clip(d, video_seconds=0.04, audio_seconds=3),
+         "video_duration_too_short"),
+    ],
+)  # fmt: skip
+def test_a_source_under_the_minimums_is_refused_before_any_render(
+    runs: Runs, name: str, make: Any, reason: str
+) -> None:
+    source = runs.cache.get(f"small_{name}", make)
+    root = runs.root / "runs" / f"small_{name}"
+    report = run_dag(source, root, SMALL)
+    assert report.verdict.reasons == [reason]
+    assert report.plan is None and report.nodes == {}
+    assert not Layout(root).out.exists() or not any(Layout(root).out.iterdir())

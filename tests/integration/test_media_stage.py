@@ -14,16 +14,19 @@ from typing import Any
 import anyio
 import pytest
 
+from aivedio.asset_status import asset_status
 from aivedio.config import Config
 from aivedio.errors import DatabaseError, DeferredError, RenderError
 from aivedio.pipeline import dag
 from aivedio.pipeline.kinds import default_registry
 from aivedio.pipeline.media_stage import MediaStage, open_media_stage
+from aivedio.status_command import _text as status_text
 from aivedio.store import keys
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectStore
 from aivedio.store.queue import Queue
 from aivedio.worker import Worker
+from tests import media_fixtures as mf
 from tests.hls_check import check_hls
 from tests.media_fixtures import MediaCache, h264_faststart, html_error_page
 from tests.pipeline_rig import Rig, fake_job, make_rig
@@ -141,6 +144,72 @@ async def test_invalid_media_ends_the_asset_and_is_never_retried(
     assert asset["probe"]["reasons"] == ["unsupported_container:html"]
     job = await rig.pool.fetchrow("SELECT * FROM job_history WHERE id = $1", job_id)
     assert job["attempts"] == 1 and job["status"] == "succeeded"
+    assert await rig.pool.fetchval("SELECT count(*) FROM asset_revisions") == 0
+
+
+async def test_of_twenty_audio_tracks_the_default_one_is_published(
+    rig: Rig, media_cache: MediaCache, tmp_path: Path
+) -> None:
+    # Stream 3 (the third audio track, 500 Hz, "deu") has the default disposition. Refused
+    # as too_many_streams before; now every output carries that track and no other.
+    source = media_cache.get("tagged_x20", mf.tagged_audio_streams, n=20, default=2)
+    asset_id = await rig.quarantine(source.read_bytes())
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait_idle(asset_id)
+    asset = await rig.asset(asset_id)
+    assert asset["status"] == "PROCESSING", asset["last_error_detail"]
+    media = asset["probe"]["media"]
+    assert (media["audio_stream_index"], media["audio_streams"]) == (3, 20)
+    revision = await rig.pool.fetchrow("SELECT plan FROM asset_revisions WHERE asset_id = $1",
+                                       asset_id)  # fmt: skip
+    assert revision["plan"]["audio_stream"] == 3
+    variants = await rig.variants(asset_id)
+    assert {v["status"] for v in variants.values()} == {"SUCCEEDED"}
+    local = tmp_path / "downloaded"
+    await download_prefix(rig.store, keys.revision_prefix(rig.tenant_id, asset_id, 1), local)
+    renditions = [local / "hls" / r["name"] / "index.m3u8" for r in revision["plan"]["rungs"]]
+    assert renditions
+    for output in (local / "playback.mp4", local / "proxy.mp4", *renditions):
+        tracks = [s for s in mf.ffprobe_streams(output) if s["codec_type"] == "audio"]
+        assert len(tracks) == 1, output
+        assert tracks[0]["channels"] == 1
+        assert mf.tone_of(output) == pytest.approx(mf.audio_tone_hz(2), abs=10), output
+    [track] = [s for s in mf.ffprobe_streams(local / "playback.mp4") if s["codec_type"] == "audio"]
+    assert track["tags"]["language"] == "deu"
+    # What the status shows: the 19 tracks left out, and why.
+    status = await asset_status(rig.pool, asset_id)
+    assert status is not None
+    ignored = status["ignored_streams"]
+    assert [(i["index"], i["why"]) for i in ignored] == [
+        (k, "not_chosen") for k in (1, 2, *range(4, 21))
+    ]
+    assert ignored[0]["language"] == "eng"
+    text = status_text(status)
+    assert (
+        "ignored streams: #1 audio aac [eng] (not_chosen), #2 audio aac [fra] (not_chosen)," in text
+    )
+
+
+async def test_sources_too_small_or_with_too_many_streams_end_invalid(
+    rig: Rig, media_cache: MediaCache
+) -> None:
+    cases = {
+        "dimensions_too_small:1x1": media_cache.get("sized_1x1", mf.sized_video, width=1,
+                                                    height=1),
+        "duration_too_short": media_cache.get("short_0.05", mf.short_clip, video_seconds=0.05),
+        # 33 streams: past the cap the demuxer is given (max_streams 32).
+        "too_many_streams": media_cache.get("audio_x32", mf.many_audio_streams, n=32),
+    }  # fmt: skip
+    ids = {reason: await rig.quarantine(path.read_bytes()) for reason, path in cases.items()}
+    jobs = {reason: await rig.enqueue_probe(asset_id) for reason, asset_id in ids.items()}
+    async with running_worker(rig):
+        for job_id in jobs.values():
+            await rig.wait("SELECT 1 FROM job_history WHERE id = $1", job_id)
+    for reason, asset_id in ids.items():
+        asset = await rig.asset(asset_id)
+        assert (asset["status"], asset["probe"]["reasons"]) == ("INVALID_MEDIA", [reason])
+        assert asset["last_error_class"] == "invalid_media"
     assert await rig.pool.fetchval("SELECT count(*) FROM asset_revisions") == 0
 
 

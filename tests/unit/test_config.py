@@ -303,6 +303,12 @@ def test_masked_hides_query_strings_in_urls() -> None:
         ("[media]\nwaveform_zooms = [0]\n", "media.waveform_zooms"),
         ("[media]\nposter_at_ratio = 1.5\n", "media.poster_at_ratio"),
         ("[media.tolerances.acme]\nduration_second = 1\n", "media.tolerances.acme"),
+        ("[media]\nmin_width = 0\n", "media.min_width"),
+        ("[media]\nmin_height = 5000\n", "media.min_height"),
+        ("[media]\nmin_duration_seconds = -1\n", "media.min_duration_seconds"),
+        ("[media]\nmin_duration_seconds = 4000\n", "media.min_duration_seconds"),
+        # Retired: the only cap on streams is max_streams; extra audio streams are ignored.
+        ("[media]\nmax_audio_streams = 4\n", "max_audio_streams"),
     ],
 )
 def test_media_config_errors_name_the_key(tmp_path: Path, toml: str, key: str) -> None:

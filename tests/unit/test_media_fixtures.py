@@ -171,6 +171,49 @@ def test_many_audio_streams_n(tmp_path: Path) -> None:
     assert len(streams_of(out, "audio")) == 3
 
 
+def test_tagged_audio_streams(tmp_path: Path) -> None:
+    out = mf.tagged_audio_streams(tmp_path, n=4, default=2)
+    only(out, tmp_path)
+    audios = streams_of(out, "audio")
+    assert [(s["index"], s["disposition"]["default"], s["tags"]["language"]) for s in audios] == [
+        (1, 0, "eng"), (2, 0, "fra"), (3, 1, "deu"), (4, 0, "spa"),
+    ]  # fmt: skip
+    for k, stream in enumerate(audios):
+        assert stream["channels"] == 1
+        assert mf.tone_of(out, f"0:{stream['index']}") == pytest.approx(mf.audio_tone_hz(k), abs=5)
+    [video] = streams_of(out, "video")
+    assert video["pix_fmt"] == "yuv420p"
+
+
+def test_two_video_streams(tmp_path: Path) -> None:
+    out = mf.two_video_streams(tmp_path)
+    only(out, tmp_path)
+    videos = streams_of(out, "video")
+    assert [(s["width"], s["height"], s["disposition"]["default"]) for s in videos] == [
+        (320, 240, 0), (480, 270, 1),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(("width", "height"), [(1, 1), (4000, 2), (16, 16)])
+def test_sized_video(tmp_path: Path, width: int, height: int) -> None:
+    out = mf.sized_video(tmp_path, width=width, height=height)
+    only(out, tmp_path)
+    [video] = streams_of(out, "video")
+    assert (video["width"], video["height"], video["sample_aspect_ratio"]) == (
+        width, height, "1:1",
+    )  # fmt: skip
+
+
+def test_short_clip(tmp_path: Path) -> None:
+    out = mf.short_clip(tmp_path, video_seconds=0.05)
+    only(out, tmp_path)
+    assert float(mf.ffprobe_json(out)["format"]["duration"]) == pytest.approx(0.05, abs=0.001)
+    assert streams_of(out, "audio") == []
+    under = mf.short_clip(tmp_path, video_seconds=0.04, audio_seconds=3)
+    [video], [audio] = streams_of(under, "video"), streams_of(under, "audio")
+    assert (float(video["duration"]), float(audio["duration"])) == (0.04, 3.0)
+
+
 # -- hostile inputs ---------------------------------------------------------------------------
 
 

@@ -331,13 +331,19 @@ def test_no_streams_and_audio_only() -> None:
         ([video(start_time=-1.5)], {}, MEDIA, "start_time_out_of_range"),
         ([video(r_frame_rate="0/0", avg_frame_rate="0/0")], {}, MEDIA, "frame_rate_missing"),
         ([video(r_frame_rate="240/1", avg_frame_rate="240/1")], {}, MEDIA, "frame_rate_too_high"),
-        ([video(), video(index=1)], {}, MEDIA, "multiple_video_streams"),
+        ([video(width=1, height=1)], {}, MEDIA, "dimensions_too_small:1x1"),
+        ([video(width=4000, height=2)], {}, MEDIA, "dimensions_too_small:4000x2"),
+        ([video(width=2, height=4000)], {}, MEDIA, "dimensions_too_small:2x4000"),
+        ([video(width=15, height=1080)], {}, MEDIA, "dimensions_too_small:15x1080"),
+        # Coded 16x16, shown 4x16: the pixels are four times as tall as wide.
         (
-            [video(), *(audio(index=i) for i in range(1, 6))],
+            [video(width=16, height=16, sample_aspect_ratio="1:4")],
             {},
             MEDIA,
-            "too_many_audio_streams",
+            "dimensions_too_small:4x16",
         ),
+        # One frame under a long audio track: the file lasts 10 s, its picture 1/30 s.
+        ([video(duration=1 / 30), audio()], {}, MEDIA, "video_duration_too_short"),
         (
             [video(), Stream(index=1, codec_type="attachment", codec_name="ttf")],
             {},
@@ -391,6 +397,18 @@ def test_limits_are_inclusive_and_orientation_agnostic() -> None:
     ]
     assert reasons_of(probe(video(r_frame_rate="120/1", avg_frame_rate="120/1"))) == []
     assert reasons_of(probe(video(), *(audio(index=i) for i in range(1, 5)))) == []
+    assert reasons_of(probe(video(width=16, height=16))) == []
+    assert reasons_of(probe(video(width=4096, height=16))) == []
+    assert reasons_of(probe(video(duration=0.1), audio())) == []
+    assert reasons_of(probe(video(duration=None), audio())) == []  # unknown: the file's
+    wide = MediaConfig(min_width=32, min_height=16)
+    assert reasons_of(probe(video(width=16, height=32)), wide) == []  # portrait
+    assert reasons_of(probe(video(width=20, height=20)), wide) == ["dimensions_too_small:20x20"]
+    assert reasons_of(probe(video(width=1, height=1)), MediaConfig(min_width=1, min_height=1)) == []
+    assert (
+        reasons_of(probe(video(duration=0.01), duration=0.01), MediaConfig(min_duration_seconds=0))
+        == []
+    )
     assert reasons_of(probe(video(start_time=-1.0)), MEDIA) == []
     assert reasons_of(probe(video(start_time=10.0)), MEDIA) == []
     assert reasons_of(probe(video(), duration=0.1)) == []
@@ -445,6 +463,80 @@ def test_summary_counts_streams_by_kind() -> None:
     assert s is not None
     assert (s.video_streams, s.audio_streams, s.subtitle_streams, s.data_streams) == (1, 2, 1, 1)
     assert (s.audio_codec, s.audio_stream_index) == ("aac", 1)  # the first audio stream
+    assert [(i.index, i.codec_type, i.why) for i in s.ignored_streams] == [
+        (2, "audio", "not_chosen"),
+        (3, "subtitle", "not_rendered"),
+        (4, "data", "not_rendered"),
+        (5, "video", "cover_picture"),
+    ]
+
+
+def _tone(index: int, *, default: bool = False) -> Stream:
+    return audio(index=index, disposition=Disposition(default=int(default)),
+                 tags={"language": f"l{index:02d}"})  # fmt: skip
+
+
+def test_twenty_audio_streams_use_the_default_one_and_ignore_the_rest() -> None:
+    # The third audio stream (absolute index 3) carries the default disposition.
+    tones = [_tone(i, default=i == 3) for i in range(1, 21)]
+    s, reasons = validate(probe(video(disposition=Disposition(default=1)), *tones), MEDIA)
+    assert reasons == []
+    assert s is not None
+    assert (s.audio_stream_index, s.audio_streams, s.video_stream_index) == (3, 20, 0)
+    assert [(i.index, i.codec_type, i.language, i.why) for i in s.ignored_streams] == [
+        (i, "audio", f"l{i:02d}", "not_chosen") for i in range(1, 21) if i != 3
+    ]
+    # The plan carries the choice; every ffmpeg run maps it (tests/unit/test_render_args.py).
+    p = plan_mod.make_plan(s, MEDIA)
+    assert (p.audio_stream, p.audio_map, p.video_map) == (3, "0:3", "0:0")
+    # The verdict's JSON (what the probe job stores and ``aivedio probe`` prints) lists them.
+    listed = msgspec.to_builtins(s)["ignored_streams"]
+    assert listed[0] == {"index": 1, "codec_type": "audio", "codec_name": "aac",
+                         "language": "l01", "why": "not_chosen"}  # fmt: skip
+    assert len(listed) == 19
+
+
+def test_without_a_default_disposition_the_first_stream_of_a_kind_is_chosen() -> None:
+    s = summarize(probe(video(), *(_tone(i) for i in range(1, 6))))
+    assert s is not None and (s.video_stream_index, s.audio_stream_index) == (0, 1)
+    # Several defaults: the first of them.
+    s = summarize(probe(video(), _tone(1), _tone(2, default=True), _tone(3, default=True)))
+    assert s is not None and s.audio_stream_index == 2
+
+
+def test_several_video_streams_use_the_default_one() -> None:
+    small = video(index=0, width=320, height=240)
+    large = video(index=1, width=640, height=360, disposition=Disposition(default=1))
+    s, reasons = validate(probe(small, large, audio(index=2)), MEDIA)
+    assert reasons == []  # no longer refused as multiple_video_streams
+    assert s is not None
+    assert (s.video_stream_index, s.width, s.height, s.video_streams) == (1, 640, 360, 2)
+    assert [(i.index, i.why) for i in s.ignored_streams] == [(0, "not_chosen")]
+    # A cover picture is never the video, default disposition or not.
+    cover = video(index=0, codec_name="mjpeg", disposition=Disposition(attached_pic=1, default=1))
+    s = summarize(probe(cover, video(index=1), audio(index=2)))
+    assert s is not None and s.video_stream_index == 1
+    assert [(i.index, i.why) for i in s.ignored_streams] == [(0, "cover_picture")]
+
+
+def test_the_rules_judge_the_chosen_streams_not_the_ignored_ones() -> None:
+    odd = [
+        video(index=1, codec_name="theora", width=1, height=1,
+              side_data_list=[SideData(side_data_type="Display Matrix", rotation=45.0)]),
+        audio(index=3, codec_name="alac", sample_rate=4000, channels=12),
+    ]  # fmt: skip
+    chosen = [video(disposition=Disposition(default=1)), _tone(2, default=True)]
+    assert reasons_of(probe(chosen[0], odd[0], chosen[1], odd[1])) == []
+    # The same streams chosen (default disposition) are refused.
+    picked = [msgspec.structs.replace(st, disposition=Disposition(default=1)) for st in odd]
+    assert reasons_of(probe(video(), picked[0], _tone(2), picked[1])) == [
+        "video_codec_unsupported:theora",
+        "dimensions_too_small:1x1",
+        "rotation_not_right_angle",
+        "audio_codec_unsupported:alac",
+        "audio_sample_rate_invalid",
+        "audio_channels_invalid",
+    ]
 
 
 # -- tolerances ------------------------------------------------------------------------------
@@ -596,6 +688,13 @@ def test_remux_accepts_the_plain_profiles_and_jpeg_range() -> None:
     assert plan_mod.make_plan(no_audio, MEDIA).audio == "none"
     transcoded_silent = msgspec.structs.replace(no_audio, pix_fmt="yuv444p")
     assert plan_mod.make_plan(transcoded_silent, MEDIA).audio == "none"
+
+
+def test_the_poster_is_a_frame_of_the_video_track() -> None:
+    # 10 s of sound under 1 s of picture: 10% into the picture, not past its end (1.0 s).
+    assert plan_mod.make_plan(summary(video_duration_seconds=1.0), MEDIA).poster_seconds == 0.1
+    assert plan_mod.make_plan(summary(video_duration_seconds=10.0), MEDIA).poster_seconds == 1.0
+    assert plan_mod.make_plan(summary(), MEDIA).poster_seconds == 1.0  # unknown: the file's
 
 
 def test_several_reasons_are_all_listed() -> None:

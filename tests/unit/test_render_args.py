@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from aivedio.media_config import MediaConfig
+from aivedio.pipeline.chunks import Chunking, split_args
 from aivedio.pipeline.plan import Plan, Rung
 from aivedio.pipeline.render import (
     EncodeJob,
@@ -80,6 +81,8 @@ def layout(tmp_path: Path) -> Layout:
 
 
 SOURCE = Path("/data/uploads/source file.mp4")
+CHUNKING = Chunking(starts=[0.0, 8.0], end=14.0, origin=0.0, frames=[240, 180],
+                    grid_starts=[0.0, 8.0], grid_end=14.0, chunk_seconds=8.0)  # fmt: skip
 
 
 def encode(
@@ -177,6 +180,27 @@ def test_the_source_is_read_with_the_sniffed_demuxer_only(sniff: Sniff, layout: 
     assert values(args, "-max_streams") == [str(MEDIA.max_streams)]
     assert values(args, "-max_pixels") == [str(MEDIA.max_pixels)]
     assert args.index("-max_pixels") < at
+
+
+@pytest.mark.parametrize("mode", ["transcode", "remux"])
+def test_every_run_reading_the_source_maps_the_planned_streams(mode: str, layout: Layout) -> None:
+    # The verdict chose video stream 2 and audio stream 5 (their default dispositions): no
+    # run may fall back on "the first audio stream" of the source (0:a:0) or any other.
+    plan = make_plan(mode, video_stream=2, audio_stream=5)
+    runs = [encode(plan, layout), *package(plan, layout)]
+    runs += [poster_seek_args(plan, MEDIA, MP4, SOURCE, layout), merge_runs(package(plan, layout))]
+    runs.append(split_args(MP4, SOURCE, CHUNKING, plan.video_map, MEDIA, layout.work))
+    read = 0
+    for args in runs:
+        numbers = [n for n, (_, value) in enumerate(inputs(args)) if value == f"file:{SOURCE}"]
+        refs = values(args, "-map") + re.findall(
+            r"\[(\d+:[^\]]+)\]", " ".join(values(args, "-filter_complex"))
+        )
+        for number in numbers:
+            used = {ref for ref in refs if ref.startswith(f"{number}:")}
+            assert used and used <= {f"{number}:2", f"{number}:5"}, args
+            read += 1
+    assert read >= 3  # the encode pass, the poster seek and the split at least
 
 
 def test_a_refused_sniff_never_reaches_an_argv(layout: Layout) -> None:

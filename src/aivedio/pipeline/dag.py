@@ -208,7 +208,8 @@ class MediaRun:
         if audio is not None and _one_scan(summary):
             # One scan of every stream (ffprobe demuxes them all either way), split here: a
             # process fewer than a scan per stream, for the audio lines the split skips.
-            args = _packet_args(self._sniff, self.source, stream=None, indexed=True)
+            args = _packet_args(self._sniff, self.source, stream=None, indexed=True,
+                                max_streams=self.media.max_streams)  # fmt: skip
             text = await self._ffprobe_csv("keyframe_scan", args)
             parts = keyframes.by_stream(text, {video: None, audio: AUDIO_HEAD_PACKETS})
             packets = keyframes.parse_packets(parts[video])
@@ -216,11 +217,13 @@ class MediaRun:
         else:
             # Other tracks (up to max_streams), audio of unknown or high packet rate, or
             # just too many packets: the other lines are never printed, a scan per stream.
-            args = _packet_args(self._sniff, self.source, stream=str(video))
+            args = _packet_args(self._sniff, self.source, stream=str(video),
+                                max_streams=self.media.max_streams)  # fmt: skip
             packets = keyframes.parse_packets(await self._ffprobe_csv("keyframe_scan", args))
             if audio is not None:
                 args = _packet_args(self._sniff, self.source, stream=str(audio),
-                                    first=AUDIO_HEAD_PACKETS)  # fmt: skip
+                                    first=AUDIO_HEAD_PACKETS,
+                                    max_streams=self.media.max_streams)  # fmt: skip
                 heads = keyframes.parse_packets(await self._ffprobe_csv("audio_start_scan", args))
         starts = [p.pts for p in heads if p.pts is not None]
         audio_start = min(starts) if starts else None
@@ -233,22 +236,26 @@ class MediaRun:
     async def _hls_offset(self, plan: Plan, has_audio: bool) -> float:
         """The one timestamp offset for every rendition: the earliest timestamp among the
         packets that will be muxed, negated (1 ms margin), or 0."""
-        inputs: list[tuple[Sniff | None, Path]] = []
+        inputs: list[tuple[Sniff | None, Path, str | None]] = []
         earliest = 0.0
         encoded = [r for r in plan.rungs if not r.copy]
         if plan.top.copy:
-            # The source's own packets: known from the probe's scans, when it recorded them.
+            # The source's own packets: known from the probe's scans, when it recorded them;
+            # else scanned, the planned streams only (an ignored track may start earlier).
             if plan.source_earliest is None:
-                inputs.append((self._sniff, self.source))
+                inputs.append((self._sniff, self.source, str(plan.video_stream)))
+                if has_audio and plan.audio_stream is not None:
+                    inputs.append((self._sniff, self.source, str(plan.audio_stream)))
             else:
                 earliest = min(earliest, plan.source_earliest)
-        inputs += [(None, self.layout.rung_video(r)) for r in encoded]
+        inputs += [(None, self.layout.rung_video(r), None) for r in encoded]
         # The audio file is muxed with the encoded rungs only (a copied one takes the
         # source's own audio).
         if has_audio and encoded and self.layout.audio.exists():
-            inputs.append((None, self.layout.audio))
-        for sniff, path in inputs:
-            args = _packet_args(sniff, path, stream=None, first=HEAD_PACKETS)
+            inputs.append((None, self.layout.audio, None))
+        for sniff, path, stream in inputs:
+            args = _packet_args(sniff, path, stream=stream, first=HEAD_PACKETS,
+                                max_streams=self.media.max_streams)  # fmt: skip
             for packet in keyframes.parse_packets(await self._ffprobe_csv("ts_scan", args)):
                 for value in (packet.pts, packet.dts):
                     if value is not None:
@@ -592,10 +599,12 @@ def _packet_args(
     stream: str | None = "v:0",
     first: int | None = None,
     indexed: bool = False,
+    max_streams: int | None = None,
 ) -> list[str]:
     """ffprobe's packets of ``stream`` (None: every stream), ``pts_time,dts_time,pos,flags``
-    a line (``indexed``: ``stream_index`` first, for ``keyframes.by_stream``)."""
-    source = input_args(sniff or MP4, path)
+    a line (``indexed``: ``stream_index`` first, for ``keyframes.by_stream``). The source is
+    opened under the same stream cap as the verdict's probe (``max_streams``)."""
+    source = input_args(sniff or MP4, path, max_streams=max_streams)
     head = ["-read_intervals", f"%+#{first}"] if first else []
     select = ["-select_streams", stream] if stream else []
     fields = ("stream_index," if indexed else "") + "pts_time,dts_time,pos,flags"

@@ -223,6 +223,8 @@ def make_plan(
     else:
         audio = "aac"
     duration = max(s.duration_seconds, 0.0)
+    # The poster is a frame of the video track, which may end long before an audio track.
+    pictured = min(duration, s.video_duration_seconds or duration)
     chunking = None
     # Only encoding is worth spreading: a remux whose ladder is the copied rung alone is not.
     encodes = any(not rung.copy for rung in rungs)
@@ -243,7 +245,7 @@ def make_plan(
         cut_points=cut_points,
         gop_frames=max(1, math.ceil(rate * media.segment_seconds)),
         proxy=proxy,
-        poster_seconds=min(duration * media.poster_at_ratio, media.poster_max_seconds),
+        poster_seconds=min(pictured * media.poster_at_ratio, media.poster_max_seconds),
         sprite_interval=media.sprite_interval_seconds,
         sprite_width=media.sprite_width,
         sprite_height=_size_for_width(media.sprite_width, s)[1],

@@ -3,6 +3,15 @@
 ``summarize`` picks the streams we will use and ``validate`` returns every reason code that
 applies (not just the first), so a verdict tells the whole story. Per-provider/model
 tolerances compare the media with what the generation request declared.
+
+Which streams: of each kind, the one a player would play, the first with the default
+disposition, else the first (a cover picture is never the video). This is the one place
+that decides: the summary records the choice by absolute index, the plan carries it, and
+every ffmpeg run (decode check, render, packaging, HLS, waveform, the chunked split) maps
+exactly those streams. Every other stream is ignored, and listed in the summary with why
+(``ignored_streams``), rather than refused: more audio tracks than we publish is a file
+a player plays, not a bad one. The only cap on streams is the parser limit the demuxer is
+given (``[media] max_streams``, refused as ``too_many_streams``).
 """
 
 from __future__ import annotations
@@ -14,6 +23,18 @@ import msgspec
 
 from aivedio.media_config import MediaConfig, ToleranceConfig
 from aivedio.pipeline.probe import ProbeOutput, Stream, parse_rate, rotation_of
+
+
+class IgnoredStream(msgspec.Struct, frozen=True, kw_only=True):
+    """A stream of the source that no output carries, and why."""
+
+    index: int  # absolute, as ffprobe numbers them
+    codec_type: str
+    codec_name: str
+    language: str  # the stream's language tag, "" when it has none
+    # not_chosen: another stream of its kind was chosen; cover_picture: an attached
+    # picture; not_rendered: a kind no output carries (subtitle, data, attachment).
+    why: str
 
 
 class MediaSummary(msgspec.Struct, kw_only=True):
@@ -47,6 +68,10 @@ class MediaSummary(msgspec.Struct, kw_only=True):
     subtitle_streams: int
     attachment_streams: int
     data_streams: int
+    # The video track's own duration when the container states it (the file's may be an
+    # audio track's): a single frame under a long audio track is too short to render.
+    video_duration_seconds: float | None = None
+    ignored_streams: list[IgnoredStream] = msgspec.field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,14 +87,37 @@ def _video_streams(probe: ProbeOutput) -> list[Stream]:
     return [s for s in probe.streams if s.codec_type == "video" and not s.disposition.attached_pic]
 
 
+def chosen(streams: list[Stream]) -> Stream | None:
+    """The stream of a kind a player would play: the first with the default disposition,
+    else the first; None when there is none."""
+    return next((s for s in streams if s.disposition.default), streams[0] if streams else None)
+
+
+def _ignored(probe: ProbeOutput, used: set[int]) -> list[IgnoredStream]:
+    ignored: list[IgnoredStream] = []
+    for stream in probe.streams:
+        if stream.index in used:
+            continue
+        if stream.codec_type == "video" and stream.disposition.attached_pic:
+            why = "cover_picture"
+        elif stream.codec_type in ("video", "audio"):
+            why = "not_chosen"
+        else:
+            why = "not_rendered"
+        ignored.append(
+            IgnoredStream(index=stream.index, codec_type=stream.codec_type or "unknown",
+                          codec_name=stream.codec_name, why=why,
+                          language=stream.tags.get("language", ""))
+        )  # fmt: skip
+    return ignored
+
+
 def summarize(probe: ProbeOutput) -> MediaSummary | None:
     """The summary of the streams we would use; None when there is no usable video stream."""
-    videos = _video_streams(probe)
-    if not videos:
+    video = chosen(_video_streams(probe))
+    if video is None:
         return None
-    video = videos[0]
-    audios = [s for s in probe.streams if s.codec_type == "audio"]
-    audio = audios[0] if audios else None
+    audio = chosen([s for s in probe.streams if s.codec_type == "audio"])
     avg = parse_rate(video.avg_frame_rate)
     real = parse_rate(video.r_frame_rate)
     rotation = rotation_of(video)
@@ -115,6 +163,8 @@ def summarize(probe: ProbeOutput) -> MediaSummary | None:
         subtitle_streams=counts["subtitle"],
         attachment_streams=counts["attachment"],
         data_streams=counts["data"],
+        video_duration_seconds=video.duration if video.duration and video.duration > 0 else None,
+        ignored_streams=_ignored(probe, {video.index} | ({audio.index} if audio else set())),
     )
 
 
@@ -136,10 +186,16 @@ def validate(
         reasons.append(f"video_codec_unsupported:{s.video_codec or 'unknown'}")
     if s.width <= 0 or s.height <= 0:
         reasons.append("zero_dimensions")
-    elif max(s.width, s.height) > max(media.max_width, media.max_height) or min(
-        s.width, s.height
-    ) > min(media.max_width, media.max_height):
-        reasons.append(f"dimensions_too_large:{s.width}x{s.height}")
+    else:
+        if max(s.width, s.height) > max(media.max_width, media.max_height) or min(
+            s.width, s.height
+        ) > min(media.max_width, media.max_height):
+            reasons.append(f"dimensions_too_large:{s.width}x{s.height}")
+        # The coded size, then the displayed one (a 16x16 picture with 1:4 pixels shows 4x16).
+        for width, height in ((s.width, s.height), (s.display_width, s.display_height)):
+            if _below(width, height, media):
+                reasons.append(f"dimensions_too_small:{width}x{height}")
+                break
     if s.width * s.height > media.max_pixels:
         reasons.append("too_many_pixels")
     if not s.pix_fmt:
@@ -147,8 +203,13 @@ def validate(
     sar = parse_rate(s.sar.replace(":", "/"))
     if s.sar not in ("", "0:1", "N/A") and (sar is None or not Fraction(1, 4) <= sar <= 4):
         reasons.append(f"sample_aspect_ratio_invalid:{s.sar}")
+    # The chosen video's own display matrix: an ignored stream's is never applied.
     raw_rotations = [
-        side.rotation for st in probe.streams for side in st.side_data_list if side.rotation
+        side.rotation
+        for st in probe.streams
+        if st.index == s.video_stream_index
+        for side in st.side_data_list
+        if side.rotation
     ]
     if any(abs(r) % 90 for r in raw_rotations):
         reasons.append("rotation_not_right_angle")
@@ -158,16 +219,18 @@ def validate(
         reasons.append("duration_too_short")
     elif s.duration_seconds > media.max_duration_seconds:
         reasons.append("duration_too_long")
+    video_seconds = s.video_duration_seconds
+    if (
+        video_seconds is not None
+        and video_seconds < media.min_duration_seconds <= s.duration_seconds
+    ):
+        reasons.append("video_duration_too_short")
     if not -1.0 <= s.start_time <= 10.0:
         reasons.append("start_time_out_of_range")
     if s.frame_rate <= 0 and s.real_frame_rate <= 0:
         reasons.append("frame_rate_missing")
     elif max(s.frame_rate, s.real_frame_rate) > media.max_frame_rate:
         reasons.append("frame_rate_too_high")
-    if s.video_streams > 1:
-        reasons.append("multiple_video_streams")
-    if s.audio_streams > media.max_audio_streams:
-        reasons.append("too_many_audio_streams")
     if s.attachment_streams:
         reasons.append("attachments_present")
     if s.audio_codec is not None:
@@ -180,6 +243,13 @@ def validate(
     if declared is not None:
         reasons += _tolerance_reasons(s, declared, tolerance or ToleranceConfig())
     return summary, reasons
+
+
+def _below(width: int, height: int, media: MediaConfig) -> bool:
+    """Under the minimum size in either orientation, as the maximum is read (minimums of
+    32x16 take 16x32 portrait and refuse 20x20)."""
+    short, long = min(media.min_width, media.min_height), max(media.min_width, media.min_height)
+    return min(width, height) < short or max(width, height) < long
 
 
 def _tolerance_reasons(s: MediaSummary, declared: Declared, tol: ToleranceConfig) -> list[str]:
