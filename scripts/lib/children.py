@@ -12,13 +12,15 @@ refusing to start without a moderation backend, never ran. So here:
   (``Child.stop``, ``Child.expect_exit``), the watcher prints its status and the end of its
   log to stderr and fails the run in the main thread with ``ChildExited``, a ``SystemExit``:
   ``except Exception`` does not swallow it, and uncaught it exits 1;
-* the main thread is interrupted wherever it waits. Outside asyncio, by a signal
+* the main thread is interrupted wherever it waits. Entered outside asyncio, by a signal
   (``SIGUSR1``, sent to the main thread alone with ``pthread_kill``) whose handler raises,
-  so a blocking ``sleep``, ``wait`` or ``select`` returns at once. Inside a running event
-  loop, by cancelling the task that entered ``Children`` (thread-safe, from the watcher),
-  whose ``CancelledError`` the context manager turns back into ``ChildExited`` on the way
-  out: an exception raised by a signal handler in the middle of the loop's own bookkeeping
-  can lose a task's wake-up and hang the shutdown;
+  so a blocking ``sleep``, ``wait`` or ``select`` returns at once; when the handler finds
+  an event loop running (an ``asyncio.run`` inside the block), it has the loop raise the
+  failure from a callback instead, between two of its steps. Entered inside a running
+  event loop, by cancelling the task that entered it (thread-safe, from the watcher), whose
+  ``CancelledError`` the context manager turns back into ``ChildExited`` on the way out.
+  Either way the loop stops at a clean point: an exception raised by a signal handler in
+  the middle of the loop's own bookkeeping can lose a task's wake-up and hang its shutdown;
 * leaving the ``with`` block stops every child still running (SIGTERM to all, then SIGKILL
   to those still there after the timeout).
 
@@ -237,7 +239,9 @@ class Children:
         self._task: asyncio.Task[Any] | None = None
         self._main = threading.main_thread().ident
         self._previous_handler: Any = None
-        self._raised = False
+        self._delivered = False  # the failure was raised in the main thread
+        self._scheduled = False  # the running loop was asked to raise it
+        self._closing = False  # __exit__ runs: the handler raises nothing any more
 
     # -- starting -------------------------------------------------------------------------------
 
@@ -248,6 +252,12 @@ class Children:
         with self._lock:
             n = self._names[name] = self._names.get(name, 0) + 1
         return self.logs / (f"{_slug(name)}{'' if n == 1 else f'-{n}'}.log")
+
+    def add(self, child: Child) -> Child:
+        """Watch a child made here by a subclass of ``Child`` (the chaos harness's)."""
+        with self._lock:
+            self.children.append(child)
+        return child
 
     def start(
         self,
@@ -271,9 +281,7 @@ class Children:
             watched=watched,
             new_session=new_session,
         )
-        with self._lock:
-            self.children.append(child)
-        return child
+        return self.add(child)
 
     def run(
         self,
@@ -346,9 +354,21 @@ class Children:
             signal.pthread_kill(self._main, INTERRUPT_SIGNAL)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.failure is not None and not self._raised:
-            self._raised = True
-            raise self.failure
+        if self.failure is None or self._delivered or self._scheduled or self._closing:
+            return  # not ours, or done already, or too late: then __exit__ raises it
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._delivered = True
+            raise self.failure from None
+        self._scheduled = True
+        loop.call_soon_threadsafe(self._raise_failure)
+
+    def _raise_failure(self) -> None:
+        if self.failure is None or self._delivered or self._closing:
+            return
+        self._delivered = True
+        raise self.failure  # a SystemExit: the loop lets it through and stops
 
     def __enter__(self) -> Children:
         try:
@@ -369,7 +389,7 @@ class Children:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._raised = True  # from here on the handler raises nothing: the cleanup runs whole
+        self._closing = True  # from here on the handler raises nothing: the cleanup runs whole
         self._done.set()
         if self._watcher is not None:
             self._watcher.join()
@@ -378,8 +398,8 @@ class Children:
         finally:
             if self._loop is None:
                 signal.signal(INTERRUPT_SIGNAL, self._previous_handler or signal.SIG_DFL)
-        if self.failure is not None and exc is not self.failure:
-            # The task was cancelled for it (asyncio), or what failed next was its consequence.
+        if self.failure is not None and not self._delivered:
+            # The task was cancelled for it (asyncio), or the body ended as the child died.
             raise self.failure from None
 
 
