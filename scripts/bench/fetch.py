@@ -151,6 +151,8 @@ def curl_tee_sha(children: Children, server: dict[str, Any], path: Path) -> dict
         f"set -o pipefail; curl -sS --fail --cacert {server['ca_file']} '{server['url']}'"
         f" | tee {path} | sha256sum"
     )
+    if shutil.which("curl") is None:
+        raise SystemExit("fetch: the (a') baseline needs curl (apt-get install curl)")
     started = time.perf_counter()
     stdout = children.run("curl | tee | sha256sum", ["bash", "-c", script])
     seconds = time.perf_counter() - started
