@@ -3,8 +3,9 @@ workers, and through the single-pass path, in one run on this machine (issue 9).
 
 Everything runs as separate processes, as in production, on a throwaway PostgreSQL cluster
 (``fleet.Cluster`` under ``var/bench-chunked/pg``); helpers come from ``fleet.py`` (cluster,
-``/proc`` readers, stopping services), ``media.py`` (a measured subprocess) and
-``scripts/lib/demo_driver.py`` (services, ports).
+``/proc`` readers, stopping services), ``media.py`` (a measured subprocess),
+``scripts/lib/children.py`` (the processes, watched: one that exits by itself fails the run
+at once with the end of its log) and ``scripts/lib/demo_driver.py`` (ports).
 
 1. the source, made with ffmpeg once (``var/bench-chunked/media``, kept while its recipe is
    unchanged): ``--seconds`` (180) of ``testsrc2`` 1920x1080 at 30 fps, a keyframe every
@@ -48,6 +49,11 @@ Result: a table on stdout and ``var/bench-chunked/result-*.json``.
 
 Usage: .venv/bin/python scripts/bench/chunked.py [--seconds 180] [--codec h264|hevc]
          [--slots 1] [--runs chunked:1,chunked:2,single:2] [--threshold 60] [--attempts 3]
+         [--smoke]
+
+``--smoke``: an 8 s 320x240 source in 4 s chunks, ``chunked:1,single:1``, no waiting for a
+quiet machine, under ``var/bench-chunked-smoke``; each run must take the path it names (2
+chunks on the chunked one) with every output made and no job dead.
 
 Only loopback addresses are contacted. Needs root or the postgres user's binaries to run a
 cluster (as root the cluster runs as ``postgres`` via ``runuser``).
@@ -96,9 +102,12 @@ def _load(name: str) -> ModuleType:
     return module
 
 
-fleet = _load("fleet")  # Cluster, proc_cpu, children_of, cluster_cpu, cpu_model, stop_all
+fleet = _load("fleet")  # Cluster, proc_cpu, children_of, cluster_cpu, cpu_model
 media_bench = _load("media")  # run_measured
-from demo_driver import Service, free_port  # noqa: E402  (scripts/lib, put on sys.path by fleet)
+# scripts/lib, put on sys.path by fleet:
+from children import Child, Children  # noqa: E402
+from demo_driver import free_port  # noqa: E402
+from smoke import positive, verdict  # noqa: E402
 
 BENCH = ROOT / "var" / "bench-chunked"
 fleet.PG_DIR = BENCH / "pg"  # Cluster keeps its data there; not the fleet benchmark's
@@ -141,22 +150,23 @@ VIDEO = {
 AUDIO = {"h264": ["-c:a", "libmp3lame", "-b:a", "128k"], "hevc": ["-c:a", "aac", "-b:a", "128k"]}
 
 
-def source_recipe(codec: str, seconds: int) -> list[str]:
-    """1920x1080 at 30 fps, a keyframe every 2 s, a 440 Hz tone; MP4 with moov first."""
+def source_recipe(codec: str, seconds: int, size: str = "1920x1080") -> list[str]:
+    """``size`` (1920x1080) at 30 fps, a keyframe every 2 s, a 440 Hz tone; MP4, moov first."""
     return [
-        "-f", "lavfi", "-i", f"testsrc2=size=1920x1080:rate=30:duration={seconds}",
+        "-f", "lavfi", "-i", f"testsrc2=size={size}:rate=30:duration={seconds}",
         "-f", "lavfi", "-i", f"sine=frequency=440:duration={seconds}",
         *VIDEO[codec], *AUDIO[codec], "-shortest", "-movflags", "+faststart",
     ]  # fmt: skip
 
 
-def make_source(codec: str, seconds: int) -> Path:
+def make_source(codec: str, seconds: int, size: str = "1920x1080") -> Path:
     MEDIA_DIR.mkdir(parents=True, exist_ok=True)
-    path = MEDIA_DIR / f"source-{codec}-1080p30-{seconds}s.mp4"
+    short = size.split("x")[1]
+    path = MEDIA_DIR / f"source-{codec}-{short}p30-{seconds}s.mp4"
     marker = path.with_name(path.name + ".recipe")
-    recipe = source_recipe(codec, seconds)
+    recipe = source_recipe(codec, seconds, size)
     if not (path.is_file() and marker.is_file() and marker.read_text() == json.dumps(recipe)):
-        out(f"  making {path.relative_to(ROOT)} ({seconds} s of 1080p30 {codec}; minutes)")
+        out(f"  making {path.relative_to(ROOT)} ({seconds} s of {short}p30 {codec}; minutes)")
         subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", *recipe, str(path)],
                        check=True)  # fmt: skip
         marker.write_text(json.dumps(recipe))
@@ -191,7 +201,7 @@ def parse_runs(text: str) -> list[RunSpec]:
 
 
 def write_config(path: Path, *, dsn: str, sim: dict[str, Any], threshold: float,
-                 slots: int) -> None:  # fmt: skip
+                 slots: int, chunk_seconds: float = 20.0) -> None:  # fmt: skip
     text = f"""# Written by scripts/bench/chunked.py for one run.
 [database]
 url = {json.dumps(dsn)}
@@ -229,6 +239,7 @@ allow_all = true
 [media]
 # 0: every source takes the single pass.
 chunk_threshold_seconds = {threshold:g}
+chunk_seconds = {chunk_seconds:g}
 # The outputs the chunked path makes, on both paths, both required (never deferred).
 required_outputs = {json.dumps(list(CHUNK_OUTPUTS))}
 optional_outputs = []
@@ -393,32 +404,28 @@ SELECT id, kind, status, attempts, lease_owner, payload, created_at, started_at,
 PENDING_JOBS_SQL = "SELECT count(*) FROM jobs WHERE payload->>'asset_id' = $1"
 
 
-async def wait_for(what: str, probe: Any, limit_s: float, services: list[Service]) -> Any:
+async def wait_for(what: str, probe: Any, limit_s: float) -> Any:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         found = await probe()
         if found:
             return found
-        for s in services:
-            if not s.alive():
-                raise SystemExit(str(s.died()))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # a worker that dies meanwhile cancels this task
     raise SystemExit(f"no {what} within {limit_s:g} s")
 
 
 async def one_run(spec: RunSpec, args: argparse.Namespace, cluster: Any, env: dict[str, str],
                   sim: dict[str, Any], task: dict[str, Any], db: asyncpg.Connection,
-                  duration: float, services: list[Service]) -> dict[str, Any]:  # fmt: skip
+                  duration: float, children: Children) -> dict[str, Any]:  # fmt: skip
     config = BENCH / f"run-{spec.label}.toml"
     threshold = args.threshold if spec.path == "chunked" else 0.0
     write_config(config, dsn=cluster.dsn(database=DATABASE), sim=sim, threshold=threshold,
-                 slots=args.slots)  # fmt: skip
+                 slots=args.slots, chunk_seconds=args.chunk_seconds)  # fmt: skip
     run_env = {**env, "AIVEDIO_CONFIG": str(config)}
-    workers = []
+    workers: list[Child] = []
     for n in range(1, spec.workers + 1):
-        log = BENCH / f"{spec.label}-worker-{n}.log"
-        workers.append(Service(f"worker-{n}", [AIVEDIO, "worker"], log, run_env))
-    services += workers  # stopped by main() too if this run is interrupted
+        log = f"{spec.label}-worker-{n}.log"
+        workers.append(children.start(f"worker-{n}", [AIVEDIO, "worker"], log=log, env=run_env))
     try:
         for w in workers:
             w.wait_for_event("http_listening")
@@ -442,7 +449,7 @@ async def one_run(spec: RunSpec, args: argparse.Namespace, cluster: Any, env: di
                 raise SystemExit(f"{spec.label}: the asset ended {row['status']}")
             return row if row is not None and row["asset_id"] is not None else None
 
-        asset_id = (await wait_for("asset", asset, 600, workers))["asset_id"]
+        asset_id = (await wait_for("asset", asset, 600))["asset_id"]
 
         async def revision_done() -> asyncpg.Record | None:
             row = await db.fetchrow(REVISION_SQL, asset_id)
@@ -453,7 +460,7 @@ async def one_run(spec: RunSpec, args: argparse.Namespace, cluster: Any, env: di
                 raise SystemExit(f"{spec.label}: an output failed: {variants}")
             return row if all(v["status"] == "SUCCEEDED" for v in variants) else None
 
-        done = await wait_for("outputs", revision_done, args.timeout, workers)
+        done = await wait_for("outputs", revision_done, args.timeout)
 
         async def settled() -> bool:
             row = await db.fetchrow(ASSET_SQL, PROVIDER, task["task_id"])
@@ -462,14 +469,13 @@ async def one_run(spec: RunSpec, args: argparse.Namespace, cluster: Any, env: di
 
         # Publish and the other render jobs (which find their output made) finish before
         # the workers are stopped; the clock has stopped already.
-        await wait_for("settled asset", settled, 300, workers)
+        await wait_for("settled asset", settled, 300)
         stop.set()
         await sampler
         load_after = loadavg()
         jobs = [dict(r) for r in await db.fetch(JOBS_SQL, str(asset_id))]
     finally:
-        fleet.stop_all(workers)
-        del services[-len(workers) :]
+        children.stop(workers, 45)  # told to stop: their exit fails nothing
     pids = {w.pid: w.name for w in workers}
     return analyse_run(spec, args, done, jobs, pids, samples, duration, ingest_at,
                        [load_before, load_after])  # fmt: skip
@@ -665,8 +671,14 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
 
 
-async def bench(args: argparse.Namespace, cluster: Any, services: list[Service]) -> dict[str, Any]:
-    source = make_source(args.codec, args.seconds)
+async def bench(args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
+    # Entered inside the event loop: a child that dies cancels this task (see children.py).
+    with Children(BENCH) as children:
+        return await bench_with(args, cluster, children)
+
+
+async def bench_with(args: argparse.Namespace, cluster: Any, children: Children) -> dict[str, Any]:
+    source = make_source(args.codec, args.seconds, args.size)
     duration = media_duration(source)
     admin = await asyncpg.connect(cluster.dsn(database="postgres"))
     await admin.execute(f"CREATE DATABASE {DATABASE}")
@@ -690,8 +702,8 @@ async def bench(args: argparse.Namespace, cluster: Any, services: list[Service])
     sim_argv = [sys.executable, "-m", "aivedio.sim", "--ca-dir", str(BENCH / "ca"),
                 "--url-ttl-seconds", "86400",
                 *(f"--file={t}:0:{source}" for t in task_ids.values())]  # fmt: skip
-    sim = Service("provider (sim)", sim_argv, BENCH / "sim.log", env, stdout=BENCH / "sim.json")
-    services.append(sim)
+    sim = children.start("provider (sim)", sim_argv, log="sim.log", env=env,
+                         stdout=BENCH / "sim.json")  # fmt: skip
 
     def line() -> str | None:
         text = sim.stdout.read_text() if sim.stdout else ""
@@ -724,7 +736,7 @@ async def bench(args: argparse.Namespace, cluster: Any, services: list[Service])
                     f"{how}, attempt {attempt + 1}  ({uptime()})")  # fmt: skip
                 task = outputs[task_ids[(spec.label, attempt)]]
                 result = await one_run(spec, args, cluster, env, provider, task, db, duration,
-                                       services)  # fmt: skip
+                                       children)  # fmt: skip
                 report_run(result)
                 shared = other_cores(result) > args.max_other_cores
                 if not (shared or result["other_benchmarks_during_run"]):
@@ -749,7 +761,7 @@ async def bench(args: argparse.Namespace, cluster: Any, services: list[Service])
             "file": str(source.relative_to(ROOT)),
             "bytes": source.stat().st_size,
             "seconds": duration,
-            "recipe": source_recipe(args.codec, args.seconds),
+            "recipe": source_recipe(args.codec, args.seconds, args.size),
         },
         "decode_only": decode,
         "runs": results,
@@ -779,9 +791,10 @@ def report_run(r: dict[str, Any]) -> None:
 
 def report(result: dict[str, Any]) -> None:
     m, src = result["machine"], result["source"]
+    size = result["args"].get("size", "1920x1080").split("x")[1]  # saved before --size: 1080
     result["model"] = model(result)
     out()
-    out(f"== chunked transcoding: {src['seconds']:.0f} s 1080p30 {result['args']['codec']} "
+    out(f"== chunked transcoding: {src['seconds']:.0f} s {size}p30 {result['args']['codec']} "
         f"source; {m['nproc']} x {m['cpu']}; {m['ffmpeg'].split(' Copyright')[0]}")  # fmt: skip
     out(f"  before: {result['uptime_before']}")
     out(f"  after:  {result['uptime_after']}")
@@ -934,14 +947,28 @@ def main() -> int:
         default=0.15,
         help="other processes' mean busy cores a run may share (0.15)",
     )
+    parser.add_argument("--size", default="1920x1080", help="the source's WIDTHxHEIGHT")
+    parser.add_argument(
+        "--chunk-seconds", type=float, default=20.0, help="[media] chunk_seconds (20, the default)"
+    )
     parser.add_argument("--keep-cluster", action="store_true")
     parser.add_argument(
         "--report", metavar="RESULT_JSON", help="print the report of a saved result again (no run)"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="8 s at 320x240 in 4 s chunks; sanity checked"
     )
     args = parser.parse_args()
     if args.report:
         report(json.loads(Path(args.report).read_text()))
         return 0
+    if args.smoke:
+        global BENCH  # the run's directory, read by everything above
+        BENCH = ROOT / "var" / "bench-chunked-smoke"  # a run by hand keeps its own
+        fleet.PG_DIR = BENCH / "pg"
+        args.seconds, args.size, args.chunk_seconds, args.threshold = 8, "320x240", 4.0, 6.0
+        args.runs, args.wait_others, args.attempts = "chunked:1,single:1", 0.0, 1
+        args.settle, args.timeout = 0.5, 120.0
     for name in ("NO_PROXY", "no_proxy"):
         os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1,localhost"]))
     # SIGTERM and SIGHUP unwind like Ctrl-C, so the workers, the provider and the cluster
@@ -950,19 +977,41 @@ def main() -> int:
     signal.signal(signal.SIGHUP, on_signal)
     BENCH.mkdir(parents=True, exist_ok=True)
     cluster = fleet.Cluster(free_port())
-    services: list[Service] = []
     try:
         cluster.start()
-        result = asyncio.run(bench(args, cluster, services))
+        result = asyncio.run(bench(args, cluster))
     finally:
-        fleet.stop_all(services)
         if not args.keep_cluster:
             cluster.stop()
     report(result)
     path = BENCH / f"result-{args.seconds}s-{time.strftime('%Y%m%dT%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2, default=str))
     out(f"  result: {path.relative_to(ROOT)}")
-    return 0
+    return verdict("chunked", sanity(result, parse_runs(args.runs))) if args.smoke else 0
+
+
+def sanity(result: dict[str, Any], specs: list[RunSpec]) -> list[str]:
+    """Every run done, on the path it names (the chunked one in more than one chunk), its
+    outputs made, nothing dead, and its figures measured."""
+    problems = []
+    runs = result["runs"]
+    if [r["label"] for r in runs] != [s.label for s in specs]:
+        problems.append(f"runs {[r['label'] for r in runs]}, asked for {args_labels(specs)}")
+    for r in runs:
+        if r["path"] == "chunked" and r["chunks"] < 2:
+            problems.append(f"{r['label']}: {r['chunks']} chunk(s)")
+        if r["dead_jobs"]:
+            problems.append(f"{r['label']}: {r['dead_jobs']} dead jobs")
+        if sorted(r["outputs_bytes"]) != sorted(CHUNK_OUTPUTS):
+            problems.append(f"{r['label']}: outputs {sorted(r['outputs_bytes'])}")
+        for key in ("wall_s", "rtf", "cpu_s", "cpu_ffmpeg_s"):
+            if not positive(r[key]):
+                problems.append(f"{r['label']}: {key} = {r[key]}")
+    return problems
+
+
+def args_labels(specs: list[RunSpec]) -> list[str]:
+    return [s.label for s in specs]
 
 
 if __name__ == "__main__":

@@ -12,7 +12,12 @@ All in one run, for each body size (1 GiB and 4 GiB by default):
 The server is the simulated provider in a process of its own (``python -m aivedio.sim``); moto runs
 as its own process too. Peak RSS is each fetching process's ``ru_maxrss``.
 
-Usage: .venv/bin/python scripts/bench/fetch.py [--sizes-gib 1 4] [--workdir DIR]
+Usage: .venv/bin/python scripts/bench/fetch.py [--sizes-gib 1 4] [--workdir DIR] [--smoke]
+
+Every process's stderr is kept under the work directory's ``logs/``; a server that exits
+during the run fails it at once with the end of its log, and so does a fetch or an upload
+that fails. ``--smoke``: one 8 MiB body (two 5 MiB parts), no warm-up, and the figures
+checked for sanity (every path moved every byte, with the right checksum).
 """
 
 from __future__ import annotations
@@ -28,7 +33,6 @@ import os
 import platform
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -38,6 +42,10 @@ from typing import Any
 import boto3
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "lib"))
+from children import Child, Children  # noqa: E402
+from smoke import positive, verdict  # noqa: E402
+
 BUCKET = "aivedio-bench"
 GIB = 1 << 30
 MIB = 1 << 20
@@ -53,22 +61,23 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_moto(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def answers(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=1)  # noqa: S310 - loopback
+    except OSError:
+        return False
+    return True
+
+
+def start_moto(children: Children) -> str:
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
-    log_file = open(workdir / "moto.log", "wb")  # noqa: SIM115 - lives with the process
-    proc = subprocess.Popen(
+    moto = children.start(
+        "S3 server (moto)",
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
+        log="moto.log",
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)  # noqa: S310 - loopback
-            break
-        except OSError:
-            time.sleep(0.1)
+    moto.wait_for(lambda: answers(f"{endpoint}/moto-api/"), "an answer", 30)
     client = boto3.client(
         "s3",
         endpoint_url=endpoint,
@@ -77,11 +86,12 @@ def start_moto(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
         aws_secret_access_key="testing",
     )
     client.create_bucket(Bucket=BUCKET)
-    return proc, endpoint
+    return endpoint
 
 
-def start_server(size: int, workdir: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
-    proc = subprocess.Popen(
+def start_server(children: Children, size: int, workdir: Path) -> tuple[Child, dict[str, Any]]:
+    server = children.start(
+        "HTTPS server (sim)",
         [
             sys.executable,
             "-m",
@@ -93,15 +103,12 @@ def start_server(size: int, workdir: Path) -> tuple[subprocess.Popen[bytes], dic
             "--generate",
             f"bench:0:{size}",
         ],
-        stdout=subprocess.PIPE,
+        stdout=workdir / "sim.json",
     )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        raise SystemExit("the HTTPS server did not start")
-    served = json.loads(line)
+    # It hashes the whole body before it answers: a minute or so per GiB on a busy machine.
+    served = server.json_line(timeout=120 + 120 * size / GIB)
     output = served["outputs"][0]
-    return proc, {
+    return server, {
         "port": served["port"],
         "ca_file": served["ca_file"],
         "url": output["url"],
@@ -110,19 +117,11 @@ def start_server(size: int, workdir: Path) -> tuple[subprocess.Popen[bytes], dic
     }
 
 
-def run_json(argv: list[str]) -> dict[str, Any]:
-    result = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise SystemExit(f"{argv[1]} failed: {result.stderr[-3000:]}")
-    figures: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    return figures
-
-
 TUNING: list[str] = []  # part size and parts in flight, from the command line
 
 
 def guarded(
-    server: dict[str, Any], storage_url: str, endpoint: str | None, key: str
+    children: Children, server: dict[str, Any], storage_url: str, endpoint: str | None, key: str
 ) -> dict[str, Any]:
     argv = [
         sys.executable,
@@ -141,30 +140,33 @@ def guarded(
     ]
     if endpoint:
         argv += ["--s3-endpoint", endpoint]
-    figures = run_json(argv)
+    figures: dict[str, Any] = children.run_json("guarded fetch", argv)
     if figures["sha256"] != server["sha256"]:
         raise SystemExit("guarded fetch produced a wrong checksum")
     return figures
 
 
-def curl_tee_sha(server: dict[str, Any], path: Path) -> dict[str, Any]:
+def curl_tee_sha(children: Children, server: dict[str, Any], path: Path) -> dict[str, Any]:
     script = (
         f"set -o pipefail; curl -sS --fail --cacert {server['ca_file']} '{server['url']}'"
         f" | tee {path} | sha256sum"
     )
+    if shutil.which("curl") is None:
+        raise SystemExit("fetch: the (a') baseline needs curl (apt-get install curl)")
     started = time.perf_counter()
-    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False)
+    stdout = children.run("curl | tee | sha256sum", ["bash", "-c", script])
     seconds = time.perf_counter() - started
-    if result.returncode != 0:
-        raise SystemExit(f"curl baseline failed: {result.stderr}")
-    digest = result.stdout.split()[0]
+    digest = stdout.split()[0]
     if digest != server["sha256"]:
         raise SystemExit("curl baseline produced a wrong checksum")
     return {"bytes": path.stat().st_size, "seconds": seconds}
 
 
-def boto3_upload(server: dict[str, Any], endpoint: str, key: str, *flags: str) -> dict[str, Any]:
-    return run_json(
+def boto3_upload(
+    children: Children, server: dict[str, Any], endpoint: str, key: str, *flags: str
+) -> dict[str, Any]:
+    figures: dict[str, Any] = children.run_json(
+        "boto3 upload_fileobj",
         [
             sys.executable,
             str(HERE / "boto3_upload.py"),
@@ -179,8 +181,9 @@ def boto3_upload(server: dict[str, Any], endpoint: str, key: str, *flags: str) -
             "--key",
             key,
             *flags,
-        ]
+        ],
     )
+    return figures
 
 
 def delete(endpoint: str, key: str) -> None:
@@ -216,7 +219,12 @@ def main() -> int:
     )
     parser.add_argument("--part-size-mib", type=int, default=8)
     parser.add_argument("--parts-in-flight", type=int, default=2)
+    parser.add_argument(
+        "--smoke", action="store_true", help="one 8 MiB body in 5 MiB parts; sanity, not speed"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.sizes_gib, args.part_size_mib = [8 * MIB / GIB], 5  # 5 MiB: S3's smallest part
     TUNING.extend(
         [
             "--part-size-bytes",
@@ -227,54 +235,83 @@ def main() -> int:
     )
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="aivedio-fetch-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    moto, endpoint = start_moto(workdir)
     rows: list[dict[str, Any]] = []
     try:
-        for size_gib in args.sizes_gib:
-            size = int(size_gib * GIB)
-            log(f"{size_gib:g} GiB: starting the HTTPS server (hashing the body once)")
-            server_proc, server = start_server(size, workdir)
-            try:
-                store_dir = workdir / f"store-{size_gib:g}"
-                log(f"{size_gib:g} GiB: (a) guarded fetch into the local store")
-                a = guarded(server, f"file://{store_dir}", None, "quarantine/bench/source.bin")
-                shutil.rmtree(store_dir)
-                log(f"{size_gib:g} GiB: (a') curl | tee | sha256sum")
-                a_prime = curl_tee_sha(server, workdir / "curl.bin")
-                (workdir / "curl.bin").unlink()
-                row: dict[str, Any] = {"size_gib": size_gib, "a": a, "a_prime": a_prime}
-                if size_gib <= args.skip_s3_above_gib:
-                    # moto keeps objects in its own memory: the first upload of a size pays
-                    # its page faults and heap growth. Warm it up with a discarded upload so
-                    # that neither measured path pays for being first.
-                    log(f"{size_gib:g} GiB: warming moto up with a discarded upload")
-                    boto3_upload(server, endpoint, f"bench/{size_gib:g}/warmup.bin")
-                    delete(endpoint, f"bench/{size_gib:g}/warmup.bin")
-                    log(f"{size_gib:g} GiB: (b) guarded fetch into moto's S3")
-                    key = f"bench/{size_gib:g}/guarded.bin"
-                    row["b"] = guarded(server, f"s3://{BUCKET}", endpoint, key)
-                    delete(endpoint, key)
-                    log(f"{size_gib:g} GiB: (b') boto3 upload_fileobj")
-                    key = f"bench/{size_gib:g}/boto3.bin"
-                    row["b_prime"] = boto3_upload(server, endpoint, key)
-                    delete(endpoint, key)
-                    log(f"{size_gib:g} GiB: (b'') boto3 upload_fileobj with SHA-256 checksums")
-                    key = f"bench/{size_gib:g}/boto3-sha256.bin"
-                    row["b_sha"] = boto3_upload(server, endpoint, key, "--sha256")
-                    delete(endpoint, key)
-                rows.append(row)
-                log(f"{size_gib:g} GiB done: {json.dumps(row)}")  # kept if a later size fails
-            finally:
-                server_proc.kill()
-                server_proc.wait()
+        with Children(workdir / "logs") as children:
+            endpoint = start_moto(children)
+            for size_gib in args.sizes_gib:
+                rows.append(one_size(children, args, workdir, endpoint, size_gib))
     finally:
-        moto.kill()
-        moto.wait()
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     print(report(rows))
     print(json.dumps(rows))
+    if args.smoke:
+        return verdict("fetch", sanity(rows, [int(s * GIB) for s in args.sizes_gib]))
     return 0
+
+
+def one_size(
+    children: Children, args: argparse.Namespace, workdir: Path, endpoint: str, size_gib: float
+) -> dict[str, Any]:
+    size, name = int(size_gib * GIB), size_label(size_gib)
+    log(f"{name}: starting the HTTPS server (hashing the body once)")
+    sim, server = start_server(children, size, workdir)
+    try:
+        store_dir = workdir / f"store-{size_gib:g}"
+        log(f"{name}: (a) guarded fetch into the local store")
+        a = guarded(children, server, f"file://{store_dir}", None, "quarantine/bench/source.bin")
+        shutil.rmtree(store_dir)
+        log(f"{name}: (a') curl | tee | sha256sum")
+        a_prime = curl_tee_sha(children, server, workdir / "curl.bin")
+        (workdir / "curl.bin").unlink()
+        row: dict[str, Any] = {"size_gib": size_gib, "a": a, "a_prime": a_prime}
+        if size_gib <= args.skip_s3_above_gib:
+            if not args.smoke:
+                # moto keeps objects in its own memory: the first upload of a size pays its
+                # page faults and heap growth. Warm it up with a discarded upload so that
+                # neither measured path pays for being first.
+                log(f"{name}: warming moto up with a discarded upload")
+                boto3_upload(children, server, endpoint, f"bench/{size_gib:g}/warmup.bin")
+                delete(endpoint, f"bench/{size_gib:g}/warmup.bin")
+            log(f"{name}: (b) guarded fetch into moto's S3")
+            key = f"bench/{size_gib:g}/guarded.bin"
+            row["b"] = guarded(children, server, f"s3://{BUCKET}", endpoint, key)
+            delete(endpoint, key)
+            log(f"{name}: (b') boto3 upload_fileobj")
+            key = f"bench/{size_gib:g}/boto3.bin"
+            row["b_prime"] = boto3_upload(children, server, endpoint, key)
+            delete(endpoint, key)
+            log(f"{name}: (b'') boto3 upload_fileobj with SHA-256 checksums")
+            key = f"bench/{size_gib:g}/boto3-sha256.bin"
+            row["b_sha"] = boto3_upload(children, server, endpoint, key, "--sha256")
+            delete(endpoint, key)
+        log(f"{name} done: {json.dumps(row)}")  # kept if a later size fails
+        return row
+    finally:
+        sim.stop(10)
+
+
+def size_label(size_gib: float) -> str:
+    return f"{size_gib:g} GiB" if size_gib >= 1 else f"{size_gib * 1024:g} MiB"
+
+
+def sanity(rows: list[dict[str, Any]], sizes: list[int]) -> list[str]:
+    """Every path moved every byte of every size (the checksums were checked as it ran), in a
+    positive time, and the fetching processes reported their peak RSS."""
+    problems = []
+    for row, size in zip(rows, sizes, strict=True):
+        for path in ("a", "a_prime", "b", "b_prime", "b_sha"):
+            f = row.get(path)
+            if f is None:
+                problems.append(f"{size_label(row['size_gib'])}: no ({path}) figures")
+            elif f["bytes"] != size or not positive(f["seconds"]):
+                problems.append(f"{size_label(row['size_gib'])} ({path}): {f}")
+            elif path != "a_prime" and not positive(f["peak_rss_bytes"]):
+                problems.append(f"{size_label(row['size_gib'])} ({path}): no peak RSS: {f}")
+    if len(rows) != len(sizes):
+        problems.append(f"{len(rows)} sizes measured of {len(sizes)}")
+    return problems
 
 
 def report(rows: list[dict[str, Any]]) -> str:
@@ -283,7 +320,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         "|---|---|---:|---:|---:|",
     ]
     for r in rows:
-        size = f"{r['size_gib']:g} GiB"
+        size = size_label(r["size_gib"])
         a, ap = r["a"], r["a_prime"]
         out.append(
             f"| {size} | (a) guarded fetch → local store | {mbps(a):,.0f} | "
@@ -322,7 +359,7 @@ def report(rows: list[dict[str, Any]]) -> str:
                 if name in r:
                     f = r[name]
                     out.append(
-                        f"| {r['size_gib']:g} GiB | {label} | {f['stream_seconds']:.2f} s | "
+                        f"| {size_label(r['size_gib'])} | {label} | {f['stream_seconds']:.2f} s | "
                         f"{f['seconds'] - f['stream_seconds']:.2f} s | {f['cpu_seconds']:.2f} s |"
                     )
     out.append("")

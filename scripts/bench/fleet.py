@@ -29,6 +29,13 @@ and the benchmark's own queries are left out.
    statements by role, and a JSON result in ``var/bench-fleet/result-*.json``.
 
 Usage: .venv/bin/python scripts/bench/fleet.py [--remux 1000] [--transcode 100] [--rate 10]
+       [--smoke]
+
+Every process is a watched child (``scripts/lib/children.py``): one that exits by itself
+fails the run at once with the end of its log (``var/bench-fleet/*.log``). ``--smoke``: 3
+remux and 1 transcode outputs back to back, 1 s idle, under ``var/bench-fleet-smoke``; the
+result must show every asset ENRICHED, no callback refused, no dead job, and every figure
+measured.
 
 Only loopback addresses are contacted. Needs root or the postgres user's binaries to run a
 cluster (as root the cluster runs as ``postgres`` via ``runuser``).
@@ -49,7 +56,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
 import threading
@@ -62,7 +68,9 @@ import asyncpg
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "lib"))
-from demo_driver import Service, free_port, http, send_callback  # noqa: E402
+from children import Child, Children  # noqa: E402
+from demo_driver import free_port, http, send_callback  # noqa: E402
+from smoke import positive, verdict  # noqa: E402
 
 BENCH = ROOT / "var" / "bench-fleet"
 MEDIA_DIR = BENCH / "media"
@@ -530,9 +538,17 @@ SELECT r.rolname AS role, s.query, s.calls, s.total_exec_time, s.rows
 """
 
 
-async def bench(
-    args: argparse.Namespace, cluster: Cluster, services: list[Service]
-) -> dict[str, Any]:
+async def run(args: argparse.Namespace, cluster: Cluster) -> dict[str, Any]:
+    # Entered inside the event loop: a child that dies cancels this task (see children.py).
+    with Children(BENCH) as children:
+        try:
+            return await bench(args, cluster, children)
+        finally:
+            STOP_SENDING.set()
+            stop_all(children)
+
+
+async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) -> dict[str, Any]:
     clips = make_clips()
     admin = await asyncpg.connect(cluster.dsn(database="postgres"))
     await admin.execute(f"CREATE DATABASE {DATABASE}")
@@ -568,8 +584,8 @@ async def bench(
         sim_argv.append("--plain")
     sim_argv += [f"--file={t}:0:{clips[k]}" for t, k in tasks]
     specs.write_text("\n".join(sim_argv))
-    sim = Service("provider (sim)", sim_argv, BENCH / "sim.log", env, stdout=BENCH / "sim.json")
-    services.append(sim)
+    sim = children.start("provider (sim)", sim_argv, log="sim.log", env=env,
+                         stdout=BENCH / "sim.json")  # fmt: skip
 
     def line() -> str | None:  # the whole line: with 1,100 outputs it is written in pieces
         text = sim.stdout.read_text() if sim.stdout else ""
@@ -597,22 +613,22 @@ async def bench(
     run_cli(env, "migrate")
     run_cli(env, "tenants", "create", TENANT)
 
-    api = Service("API", [AIVEDIO, "api"], BENCH / "api.log", role_env(env, cluster, "fleet_api"))
-    services.append(api)
+    api = children.start(
+        "API", [AIVEDIO, "api"], log="api.log", env=role_env(env, cluster, "fleet_api")
+    )
     base = f"http://127.0.0.1:{api_port}"
     api.wait_for_event("api_listening")
     api.wait_for(lambda: http("GET", f"{base}/readyz", timeout=2).status == 200, "readyz", 30)
-    workers = []
+    workers: list[Child] = []
     for n in range(1, args.workers + 1):
         workers.append(
-            Service(
+            children.start(
                 f"worker {n}",
                 [AIVEDIO, "worker"],
-                BENCH / f"worker-{n}.log",
-                role_env(env, cluster, "fleet_worker"),
+                log=f"worker-{n}.log",
+                env=role_env(env, cluster, "fleet_worker"),
             )
         )
-        services.append(workers[-1])
     ports = [int(w.wait_for_event("http_listening")["port"]) for w in workers]
     out(
         f"  provider  {provider['base_url']}  {len(outputs)} outputs "
@@ -683,10 +699,7 @@ async def bench(
     )
     last_print = 0.0
     while not done.is_set():
-        await asyncio.sleep(0.5)
-        for s in services:
-            if not s.alive():
-                raise SystemExit(str(s.died()))
+        await asyncio.sleep(0.5)  # a process that dies meanwhile cancels this task
         if samples and samples[-1]["t"] - last_print >= 15:
             s = samples[-1]
             last_print = s["t"]
@@ -1111,16 +1124,36 @@ def report(r: dict[str, Any]) -> None:
     )
 
 
-def stop_all(services: list[Service]) -> None:
-    first = [s for s in services if s.name.startswith(("API", "worker"))]
-    rest = [s for s in services if s not in first]
-    for group in (first, rest):
-        for s in group:
-            s.signal(signal.SIGTERM)
-        for s in group:
-            if s.reap(45) is None:
-                s.signal(signal.SIGKILL)
-                s.reap(5)
+def stop_all(children: Children) -> None:
+    """The API and the workers first (they drain), then the provider."""
+    children.stop([c for c in children.children if c.name.startswith(("API", "worker"))], 45)
+    children.stop(timeout=45)
+
+
+def sanity(r: dict[str, Any]) -> list[str]:
+    """What a smoke run must show: every asset ENRICHED, nothing refused or dead, and every
+    figure the report is about measured."""
+    problems = []
+    n = r["args"]["remux"] + r["args"]["transcode"]
+    if r["timed_out"] or r["final_states"] != {"ENRICHED": n}:
+        problems.append(f"final states {r['final_states']} for {n} outputs"
+                        f"{' (timed out)' if r['timed_out'] else ''}")  # fmt: skip
+    if r["callback_errors_total"]:
+        problems.append(f"callbacks refused: {r['callback_errors']}")
+    if r["dead_jobs"]:
+        problems.append(f"{r['dead_jobs']} dead jobs: {r['jobs']}")
+    if r["published"] != n:
+        problems.append(f"{r['published']} published of {n}")
+    c, st = r["cpu_per_asset_ms"], r["statements"]
+    figures = {"orchestration CPU": c["orchestration"], "ffmpeg CPU": c["ffmpeg_children"],
+               "round trips per asset": st["round_trips_per_asset"],
+               "throughput": r["throughput_assets_per_min"],
+               "fetched bytes": r["bytes"]["fetched"]}  # fmt: skip
+    problems += [f"{k} = {v}" for k, v in figures.items() if not positive(v)]
+    for kind in ("remux", "transcode"):
+        if r["latency_callback_to_playable_s"][kind]["n"] != r["args"][kind]:
+            problems.append(f"{kind}: latencies {r['latency_callback_to_playable_s'][kind]}")
+    return problems
 
 
 def main() -> int:
@@ -1144,25 +1177,31 @@ def main() -> int:
     )
     parser.add_argument("--plain", action="store_true", help="the provider over plain HTTP")
     parser.add_argument("--keep-cluster", action="store_true")
+    parser.add_argument(
+        "--smoke", action="store_true", help="3 remux + 1 transcode, back to back; sanity"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        global BENCH, PG_DIR  # the run's directory, read by everything above
+        BENCH = ROOT / "var" / "bench-fleet-smoke"  # a run by hand keeps its own
+        PG_DIR = BENCH / "pg"
+        args.remux, args.transcode, args.rate = 3, 1, 0.0
+        args.idle, args.settle, args.timeout, args.media_slots = 1.0, 0.5, 120.0, 2
     for name in ("NO_PROXY", "no_proxy"):
         os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1,localhost"]))
     BENCH.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(free_port())
-    services: list[Service] = []
     try:
         cluster.start()
-        result = asyncio.run(bench(args, cluster, services))
+        result = asyncio.run(run(args, cluster))
     finally:
-        STOP_SENDING.set()
-        stop_all(services)
         if not args.keep_cluster:
             cluster.stop()
     report(result)
     path = BENCH / f"result-{args.remux}+{args.transcode}-{time.strftime('%Y%m%dT%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2, default=str))
     out(f"  result: {path.relative_to(ROOT)}")
-    return 0
+    return verdict("fleet", sanity(result)) if args.smoke else 0
 
 
 if __name__ == "__main__":

@@ -17,7 +17,12 @@ Targets (issue 4): transcode path <= 0.6x naive wall and CPU; remux path's requi
 (playback + poster) at RTF <= 0.05; aivedio's overhead (its wall minus its ffmpeg processes'
 wall) <= 5%; peak RSS of any ffmpeg process <= 1 GiB.
 
-Usage: .venv/bin/python scripts/bench/media.py [--seconds 10] [--workdir DIR]
+Usage: .venv/bin/python scripts/bench/media.py [--seconds 10] [--size 1920x1080] [--workdir DIR]
+       [--smoke]
+
+``--smoke``: 1 s sources at 640x360 (one rung of the ladder on both paths; the naive
+baseline makes only the rungs aivedio makes), and the results checked for sanity instead of
+the targets: both plans as expected, every figure positive, every output made.
 """
 
 from __future__ import annotations
@@ -39,7 +44,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from aivedio.media_config import MediaConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from smoke import positive, verdict
 
 AIVEDIO = [sys.executable, "-m", "aivedio"]
 
@@ -59,8 +69,8 @@ def run_measured(
     return wall, cpu, done
 
 
-def make_sources(work: Path, seconds: int) -> dict[str, Path]:
-    lavfi = ["-f", "lavfi", "-i", f"testsrc2=s=1920x1080:r=24:d={seconds}",
+def make_sources(work: Path, seconds: int, size: str) -> dict[str, Path]:
+    lavfi = ["-f", "lavfi", "-i", f"testsrc2=s={size}:r=24:d={seconds}",
              "-f", "lavfi", "-i", f"sine=frequency=440:d={seconds}"]  # fmt: skip
     hevc = work / "source_hevc.mkv"
     h264 = work / "source_h264_moov_end.mp4"
@@ -163,14 +173,49 @@ def run_aivedio(src: Path, out: Path, only: str | None = None) -> dict[str, Any]
     }
 
 
-def main() -> None:
+def sized_ladder(media: MediaConfig, size: str) -> MediaConfig:
+    """The ladder aivedio makes for a source of ``size``: it never goes above the source, so
+    the naive baseline makes the same rungs (all of them at 1080p)."""
+    short = min(int(side) for side in size.split("x"))
+    ladder = [rung for rung in media.ladder if rung.height <= short]
+    return msgspec.structs.replace(media, ladder=ladder) if ladder else media
+
+
+def sanity(results: dict[str, Any]) -> list[str]:
+    """Both plans as named, every time a positive figure, every output process accounted."""
+    problems = []
+    for mode in ("transcode", "remux"):
+        entry = results.get(mode)
+        if entry is None:
+            problems.append(f"{mode}: not measured")
+            continue
+        ours = entry["aivedio"]
+        if ours["plan"] != mode:
+            problems.append(f"{mode} source: aivedio planned {ours['plan']}")
+        figures = {"aivedio wall": ours["wall_seconds"], "aivedio CPU": ours["cpu_seconds"],
+                   "ffmpeg wall": ours["ffmpeg_wall_seconds"], "peak RSS": ours["peak_rss_bytes"],
+                   "naive wall": entry["naive"]["wall_seconds"],
+                   "naive CPU": entry["naive"]["cpu_seconds"]}  # fmt: skip
+        problems += [f"{mode}: {k} = {v}" for k, v in figures.items() if not positive(v)]
+        if not ours["processes"] or not ours["nodes"]:
+            problems.append(f"{mode}: no ffmpeg process or node reported")
+        if mode == "remux" and not positive(entry.get("required_rtf_end_to_end")):
+            problems.append(f"remux: required-only RTF = {entry.get('required_rtf_end_to_end')}")
+    return problems
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--size", default="1920x1080", help="the sources' WIDTHxHEIGHT")
     parser.add_argument("--workdir")
+    parser.add_argument("--smoke", action="store_true", help="1 s at 640x360; sanity checked")
     args = parser.parse_args()
+    if args.smoke:
+        args.seconds, args.size = 1, "640x360"
     work = Path(args.workdir or tempfile.mkdtemp(prefix="aivedio-bench-media-"))
     work.mkdir(parents=True, exist_ok=True)
-    media = MediaConfig()
+    media = sized_ladder(MediaConfig(), args.size)
     results: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "python": platform.python_version(),
@@ -178,7 +223,7 @@ def main() -> None:
                                              text=True, check=True).stdout.splitlines()[0]},
     }  # fmt: skip
     try:
-        sources = make_sources(work, args.seconds)
+        sources = make_sources(work, args.seconds, args.size)
         for mode, src in sources.items():
             duration = float(probe(src)["format"]["duration"])
             ours = run_aivedio(src, work / f"{mode}_aivedio")
@@ -204,7 +249,8 @@ def main() -> None:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(results, indent=1))
+    return verdict("media", sanity(results)) if args.smoke else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

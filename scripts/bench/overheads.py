@@ -12,7 +12,9 @@ The event loop's own CPU (``time.thread_time``) per call, under uvloop as in the
 * a scratch directory made and removed (``mkdir``/``rmdir`` on ``[media] scratch_dir``'s
   filesystem, the system temporary directory by default).
 
-Usage: .venv/bin/python scripts/bench/overheads.py [--n 2000] [--database-url URL]
+Usage: .venv/bin/python scripts/bench/overheads.py [--n 2000] [--database-url URL] [--smoke]
+
+``--smoke``: 50 calls per measure and 5 processes; every figure must be a positive number.
 
 Only loopback addresses are contacted; nothing is written outside a temporary directory.
 """
@@ -41,6 +43,9 @@ import asyncpg
 
 from aivedio.media_config import MediaConfig
 from aivedio.pipeline.sandbox import Sandbox
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from smoke import positive, verdict
 
 
 async def per_call(n: int, call: Callable[[], Awaitable[object]]) -> float:
@@ -76,7 +81,7 @@ def fs_type(path: Path) -> str:
     return kind
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> int:
     rows: list[tuple[str, float]] = []
     noop: Callable[[], None] = lambda: None  # noqa: E731
     rows.append(("thread hop: anyio.to_thread.run_sync", await per_call(
@@ -103,7 +108,7 @@ async def main(args: argparse.Namespace) -> None:
     await sandbox.check()
     argv = [*sandbox._limit_prefix(), *(await sandbox.isolation_prefix()),
             sandbox._tool_path("ffprobe"), "-version"]  # fmt: skip
-    processes = max(args.n // 10, 50)
+    processes = args.processes or max(args.n // 10, 50)
     with tempfile.TemporaryDirectory() as scratch:
 
         def popen() -> None:
@@ -156,13 +161,21 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{'loop thread CPU per call':<60} {'µs':>8}")
     for name, micros in rows:
         print(f"{name:<60} {micros:8.0f}")
+    if not args.smoke:
+        return 0
+    return verdict("overheads", [f"{name}: {us} µs" for name, us in rows if not positive(us)])
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=2000, help="calls per measure")
+    parser.add_argument("--processes", type=int, help="processes per measure (n / 10, >= 50)")
+    parser.add_argument("--smoke", action="store_true", help="--n 50 --processes 5; sanity")
     parser.add_argument(
         "--database-url", default=os.environ.get(
             "AIVEDIO_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
     )  # fmt: skip
-    anyio.run(main, parser.parse_args(), backend_options={"use_uvloop": True})
+    args = parser.parse_args()
+    if args.smoke:
+        args.n, args.processes = 50, 5
+    raise SystemExit(anyio.run(main, args, backend_options={"use_uvloop": True}))

@@ -14,8 +14,12 @@ All in one run, on one PostgreSQL server:
 5. the SQL path's ceiling: a raw asyncpg loop claiming 32 rows with SKIP LOCKED and
    acknowledging them with one CAS statement, and the same loop one row per round trip.
 
-Usage: .venv/bin/python scripts/bench/queue.py [--jobs 20000] [--server-dsn DSN]
-Prints a Markdown table (for docs/benchmarks.md) and a JSON line with every figure.
+Usage: .venv/bin/python scripts/bench/queue.py [--jobs 20000] [--server-dsn DSN] [--smoke]
+Prints a Markdown table (for docs/benchmarks.md) and a JSON line with every figure. With
+``--smoke``: a few hundred jobs, procrastinate with one process, and the results checked for
+sanity (every job done exactly once, every worker stopped cleanly) instead of the targets.
+Every worker's log is kept in the run's directory (``--workdir``, or a temporary one); a worker
+that exits by itself fails the run at once with the end of its log.
 """
 
 from __future__ import annotations
@@ -30,12 +34,12 @@ if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import platform
-import signal
+import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -52,17 +56,46 @@ from aivedio.store.database import open_pool
 from aivedio.store.queue import Queue
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH_VENV = ROOT / "var" / "bench-venv"
+sys.path.insert(0, str(ROOT / "scripts" / "lib"))
+from children import Child, Children, environ_without_aivedio  # noqa: E402
+from smoke import positive, verdict  # noqa: E402
+
 REGISTRY = default_registry()
 KEY = base64.b64encode(os.urandom(32)).decode()
+# Databases of this run alone: two runs on one server (a smoke run in a test suite beside a
+# run by hand) do not drop each other's.
+DB, DB_RAW, DB_PQ, DB_TEMPLATE = (
+    f"aivedio_bench{kind}_{os.getpid()}" for kind in ("", "_raw", "_pq", "_template")
+)
+
+
+STARTED = time.monotonic()
 
 
 def log(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
+    print(f"[bench {time.monotonic() - STARTED:6.1f}s] {message}", file=sys.stderr, flush=True)
 
 
 def dsn_for(server: str, name: str) -> str:
     return urlunsplit(urlsplit(server)._replace(path=f"/{name}"))
+
+
+async def migrated_database(server: str) -> str:
+    """DB afresh, cloned from a template migrated once per run (migrating takes seconds)."""
+    admin = await asyncpg.connect(server)
+    try:
+        if not await admin.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", DB_TEMPLATE):
+            await admin.execute(f"CREATE DATABASE {DB_TEMPLATE}")
+            conn = await asyncpg.connect(dsn_for(server, DB_TEMPLATE))
+            try:
+                await migrations.migrate(conn)
+            finally:
+                await conn.close()
+        await admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
+        await admin.execute(f"CREATE DATABASE {DB} TEMPLATE {DB_TEMPLATE}")
+    finally:
+        await admin.close()
+    return dsn_for(server, DB)
 
 
 async def recreate_database(server: str, name: str) -> str:
@@ -117,31 +150,33 @@ slots = 0
 [worker.lanes.media]
 slots = 0
 [log]
-level = "warning"
+# info: the start-up events (http_listening) the script waits for; no job is logged at info.
+level = "info"
+format = "json"
 [diagnostics]
 execution_journal_dir = "{journal}"
+# A worker publishes assets, so it refuses to start without a moderation backend; these
+# workers run only no-op jobs, so the local one that allows everything will do.
+[moderation]
+backend = "local"
+[moderation.local]
+allow_all = true
+# Only the benchmark's jobs in the queue: no periodic sweep job seeded at start.
+[sweeper]
+periodic = false
 """
     )
 
 
-def start_workers(config: Path, count: int) -> list[subprocess.Popen[bytes]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
-    env.update(AIVEDIO_CONFIG=str(config), AIVEDIO_URL_ENCRYPTION_KEY=KEY)
-    return [
-        subprocess.Popen(
-            [sys.executable, "-m", "aivedio", "worker"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for _ in range(count)
-    ]
+def start_workers(children: Children, config: Path, count: int, label: str) -> list[Child]:
+    env = environ_without_aivedio(AIVEDIO_CONFIG=str(config), AIVEDIO_URL_ENCRYPTION_KEY=KEY)
+    argv = [sys.executable, "-m", "aivedio", "worker"]
+    return [children.start(f"worker {label}.{n}", argv, env=env) for n in range(1, count + 1)]
 
 
-def stop_workers(procs: list[subprocess.Popen[bytes]]) -> list[int]:
-    for proc in procs:
-        proc.send_signal(signal.SIGTERM)
-    return [proc.wait(60) for proc in procs]
+def stop_workers(children: Children, workers: list[Child]) -> list[int | None]:
+    children.stop(workers, timeout=60)
+    return [w.returncode for w in workers]
 
 
 async def wait_for_history(dsn: str, count: int, limit_seconds: float = 600) -> None:
@@ -149,12 +184,16 @@ async def wait_for_history(dsn: str, count: int, limit_seconds: float = 600) -> 
     try:
         deadline = time.monotonic() + limit_seconds
         while time.monotonic() < deadline:
-            if await conn.fetchval("SELECT count(*) FROM job_history") >= count:
+            if await conn.fetchval(HISTORY_COUNT) >= count:
                 return
             await asyncio.sleep(0.05)
-        raise SystemExit(f"jobs not drained within {limit_seconds}s")
+        done = await conn.fetchval(HISTORY_COUNT)
+        raise SystemExit(f"{done} of {count} jobs drained within {limit_seconds:g} s")
     finally:
         await conn.close()
+
+
+HISTORY_COUNT = "SELECT count(*) FROM job_history WHERE kind = 'diag.noop'"
 
 
 def journal_duplicates(journal: Path) -> tuple[int, int]:
@@ -165,26 +204,27 @@ def journal_duplicates(journal: Path) -> tuple[int, int]:
 
 
 async def aivedio_drain(
-    server: str, jobs: int, processes: int, slots: int, workdir: Path
+    children: Children, server: str, jobs: int, processes: int, slots: int, workdir: Path
 ) -> dict[str, Any]:
-    dsn = await recreate_database(server, "aivedio_bench")
-    conn = await asyncpg.connect(dsn)
-    await migrations.migrate(conn)
-    await conn.close()
+    dsn = await migrated_database(server)
     enqueue_seconds = await enqueue_batched(dsn, jobs, f"p{processes}")
     journal = workdir / f"journal-{processes}"
+    shutil.rmtree(journal, ignore_errors=True)  # a kept --workdir: job ids start at 1 again
     config = workdir / f"worker-{processes}.toml"
     write_worker_config(config, dsn, journal, slots)
-    procs = start_workers(config, processes)
+    workers = start_workers(children, config, processes, f"drain-{processes}")
     try:
+        for worker in workers:  # all running (the drain is timed in the database), and a
+            # SIGTERM below never meets one that is still starting
+            await asyncio.to_thread(worker.wait_for_event, "http_listening")
         await wait_for_history(dsn, jobs)
     finally:
-        codes = stop_workers(procs)
+        codes = stop_workers(children, workers)
     conn = await asyncpg.connect(dsn)
     row = await conn.fetchrow(
         "SELECT count(*) AS n, count(*) FILTER (WHERE status = 'succeeded') AS ok,"
         " extract(epoch FROM max(finished_at) - min(started_at)) AS seconds"
-        " FROM job_history"
+        " FROM job_history WHERE kind = 'diag.noop'"
     )
     await conn.close()
     executed, duplicates = journal_duplicates(journal)
@@ -204,27 +244,29 @@ async def aivedio_drain(
     }
 
 
-async def aivedio_latency(server: str, jobs: int, rate: float, workdir: Path) -> dict[str, Any]:
-    dsn = await recreate_database(server, "aivedio_bench")
-    conn = await asyncpg.connect(dsn)
-    await migrations.migrate(conn)
-    await conn.close()
+async def aivedio_latency(
+    children: Children, server: str, jobs: int, rate: float, workdir: Path
+) -> dict[str, Any]:
+    dsn = await migrated_database(server)
     config = workdir / "worker-latency.toml"
     write_worker_config(config, dsn, workdir / "journal-latency", 16)
-    procs = start_workers(config, 2)
+    workers = start_workers(children, config, 2, "latency")
     try:
-        await asyncio.sleep(2)  # both idle and listening
+        for worker in workers:  # both idle and listening
+            await asyncio.to_thread(worker.wait_for_event, "http_listening")
+        await asyncio.sleep(0.5)
         single_seconds = await enqueue_singly(dsn, jobs, "lat", rate=rate)
         await wait_for_history(dsn, jobs)
     finally:
-        stop_workers(procs)
+        codes = stop_workers(children, workers)
     conn = await asyncpg.connect(dsn)
     rows = await conn.fetch(
         "SELECT extract(epoch FROM started_at - created_at) * 1000 AS ms FROM job_history"
+        " WHERE kind = 'diag.noop'"
     )
     await conn.close()
     latencies = sorted(float(r["ms"]) for r in rows)
-    q = statistics.quantiles(latencies, n=100)
+    q = statistics.quantiles(latencies, n=100, method="inclusive")  # never above the max
     return {
         "jobs": jobs,
         "rate_per_second": rate,
@@ -232,14 +274,12 @@ async def aivedio_latency(server: str, jobs: int, rate: float, workdir: Path) ->
         "p99_ms": q[98],
         "max_ms": latencies[-1],
         "single_enqueue_seconds": single_seconds,
+        "exit_codes": codes,
     }
 
 
 async def single_enqueue_rate(server: str, jobs: int) -> float:
-    dsn = await recreate_database(server, "aivedio_bench")
-    conn = await asyncpg.connect(dsn)
-    await migrations.migrate(conn)
-    await conn.close()
+    dsn = await migrated_database(server)
     return jobs / await enqueue_singly(dsn, jobs, "one")
 
 
@@ -269,7 +309,7 @@ WHERE j.id = a.id AND j.token = a.token AND j.owner = $3 AND j.status = 'running
 
 
 async def raw_loop(server: str, jobs: int, batch: int) -> float:
-    dsn = await recreate_database(server, "aivedio_bench_raw")
+    dsn = await recreate_database(server, DB_RAW)
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(RAW_SCHEMA)
@@ -295,30 +335,17 @@ async def raw_loop(server: str, jobs: int, batch: int) -> float:
 # -- procrastinate ----------------------------------------------------------------------------
 
 
-def bench_python() -> Path:
-    python = BENCH_VENV / "bin" / "python"
-    if not python.exists():
-        log(f"creating {BENCH_VENV} with procrastinate (benchmark only)")
-        subprocess.run([sys.executable, "-m", "venv", str(BENCH_VENV)], check=True)
-    probe = subprocess.run(
-        [str(python), "-c", "import procrastinate, psycopg"], capture_output=True
-    )
-    if probe.returncode != 0:
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "procrastinate", "psycopg[binary]"],
-            check=True,
-        )
-    return python
-
-
 async def procrastinate_drain(
-    server: str, jobs: int, concurrency: int, processes: int
+    children: Children, server: str, jobs: int, concurrency: int, processes: int
 ) -> dict[str, Any]:
-    dsn = await recreate_database(server, "aivedio_bench_pq")
-    result = await asyncio.to_thread(
-        subprocess.run,
+    # procrastinate and psycopg are development dependencies (pyproject's dev extras), so
+    # they are in .venv on a fresh clone; aivedio itself never imports them.
+    dsn = await recreate_database(server, DB_PQ)
+    figures: dict[str, Any] = await asyncio.to_thread(
+        children.run_json,
+        f"procrastinate x {processes}",
         [
-            str(bench_python()),
+            sys.executable,
             str(ROOT / "scripts" / "bench" / "procrastinate_drain.py"),
             "--dsn",
             dsn,
@@ -329,13 +356,7 @@ async def procrastinate_drain(
             "--processes",
             str(processes),
         ],
-        capture_output=True,
-        text=True,
-        check=False,
     )
-    if result.returncode != 0:
-        raise SystemExit(f"procrastinate run failed: {result.stderr[-2000:]}")
-    figures: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return figures
 
 
@@ -366,45 +387,100 @@ async def main() -> int:
     parser.add_argument("--latency-jobs", type=int, default=1000)
     parser.add_argument("--latency-rate", type=float, default=200.0)
     parser.add_argument("--skip-procrastinate", action="store_true")
+    parser.add_argument("--workdir", help="where the worker logs and configs go (default: temp)")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny sizes (300 jobs, 60 for latency, procrastinate 100 with 1 process); check "
+        "that the results are sane instead of the targets",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.jobs, args.latency_jobs, args.latency_rate = 300, 60, 100.0
     server = args.server_dsn
     conn = await asyncpg.connect(server)
     pg_version = await conn.fetchval("SHOW server_version")
     await conn.close()
 
     results: dict[str, Any] = {"machine": machine(), "postgresql": pg_version, "jobs": args.jobs}
-    with tempfile.TemporaryDirectory(prefix="aivedio-bench-") as tmp:
-        work = Path(tmp)
-        log("raw SQL ceiling: batched (32) and one per round trip")
-        results["raw_batched_jobs_per_second"] = await raw_loop(server, args.jobs, 32)
-        results["raw_single_jobs_per_second"] = await raw_loop(server, args.jobs, 1)
-        for processes in (1, 2):
-            log(f"aivedio: enqueue {args.jobs}, drain with {processes} worker process(es)")
-            results[f"aivedio_{processes}"] = await aivedio_drain(
-                server, args.jobs, processes, args.slots, work
-            )
-        log("aivedio: one job per enqueue transaction")
-        results["aivedio_single_enqueue_jobs_per_second"] = await single_enqueue_rate(
-            server, min(args.jobs, 5000)
-        )
-        log(f"aivedio: enqueue-to-start latency at {args.latency_rate:g} jobs/s")
-        results["aivedio_latency"] = await aivedio_latency(
-            server, args.latency_jobs, args.latency_rate, work
-        )
-        if not args.skip_procrastinate:
-            for processes in (1, 2):
-                log(f"procrastinate: {args.jobs} jobs, {processes} process(es), concurrency 16")
-                results[f"procrastinate_{processes}"] = await procrastinate_drain(
-                    server, args.jobs, 16, processes
-                )
-    for name in ("aivedio_bench", "aivedio_bench_raw", "aivedio_bench_pq"):
-        conn = await asyncpg.connect(server)
-        await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await conn.close()
+    with contextlib.ExitStack() as stack:
+        if args.workdir:
+            work = Path(args.workdir)  # made with its logs/ folder by Children
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aivedio-bench-")))
+        try:
+            with Children(work / "logs") as children:
+                await run_all(children, args, server, work, results)
+        finally:
+            for name in (DB, DB_RAW, DB_PQ, DB_TEMPLATE):
+                conn = await asyncpg.connect(server)
+                await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+                await conn.close()
 
     print(report(results))
     print(json.dumps(results, default=str))
+    if args.smoke:
+        return verdict("queue", sanity(results))
     return 0 if targets(results)[1] else 1
+
+
+async def run_all(
+    children: Children, args: argparse.Namespace, server: str, work: Path, results: dict[str, Any]
+) -> None:
+    log("raw SQL ceiling: batched (32) and one per round trip")
+    results["raw_batched_jobs_per_second"] = await raw_loop(server, args.jobs, 32)
+    results["raw_single_jobs_per_second"] = await raw_loop(server, args.jobs, 1)
+    for processes in (1, 2):
+        log(f"aivedio: enqueue {args.jobs}, drain with {processes} worker process(es)")
+        results[f"aivedio_{processes}"] = await aivedio_drain(
+            children, server, args.jobs, processes, args.slots, work
+        )
+    log("aivedio: one job per enqueue transaction")
+    results["aivedio_single_enqueue_jobs_per_second"] = await single_enqueue_rate(
+        server, min(args.jobs, 5000)
+    )
+    log(f"aivedio: enqueue-to-start latency at {args.latency_rate:g} jobs/s")
+    results["aivedio_latency"] = await aivedio_latency(
+        children, server, args.latency_jobs, args.latency_rate, work
+    )
+    if not args.skip_procrastinate:
+        jobs = 100 if args.smoke else args.jobs  # it drains a few hundred a second
+        for processes in (1,) if args.smoke else (1, 2):
+            log(f"procrastinate: {jobs} jobs, {processes} process(es), concurrency 16")
+            results[f"procrastinate_{processes}"] = await procrastinate_drain(
+                children, server, jobs, 16, processes
+            )
+
+
+def sanity(r: dict[str, Any]) -> list[str]:
+    """What a smoke run must show: every job done exactly once, every worker stopped with 0,
+    every rate a positive number."""
+    problems = []
+    for p in (1, 2):
+        a = r[f"aivedio_{p}"]
+        if not (a["succeeded"] == a["executed"] == a["jobs"]):
+            problems.append(
+                f"aivedio x {p}: {a['succeeded']} succeeded and {a['executed']} executed "
+                f"of {a['jobs']}"
+            )
+        if a["duplicate_executions"]:
+            problems.append(f"aivedio x {p}: {a['duplicate_executions']} duplicate executions")
+        if a["exit_codes"] != [0] * p:
+            problems.append(f"aivedio x {p}: workers exited {a['exit_codes']} when stopped")
+        for key in ("enqueue_jobs_per_second", "drain_jobs_per_second"):
+            if not positive(a[key]):
+                problems.append(f"aivedio x {p}: {key} = {a[key]}")
+    lat = r["aivedio_latency"]
+    if lat["exit_codes"] != [0, 0] or not all(positive(lat[k]) for k in ("p50_ms", "max_ms")):
+        problems.append(f"latency run: {lat}")
+    rates = ("raw_batched_jobs_per_second", "raw_single_jobs_per_second",
+             "aivedio_single_enqueue_jobs_per_second")  # fmt: skip
+    problems += [f"{key} = {r[key]}" for key in rates if not positive(r[key])]
+    for key in ("procrastinate_1", "procrastinate_2"):
+        pq = r.get(key)
+        if pq and (pq["succeeded"] != pq["jobs"] or not positive(pq["drain_jobs_per_second"])):
+            problems.append(f"{key}: {pq}")
+    return problems
 
 
 def targets(r: dict[str, Any]) -> tuple[list[str], bool]:
@@ -419,8 +495,9 @@ def targets(r: dict[str, Any]) -> tuple[list[str], bool]:
 
     if "procrastinate_1" in r:
         pq = max(
-            r["procrastinate_1"]["drain_jobs_per_second"],
-            r["procrastinate_2"]["drain_jobs_per_second"],
+            r[key]["drain_jobs_per_second"]
+            for key in ("procrastinate_1", "procrastinate_2")
+            if key in r
         )
         check("≥ 15x procrastinate's drain", best >= 15 * pq, f"{best / pq:.1f}x")
     check("≥ 5,000 jobs/s", best >= 5000, f"{best:,.0f} jobs/s")

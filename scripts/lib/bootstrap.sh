@@ -50,6 +50,13 @@ ensure_ffmpeg() {
     apt_install ffmpeg || die "ffmpeg is required and could not be installed here: install it (apt-get install ffmpeg) and run again"
 }
 
+ensure_curl() {
+    # The fetch benchmark's baseline, curl | tee | sha256sum (its smoke run is in the suite).
+    if command -v curl >/dev/null; then return 0; fi
+    say "curl is missing: installing Debian's curl for the fetch benchmark's baseline"
+    apt_install curl || die "curl is required by the fetch benchmark and could not be installed here: install it (apt-get install curl) and run again"
+}
+
 pg_bindir() {
     local d
     for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do

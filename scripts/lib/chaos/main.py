@@ -28,6 +28,7 @@ from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from children import ChildExited, Children
 from demo_driver import DemoError, free_port, http
 
 from chaos import checks
@@ -172,6 +173,7 @@ class Run:
         self.logs = self.dir / "logs"
         self.plan: Plan = make_plan(args.seed, args.n, workers=args.workers)
         self.procs: list[Proc] = []
+        self.children = Children(self.logs, cwd=ROOT)  # watches the infrastructure
         self.workers: dict[int, Proc] = {}
         self.worker_history: list[Proc] = []
         self.generation = Counter[int]()
@@ -275,7 +277,7 @@ class Run:
         self.cli("tenants", "create", TENANT)
         key = json.loads(self.cli("keys", "create", "--tenant", TENANT))["key"]
         self.secrets["API key"] = key
-        self.api = self.spawn("API", [AIVEDIO, "api"], "api.log")
+        self.api = self.spawn("API", [AIVEDIO, "api"], "api.log", watched=False)
         base = f"http://127.0.0.1:{api_port}"
         self.api.wait_for_event("api_listening")
         self.api.wait_for(lambda: self.answers(f"{base}/readyz"), "200 from /readyz", 30)
@@ -293,16 +295,18 @@ class Run:
                     provider_base=provider["base_url"], signing_key=signing_key,
                     files=provider["files"], env=self.env, dsn=dsn, t0=0.0)  # fmt: skip
 
-    def spawn(self, name: str, argv: list[str], log: str, *, stdout: Path | None = None) -> Proc:
-        proc = Proc(name, argv, self.logs / log, self.env, stdout=stdout)
+    def spawn(self, name: str, argv: list[str], log: str, *, stdout: Path | None = None,
+              watched: bool = True) -> Proc:  # fmt: skip
+        proc = Proc(name, argv, self.logs / log, self.env, stdout=stdout, watched=watched)
         self.procs.append(proc)
+        self.children.add(proc)
         return proc
 
     def start_worker(self, slot: int) -> Proc:
         self.generation[slot] += 1
         gen = self.generation[slot]
         proc = self.spawn(f"worker {slot + 1}.{gen}", [AIVEDIO, "worker"],
-                          f"worker-{slot + 1}-{gen}.log")  # fmt: skip
+                          f"worker-{slot + 1}-{gen}.log", watched=False)  # fmt: skip
         self.workers[slot] = proc
         self.worker_history.append(proc)
         self.sampler.add(proc)
@@ -460,7 +464,8 @@ class Run:
             self.api.fate = "exited"
             self.unexpected.append(f"the API exited by itself ({self.api.proc.returncode})")
             self.log("the API EXITED by itself")
-            self.api = self.spawn("API (restarted)", [AIVEDIO, "api"], "api-2.log")
+            self.api = self.spawn("API (restarted)", [AIVEDIO, "api"], "api-2.log",
+                                  watched=False)  # fmt: skip
 
     def load_and_chaos(self, load: Load) -> None:
         plan, chaos = self.plan, self.plan.chaos
@@ -620,84 +625,91 @@ def run(args: argparse.Namespace) -> int:
     per_output: list[dict[str, Any]] = []
     exit_code = 1
     try:
-        load = runner.start()
-        out()
-        out(f"== load: {args.n} callbacks over {max(o.send_at for o in plan.outputs):.0f} s; "
-            f"{len(plan.chaos.kills)} worker kills, one drain, one PostgreSQL restart, "
-            f"one S3 outage")  # fmt: skip
-        runner.load_and_chaos(load)
-        out()
-        out("== waiting for every output to settle")
-        settled = runner.settle(args.timeout)
-        results.append(Result("everything settled in time", settled,
-                              f"within {args.timeout:g} s of the last action"))  # fmt: skip
-        results.append(runner.lease_check())
-        sweep_result, sweep_at, sweep_report = runner.final_sweep()
-        results.append(sweep_result)
-        report["sweep"] = {
-            "outcome": sweep_report.get("outcome"),
-            "counts": sweep_report.get("counts"),
-        }
-        runner.settle(60)  # whatever the sweep enqueued
-        published = sql(runner.dsn, "SELECT id FROM assets WHERE status = 'ENRICHED' LIMIT 10")
-        for row in published:
-            load.playback(row["id"])
-        out()
-        out("== stopping the API and the workers (SIGTERM), then checking")
-        results.append(runner.stop_fleet())
-        killed = {str(e["owner"]) for w in runner.worker_history if w.fate == "killed"
-                  for e in w.events() if e.get("event") == "worker_starting"}  # fmt: skip
-        per_output, outcome_results = checks.outcomes(plan, runner.dsn, load.records, killed)
-        results += outcome_results
-        results += checks.uniqueness(runner.dsn)
-        results += checks.leftovers(runner.dsn)
-        worker_events = [e for w in runner.worker_history for e in w.events()]
-        degraded, degraded_result = checks.degradation(runner.dsn, worker_events)
-        results.append(degraded_result)
-        report["degradation"] = degraded
-        results += checks.store_checks(runner.dir / "aivedio.toml", runner.dsn, sweep_at,
-                                       FINAL_GRACE_SECONDS)  # fmt: skip
-        drain = runner.drain_result
-        results.append(Result("the SIGTERMed worker drained and exited 0",
-                              drain.get("exit") == 0, json.dumps(drain)))  # fmt: skip
+        # A server of the run (moto, the S3 proxy, the provider) that exits by itself ends
+        # the run at once, as a failure of its own: "the run completed" below.
+        with runner.children:
+            load = runner.start()
+            out()
+            out(f"== load: {args.n} callbacks over {max(o.send_at for o in plan.outputs):.0f} s; "
+                f"{len(plan.chaos.kills)} worker kills, one drain, one PostgreSQL restart, "
+                f"one S3 outage")  # fmt: skip
+            runner.load_and_chaos(load)
+            out()
+            out("== waiting for every output to settle")
+            settled = runner.settle(args.timeout)
+            results.append(Result("everything settled in time", settled,
+                                  f"within {args.timeout:g} s of the last action"))  # fmt: skip
+            results.append(runner.lease_check())
+            sweep_result, sweep_at, sweep_report = runner.final_sweep()
+            results.append(sweep_result)
+            report["sweep"] = {
+                "outcome": sweep_report.get("outcome"),
+                "counts": sweep_report.get("counts"),
+            }
+            runner.settle(60)  # whatever the sweep enqueued
+            published = sql(runner.dsn, "SELECT id FROM assets WHERE status = 'ENRICHED' LIMIT 10")
+            for row in published:
+                load.playback(row["id"])
+            out()
+            out("== stopping the API and the workers (SIGTERM), then checking")
+            results.append(runner.stop_fleet())
+            killed = {str(e["owner"]) for w in runner.worker_history if w.fate == "killed"
+                      for e in w.events() if e.get("event") == "worker_starting"}  # fmt: skip
+            per_output, outcome_results = checks.outcomes(plan, runner.dsn, load.records, killed)
+            results += outcome_results
+            results += checks.uniqueness(runner.dsn)
+            results += checks.leftovers(runner.dsn)
+            worker_events = [e for w in runner.worker_history for e in w.events()]
+            degraded, degraded_result = checks.degradation(runner.dsn, worker_events)
+            results.append(degraded_result)
+            report["degradation"] = degraded
+            results += checks.store_checks(runner.dir / "aivedio.toml", runner.dsn, sweep_at,
+                                           FINAL_GRACE_SECONDS)  # fmt: skip
+            drain = runner.drain_result
+            results.append(Result("the SIGTERMed worker drained and exited 0",
+                                  drain.get("exit") == 0, json.dumps(drain)))  # fmt: skip
 
-        def exits_near(at: float | None, seconds: float) -> list[str]:
-            if at is None:
-                return []
-            return [
-                u
-                for u in runner.unexpected
-                if at - 1 <= float(u.rsplit(" at ", 1)[1].split()[0]) <= at + seconds + 15
-            ]
+            def exits_near(at: float | None, seconds: float) -> list[str]:
+                if at is None:
+                    return []
+                return [
+                    u
+                    for u in runner.unexpected
+                    if at - 1 <= float(u.rsplit(" at ", 1)[1].split()[0]) <= at + seconds + 15
+                ]
 
-        if runner.pg is not None:
-            near = exits_near(runner.pg_result.get("at"), runner.pg_result.get("seconds", 0))
-            refused = (f"; {len(runner.startup_refused)} worker(s) still starting refused to "
-                       "start (exit 1, restarted)" if runner.startup_refused else "")  # fmt: skip
-            results.append(Result("PostgreSQL restarted once; the API and workers carried on",
-                                  bool(runner.pg_result.get("ok")) and not near,
-                                  json.dumps(runner.pg_result) + refused, near))  # fmt: skip
-        if args.store == "s3":
-            near = exits_near(runner.s3_result.get("at"), runner.s3_result.get("seconds", 0))
-            results.append(Result("S3 outage once (proxy); the API and workers carried on",
-                                  bool(runner.s3_result.get("ok")) and not near,
-                                  json.dumps(runner.s3_result), near))  # fmt: skip
-        results.append(Result("no worker or API exited by itself", not runner.unexpected,
-                              f"{len(runner.worker_history)} worker processes in all"
-                              + (f"; {len(runner.startup_refused)} refused to start during the"
-                                 " PostgreSQL restart" if runner.startup_refused else ""),
-                              runner.unexpected))  # fmt: skip
-        bound = args.rss_bound_mib * 1024
-        over = [f"{w.name}: {w.peak_rss_kib / 1024:.0f} MiB" for w in runner.worker_history
-                if w.peak_rss_kib > bound]  # fmt: skip
-        peak = max((w.peak_rss_kib for w in runner.worker_history), default=0)
-        results.append(Result(f"every worker's peak RSS under {args.rss_bound_mib} MiB", not over,
-                              f"highest {peak / 1024:.0f} MiB over "
-                              f"{len(runner.worker_history)} worker processes; API "
-                              f"{runner.api.peak_rss_kib / 1024 if runner.api else 0:.0f} MiB",
-                              over))  # fmt: skip
-        report["rss_mib"] = {w.name: round(w.peak_rss_kib / 1024) for w in runner.worker_history}
-    except (ChaosError, DemoError) as exc:
+            if runner.pg is not None:
+                near = exits_near(runner.pg_result.get("at"), runner.pg_result.get("seconds", 0))
+                refused = (f"; {len(runner.startup_refused)} worker(s) still starting "
+                           "refused to start (exit 1, restarted)"
+                           if runner.startup_refused else "")  # fmt: skip
+                results.append(Result("PostgreSQL restarted once; the API and workers carried on",
+                                      bool(runner.pg_result.get("ok")) and not near,
+                                      json.dumps(runner.pg_result) + refused, near))  # fmt: skip
+            if args.store == "s3":
+                near = exits_near(runner.s3_result.get("at"), runner.s3_result.get("seconds", 0))
+                results.append(Result("S3 outage once (proxy); the API and workers carried on",
+                                      bool(runner.s3_result.get("ok")) and not near,
+                                      json.dumps(runner.s3_result), near))  # fmt: skip
+            results.append(Result("no worker or API exited by itself", not runner.unexpected,
+                                  f"{len(runner.worker_history)} worker processes in all"
+                                  + (f"; {len(runner.startup_refused)} refused to start during the"
+                                     " PostgreSQL restart" if runner.startup_refused else ""),
+                                  runner.unexpected))  # fmt: skip
+            bound = args.rss_bound_mib * 1024
+            over = [f"{w.name}: {w.peak_rss_kib / 1024:.0f} MiB" for w in runner.worker_history
+                    if w.peak_rss_kib > bound]  # fmt: skip
+            peak = max((w.peak_rss_kib for w in runner.worker_history), default=0)
+            results.append(Result(f"every worker's peak RSS under {args.rss_bound_mib} MiB",
+                                  not over,
+                                  f"highest {peak / 1024:.0f} MiB over "
+                                  f"{len(runner.worker_history)} worker processes; API "
+                                  f"{runner.api.peak_rss_kib / 1024 if runner.api else 0:.0f} MiB",
+                                  over))  # fmt: skip
+            report["rss_mib"] = {
+                w.name: round(w.peak_rss_kib / 1024) for w in runner.worker_history
+            }
+    except (ChaosError, DemoError, ChildExited) as exc:
         out(f"error: {exc}")
         results.append(Result("the run completed", False, str(exc)))
     finally:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -21,13 +20,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import asyncpg
 from asyncpg.exceptions._base import InternalClientError
+from children import Child
 
 ROOT = Path(__file__).resolve().parents[3]
 AIVEDIO = str(Path(sys.executable).parent / "aivedio")
@@ -47,81 +46,27 @@ def out(line: str = "") -> None:
 # -- processes ---------------------------------------------------------------------------------
 
 
-class Proc:
-    """A child in its own session; stdout and stderr into ``log`` (or stdout apart)."""
+class Proc(Child):
+    """A child in its own session; stdout and stderr into ``log`` (or stdout apart). The
+    infrastructure (moto, the S3 proxy, the provider) is watched: one that exits by itself
+    fails the run at once (``children.Children``). The API and the workers are not: the
+    harness kills and refills them itself, and one that exits by itself is a finding
+    (``Run.watch_processes``)."""
 
     def __init__(
         self, name: str, argv: list[str], log: Path, env: dict[str, str],
-        *, stdout: Path | None = None,
+        *, stdout: Path | None = None, watched: bool = True,
     ) -> None:  # fmt: skip
-        self.name = name
-        self.argv = argv
-        self.log = log
-        self.stdout = stdout
-        self.started = time.time()
+        super().__init__(name, argv, log, env=env, cwd=ROOT, stdout=stdout, watched=watched)
         self.fate = "running"  # killed | drained | stopped | exited
         self.exit_code: int | None = None
         self.peak_rss_kib = 0
-        self._files: list[IO[bytes]] = [open(log, "wb")]  # noqa: SIM115 - closed in reap()
-        if stdout is not None:
-            self._files.append(open(stdout, "wb"))  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            argv, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
-            stdout=self._files[-1], stderr=self._files[0], start_new_session=True,
-        )  # fmt: skip
 
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def signal(self, signum: int) -> None:
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signum)
-
-    def reap(self, timeout: float) -> int | None:
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return None
-        self.exit_code = code
-        for file in self._files:
-            with contextlib.suppress(OSError):
-                file.close()
+    def reap(self, timeout: float | None) -> int | None:
+        code = super().reap(timeout)
+        if code is not None:
+            self.exit_code = code
         return code
-
-    def events(self) -> list[dict[str, Any]]:
-        found = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if isinstance(event, dict):
-                    found.append(event)
-        return found
-
-    def wait_for(self, ready: Callable[[], Any], what: str, timeout: float) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = ready()
-            if found:
-                return found
-            if not self.alive():
-                tail = self.log.read_text(errors="replace").splitlines()[-15:]
-                raise ChaosError(
-                    f"{self.name} exited ({self.proc.returncode}):\n" + "\n".join(tail)
-                )
-            time.sleep(0.05)
-        raise ChaosError(f"{self.name}: no {what} within {timeout:g} s (see {self.log})")
-
-    def wait_for_event(self, name: str, timeout: float = START_TIMEOUT_SECONDS) -> dict[str, Any]:
-        def found() -> dict[str, Any] | None:
-            return next((e for e in self.events() if e.get("event") == name), None)
-
-        event: dict[str, Any] = self.wait_for(found, f"{name!r} log event", timeout)
-        return event
 
     def sample_rss(self) -> None:
         with contextlib.suppress(OSError):
@@ -237,6 +182,7 @@ class Sampler:
 
 def stop_all(procs: list[Proc], timeout: float) -> None:
     for proc in procs:
+        proc.expect_exit()  # told to stop: not a failure of the run
         proc.signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout
     for proc in procs:
