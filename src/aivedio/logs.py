@@ -4,6 +4,12 @@ The redaction processor is the net under everything else: whatever a caller pass
 value that looks like a signed URL's query string, a bearer token, an API key, a playback
 token or a private key is masked before it is rendered. Callers still log
 ``url_for_log(url)`` (scheme, host and a hash of the path) rather than rely on it.
+
+The net only holds if every line goes through it. Libraries log through the standard
+library (aiohttp's server echoes a malformed request's raw line, asyncio reports a task's
+exception, ``warnings`` prints to stderr, an uncaught exception prints its traceback), so
+``configure`` routes all of those into the same structlog pipeline (``log_bridge.py``):
+one stream, one JSON shape, one redaction, in every process.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import structlog
+
+from aivedio import log_bridge
 
 MASK = "***"
 
@@ -117,7 +125,7 @@ def url_for_log(url: str) -> str:
 
 
 def configure(level: str = "info", fmt: str = "json", stream: Any = None) -> None:
-    """Set up structlog once per process."""
+    """Set up structlog once per process, with the standard library routed into it."""
     levelno = logging.getLevelNamesMapping()[level.upper()]
     renderer: Any = (
         structlog.processors.JSONRenderer()
@@ -137,6 +145,13 @@ def configure(level: str = "info", fmt: str = "json", stream: Any = None) -> Non
         logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
         cache_logger_on_first_use=False,
     )
+    log_bridge.install(levelno)
+
+
+def reset() -> None:
+    """Undo ``configure`` (tests that configure a process's logging in their own)."""
+    log_bridge.uninstall()
+    structlog.reset_defaults()
 
 
 def get_logger(name: str = "aivedio") -> Any:

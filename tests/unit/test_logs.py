@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 import pytest
-import structlog
 
 from aivedio import logs
 from aivedio.logs import MASK, redact_processor, redact_text, url_for_log
@@ -130,7 +129,7 @@ def test_configured_logger_never_prints_secrets() -> None:
     try:
         logs.get_logger("test").info("fetching", url=PRESIGNED, token="t0ps3cr3t-value")
     finally:
-        structlog.reset_defaults()
+        logs.reset()
     line = json.loads(stream.getvalue())
     assert line["event"] == "fetching"
     assert line["token"] == MASK
