@@ -1,7 +1,7 @@
 """A real worker's own stderr: what the standard library and uvloop log goes through redaction.
 
 The worker is started the way ``aivedio worker`` starts (``cli.main``), with a little code
-before it that, once the daemon runs, makes its event loop lose a task whose exception
+before it that, once the daemon listens, makes its event loop lose a task whose exception
 carries an API key (uvloop logs "Task exception was never retrieved" through the
 ``asyncio`` logger), logs a library record, issues a warning and lets a thread die, each
 holding the key. Every line of the worker's log must be a JSON event, none may hold a piece
@@ -24,11 +24,11 @@ from tests.e2e.processes import write_config
 KEY = "av_live_5e1f00d2_Qm9vbS1oZWFkZXItc2VjcmV0LXBhcnQtb2YtdGhlLWtleQ"
 
 PROLOGUE = """
-import asyncio, logging, sys, threading, warnings
+import asyncio, logging, os, sys, threading, time, warnings
 import uvloop
 from aivedio import cli
 
-key = sys.argv[1]
+key, go = sys.argv[1], sys.argv[2]
 loops = []
 new_event_loop = uvloop.new_event_loop
 
@@ -45,12 +45,14 @@ def lose_a_task():
     loops[0].create_task(boom())  # nobody keeps it, nobody reads its exception
 
 def later():
+    while not os.path.exists(go):  # the test says when the daemon runs
+        time.sleep(0.05)
     loops[0].call_soon_threadsafe(lose_a_task)
     logging.getLogger("asyncpg.pool").warning("reconnecting for %s", key)
     warnings.warn(f"unclosed resource of {key}", UserWarning, stacklevel=1)
     raise OSError(f"helper thread died holding {key}")
 
-threading.Timer(2.0, later).start()
+threading.Thread(target=later, daemon=True).start()
 sys.exit(cli.main(["worker"]))
 """
 
@@ -63,7 +65,7 @@ def test_the_workers_stdlib_output_is_redacted_json(database: str, tmp_path: Pat
     wanted = {"stdlib_log:asyncio", "stdlib_log:asyncpg.pool", "python_warning", "thread_exception"}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-c", PROLOGUE, KEY],
+            [sys.executable, "-c", PROLOGUE, KEY, str(tmp_path / "go")],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=log,
@@ -75,13 +77,17 @@ def test_the_workers_stdlib_output_is_redacted_json(database: str, tmp_path: Pat
             assert time.monotonic() < deadline, log_path.read_text()
             assert proc.poll() is None, log_path.read_text()
             time.sleep(0.1)
-            for line in log_path.read_text().splitlines():
+            written = log_path.read_text()
+            # A line still being written is read on the next round.
+            for line in written[: written.rfind("\n") + 1].splitlines():
                 try:
                     event = json.loads(line)
                 except ValueError:
-                    continue
+                    raise AssertionError(f"not an event: {line}\n{log_path.read_text()}") from None
                 name = str(event["event"])
                 seen.add(f"{name}:{event['logger']}" if name == "stdlib_log" else name)
+            if "http_listening" in seen:
+                (tmp_path / "go").touch()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0, log_path.read_text()
     finally:
