@@ -16,6 +16,7 @@ import asyncpg
 import msgspec
 import pytest
 
+from aivedio import log_bridge
 from aivedio.config import Config, LaneConfig, load_config
 from aivedio.store import migrations
 from aivedio.store.database import Pool, open_pool
@@ -28,6 +29,14 @@ SERVER_DSN = os.environ.get("AIVEDIO_TEST_DSN", "postgresql://postgres@127.0.0.1
 def dsn_for(database: str) -> str:
     parts = urlsplit(SERVER_DSN)
     return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+@pytest.fixture(autouse=True)
+def _stdlib_logging_put_back() -> Iterator[None]:
+    """``cli.main`` routes the process's logging, warnings and exception hooks into structlog
+    (``log_bridge``); a test that runs it in-process leaves none of that to the next test."""
+    yield
+    log_bridge.uninstall()
 
 
 @pytest.fixture(scope="session")

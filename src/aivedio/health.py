@@ -14,6 +14,7 @@ from aiohttp import web
 from anyio.abc import TaskStatus
 
 from aivedio.errors import DatabaseError
+from aivedio.http_server import make_runner
 from aivedio.store import migrations
 from aivedio.store.database import map_db_errors
 
@@ -69,7 +70,7 @@ async def serve_health(
     *,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    runner = web.AppRunner(make_app(worker), access_log=None, handle_signals=False)
+    runner = make_runner(make_app(worker))
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)

@@ -1,9 +1,15 @@
 """Logs are JSON events with stable snake_case names, never a secret.
 
 The redaction processor is the net under everything else: whatever a caller passes, any
-value that looks like a signed URL's query string, a bearer token, an API key or a private
-key is masked before it is rendered. Callers still log ``url_for_log(url)`` (scheme, host
-and a hash of the path) rather than rely on it.
+value that looks like a signed URL's query string, a bearer token, an API key, a playback
+token or a private key is masked before it is rendered. Callers still log
+``url_for_log(url)`` (scheme, host and a hash of the path) rather than rely on it.
+
+The net only holds if every line goes through it. Libraries log through the standard
+library (aiohttp's server echoes a malformed request's raw line, asyncio reports a task's
+exception, ``warnings`` prints to stderr, an uncaught exception prints its traceback), so
+``configure`` routes all of those into the same structlog pipeline (``log_bridge.py``):
+one stream, one JSON shape, one redaction, in every process.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from urllib.parse import urlsplit
 
 import structlog
 
+from aivedio import log_bridge
+
 MASK = "***"
 
 # Names that say "the value is a secret" (a pattern over names, not a password).
@@ -30,16 +38,37 @@ _PATTERNS = [
         re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"),
         MASK,
     ),
+    # The password of a URL's userinfo (a DSN's, a proxy's): the user name stays.
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^/\s:@'\"]*):[^/\s@'\"]+@"), r"\1:" + MASK + "@"),
     # Query strings of URLs (signatures, tokens, expiries live there).
     (re.compile(r"(?i)\b((?:https?|s3|wss?)://[^\s?#'\"]*)\?[^\s#'\"]*"), r"\1?" + MASK),
     # Authorization values: a scheme followed by something credential-shaped (long, no space).
     (re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{16,}"), r"\1 " + MASK),
+    # Header lines whose whole value is a credential, whatever its shape: after the scheme
+    # word, if any, the rest of the line (to a quote, as in a repr of raw header bytes) goes.
+    (
+        re.compile(
+            r"(?i)\b((?:proxy-)?authorization|(?:set-)?cookie|[\w-]*-signature)(\s*[:=]\s*)"
+            r"([A-Za-z][\w-]*\s+)?[^\r\n'\"]+"
+        ),
+        r"\1\2\3" + MASK,
+    ),
     # "name": "value" in JSON text whose name says secret.
     (re.compile(rf"(?i)(\"{_SECRET_NAME}\"\s*:\s*\")[^\"]{{4,}}\""), r"\1" + MASK + '"'),
     # name=value or name: value whose name says secret.
     (re.compile(rf"(?i)\b({_SECRET_NAME})(\s*[=:]\s*)(\"?)[^\s&,;\"']{{4,}}"), r"\1\2\3" + MASK),
-    # Our own API keys (av_live_… / av_test_…); ffmpeg's own av_* names in error text stay.
-    (re.compile(r"\bav_(?:live|test)_[A-Za-z0-9_-]{16,}"), "av_" + MASK),
+    # Our own API keys (av_live_… / av_test_…) in any case, percent-encoded or glued to what
+    # precedes them ("%20av_live_…"), and cut short (a parser's error report keeps the first
+    # 100 bytes): a prefix and 4 characters are already masked. ffmpeg's own av_* names stay.
+    (re.compile(r"(?i)av(?:_|%5f)(?:live|test)(?:_|%5f)[A-Za-z0-9_%-]{4,}"), "av_" + MASK),
+    # Playback tokens (api/tokens.py: base64url of a JSON array, so "Wz", a dot and a MAC)
+    # and JWTs ("eyJ", base64url of '{"'), whole or cut short.
+    (re.compile(r"\b(?:Wz|eyJ)[A-Za-z0-9_-]{16,}(?:\.[A-Za-z0-9_-]*){0,2}"), MASK),
+    # The segment after /media/ is a playback token, whatever it looks like (cut, escaped).
+    (re.compile(r"/media/[^/\s'\"?#]+"), "/media/" + MASK),
+    # The query of a bare path or request target ("GET /x?sig=…", b'/x?t=…'); a URL's query
+    # was masked above, and a path inside a URL follows a word character, never a quote.
+    (re.compile(r"(?<![\w:/.%-])(/[^\s?#'\"]*)\?[^\s#'\"]+"), r"\1?" + MASK),
 ]
 
 SECRET_FIELD = re.compile(
@@ -49,9 +78,10 @@ SECRET_FIELD = re.compile(
 
 
 # Every pattern above needs one of these to match (a key's spaces, a URL's colon, a name's
-# "=" or ":", a token's space, our keys' prefix): text without any is returned as it is,
-# which is most values of most events (ids, names, numbers as text).
-_MAY_HOLD_A_SECRET = re.compile(r"[=:\s]|av_")
+# "=" or ":", a token's space, a query's "?", our keys' prefix, a token's first letters, a
+# /media/ path): text without any is returned as it is, which is most values of most events
+# (ids, names, numbers as text).
+_MAY_HOLD_A_SECRET = re.compile(r"(?i:[=:\s?]|av(?:_|%5f)|/media/)|Wz|eyJ")
 
 
 def redact_text(text: str) -> str:
@@ -95,7 +125,8 @@ def url_for_log(url: str) -> str:
 
 
 def configure(level: str = "info", fmt: str = "json", stream: Any = None) -> None:
-    """Set up structlog once per process."""
+    """Set up structlog once per process, with the standard library routed into it."""
+    levelno = logging.getLevelNamesMapping()[level.upper()]
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
@@ -110,12 +141,17 @@ def configure(level: str = "info", fmt: str = "json", stream: Any = None) -> Non
             structlog.processors.TimeStamper(fmt="iso", utc=True),  # ours: not scanned
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
+        wrapper_class=structlog.make_filtering_bound_logger(levelno),
         logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
         cache_logger_on_first_use=False,
     )
+    log_bridge.install(levelno)
+
+
+def reset() -> None:
+    """Undo ``configure`` (tests that configure a process's logging in their own)."""
+    log_bridge.uninstall()
+    structlog.reset_defaults()
 
 
 def get_logger(name: str = "aivedio") -> Any:

@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 import pytest
-import structlog
 
 from aivedio import logs
 from aivedio.logs import MASK, redact_processor, redact_text, url_for_log
@@ -130,7 +129,7 @@ def test_configured_logger_never_prints_secrets() -> None:
     try:
         logs.get_logger("test").info("fetching", url=PRESIGNED, token="t0ps3cr3t-value")
     finally:
-        structlog.reset_defaults()
+        logs.reset()
     line = json.loads(stream.getvalue())
     assert line["event"] == "fetching"
     assert line["token"] == MASK
@@ -196,3 +195,145 @@ def test_the_fast_path_skips_only_text_no_pattern_could_match(text: str) -> None
     assert redact_text(text) == slow
     if not logs._MAY_HOLD_A_SECRET.search(text):
         assert all(not pattern.search(text) for pattern, _ in logs._PATTERNS)
+
+
+# -- what aiohttp's parser reports quote, and other forms of our own secrets -------------------
+
+KEY = "av_live_074ccae1_w7xWYJXs-4ddWXQAqDIaTaI0h8zXHLsE1VE5MaBIO44"
+TOKEN = (
+    "WzEsImU2NjhlODZlLTk4NzUtNDUxOC04NDAzLTM3ZWU3NjdhMzc0NyIsMSwxNzk2MjE4ODgxXQ"
+    ".JqsfIc6JNkWgGQgvJwwUO6L2YuUJ1lNATjyx_KXWSc0"
+)
+
+
+FULL_WIDTH_DOTS = "\\xef\\xbc\\x8e\\xef\\xbc\\x8e"  # U+FF0E twice, as a bytes repr shows it
+
+
+def _no_piece_of(out: str, secret: str, width: int = 12) -> bool:
+    return not any(secret[i : i + width] in out for i in range(len(secret) - width + 1))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # The reports of aiohttp's parser, as they were found in api.log.
+        f"Invalid header value char:\n\n  b'Authorization: Bearer {KEY}\\x01'\n      ^",
+        f"Got more than 8190 bytes when reading: b'Bearer {KEY[:40]}...'.",
+        f"Invalid header token:\n\n  b'X-K\\x7fey: {KEY}'\n       ^",
+        f"Invalid char in url path:\n\n  b'GET /media/{TOKEN}/hls/\\x00master.m3u8 HTTP/1.1'",
+        f"Invalid char in url path:\n\n  b'GET /media/{TOKEN}/{FULL_WIDTH_DOTS}/x HTTP/1.1'",
+        f"Got more than 8190 bytes when reading: bytearray(b'/media/{TOKEN[:90]}...').",
+        f"Bad status line:\n  Expected CRLF after version:\n\n  b'GET /media/{TOKEN} HTTP/1.1 x'",
+        f"Invalid char in url query:\n\n  b'GET /watch/abc?token={TOKEN}\\x01 HTTP/1.1'",
+        f"Invalid char in url query:\n\n  b'GET /v1/assets?api_key={KEY}&x=\\x00 HTTP/1.1'",
+    ],
+)
+def test_parser_reports_lose_the_key_and_the_token(text: str) -> None:
+    out = redact_text(text)
+    assert _no_piece_of(out, KEY) and _no_piece_of(out, TOKEN), out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"used {KEY} twice",
+        f"Bearer%20{KEY}",  # glued to what precedes it
+        KEY.replace("_", "%5F"),
+        KEY.replace("_", "%5f"),
+        KEY.upper(),
+        KEY[:20],  # cut short by a parser's 100-byte excerpt
+    ],
+)
+def test_api_keys_in_any_form_are_masked(text: str) -> None:
+    out = redact_text(text)
+    assert "av_" + MASK in out
+    assert not any(part in out for part in ("074ccae1_w7x", "w7xWYJXs", "W7XWYJXS"))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"playback grant {TOKEN} rejected",
+        f"playback grant {TOKEN[:40]}",  # the claims alone, the MAC cut off
+        "jwt eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl",
+    ],
+)
+def test_tokens_are_masked_by_their_shape(text: str) -> None:
+    out = redact_text(text)
+    assert out.split()[-1] == MASK or out.endswith(f"{MASK} rejected"), out
+
+
+def test_the_segment_after_media_is_masked_whatever_it_holds() -> None:
+    out = redact_text("GET /media/not-shaped-like-a-token_but_secret/hls/master.m3u8 HTTP/1.1")
+    assert out == f"GET /media/{MASK}/hls/master.m3u8 HTTP/1.1"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("GET /watch/abc?token=t0ps3cr3t HTTP/1.1", f"GET /watch/abc?{MASK} HTTP/1.1"),
+        ("b'/v1/x?X-Amz-Signature=abc&X-Amz-Credential=AKIA'", f"b'/v1/x?{MASK}'"),
+        ("target /p?sig=0123456789&exp=1", f"target /p?{MASK}"),
+    ],
+)
+def test_the_query_of_a_bare_path_is_masked(text: str, expected: str) -> None:
+    assert redact_text(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Authorization: HMAC-V2 k=1,s=0123456789", f"Authorization: HMAC-V2 {MASK}"),
+        ("authorization=av_whatever_short", f"authorization={MASK}"),
+        ("Proxy-Authorization: Basic dXNlcjpwYXNz", f"Proxy-Authorization: Basic {MASK}"),
+        ("Cookie: session=abc; theme=dark", f"Cookie: {MASK}"),
+        (
+            "webhook-signature: v1,K5oZfzN95Z9UVu1EsfQmfVNQhnkZ2pj9o9NDN/H/pI4=",
+            f"webhook-signature: {MASK}",
+        ),
+        ("X-Aivedio-Signature: t=1764652834,v1=abcdef0123", f"X-Aivedio-Signature: {MASK}"),
+        ("X-Fal-Webhook-Signature: 00ff00ff00ff00ff", f"X-Fal-Webhook-Signature: {MASK}"),
+        ("b'X-Aivedio-Signature: v1=abc\\x01' next", f"b'X-Aivedio-Signature: {MASK}' next"),
+    ],
+)
+def test_credential_headers_lose_their_whole_value(text: str, expected: str) -> None:
+    assert redact_text(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "aivedio.pipeline.standard_webhooks.WebhookVerificationError",
+        'File "/work/.venv/lib/python3.11/site-packages/aiohttp/web_protocol.py", line 446',
+        "https://cdn.example.com/videos/clip.mp4",
+        "av_log: invalid data found when processing input",
+        "Wzorek",
+    ],
+)
+def test_module_paths_files_and_ffmpeg_names_are_left_alone(text: str) -> None:
+    assert redact_text(text) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [f"/media/{TOKEN}/x", TOKEN, KEY.replace("_", "%5F"), "GET /x?sig=abc", "Cookie: a=b"],
+)
+def test_the_fast_path_lets_every_new_pattern_run(text: str) -> None:
+    assert logs._MAY_HOLD_A_SECRET.search(text)
+    assert redact_text(text) != text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "could not connect to postgresql://aivedio:hunter2@db:5432/aivedio",
+            f"could not connect to postgresql://aivedio:{MASK}@db:5432/aivedio",
+        ),
+        ("proxy http://:pw0rd@proxy:3128/ refused", f"proxy http://:{MASK}@proxy:3128/ refused"),
+        ("postgresql://postgres@127.0.0.1:5432/x", "postgresql://postgres@127.0.0.1:5432/x"),
+        ("http://[::1]:8080/a", "http://[::1]:8080/a"),
+    ],
+)
+def test_the_password_of_a_urls_userinfo_is_masked(text: str, expected: str) -> None:
+    assert redact_text(text) == expected

@@ -31,6 +31,7 @@ from aivedio.api import (
 from aivedio.api.auth import auth_middleware
 from aivedio.api.context import CONTEXT, ApiContext
 from aivedio.api.problems import Handler, error_middleware
+from aivedio.http_server import make_runner
 from aivedio.logs import get_logger
 
 log = get_logger("aivedio.api")
@@ -80,9 +81,7 @@ async def run_app(
 ) -> None:
     """Serve until cancelled; ``task_status`` reports the bound port."""
     app = make_app(ctx)
-    runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_SECONDS
-    )
+    runner = make_runner(app, shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     try:
         async with anyio.create_task_group() as tg:

@@ -110,6 +110,19 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400 or exc.empty_body:
             raise
         return problem(exc.status, exc.reason, headers=_allow_header(exc))
+    except web.RequestPayloadError:
+        # The body's framing or encoding is broken (bad gzip, a bad chunk): the client's fault.
+        # Not logged here: aiohttp meets the same error again when it drains the body after
+        # the response, and http_server.py logs it there, once, without a traceback.
+        return problem(400, "the request body could not be read", "malformed_body")
+    except ConnectionResetError as exc:
+        if request.transport is not None:  # not the client's connection: one of ours broke
+            log.exception("request_crashed", path=request.path, method=request.method)
+            return problem(500, "internal error")
+        # The client went away mid-body (or sent framing the parser gave up on, which aiohttp
+        # reports as the connection closing): nobody is left to answer, nothing of ours broke.
+        log.warning("http_request_incomplete", error_class=type(exc).__name__, path=request.path)
+        return problem(400, "the request body did not arrive whole", "incomplete_body")
     except Exception:
         log.exception("request_crashed", path=request.path, method=request.method)
         return problem(500, "internal error")
