@@ -142,7 +142,8 @@ class NetConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True)
 
     allowed_schemes: list[str] = msgspec.field(default_factory=lambda: ["https"])
     allowed_ports: list[int] = msgspec.field(default_factory=lambda: [443])
-    # Empty: any public host. Otherwise the host must equal a suffix or end with ".suffix".
+    # Empty: any public host. Otherwise "name" allows that host exactly and ".name" its
+    # subdomains only (docs/security.md).
     allowed_host_suffixes: list[str] = msgspec.field(default_factory=list)
     # The only exception to the deny table (for tests and labs): e.g. ["127.0.0.0/8"].
     allow_cidrs: list[str] = msgspec.field(default_factory=list)
@@ -428,7 +429,18 @@ def validate(config: Config, *, require_secrets: bool = True) -> None:
 def validate_net(config: Config) -> None:
     import ipaddress
 
+    from aivedio.net.policy import check_host_suffixes, host_suffix_within
+
     net = config.net
+    sections = [("net", net.allowed_host_suffixes)]
+    sections += [
+        (f"providers.{n}", pc.allowed_host_suffixes or []) for n, pc in config.providers.items()
+    ]
+    for where, entries in sections:
+        try:
+            check_host_suffixes(entries)
+        except ValueError as exc:
+            raise ConfigError(f"config error: {where}.allowed_host_suffixes: {exc}") from None
     for scheme in net.allowed_schemes:
         if scheme not in {"https", "http"}:
             raise ConfigError(f"config error: net.allowed_schemes: {scheme!r} is not http(s)")
@@ -470,13 +482,12 @@ def validate_net(config: Config) -> None:
                 f"config error: {where}.allowed_ports: may only narrow net.allowed_ports"
             )
         if pc.allowed_host_suffixes is not None and net.allowed_host_suffixes:
-            wide = [x.strip(".").lower() for x in net.allowed_host_suffixes]
             for suffix in pc.allowed_host_suffixes:
-                narrow = suffix.strip(".").lower()
-                if not any(narrow == w or narrow.endswith("." + w) for w in wide):
+                if not host_suffix_within(suffix, net.allowed_host_suffixes):
                     raise ConfigError(
                         f"config error: {where}.allowed_host_suffixes: {suffix!r} is not "
-                        "inside net.allowed_host_suffixes (a provider may only narrow it)"
+                        "inside net.allowed_host_suffixes (a provider may only narrow it; "
+                        '"name" is that host only, ".name" its subdomains)'
                     )
         if pc.max_bytes is not None and not 0 < pc.max_bytes <= net.max_bytes:
             raise ConfigError(f"config error: {where}.max_bytes: must be in 1..net.max_bytes")

@@ -73,7 +73,10 @@ def prepare(
             text = Path(args.urls_from).read_text(encoding="utf-8")
         except OSError as exc:
             return _usage(f"--urls-from {args.urls_from}: {exc.strerror}")
-        urls += [line.strip() for line in text.splitlines() if line.strip()]
+        # A line is a URL as written: trimming would let " https://…" pass as "https://…"
+        # (the policy refuses whitespace), and splitlines() would also split at \v, \f or
+        # U+2028 inside a line. Only a line end ends a line; blank lines are skipped.
+        urls += [line for line in text.split("\n") if line.strip()]
     if not urls:
         return _usage("give a URL (or --urls-from FILE with --dry-run)")
     if len(urls) > 1 and not args.dry_run:

@@ -114,14 +114,23 @@ def redact_processor(
 
 
 def url_for_log(url: str) -> str:
-    """What may be logged of a URL: scheme, host, port and a short hash of the path+query."""
-    parts = urlsplit(url)
-    digest = hashlib.sha256(f"{parts.path}?{parts.query}".encode()).hexdigest()[:12]
+    """What may be logged of a URL: scheme, host, port and a short hash of the path+query.
+
+    Never raises: URLs from providers are logged before (or without) passing the policy, and
+    ``urlsplit`` raises on a bad port or bracket; such a URL is logged as a hash only."""
+    try:
+        parts = urlsplit(url)
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return f"unparsable/#{_digest(url)}"
     host = parts.hostname or "?"
     if ":" in host:
         host = f"[{host}]"
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}/#{digest}"
+    return f"{parts.scheme}://{host}{port}/#{_digest(f'{parts.path}?{parts.query}')}"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 def configure(level: str = "info", fmt: str = "json", stream: Any = None) -> None:

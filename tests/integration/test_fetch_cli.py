@@ -182,6 +182,18 @@ async def test_urls_from_file_is_checked_like_arguments(rig: Rig, tmp_path: Path
     _assert_three_dry_run_records(rig, run)
 
 
+async def test_a_url_line_is_checked_as_written_never_trimmed(rig: Rig, tmp_path: Path) -> None:
+    url = rig.sim.signed_url("t1", 0)
+    lines = [url, f" {url}", f"\t{url}", f"{url} ", f"{url}\x0b"]
+    listing = tmp_path / "urls.txt"
+    listing.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run = await fetch(*rig.allow(), "--dry-run", "--urls-from", str(listing))
+    assert run.code == 3
+    assert [r["outcome"] for r in run.records] == ["allowed"] + ["blocked"] * 4
+    for record in run.records[1:]:
+        assert record["detail"].startswith("malformed_url: whitespace in url")
+
+
 async def test_several_urls_without_dry_run_are_bad_usage(rig: Rig) -> None:
     run = await fetch(*rig.allow(), rig.sim.signed_url("t1", 0), rig.sim.signed_url("t1", 0))
     assert run.code == 2

@@ -237,6 +237,38 @@ async def test_redirect_chain_over_the_limit_is_blocked(rig: Rig) -> None:
         await fetch(rig, rig.sim.signed_url("t1", 0))
 
 
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        pytest.param("/files/", "/fi\tles/", id="tab-in-path"),
+        pytest.param("cdn.provider", "cdn.pro\tvider", id="tab-in-host"),
+        pytest.param("https://", "https:\t//", id="tab-after-scheme"),
+        pytest.param("?exp", "?e\txp", id="tab-in-query"),
+    ],
+)
+async def test_a_location_with_whitespace_is_blocked_not_cleaned_up(
+    rig: Rig, old: str, new: str
+) -> None:
+    # urljoin drops tabs (and newlines) wherever they are: the Location must be refused as
+    # received, not followed once it has been cleaned into an allowed URL.
+    rig.sim.add_output("t2", 0, b"video" * 10)
+    location = rig.sim.signed_url("t2", 0).replace(old, new, 1)
+    assert "\t" in location
+    rig.sim.add_output("t1", 0, b"x", faults=Faults(redirect_to=location))
+    with pytest.raises(PolicyBlockedError, match="whitespace in Location"):
+        await fetch(rig, rig.sim.signed_url("t1", 0))
+    assert rig.sim.requests["download"] == 1  # t1's; t2 was never asked for
+
+
+async def test_a_trailing_dot_host_is_blocked_before_dns(rig: Rig) -> None:
+    rig.sim.add_output("t1", 0, b"video")
+    url = rig.sim.signed_url("t1", 0).replace("cdn.provider.test", "cdn.provider.test.")
+    with pytest.raises(PolicyBlockedError, match="trailing dot"):
+        await fetch(rig, url)
+    assert rig.sim.requests["download"] == 0
+    assert not any(name.startswith("cdn.provider.test") for name in rig.zone.queries)
+
+
 async def test_every_caller_header_is_dropped_on_a_cross_host_redirect(rig: Rig) -> None:
     rig.sim.add_output(
         "t1", 0, b"video" * 10, faults=Faults(cross_host_redirect="cdn2.provider.test")

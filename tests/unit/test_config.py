@@ -262,7 +262,7 @@ def test_a_provider_may_only_narrow_the_host_suffixes(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"providers\.acme\.allowed_host_suffixes"):
         load_config(config, environ={"AIVEDIO_URL_ENCRYPTION_KEY": KEY})
     config.write_text(
-        '[net]\nallowed_host_suffixes = ["example.com"]\n'
+        '[net]\nallowed_host_suffixes = [".example.com"]\n'
         '[providers.acme]\nallowed_host_suffixes = ["cdn.example.com"]\n'
     )
     loaded = load_config(config, environ={"AIVEDIO_URL_ENCRYPTION_KEY": KEY})

@@ -27,7 +27,9 @@ HTTP_TOO = FetchPolicy(
     allowed_schemes=frozenset({"http", "https"}), allowed_ports=frozenset({80, 443})
 )
 LOOPBACK_ALLOWED = FetchPolicy(allow_cidrs=("127.0.0.0/8",))
-SUFFIXES = FetchPolicy(allowed_host_suffixes=("example.com", ".cdn.provider.net", "exämple.org"))
+SUFFIXES = FetchPolicy(
+    allowed_host_suffixes=("example.com", ".example.com", ".cdn.provider.net", ".exämple.org")
+)
 SECRET = "sig=SECRET-7f3a9"
 
 
@@ -152,7 +154,6 @@ def test_at_sign_in_the_fragment_does_not_change_the_host() -> None:
     [
         p("https://example.com:443/", 443, id="explicit-443"),
         p("https://example.com/", 443, id="default-443"),
-        p("https://example.com:0443/", 443, id="leading-zero-443"),
         p("https://[2606:4700::1111]:443/", 443, id="ipv6-explicit-443"),
     ],
 )
@@ -189,6 +190,8 @@ def test_port_outside_the_allowlist_is_blocked(url: str) -> None:
         p("https://example.com:/", id="empty"),
         p("https://example.com:443:443/", id="two-ports"),
         p("https://example.com:0000443/", id="too-many-digits"),
+        p("https://example.com:0443/", id="leading-zero"),
+        p("https://example.com:00/", id="zero-zero"),
         p("https://example.com:٤٤٣/", id="arabic-indic-digits"),
     ],
 )
@@ -473,14 +476,11 @@ ALLOWED_NAMES = [
     p("https://example.com/", "example.com", id="exact"),
     p("https://www.example.com/", "www.example.com", id="subdomain"),
     p("https://a.b.example.com/", "a.b.example.com", id="deep-subdomain"),
-    p("https://example.com./", "example.com", id="trailing-dot"),
     p("https://EXAMPLE.COM/", "example.com", id="uppercase"),
     p("https://WwW.ExAmPlE.cOm/", "www.example.com", id="mixed-case"),
     p("https://x.cdn.provider.net/", "x.cdn.provider.net", id="suffix-given-with-dot"),
-    p("https://cdn.provider.net/", "cdn.provider.net", id="dotted-suffix-exact"),
-    p("https://exämple.org/", "xn--exmple-cua.org", id="unicode-host-unicode-suffix"),
-    p("https://xn--exmple-cua.org/", "xn--exmple-cua.org", id="punycode-host-unicode-suffix"),
-    p("https://v.EXÄMPLE.org/", "v.xn--exmple-cua.org", id="unicode-uppercase"),
+    p("https://v.xn--exmple-cua.org/", "v.xn--exmple-cua.org", id="punycode-host-unicode-suffix"),
+    p("https://v.XN--EXMPLE-CUA.org/", "v.xn--exmple-cua.org", id="punycode-uppercase"),
 ]
 
 
@@ -495,8 +495,9 @@ BLOCKED_NAMES = [
     p("https://example.com.evil.net/", id="suffix-as-subdomain"),
     p("https://example.co/", id="shorter-tld"),
     p("https://provider.net/", id="parent-of-dotted-suffix"),
+    p("https://cdn.provider.net/", id="apex-of-dotted-suffix"),
+    p("https://xn--exmple-cua.org/", id="apex-of-dotted-unicode-suffix"),
     p("https://evilcdn.provider.net/", id="lookalike-of-dotted-suffix"),
-    p("https://exämple.com/", id="unicode-lookalike"),
     p("https://xn--exmple-cua.com/", id="punycode-lookalike"),
     p("https://example.org/", id="ascii-of-unicode-suffix"),
     p("https://examp1e.com/", id="digit-for-letter"),
@@ -514,8 +515,9 @@ def test_empty_suffix_list_allows_any_public_name() -> None:
     assert check_url("https://anything.example.net/a", DEFAULT).host == "anything.example.net"
 
 
-def test_unicode_host_is_idna_encoded() -> None:
-    assert check_url("https://bücher.example/", DEFAULT).host == "xn--bcher-kva.example"
+def test_a_host_in_its_a_label_form_passes_and_its_unicode_form_does_not() -> None:
+    assert check_url("https://xn--bcher-kva.example/", DEFAULT).host == "xn--bcher-kva.example"
+    assert blocked("https://bücher.example/").startswith("malformed_url: non-ASCII")
 
 
 def test_ip_literal_inside_allow_cidrs_passes_a_suffix_allowlist() -> None:

@@ -4,7 +4,9 @@ What each rule prevents:
 
 * The full policy (``check_url``) runs on the URL and on every redirect hop, and redirects are
   followed by hand: a public URL that 302s to ``http://169.254.169.254/`` is refused before a
-  byte is sent. At most ``max_redirects`` hops.
+  byte is sent. At most ``max_redirects`` hops. A ``Location`` is checked as received, before
+  ``urljoin`` could strip it clean, and aiohttp is handed only the yarl URL whose scheme, host
+  and port match what the policy checked (``client_url``): one reading of every URL.
 * Headers given by the caller (a provider's ``Authorization``, an API key under any name) go
   to the first origin only and are all dropped on any cross-origin hop, so a redirect cannot
   exfiltrate a credential. Cookies are
@@ -21,7 +23,9 @@ Errors are classified here (errors.py) and never carry the URL: scheme, host and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import ipaddress
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from urllib.parse import urljoin
@@ -29,6 +33,7 @@ from urllib.parse import urljoin
 import aiohttp
 import anyio
 import msgspec
+from yarl import URL
 
 from aivedio.errors import (
     AivedioError,
@@ -42,7 +47,7 @@ from aivedio.errors import (
     UrlExpiredError,
 )
 from aivedio.logs import url_for_log
-from aivedio.net.policy import FetchPolicy, Target, check_url
+from aivedio.net.policy import FetchPolicy, Target, check_location, check_url
 from aivedio.net.resolver import PinningResolver, guarded_socket_factory
 from aivedio.transfer_cpu import measured
 
@@ -117,6 +122,26 @@ def _classify_status(status: int, url: str, retry_after: str | None) -> AivedioE
 
 def _origin(target: Target) -> tuple[str, str, int]:
     return (target.scheme, target.host, target.port)
+
+
+def client_url(url: str, target: Target) -> URL:
+    """``url`` as aiohttp reads it (yarl), and only if that reading dials the scheme, host and
+    port the policy checked in ``target``; otherwise PolicyBlockedError (``parse_mismatch``).
+    A second parser is a second opinion: where the two disagree we refuse, never pick one."""
+    try:
+        parsed = URL(url)
+        seen: tuple[str, str | None, int | None] = (parsed.scheme, parsed.raw_host, parsed.port)
+    except (TypeError, ValueError):
+        seen = ("", None, None)
+    host = seen[1]
+    if target.ip_literal and host is not None:
+        with contextlib.suppress(ValueError):  # not an address: the comparison below refuses
+            host = str(ipaddress.ip_address(host))
+    if (seen[0], host, seen[2]) != _origin(target):
+        raise PolicyBlockedError(
+            f"parse_mismatch: the HTTP client reads the URL for {target.host} differently"
+        )
+    return parsed
 
 
 class Fetcher:
@@ -220,7 +245,7 @@ class Fetcher:
                 # The caller's headers (a provider's credentials, whatever their name) go to
                 # the first origin only; any other origin gets none of them.
                 send.update(headers)
-            response = await self._request(current, send)
+            response = await self._request(current, target, send)
             state.addresses = (
                 [target.host] if target.ip_literal else self.resolver.answers.get(target.host, [])
             )
@@ -231,6 +256,7 @@ class Fetcher:
                         raise InvalidResponseError(
                             f"redirect without Location from {url_for_log(current)}"
                         )
+                    check_location(location)  # as received: urljoin would clean it up
                     current = urljoin(current, location)
                     continue
                 if response.status != 200:
@@ -256,7 +282,7 @@ class Fetcher:
     ) -> object:
         """A small JSON API call (a provider's task or refresh endpoint) under the same policy,
         deadlines and classification. Redirects are not followed for API calls."""
-        check_url(url, self.policy)
+        target = check_url(url, self.policy)
         send = {
             "Accept-Encoding": "identity",
             "User-Agent": self._user_agent,
@@ -273,7 +299,7 @@ class Fetcher:
             buffer.extend(chunk)
 
         with anyio.fail_after(self.limits.total_timeout_seconds):
-            response = await self._request(url, send, method=method, data=data)
+            response = await self._request(url, target, send, method=method, data=data)
             try:
                 if response.status != 200:
                     raise classify_status(response.status, url, response.headers.get("Retry-After"))
@@ -286,23 +312,29 @@ class Fetcher:
             raise InvalidResponseError(f"{url_for_log(url)} answered invalid JSON") from None
 
     async def _request(
-        self, url: str, headers: dict[str, str], *, method: str = "GET", data: bytes | None = None
+        self,
+        url: str,
+        target: Target,
+        headers: dict[str, str],
+        *,
+        method: str = "GET",
+        data: bytes | None = None,
     ) -> aiohttp.ClientResponse:
+        wire = client_url(url, target)  # aiohttp gets the reading that was checked, no other
+        where = url_for_log(url)
         try:
             with anyio.fail_after(
                 self.limits.connect_timeout_seconds + self.limits.header_timeout_seconds
             ):
                 return await self._client().request(
-                    method, url, headers=headers, data=data, allow_redirects=False
+                    method, wire, headers=headers, data=data, allow_redirects=False
                 )
         except TimeoutError:
-            raise TransientError(f"no response headers from {url_for_log(url)} in time") from None
+            raise TransientError(f"no response headers from {where} in time") from None
         except aiohttp.ClientConnectorError as exc:
-            raise TransientError(f"cannot connect to {url_for_log(url)}: {exc.strerror}") from None
+            raise TransientError(f"cannot connect to {where}: {exc.strerror}") from None
         except aiohttp.ClientError as exc:
-            raise TransientError(
-                f"request to {url_for_log(url)} failed: {type(exc).__name__}"
-            ) from None
+            raise TransientError(f"request to {where} failed: {type(exc).__name__}") from None
 
     async def _read_body(
         self,

@@ -1,27 +1,23 @@
 """The SSRF policy: which URLs and which addresses the fetcher may reach. Pure: no I/O, no DNS.
 
-Why string checks are not enough. A rule like "the host is not ``localhost`` and does not
-start with ``127.`` or ``10.``" is defeated by spelling. The C library reads ``2130706433``,
-``0x7f.1``, ``0177.0.0.1`` and ``127.1`` as 127.0.0.1 (``inet_aton`` accepts decimal, octal
-and hex parts and fills short forms); ``[::ffff:127.0.0.1]`` is loopback in IPv6 clothing;
-full-width digits become ``127.0.0.1`` under IDNA mapping; ``evil.com@10.0.0.1`` puts
-the real host after the userinfo; and any public-looking name can resolve to 169.254.169.254.
-So this module never matches strings against addresses. It parses the URL by RFC 3986 itself
-(rejecting what parsers disagree on: backslashes, whitespace, control characters, userinfo,
-zone ids, empty ports, Unicode hosts that IDNA would have to map), normalises the host to
-one ASCII form (IDNA, lowercase, no trailing dot), and then decides on *values*: an IP
-literal becomes an ``ipaddress`` object checked against our own deny table, a name is
-checked against the suffix allowlist and later, once resolved, every answer goes through
-the same deny table (``check_answers``).
+Why string checks are not enough. "Not ``localhost``, not ``127.`` or ``10.``" is defeated by
+spelling: ``inet_aton`` reads ``2130706433``, ``0x7f.1`` and ``127.1`` as 127.0.0.1,
+``[::ffff:127.0.0.1]`` is loopback in IPv6 clothing, ``evil.com@10.0.0.1`` puts the real host
+after the userinfo, and any name can resolve to 169.254.169.254. So we decide on values: an IP
+literal becomes an ``ipaddress`` object checked against our own deny table, a name is checked
+against the host allowlist and, once resolved, every answer against the same table
+(``check_answers``). A literal never matches the allowlist; with one, only ``allow_cidrs`` lets
+a literal through.
 
-Numeric hosts are blocked, not interpreted. A host whose last label is a number (all digits,
-or ``0x…``) and that is not a canonical dotted quad is refused as ``numeric_host``, whatever
-address it would denote and whatever ``allow_cidrs`` says: no legitimate provider hands out
-``http://0x5db8d822/``, and refusing is simpler to prove than re-implementing ``inet_aton``
-(and every HTTP client's variant of it) exactly. Canonical dotted quads and bracketed IPv6
-are IP literals and go through ``check_address``. Since a literal is not a name it can never
-match a host suffix: with a non-empty ``allowed_host_suffixes``, a literal passes only when
-it lies inside ``allow_cidrs``.
+Refuse, never normalise. This module parses the URL and yarl parses it again for aiohttp (the
+fetcher refuses any URL yarl reads otherwise); wherever two parsers could read different hosts,
+the URL is refused, not settled: whitespace or a control character anywhere, backslashes, ``@``
+in the authority, percent-encoding or non-ASCII in the host (IDNA 2003, UTS 46 and browsers map
+Unicode apart: give the A-label), a trailing dot (aiohttp would resolve ``name.`` but send
+``name`` as SNI), ports not in canonical decimal (``0443``), zone ids, and numeric hosts that
+are not a canonical dotted quad (``numeric_host``, whatever ``allow_cidrs`` says: simpler to
+prove than re-implementing every client's ``inet_aton``). Only ASCII case is folded, as every
+parser folds it. An allowlist entry ``name`` allows that host exactly, ``.name`` its subdomains.
 
 Why transition addresses are unwrapped. IPv4-mapped (``::ffff:a.b.c.d``), IPv4-compatible
 (``::a.b.c.d``), NAT64 (``64:ff9b::/96``, ``64:ff9b:1::/48``), 6to4 (``2002::/16``) and
@@ -66,7 +62,6 @@ _DETAIL_MAX = 80  # longest piece of caller input echoed into a detail
 
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
 _LABEL_RE = re.compile(r"[a-z0-9_\-]+")
-_HEX_NUMBER_RE = re.compile(r"0x[0-9a-f]*")
 _AUTHORITY_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*:)?//([^/\\?#]*)(.*)$", re.DOTALL)
 
 
@@ -75,8 +70,8 @@ class FetchPolicy(msgspec.Struct, frozen=True, kw_only=True):
 
     allowed_schemes: frozenset[str] = frozenset({"https"})
     allowed_ports: frozenset[int] = frozenset({443})
-    # Empty: any public host. Otherwise the host must equal a suffix or end with "." + suffix
-    # (compared in IDNA ASCII, lowercase; the suffix may be given with or without a dot).
+    # Empty: any public host. Otherwise "name" allows that host exactly and ".name" its
+    # subdomains (not name itself); compared in ASCII lowercase (see check_host_suffixes).
     allowed_host_suffixes: tuple[str, ...] = ()
     # The only exception to the deny table (tests and labs), e.g. ("127.0.0.0/8",).
     allow_cidrs: tuple[str, ...] = ()
@@ -92,7 +87,7 @@ class FetchPolicy(msgspec.Struct, frozen=True, kw_only=True):
         if self.max_redirects < 0:
             raise ConfigError("fetch policy: max_redirects must be >= 0")
         try:
-            _suffixes(tuple(self.allowed_host_suffixes))
+            _host_rules(tuple(self.allowed_host_suffixes))
         except ValueError as exc:
             raise ConfigError(f"fetch policy: allowed_host_suffixes: {exc}") from None
         try:
@@ -104,8 +99,8 @@ class FetchPolicy(msgspec.Struct, frozen=True, kw_only=True):
 class Target(msgspec.Struct, frozen=True):
     """A URL that passed ``check_url``, in the form the fetcher dials.
 
-    ``host`` is the normalised ASCII name (IDNA, lowercase, no trailing dot) or, for an IP
-    literal, the canonical address string (dotted IPv4, compressed IPv6 without brackets).
+    ``host`` is the ASCII name as written, in lowercase, or, for an IP literal, the canonical
+    address string (dotted IPv4, compressed IPv6 without brackets).
     ``path_and_query`` is what goes on the request line; the fragment is dropped.
     """
 
@@ -322,31 +317,22 @@ def check_answers(host: str, addresses: Iterable[str], policy: FetchPolicy) -> l
     return out
 
 
-# --- host names ------------------------------------------------------------------------------
+# --- host names and the allowlist ---------------------------------------------------------
 
 
-def _normalise_name(host: str) -> str:
-    """IDNA ASCII, lowercase, without one trailing dot. ValueError if it is not a valid name.
+def _check_name(host: str) -> str:
+    """``host`` lowercased, if it is a DNS name we take as written; ValueError otherwise.
 
-    Unicode goes through Python's ``idna`` codec (IDNA 2003 with nameprep) and is accepted only
-    if it is already in the form that encoding denotes, up to case: ``exämple.com`` passes,
-    but ``straße.de``, full-width digits or dots and decomposed accents are refused. Those
-    mappings are exactly where IDNA 2003, IDNA 2008/UTS 46 (what the HTTP client uses) and
-    browsers disagree, and a disagreement would mean checking one host and dialling another.
+    ASCII only, no trailing dot, no empty label, labels of ``[a-z0-9_-]``, punycode that
+    decodes. Nothing is mapped or stripped: a name that needs it is refused (see the module
+    docstring), so the policy, the resolver, SNI and the certificate check see one string.
     """
-    if host.endswith("."):
-        host = host[:-1]
     if not host:
         raise ValueError("empty host")
     if not host.isascii():
-        try:
-            encoded = host.encode("idna").decode("ascii")
-            canonical = encoded.encode("ascii").decode("idna") == host.lower()
-        except UnicodeError:
-            raise ValueError("host fails IDNA encoding") from None
-        if not canonical:
-            raise ValueError("host is not in IDNA canonical form")
-        host = encoded
+        raise ValueError("non-ASCII host (give its A-label, xn--...)")
+    if host.endswith("."):
+        raise ValueError("trailing dot in host")
     host = host.lower()
     if len(host) > MAX_HOST_LENGTH:
         raise ValueError("host longer than 253 characters")
@@ -365,33 +351,75 @@ def _normalise_name(host: str) -> str:
     return host
 
 
+def _entry_name(text: str) -> str:
+    """An allowlist entry's name in A-label form. Configuration is trusted, so a Unicode
+    entry is encoded (IDNA 2003), but only when that leaves it as written up to case:
+    ``exämple.org`` passes, ``straße.de`` (which IDNA 2003 and 2008 encode differently) not."""
+    if not text.isascii():
+        try:
+            encoded = text.encode("idna").decode("ascii")
+            canonical = encoded.encode("ascii").decode("idna") == text.lower()
+        except UnicodeError:
+            raise ValueError("fails IDNA encoding") from None
+        if not canonical:
+            raise ValueError("not in IDNA canonical form")
+        text = encoded
+    return _check_name(text)
+
+
 def _is_numeric_looking(host: str) -> bool:
-    """Whether a URL host would be read as an IPv4 number (WHATWG: the last label is numeric)."""
+    """Whether a URL host could be read as an IPv4 number (WHATWG: the last label is numeric).
+    Any last label starting ``0x`` counts, hex or not: no top-level domain does, and the wider
+    rule is the one simple enough that no client's number parser can disagree with it."""
     last = host.rsplit(".", 1)[-1]
-    return (last.isascii() and last.isdigit()) or bool(_HEX_NUMBER_RE.fullmatch(last))
+    return (last.isascii() and last.isdigit()) or last.startswith("0x")
 
 
 @lru_cache(maxsize=64)
-def _suffixes(raw: tuple[str, ...]) -> tuple[str, ...]:
+def _host_rules(entries: tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
+    """Each entry as (name, subdomains only); ValueError names the first bad entry."""
     out = []
-    for suffix in raw:
-        stripped = suffix.strip()
-        stripped = stripped.removeprefix(".")
+    for entry in entries:
+        subdomains = entry.startswith(".")
         try:
-            out.append(_normalise_name(stripped))
+            name = _entry_name(entry[1:] if subdomains else entry)
+            if _is_numeric_looking(name):
+                raise ValueError("an address, not a name (addresses go in allow_cidrs)")
         except ValueError as exc:
-            raise ValueError(f"{suffix!r}: {exc}") from None
+            raise ValueError(f"{entry!r}: {exc}") from None
+        out.append((name, subdomains))
     return tuple(out)
 
 
+def check_host_suffixes(entries: Iterable[str]) -> None:
+    """ValueError, naming the entry, unless every allowlist entry is valid: ``name`` (that
+    host exactly) or ``.name`` (its subdomains, not ``name`` itself)."""
+    _host_rules(tuple(entries))
+
+
+def host_suffix_within(entry: str, wider: Iterable[str]) -> bool:
+    """Whether every host ``entry`` allows is allowed by ``wider`` too (a provider's
+    allowlist may only narrow ``[net]``'s). ValueError if an entry is invalid."""
+    ((name, subdomains),) = _host_rules((entry,))
+    for wide, wide_subdomains in _host_rules(tuple(wider)):
+        if not wide_subdomains:
+            if not subdomains and name == wide:
+                return True
+        elif (subdomains and name == wide) or name.endswith("." + wide):
+            return True
+    return False
+
+
 def _host_allowed(host: str, policy: FetchPolicy) -> bool:
-    suffixes = _suffixes(tuple(policy.allowed_host_suffixes))
-    if not suffixes:
+    rules = _host_rules(tuple(policy.allowed_host_suffixes))
+    if not rules:
         return True
-    return any(host == s or host.endswith("." + s) for s in suffixes)
+    return any(
+        host.endswith("." + name) if subdomains else host == name for name, subdomains in rules
+    )
 
 
-# --- URLs ------------------------------------------------------------------------------------
+# --- URLs -----------------------------------------------------------------------------------
 
 
 def _forbidden_character(url: str) -> str | None:
@@ -431,12 +459,22 @@ def _parse_port(text: str | None, scheme: str, policy: FetchPolicy) -> int:
     else:
         if not text:
             raise PolicyBlockedError("malformed_url: empty port")
-        if not (text.isascii() and text.isdigit()) or len(text) > 5:
+        # Canonical decimal, which every parser reads alike: no sign, no leading zero (0443).
+        if not (text.isascii() and text.isdigit() and len(text) <= 5 and str(int(text)) == text):
             raise PolicyBlockedError(f"malformed_url: invalid port {_clip(text)!r}")
         port = int(text)
     if port not in policy.allowed_ports:
         raise PolicyBlockedError(f"port_not_allowed: {port}")
     return port
+
+
+def check_location(location: str) -> None:
+    """Refuse a redirect's ``Location`` holding whitespace, a control character or a backslash,
+    as received: ``urljoin`` strips leading whitespace and drops tabs and newlines, so the
+    joined URL alone would look clean."""
+    bad = _forbidden_character(location)
+    if bad is not None:
+        raise PolicyBlockedError(f"malformed_url: {bad} in Location")
 
 
 def check_url(url: str, policy: FetchPolicy) -> Target:
@@ -472,6 +510,8 @@ def check_url(url: str, policy: FetchPolicy) -> Target:
     netloc, tail = rest[:end], rest[end:]
     if "@" in netloc:
         raise PolicyBlockedError("userinfo_present: credentials or '@' in the authority")
+    if not netloc.isascii():
+        raise PolicyBlockedError("malformed_url: non-ASCII authority (give the A-label, xn--...)")
 
     raw_host, port_text, bracketed = _split_authority(netloc)
     if not raw_host:
@@ -491,7 +531,7 @@ def check_url(url: str, policy: FetchPolicy) -> Target:
         ip_literal = True
     else:
         try:
-            host = _normalise_name(raw_host)
+            host = _check_name(raw_host)
         except ValueError as exc:
             raise PolicyBlockedError(f"malformed_url: {exc}") from None
         try:
