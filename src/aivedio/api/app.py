@@ -31,6 +31,7 @@ from aivedio.api import (
 from aivedio.api.auth import auth_middleware
 from aivedio.api.context import CONTEXT, ApiContext
 from aivedio.api.problems import Handler, error_middleware
+from aivedio.api_config import listen_base_url, require_public_base_url
 from aivedio.logs import get_logger
 
 log = get_logger("aivedio.api")
@@ -79,6 +80,7 @@ async def run_app(
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; ``task_status`` reports the bound port."""
+    require_public_base_url(ctx.config.api, host)  # the host served may not be [api] host
     app = make_app(ctx)
     runner = web.AppRunner(
         app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_SECONDS
@@ -90,6 +92,7 @@ async def run_app(
             site = web.TCPSite(runner, host, port)
             await site.start()
             bound = runner.addresses[0][1] if runner.addresses else port
+            ctx.listen_base_url = listen_base_url(host, bound)
             log.info("api_listening", host=host, port=bound)
             task_status.started(bound)
             await anyio.sleep_forever()
