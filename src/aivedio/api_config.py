@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import math
 from urllib.parse import urlsplit
 
 import msgspec
@@ -25,6 +26,40 @@ from aivedio.errors import ConfigError
 
 GIB = 1024**3
 MIB = 1024**2
+
+
+class RateLimitConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A token bucket: ``rate_per_second`` sustained, ``burst`` requests at once."""
+
+    rate_per_second: float
+    burst: int
+
+
+def _rate(rate_per_second: float, burst: int) -> RateLimitConfig:
+    return RateLimitConfig(rate_per_second=rate_per_second, burst=burst)
+
+
+class RateLimitsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``[api.rate_limits]``: token buckets answering 429 + Retry-After (``api/rate_limits.py``
+    says which request is counted where). /healthz, /readyz and /metrics are never limited."""
+
+    enabled: bool = True
+    # Routes that need an API key: a bucket per key.
+    key: RateLimitConfig = msgspec.field(default_factory=lambda: _rate(100.0, 500))
+    # Routes without a key (/watch, /media, /static, /openapi.json): a bucket per client
+    # address (an IPv6 client: per /64).
+    address: RateLimitConfig = msgspec.field(default_factory=lambda: _rate(100.0, 500))
+    # Requests to key routes with a missing, unknown or revoked key: a bucket per address;
+    # once empty, that address is refused before its keys are looked up.
+    auth_failure: RateLimitConfig = msgspec.field(default_factory=lambda: _rate(5.0, 100))
+    # Provider callbacks: a bucket per (provider, client address), so junk sent from
+    # elsewhere never drains a provider's own; overrides per provider name.
+    callback: RateLimitConfig = msgspec.field(default_factory=lambda: _rate(100.0, 1000))
+    callback_providers: dict[str, RateLimitConfig] = msgspec.field(default_factory=dict)
+    # Peers (CIDRs) whose X-Forwarded-For names the client; any other peer is the client.
+    trusted_proxies: list[str] = msgspec.field(default_factory=list)
+    # Buckets kept per scope; past it the least recently seen caller is forgotten.
+    max_buckets: int = 50_000
 
 
 class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -51,6 +86,7 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     # Server-Sent Events: a comment line this often keeps proxies from closing the stream.
     sse_keepalive_seconds: float = 15.0
     pool_max_size: int = 10
+    rate_limits: RateLimitsConfig = msgspec.field(default_factory=RateLimitsConfig)
 
 
 def validate_api(api: ApiConfig) -> None:
@@ -74,6 +110,32 @@ def validate_api(api: ApiConfig) -> None:
         raise ConfigError("config error: api.upload_part_size_bytes: between 5 MiB and 5 GiB")
     if api.pool_max_size < 2:
         raise ConfigError("config error: api.pool_max_size: at least 2")
+    validate_rate_limits(api.rate_limits)
+
+
+def validate_rate_limits(limits: RateLimitsConfig) -> None:
+    where = "api.rate_limits"
+    named = {
+        "key": limits.key,
+        "address": limits.address,
+        "auth_failure": limits.auth_failure,
+        "callback": limits.callback,
+        **{f"callback_providers.{name}": rate for name, rate in limits.callback_providers.items()},
+    }
+    for name, rate in named.items():
+        if not (rate.rate_per_second > 0 and math.isfinite(rate.rate_per_second)):
+            raise ConfigError(f"config error: {where}.{name}.rate_per_second: must be positive")
+        if rate.burst < 1:
+            raise ConfigError(f"config error: {where}.{name}.burst: at least 1")
+    for cidr in limits.trusted_proxies:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ConfigError(
+                f"config error: {where}.trusted_proxies: {cidr!r} is not an address or CIDR"
+            ) from None
+    if limits.max_buckets < 1:
+        raise ConfigError(f"config error: {where}.max_buckets: at least 1")
 
 
 def require_public_base_url(api: ApiConfig, host: str) -> None:

@@ -26,6 +26,7 @@ from aivedio.api import (
     openapi,
     playback,
     player,
+    rate_limits,
     videos,
 )
 from aivedio.api.auth import auth_middleware
@@ -61,9 +62,19 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 
 def make_app(ctx: ApiContext) -> web.Application:
+    # Rate limits around the key check: per address before it, per key after it.
+    before_auth, after_auth = rate_limits.middlewares(
+        ctx.config.api.rate_limits, ctx.metrics, frozenset(ctx.config.providers)
+    )
     # The largest body any route reads whole; uploads stream and set their own limit.
     app = web.Application(
-        middlewares=[metrics_middleware, error_middleware, auth_middleware],
+        middlewares=[
+            metrics_middleware,
+            error_middleware,
+            *before_auth,
+            auth_middleware,
+            *after_auth,
+        ],
         client_max_size=max(ctx.config.api.max_callback_bytes, 1024 * 1024),
     )
     app[CONTEXT] = ctx
