@@ -423,6 +423,11 @@ def validate(config: Config, *, require_secrets: bool = True) -> None:
     validate_outbox(config.outbox)
     validate_sweeper(config.sweeper)
     validate_api(config.api)
+    for name in config.api.rate_limits.callback_providers:
+        if name not in config.providers:
+            raise ConfigError(
+                f"config error: api.rate_limits.callback_providers.{name}: no [providers.{name}]"
+            )
     validate_backlog(config.backlog)
 
 

@@ -243,6 +243,12 @@ class ApiMetrics:
         self.uploads_refused = Counter(
             "aivedio_uploads_refused", "POST /v1/videos refused under backlog pressure", registry=r
         )
+        self.rate_limited = Counter(
+            "aivedio_api_rate_limited",
+            "Requests refused 429 by a rate limit (key, address, auth_failure, callback)",
+            ["scope"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -26,11 +26,13 @@ from aivedio.api import (
     openapi,
     playback,
     player,
+    rate_limits,
     videos,
 )
 from aivedio.api.auth import auth_middleware
 from aivedio.api.context import CONTEXT, ApiContext
 from aivedio.api.problems import Handler, error_middleware
+from aivedio.api_config import listen_base_url, require_public_base_url
 from aivedio.http_server import make_runner
 from aivedio.logs import get_logger
 
@@ -61,9 +63,19 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 
 def make_app(ctx: ApiContext) -> web.Application:
+    # Rate limits around the key check: per address before it, per key after it.
+    before_auth, after_auth = rate_limits.middlewares(
+        ctx.config.api.rate_limits, ctx.metrics, frozenset(ctx.config.providers)
+    )
     # The largest body any route reads whole; uploads stream and set their own limit.
     app = web.Application(
-        middlewares=[metrics_middleware, error_middleware, auth_middleware],
+        middlewares=[
+            metrics_middleware,
+            error_middleware,
+            *before_auth,
+            auth_middleware,
+            *after_auth,
+        ],
         client_max_size=max(ctx.config.api.max_callback_bytes, 1024 * 1024),
     )
     app[CONTEXT] = ctx
@@ -80,6 +92,7 @@ async def run_app(
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve until cancelled; ``task_status`` reports the bound port."""
+    require_public_base_url(ctx.config.api, host)  # the host served may not be [api] host
     app = make_app(ctx)
     runner = make_runner(app, shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
@@ -89,6 +102,7 @@ async def run_app(
             site = web.TCPSite(runner, host, port)
             await site.start()
             bound = runner.addresses[0][1] if runner.addresses else port
+            ctx.listen_base_url = listen_base_url(host, bound)
             log.info("api_listening", host=host, port=bound)
             task_status.started(bound)
             await anyio.sleep_forever()

@@ -8,9 +8,11 @@ from aiohttp import web
 
 from aivedio.api.context import context
 from aivedio.api.problems import Handler, problem
-from aivedio.store.api_keys import tenant_for_key
+from aivedio.store.api_keys import key_prefix, tenant_for_key
 
 TENANT = web.RequestKey("aivedio_tenant_id", int)
+# The verified key's public prefix: its rate limit bucket (``rate_limits.py``).
+API_KEY = web.RequestKey("aivedio_api_key_prefix", str)
 PUBLIC_V1_PREFIXES = ("/v1/providers/",)
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="aivedio"'}
 
@@ -35,4 +37,5 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if tenant is None:
         return problem(401, "the API key is unknown or revoked", headers=CHALLENGE)
     request[TENANT] = tenant
+    request[API_KEY] = key_prefix(key.strip()) or ""
     return await handler(request)

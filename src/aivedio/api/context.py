@@ -9,6 +9,7 @@ from aiohttp import web
 from aivedio.api.tokens import TokenSigner
 from aivedio.config import Config
 from aivedio.crypto import UrlCipher
+from aivedio.errors import ConfigError
 from aivedio.metrics import ApiMetrics
 from aivedio.pipeline.backlog import BacklogMonitor
 from aivedio.pipeline.registry import Registry
@@ -34,14 +35,21 @@ class ApiContext:
     # The backlog pressure, read from the database at most once per check interval
     # (POST /v1/videos refuses new uploads while it is on). Made from config and pool.
     backlog: BacklogMonitor = field(init=False)
+    # http://host:port the API is bound to (``run_app`` sets it once the port is known):
+    # the base of absolute URLs when ``[api] public_base_url`` is empty.
+    listen_base_url: str = ""
 
     def __post_init__(self) -> None:
         self.backlog = BacklogMonitor(self.config.backlog, self.pool, self.metrics.backlog)
 
-    def base_url(self, request: web.Request) -> str:
-        """The origin clients use to reach us: configured, or the one this request came in on."""
-        configured = self.config.api.public_base_url
-        return configured.rstrip("/") if configured else f"{request.scheme}://{request.host}"
+    def base_url(self) -> str:
+        """What every absolute URL we hand out starts with: ``[api] public_base_url``, else
+        the listen address. Never the request's Host or forwarding headers (a client writes
+        those: a forged one would point another client's token or upload at the forger)."""
+        base = self.config.api.public_base_url.rstrip("/") or self.listen_base_url
+        if not base:
+            raise ConfigError("config error: api.public_base_url: unset, and not listening yet")
+        return base
 
 
 CONTEXT = web.AppKey("aivedio_context", ApiContext)

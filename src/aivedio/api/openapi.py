@@ -9,7 +9,7 @@ import msgspec
 from aiohttp import web
 
 from aivedio import __version__
-from aivedio.api import schema
+from aivedio.api import rate_limits, schema
 
 routes = web.RouteTableDef()
 
@@ -36,6 +36,7 @@ def document() -> bytes:
     for module in ROUTE_MODULES:
         paths.update(getattr(module, "PATHS", {}))
         structs.extend(getattr(module, "SCHEMAS", ()))
+    paths = {path: _rate_limited(path, item) for path, item in paths.items()}
     _, components = msgspec.json.schema_components(structs, ref_template=schema.REF)
     doc = {
         "openapi": "3.1.0",
@@ -59,6 +60,16 @@ def document() -> bytes:
         "security": schema.KEY_AUTH,
     }
     return msgspec.json.encode(doc)
+
+
+def _rate_limited(path: str, item: dict[str, Any]) -> dict[str, Any]:
+    """The path's operations, each with its 429 unless no rate limit applies to the path."""
+    if path in rate_limits.NEVER_LIMITED:
+        return item
+    return {
+        method: {**op, "responses": {**op["responses"], "429": schema.RATE_LIMITED}}
+        for method, op in item.items()
+    }
 
 
 @routes.get("/openapi.json")

@@ -53,7 +53,7 @@ FIELDS = {
 }
 
 
-async def issue(ctx: ApiContext, request: web.Request, tenant_id: int, video: Any) -> Playback:
+async def issue(ctx: ApiContext, tenant_id: int, video: Any) -> Playback:
     with map_db_errors("reading the asset"):
         row = await ctx.pool.fetchrow(
             "SELECT status, current_revision FROM assets WHERE id = $1 AND tenant_id = $2",
@@ -69,7 +69,7 @@ async def issue(ctx: ApiContext, request: web.Request, tenant_id: int, video: An
     token, claims = ctx.signer.issue(
         tenant_id, video, revision, ctx.config.api.playback_token_ttl_seconds
     )
-    base = ctx.base_url(request)
+    base = ctx.base_url()
     media = f"{base}/media/{token}/"
     urls = {name: media + files[v]["path"] for name, v in FIELDS.items() if v in files}
     return Playback(
@@ -86,7 +86,7 @@ async def issue(ctx: ApiContext, request: web.Request, tenant_id: int, video: An
 @routes.get("/v1/videos/{video_id}/playback")
 async def playback(request: web.Request) -> web.Response:
     video = path_uuid(request, "video_id", "video")
-    return schema.encode(await issue(context(request), request, tenant_of(request), video))
+    return schema.encode(await issue(context(request), tenant_of(request), video))
 
 
 PATHS: dict[str, Any] = {

@@ -51,6 +51,7 @@ REASONS = {
     415: "unsupported_media_type",
     416: "range_not_satisfiable",
     422: "unprocessable",
+    429: "rate_limited",
     500: "internal",
     503: "unavailable",
 }

@@ -51,6 +51,20 @@ _ERROR_TEXT = {
 }
 
 
+# Added by openapi.py to every operation a rate limit applies to (api/rate_limits.py).
+RATE_LIMITED: dict[str, Any] = {
+    "description": "a rate limit refused the request: retry after Retry-After seconds",
+    "headers": {
+        "Retry-After": {
+            "required": True,
+            "description": "whole seconds until a request may succeed",
+            "schema": {"type": "integer", "minimum": 1},
+        }
+    },
+    "content": json_content(Error),
+}
+
+
 def responses(ok: dict[str, dict[str, Any]], *errors: int) -> dict[str, Any]:
     """``ok`` maps status codes to response objects; each error code gets the Error body."""
     out: dict[str, Any] = dict(ok)

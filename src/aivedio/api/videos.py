@@ -206,7 +206,7 @@ async def create_video(request: web.Request) -> web.Response:
         await uploads.create_session(ctx.pool, method=uploads.API_PUT, **common)
         instructions = UploadInstructions(
             method="PUT", credentials="api_key", expires_at=expires_at,
-            url=f"{ctx.base_url(request)}/v1/videos/{video_id}/upload",
+            url=f"{ctx.base_url()}/v1/videos/{video_id}/upload",
             headers={"Content-Type": "application/octet-stream"},
         )  # fmt: skip
     log.info("upload_session_created", video_id=str(video_id), tenant_id=tenant_id,

@@ -82,6 +82,12 @@ async def revoke_key(conn: Connection, key_id_or_prefix: str) -> bool:
     return False
 
 
+def key_prefix(key: str) -> str | None:
+    """The public prefix of a well-formed key (which names it in logs and rate limits)."""
+    match = _KEY.fullmatch(key)
+    return None if match is None else match.group(1)
+
+
 async def tenant_for_key(pool: Pool, key: str) -> int | None:
     """The tenant a presented key belongs to, or None (unknown, malformed or revoked)."""
     match = _KEY.fullmatch(key)
