@@ -522,15 +522,18 @@ class Fetcher:
                 f"body from {url_for_log(url)} truncated: {state.received} of "
                 f"{start + length} bytes"
             )
+        # Of the object (the first response), not of the part of it a 206 carried.
+        if state.started:
+            total, content_type = state.total, state.content_type
+        else:  # a body read without a transfer around it (fetch_json)
+            total, content_type = length, response.headers.get("Content-Type")
         return FetchResult(
             url=url_for_log(url),
             status=response.status,
             bytes=state.received,
             sha256=hasher.hexdigest(),
-            content_length=state.total if state.started else length,
-            content_type=state.content_type
-            if state.started
-            else response.headers.get("Content-Type"),
+            content_length=total,
+            content_type=content_type,
             addresses=state.addresses,
             redirects=state.redirects,
             resumes=state.resumes,
@@ -545,7 +548,9 @@ def _unread(content: aiohttp.StreamReader) -> list[bytes]:
     the next read even while it still buffers bytes received before it (up to twice
     ``read_bufsize``): they would be lost, and a resume would ask for them again. They are
     taken from its buffer (a private deque of ``bytes``, checked for that shape: should a
-    later aiohttp change it, nothing is taken and the resume starts a little earlier).
+    later aiohttp change it, nothing is taken and the resume starts a little earlier, which
+    the resume tests, expecting each resume at the exact byte of its cut, would show). The
+    reader is dead by then; its own counters are left as they are.
     """
     buffer = getattr(content, "_buffer", None)
     if not isinstance(buffer, collections.deque) or not all(
