@@ -26,6 +26,7 @@ class Step:
     ignore_range: bool = False  # answer 200 with the whole body whatever was asked
     content_range_shift: int = 0  # a 206 states a Content-Range this far off the truth
     ignore_if_range: bool = False  # serve the range even when If-Range names another object
+    omit_length: bool = False  # no Content-Length: the body ends with the connection
     new_body: bytes | None = None  # the object changes (new bytes, new ETag) before this
     close_notify: bool = False  # end the connection with a TLS close_notify
 
@@ -96,7 +97,9 @@ class TlsOrigin:
         seen.status = status
         rest = body[start:]
         head = [f"HTTP/1.1 {status} {'OK' if status == 200 else 'Partial Content'}"]
-        head += [f"Content-Length: {len(rest)}", "Content-Type: video/mp4", "Connection: close"]
+        if not step.omit_length:
+            head.append(f"Content-Length: {len(rest)}")
+        head += ["Content-Type: video/mp4", "Connection: close"]
         head.append("Accept-Ranges: bytes")
         if self.etag_validator:
             head.append(f"ETag: {etag}")

@@ -233,6 +233,21 @@ async def test_a_206_of_a_changed_object_is_refused_when_the_origin_ignores_if_r
     assert (result.resumes, result.restarts) == (0, 1)
 
 
+async def test_a_206_without_a_length_cut_short_is_resumed_again_not_taken_whole(
+    tls: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    # Without a Content-Length a 206 ends with its connection, so a cut one looks complete
+    # to HTTP: the object's size from the first response says it is not.
+    server_ctx, client_ctx = tls
+    plan = [Step(cut_after=MIB), Step(cut_after=MIB, omit_length=True)]
+    sink = Sink()
+    with tls_origin(server_ctx, BODY, plan) as origin:
+        result = await fetch(fetcher_for(origin, client_ctx), origin.url(), sink)
+    assert [s.range for s in origin.seen] == [None, f"bytes={MIB}-", f"bytes={2 * MIB}-"]
+    assert whole(result, sink, BODY)
+    assert (result.resumes, result.restarts) == (2, 0)
+
+
 @pytest.mark.parametrize("shift", [-1000, 1000])
 async def test_a_206_whose_content_range_is_off_is_refused_and_the_body_fetched_again(
     tls: tuple[ssl.SSLContext, ssl.SSLContext], shift: int

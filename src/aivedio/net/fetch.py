@@ -522,6 +522,15 @@ class Fetcher:
                 f"body from {url_for_log(url)} truncated: {state.received} of "
                 f"{start + length} bytes"
             )
+        # A 206 may come without a length (read to the close): the object's size decides.
+        if state.started and state.total is not None and state.received != state.total:
+            if state.received > state.total:
+                raise InvalidResponseError(
+                    f"body from {url_for_log(url)} ran past its stated size of {state.total} bytes"
+                )
+            raise BodyInterruptedError(
+                f"body from {url_for_log(url)} truncated: {state.received} of {state.total} bytes"
+            )
         # Of the object (the first response), not of the part of it a 206 carried.
         if state.started:
             total, content_type = state.total, state.content_type

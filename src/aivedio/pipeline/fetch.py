@@ -13,7 +13,8 @@ One job per ``(provider_output_id, pipeline_version)``. Each attempt:
 4. otherwise aborts any multipart upload a dead attempt left on that key, streams the body
    through the guarded fetcher into a new upload, checks size against Content-Length and the
    provider's expected size, SHA-256 against the provider's checksum, then completes the
-   upload and HEADs it;
+   upload and HEADs it. A body cut short is resumed by the fetcher into the same upload;
+   one the origin starts over (a 200 to the resume) gets a new upload, the old one aborted;
 5. in one transaction: output FETCHING → STORED, the QUARANTINED asset, the probe job.
 
 Failures leave the output in the state its error class calls for (seed §11.8, §11.9.4) and
