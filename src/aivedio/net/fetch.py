@@ -42,19 +42,16 @@ import msgspec
 from aivedio.errors import (
     AivedioError,
     InvalidResponseError,
-    NotYetAvailableError,
     PolicyBlockedError,
-    ProviderServerError,
-    ThrottledError,
     TooLargeError,
     TransientError,
-    UrlExpiredError,
 )
 from aivedio.logs import get_logger, url_for_log
 from aivedio.net.connector import AsyncioTlsConnector
 from aivedio.net.policy import FetchPolicy, Target, check_url
 from aivedio.net.resolver import PinningResolver, guarded_socket_factory
 from aivedio.net.resume import Validator, judge, range_headers, validator_of
+from aivedio.net.statuses import classify_status
 from aivedio.transfer_cpu import measured
 
 log = get_logger("aivedio.net.fetch")
@@ -106,44 +103,6 @@ class FetchError(msgspec.Struct, frozen=True):
 
 class BodyInterruptedError(TransientError):
     """The body stopped short (connection dropped, stalled read): it may be resumed."""
-
-
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        from email.utils import parsedate_to_datetime
-
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        from datetime import UTC, datetime
-
-        return max(0.0, (when - datetime.now(UTC)).total_seconds())
-
-
-def classify_status(status: int, url: str, retry_after: str | None) -> AivedioError:
-    error = _classify_status(status, url, retry_after)
-    error.http_status = status
-    return error
-
-
-def _classify_status(status: int, url: str, retry_after: str | None) -> AivedioError:
-    where = url_for_log(url)
-    if status == 404:
-        return NotYetAvailableError(f"404 from {where}")
-    if status in (401, 403, 410):
-        return UrlExpiredError(f"{status} from {where}: signature expired or refused")
-    if status == 429:
-        return ThrottledError(f"429 from {where}", retry_after_seconds=_retry_after(retry_after))
-    if status >= 500:
-        return ProviderServerError(
-            f"{status} from {where}", retry_after_seconds=_retry_after(retry_after)
-        )
-    return InvalidResponseError(f"unexpected status {status} from {where}")
 
 
 def _origin(target: Target) -> tuple[str, str, int]:
