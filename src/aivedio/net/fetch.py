@@ -240,18 +240,26 @@ class Fetcher:
         if reason is not None:
             if state.started:
                 log.info(
-                    "fetch_not_resumed", url=where, reason=reason, offset=state.received,
-                    resumes=state.resumes, restarts=state.restarts,
-                )  # fmt: skip
+                    "fetch_not_resumed",
+                    url=where,
+                    reason=reason,
+                    offset=state.received,
+                    resumes=state.resumes,
+                    restarts=state.restarts,
+                )
             raise exc
         state.resume = True
         if state.requests > 1:
             delay = self.limits.resume_backoff_seconds * 2 ** (state.requests - 2)
             await anyio.sleep(min(delay, MAX_RESUME_BACKOFF_SECONDS))
         log.info(
-            "fetch_resuming", url=where, offset=state.received, total=state.total,
-            request=state.requests + 1, error=exc.detail,
-        )  # fmt: skip
+            "fetch_resuming",
+            url=where,
+            offset=state.received,
+            total=state.total,
+            request=state.requests + 1,
+            error=exc.detail,
+        )
 
     async def _attempt(
         self,
@@ -264,9 +272,8 @@ class Fetcher:
         restart: Restart | None,
     ) -> FetchResult | None:
         """One request for the body (a resume when ``state.resume``); None: ask again."""
-        validator = state.validator
-        ranged = state.resume and validator is not None
-        extra = range_headers(state.received, validator) if ranged and validator else {}
+        validator = state.validator if state.resume else None
+        extra = range_headers(state.received, validator) if validator is not None else {}
         state.resume = False
         state.requests += 1
         try:
@@ -276,7 +283,7 @@ class Fetcher:
                 raise BodyInterruptedError(exc.detail) from None
             raise
         try:
-            if ranged and validator is not None:
+            if validator is not None:
                 verdict = judge(
                     response.status,
                     response.headers,
@@ -288,9 +295,12 @@ class Fetcher:
                     state.resumes += 1
                     state.total = verdict.total
                     log.info(
-                        "fetch_resumed", url=url_for_log(url), offset=state.received,
-                        total=state.total, resumes=state.resumes,
-                    )  # fmt: skip
+                        "fetch_resumed",
+                        url=url_for_log(url),
+                        offset=state.received,
+                        total=state.total,
+                        resumes=state.resumes,
+                    )
                     return await self._read_body(url, response, sink, cap, state, progress)
                 if verdict.action == "error":
                     raise classify_status(response.status, url, response.headers.get("Retry-After"))
@@ -317,9 +327,12 @@ class Fetcher:
         await restart()
         state.restarts += 1
         log.info(
-            "fetch_restarted", url=url_for_log(url), reason=reason, discarded=state.received,
+            "fetch_restarted",
+            url=url_for_log(url),
+            reason=reason,
+            discarded=state.received,
             restarts=state.restarts,
-        )  # fmt: skip
+        )
         state.forget()
 
     async def _open(
