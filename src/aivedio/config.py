@@ -158,6 +158,10 @@ class NetConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True)
     idle_read_timeout_seconds: float = 30.0
     total_timeout_seconds: float = 3600.0
     per_host_connections: int = 8
+    # Further requests for one body after it was cut short (0: never resume).
+    max_resumes: int = 5
+    # Wait before the second resume of a fetch, doubled for each further one.
+    resume_backoff_seconds: float = 1.0
 
 
 # The vendor adapters (src/aivedio/providers/); "generic" is the configurable one below.
@@ -465,6 +469,12 @@ def validate_net(config: Config) -> None:
     ):
         if positive <= 0:
             raise ConfigError(f"config error: {name}: must be positive")
+    for name, value in (
+        ("net.max_resumes", net.max_resumes),
+        ("net.resume_backoff_seconds", net.resume_backoff_seconds),
+    ):
+        if value < 0:
+            raise ConfigError(f"config error: {name}: must not be negative")
     if config.fetch.part_size_bytes < 5 * 1024**2:
         raise ConfigError("config error: fetch.part_size_bytes: S3 needs at least 5 MiB parts")
     for provider, pc in config.providers.items():

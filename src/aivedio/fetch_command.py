@@ -4,8 +4,9 @@ For operators ("would the fleet fetch this URL, and what would it see?") and for
 checks of the policy. One JSON object per URL on stdout, in order: ``url`` (query string
 removed), ``outcome`` (``allowed`` for a passing dry run, ``stored``, ``blocked``,
 ``failed``), ``error_class``, ``detail`` (never a secret), ``addresses``, ``redirects``
-(hosts only), ``bytes``, ``sha256``. Exit status: 0 allowed or stored, 3 blocked, 4 failed,
-2 bad usage.
+(hosts only), ``bytes``, ``sha256``, ``resumes`` and ``restarts`` (times a body cut short
+was continued from its last byte, or started over from byte 0). Exit status: 0 allowed or
+stored, 3 blocked, 4 failed, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -123,6 +124,8 @@ async def _one(
         "redirects": [],
         "bytes": 0,
         "sha256": None,
+        "resumes": 0,
+        "restarts": 0,
     }
     out_path = Path(args.out) if args.out else None
     partial = out_path.with_name(f".{out_path.name}.part-{os.getpid()}") if out_path else None
@@ -138,12 +141,20 @@ async def _one(
                 if handle is not None:
                     await handle.write(chunk)
 
-            result = await fetcher.stream(url, sink, headers=headers)
+            async def restart() -> None:
+                # The origin answered a resume with the whole body: the file starts over.
+                if handle is not None:
+                    await handle.seek(0)
+                    await handle.truncate()
+
+            result = await fetcher.stream(url, sink, headers=headers, restart=restart)
             record.update(
                 addresses=result.addresses,
                 redirects=result.redirects,
                 bytes=result.bytes,
                 sha256=result.sha256,
+                resumes=result.resumes,
+                restarts=result.restarts,
             )
             if args.expect_size is not None and result.bytes != args.expect_size:
                 raise ChecksumMismatchError(f"size {result.bytes}, expected {args.expect_size}")
@@ -162,11 +173,19 @@ async def _one(
             redirects=result.redirects,
             bytes=result.bytes,
             sha256=result.sha256,
+            resumes=result.resumes,
+            restarts=result.restarts,
         )
     except AivedioError as exc:
         state = getattr(exc, "fetch_state", None)
         if state is not None:
-            record.update(addresses=state.addresses, redirects=state.redirects, bytes=state.bytes)
+            record.update(
+                addresses=state.addresses,
+                redirects=state.redirects,
+                bytes=state.bytes,
+                resumes=state.resumes,
+                restarts=state.restarts,
+            )
         record.update(
             outcome="blocked" if isinstance(exc, PolicyBlockedError) else "failed",
             error_class=exc.error_class,

@@ -14,7 +14,9 @@ its fact is known:
 * fetch: ``aivedio_fetch_duration_seconds{provider}`` (request to stored object, transfers
   that stored their bytes) and ``aivedio_fetch_responses_total{provider,status}`` (the status
   that ended each download attempt; ``none`` when no status ended it: no connection, a
-  policy refusal, a deadline, a body cut short); both recorded by the fetch stage;
+  policy refusal, a deadline, a body cut short); both recorded by the fetch stage, with
+  ``aivedio_fetch_resumes_total{provider,kind}`` (bodies cut short that a download attempt
+  continued with a 206, ``range``, or started over from byte 0, ``restart``);
 * object store: ``aivedio_object_store_requests_total{operation,outcome}`` (``ok`` or the
   error class) and ``aivedio_object_store_bytes_total{direction}`` (``upload``,
   ``download``), recorded by ``store/metered.py`` around the store the worker opens;
@@ -182,6 +184,12 @@ class WorkerMetrics:
             "aivedio_fetch_responses",
             "Download attempts by the HTTP status that ended them (none: no status did)",
             ["provider", "status"],
+            registry=r,
+        )
+        self.fetch_resumes = Counter(
+            "aivedio_fetch_resumes",
+            "Bodies cut short and continued by a 206 (kind=range) or started over (restart)",
+            ["provider", "kind"],
             registry=r,
         )
         self.store = StoreMetrics(r)

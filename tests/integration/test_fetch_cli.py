@@ -248,3 +248,49 @@ async def test_unknown_config_key_is_bad_usage_naming_the_key(tmp_path: Path) ->
     assert run.code == 2
     assert run.stdout == ""
     assert "net.bogus_limit" in run.stderr
+
+
+async def test_a_body_cut_twice_is_resumed_and_reported(rig: Rig, tmp_path: Path) -> None:
+    rig.sim.add_output("t5", 0, BODY, faults=Faults(truncate_at_bytes=100_000, truncate_requests=2))
+    out = tmp_path / "video.mp4"
+    run = await fetch(*rig.allow(), "--out", str(out), rig.sim.signed_url("t5", 0))
+    assert run.code == 0, run.stderr
+    (record,) = run.records
+    assert (record["bytes"], record["sha256"]) == (len(BODY), SHA)
+    assert (record["resumes"], record["restarts"]) == (2, 0)
+    assert out.read_bytes() == BODY
+    ranges = [h.get("Range") for h in rig.sim.seen_headers]
+    assert ranges == [None, "bytes=100000-", "bytes=200000-"]
+    logged = [json.loads(line) for line in run.stderr.splitlines() if line.startswith("{")]
+    resumed = [e for e in logged if e["event"] == "fetch_resumed"]
+    assert [(e["offset"], e["resumes"]) for e in resumed] == [(100_000, 1), (200_000, 2)]
+    (where,) = {e["url"] for e in resumed}  # scheme, host, port and a hash: no query
+    assert where.startswith(f"https://cdn.provider.test:{rig.sim.port}/#"), where
+    assert "sig=" not in run.stdout + run.stderr
+
+
+async def test_a_resume_answered_whole_starts_the_file_over(rig: Rig, tmp_path: Path) -> None:
+    faults = Faults(truncate_at_bytes=100_000, truncate_requests=1, ignore_range=True)
+    rig.sim.add_output("t6", 0, BODY, faults=faults)
+    out = tmp_path / "video.mp4"
+    run = await fetch(*rig.allow(), "--out", str(out), rig.sim.signed_url("t6", 0))
+    assert run.code == 0, run.stderr
+    (record,) = run.records
+    assert (record["bytes"], record["sha256"], record["restarts"]) == (len(BODY), SHA, 1)
+    assert out.read_bytes() == BODY  # not the first 100 000 bytes twice
+
+
+async def test_a_body_cut_past_the_resumes_fails_with_what_was_done(
+    rig: Rig, tmp_path: Path
+) -> None:
+    config = tmp_path / "aivedio.toml"
+    config.write_text("[net]\nmax_resumes = 2\nresume_backoff_seconds = 0.0\n", encoding="utf-8")
+    rig.sim.add_output("t7", 0, BODY, faults=Faults(truncate_at_bytes=10_000))
+    run = await fetch("--config", str(config), *rig.allow(), rig.sim.signed_url("t7", 0))
+    assert run.code == 4
+    (record,) = run.records
+    assert (record["outcome"], record["error_class"]) == ("failed", "transient")
+    assert "truncated" in record["detail"]
+    assert (record["resumes"], record["bytes"]) == (2, 30_000)
+    assert rig.sim.requests["download"] == 3
+    assert "sig=" not in run.stdout + run.stderr

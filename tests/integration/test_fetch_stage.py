@@ -20,6 +20,7 @@ from aiohttp import web
 
 from aivedio.config import Config, NetConfig, ProviderConfig
 from aivedio.errors import AivedioError
+from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.intake import OutputDescriptor, Recorded, record_provider_output
 from aivedio.pipeline.kinds import default_registry
 from aivedio.pipeline.services import open_fetch_stage, url_cipher
@@ -31,6 +32,7 @@ from aivedio.store.objects import open_object_store
 from aivedio.store.queue import Job, Queue
 from aivedio.worker import Worker
 from tests.dns_server import dns_server
+from tests.s3_server import s3_config
 
 pytestmark = pytest.mark.anyio
 
@@ -381,6 +383,8 @@ async def test_a_run_whose_lease_was_taken_over_cannot_commit(
         "asset_id": ANY,
         "bytes": len(body),
         "sha256": hashlib.sha256(body).hexdigest(),
+        "resumes": 0,
+        "restarts": 0,
     }
     assert outcomes["first"] in ("transient", "lease_lost")
     assert await rig.pool.fetchval("SELECT count(*) FROM assets") == 1
@@ -419,3 +423,104 @@ async def test_a_fresh_url_revives_a_fetch_job_that_gave_up(rig: Rig) -> None:
         while (await rig.output(recorded))["fetch_status"] != "STORED":
             assert time.monotonic() < deadline, await rig.output(recorded)
             await anyio.sleep(0.05)
+
+
+# -- a body cut short: resumed into the same upload, or started over in a new one ----------
+
+MIB = 1 << 20
+
+
+async def _fetch_once(rig: Rig, recorded: Recorded) -> tuple[dict[str, Any], WorkerMetrics]:
+    queue = Queue(rig.pool)
+    (job,) = await queue.claim("fetch", 1, "w", 60)
+    metrics = WorkerMetrics()
+    async with open_fetch_stage(rig.config, rig.pool, queue) as stage:
+        outcome = await stage.handle(None, job, metrics=metrics)  # type: ignore[arg-type]
+    assert outcome is not None
+    return outcome, metrics
+
+
+def _on_s3(rig: Rig, moto_endpoint: str, name: str) -> None:
+    storage = s3_config(moto_endpoint, f"{name}-{time.monotonic_ns()}")
+    net = msgspec.structs.replace(rig.config.net, resume_backoff_seconds=0)
+    fetch = msgspec.structs.replace(rig.config.fetch, part_size_bytes=5 * MIB)
+    rig.config = msgspec.structs.replace(rig.config, storage=storage, net=net, fetch=fetch)
+
+
+async def _no_pending_uploads(rig: Rig) -> None:
+    async with open_object_store(rig.config.storage) as store:
+        assert await store.list_multipart_uploads(prefix="quarantine/") == []
+
+
+async def test_a_body_cut_twice_resumes_into_the_same_multipart_upload(
+    rig: Rig, moto_endpoint: str
+) -> None:
+    # 13 MiB in 5 MiB parts, the connection dropped at 4 MiB and again 4 MiB later: one
+    # download attempt, three requests, one upload whose parts span the cuts.
+    _on_s3(rig, moto_endpoint, "resume")
+    faults = Faults(truncate_at_bytes=4 * MIB, truncate_requests=2)
+    rig.sim.add_output("task-1", 0, size=13 * MIB, faults=faults)
+    recorded = await rig.ingest("task-1")
+    outcome, metrics = await _fetch_once(rig, recorded)
+    expected = rig.sim.task_json("task-1")["outputs"][0]["sha256"]
+    assert outcome == {
+        "outcome": "stored",
+        "asset_id": ANY,
+        "bytes": 13 * MIB,
+        "sha256": expected,
+        "resumes": 2,
+        "restarts": 0,
+    }
+    assert rig.sim.requests["download"] == 3
+    assert [h.get("Range") for h in rig.sim.seen_headers] == [
+        None,
+        "bytes=4194304-",
+        "bytes=8388608-",
+    ]
+    key = keys.quarantine_source(rig.tenant_id, recorded.provider_output_id, recorded.fetch_job_id)
+    assert hashlib.sha256(await stored_bytes(rig, key)).hexdigest() == expected
+    await _no_pending_uploads(rig)
+    sample = metrics.registry.get_sample_value
+    assert sample("aivedio_fetch_resumes_total", {"provider": "sim", "kind": "range"}) == 2
+    assert sample("aivedio_fetch_resumes_total", {"provider": "sim", "kind": "restart"}) is None
+    attempts = await rig.pool.fetch("SELECT outcome, bytes FROM fetch_attempts")
+    assert [(a["outcome"], a["bytes"]) for a in attempts] == [("stored", 13 * MIB)]
+
+
+async def test_an_origin_that_ignores_range_restarts_the_upload_with_no_part_left(
+    rig: Rig, moto_endpoint: str
+) -> None:
+    # Cut at 7 MiB (one 5 MiB part uploaded, 2 MiB buffered); the resume is answered 200:
+    # the first upload is aborted with its part and the body goes into a new one.
+    _on_s3(rig, moto_endpoint, "restart")
+    faults = Faults(truncate_at_bytes=7 * MIB, truncate_requests=1, ignore_range=True)
+    rig.sim.add_output("task-1", 0, size=12 * MIB, faults=faults)
+    recorded = await rig.ingest("task-1")
+    outcome, metrics = await _fetch_once(rig, recorded)
+    expected = rig.sim.task_json("task-1")["outputs"][0]["sha256"]
+    assert (outcome["sha256"], outcome["bytes"]) == (expected, 12 * MIB)
+    assert (outcome["resumes"], outcome["restarts"]) == (0, 1)
+    key = keys.quarantine_source(rig.tenant_id, recorded.provider_output_id, recorded.fetch_job_id)
+    assert hashlib.sha256(await stored_bytes(rig, key)).hexdigest() == expected
+    await _no_pending_uploads(rig)
+    sample = metrics.registry.get_sample_value
+    assert sample("aivedio_fetch_resumes_total", {"provider": "sim", "kind": "restart"}) == 1
+
+
+async def test_a_resumed_body_is_still_checked_against_the_providers_checksum(
+    rig: Rig, moto_endpoint: str
+) -> None:
+    _on_s3(rig, moto_endpoint, "checked")
+    faults = Faults(truncate_at_bytes=3 * MIB, truncate_requests=1, advertise_wrong_sha256=True)
+    rig.sim.add_output("task-1", 0, size=6 * MIB, faults=faults)
+    await rig.ingest("task-1")
+    queue = Queue(rig.pool)
+    (job,) = await queue.claim("fetch", 1, "w", 60)
+    async with open_fetch_stage(rig.config, rig.pool, queue) as stage:
+        with pytest.raises(AivedioError) as caught:
+            await stage.handle(None, job)  # type: ignore[arg-type]
+    assert caught.value.error_class == "checksum_mismatch"
+    assert rig.sim.requests["download"] == 2  # resumed, then refused whole
+    await _no_pending_uploads(rig)
+    async with open_object_store(rig.config.storage) as store:
+        assert [o async for o in store.list("quarantine/")] == []

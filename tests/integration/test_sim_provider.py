@@ -278,6 +278,32 @@ async def test_truncation_is_a_payload_error(
         await fetch(session, provider.signed_url("t-trunc", 0))
 
 
+async def test_truncate_requests_cuts_only_the_first_bodies(
+    provider: SimulatedProvider, session: aiohttp.ClientSession
+) -> None:
+    faults = Faults(truncate_at_bytes=1000, truncate_requests=2)
+    provider.add_output("t-cut", 0, BODY, faults=faults)
+    url = provider.signed_url("t-cut", 0)
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await fetch(session, url)
+    with pytest.raises(aiohttp.ClientPayloadError):  # a resume's body is cut too
+        await fetch(session, url, headers={"Range": "bytes=1000-"})
+    assert await fetch(session, url, headers={"Range": "bytes=2000-"}) == (206, BODY[2000:])
+    assert await fetch(session, url) == (200, BODY)
+
+
+async def test_ignore_range_answers_the_whole_body(
+    provider: SimulatedProvider, session: aiohttp.ClientSession
+) -> None:
+    provider.add_output("t-norange", 0, BODY, faults=Faults(ignore_range=True))
+    url = provider.signed_url("t-norange", 0)
+    async with session.get(url, headers={"Range": "bytes=1000-"}) as resp:
+        assert resp.status == 200
+        assert "Accept-Ranges" not in resp.headers
+        assert resp.headers["ETag"]
+        assert await resp.read() == BODY
+
+
 async def test_gzip_body(provider: SimulatedProvider, session: aiohttp.ClientSession) -> None:
     provider.add_output("t-gz", 0, BODY, faults=Faults(gzip=True))
     url = provider.signed_url("t-gz", 0)

@@ -17,12 +17,21 @@ What each rule prevents:
 * ``Content-Length`` over the cap is refused before reading; without one, reading stops at
   cap + 1 byte. The body goes chunk by chunk through a counter and SHA-256 into the sink; the
   sink's ``await`` is the backpressure: when the store is slow we read the socket slower.
+* A body cut short (a dropped connection, a stalled read) resumes with a ``Range`` request
+  from the last byte received, guarded by ``If-Range`` (``net/resume.py`` holds the rules that
+  prevent splicing two objects): the checksum and the sink go on; a ``200`` starts both over
+  through the caller's ``restart``. At most ``max_resumes`` further requests per fetch, each
+  through the same policy, pinning and header rules as the first (the same redirect walk
+  from the same URL), within the same total deadline.
+* TLS runs on asyncio's own SSL protocol (``net/connector.py``): uvloop's loses the received
+  tail of a body when the origin closes TCP without a TLS close_notify.
 
 Errors are classified here (errors.py) and never carry the URL: scheme, host and a hash only.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import ipaddress
@@ -38,20 +47,26 @@ from yarl import URL
 from aivedio.errors import (
     AivedioError,
     InvalidResponseError,
-    NotYetAvailableError,
     PolicyBlockedError,
-    ProviderServerError,
-    ThrottledError,
     TooLargeError,
     TransientError,
-    UrlExpiredError,
 )
-from aivedio.logs import url_for_log
+from aivedio.logs import get_logger, url_for_log
+from aivedio.net.connector import AsyncioTlsConnector
 from aivedio.net.policy import FetchPolicy, Target, check_location, check_url
 from aivedio.net.resolver import PinningResolver, guarded_socket_factory
+from aivedio.net.resume import Validator, judge, range_headers, validator_of
+from aivedio.net.statuses import classify_status
 from aivedio.transfer_cpu import measured
 
+log = get_logger("aivedio.net.fetch")
+
 Sink = Callable[[bytes], Awaitable[None]]
+# The longest wait before a resume, however many came before it.
+MAX_RESUME_BACKOFF_SECONDS = 30.0
+
+
+Restart = Callable[[], Awaitable[None]]
 
 
 class FetchLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,6 +76,11 @@ class FetchLimits(msgspec.Struct, frozen=True, kw_only=True):
     idle_read_timeout_seconds: float = 30.0
     total_timeout_seconds: float = 3600.0
     per_host_connections: int = 8
+    # Further requests for one body after it was cut short (resumes and starts over).
+    max_resumes: int = 5
+    # The wait before the second resume of a fetch, doubled for each further one (the first
+    # goes at once: an origin that closed the connection is usually there to ask again).
+    resume_backoff_seconds: float = 1.0
 
 
 class FetchResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -71,7 +91,9 @@ class FetchResult(msgspec.Struct, frozen=True, kw_only=True):
     content_length: int | None
     content_type: str | None
     addresses: list[str]
-    redirects: list[str]  # hosts of each hop after the first
+    redirects: list[str]  # hosts of each hop after the first (of the last request)
+    resumes: int = 0  # bodies continued from where they were cut (a 206)
+    restarts: int = 0  # bodies started over from byte 0 (a 200, or a refused 206)
 
 
 class FetchError(msgspec.Struct, frozen=True):
@@ -80,44 +102,12 @@ class FetchError(msgspec.Struct, frozen=True):
     addresses: list[str]
     redirects: list[str]
     bytes: int
+    resumes: int = 0
+    restarts: int = 0
 
 
-def _retry_after(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        from email.utils import parsedate_to_datetime
-
-        try:
-            when = parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        from datetime import UTC, datetime
-
-        return max(0.0, (when - datetime.now(UTC)).total_seconds())
-
-
-def classify_status(status: int, url: str, retry_after: str | None) -> AivedioError:
-    error = _classify_status(status, url, retry_after)
-    error.http_status = status
-    return error
-
-
-def _classify_status(status: int, url: str, retry_after: str | None) -> AivedioError:
-    where = url_for_log(url)
-    if status == 404:
-        return NotYetAvailableError(f"404 from {where}")
-    if status in (401, 403, 410):
-        return UrlExpiredError(f"{status} from {where}: signature expired or refused")
-    if status == 429:
-        return ThrottledError(f"429 from {where}", retry_after_seconds=_retry_after(retry_after))
-    if status >= 500:
-        return ProviderServerError(
-            f"{status} from {where}", retry_after_seconds=_retry_after(retry_after)
-        )
-    return InvalidResponseError(f"unexpected status {status} from {where}")
+class BodyInterruptedError(TransientError):
+    """The body stopped short (connection dropped, stalled read): it may be resumed."""
 
 
 def _origin(target: Target) -> tuple[str, str, int]:
@@ -165,7 +155,7 @@ class Fetcher:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
-            connector = aiohttp.TCPConnector(
+            connector = AsyncioTlsConnector(
                 resolver=self.resolver,
                 use_dns_cache=False,
                 limit=0,
@@ -208,24 +198,34 @@ class Fetcher:
         headers: Mapping[str, str] | None = None,
         max_bytes: int | None = None,
         progress: Callable[[int], None] | None = None,
+        restart: Restart | None = None,
     ) -> FetchResult:
         """GET ``url`` into ``sink``. Raises the classified AivedioError on any failure; the
-        sink may have received part of the body then (the caller aborts its upload)."""
+        sink may have received part of the body then (the caller aborts its upload).
+
+        A body cut short is resumed where it stopped. Should the origin answer a resume with
+        the whole body instead, ``restart`` is awaited before the first byte of it: the sink
+        must forget every byte it was given. Without ``restart`` that fetch fails instead.
+        """
         cap = min(max_bytes or self.limits.max_bytes, self.limits.max_bytes)
         state = _State()
         try:
             with anyio.fail_after(self.limits.total_timeout_seconds):
-                return await self._stream(url, sink, dict(headers or {}), cap, state, progress)
+                return await self._transfer(
+                    url, sink, dict(headers or {}), cap, state, progress, restart
+                )
         except TimeoutError:
             raise TransientError(
                 f"total deadline of {self.limits.total_timeout_seconds:g}s exceeded "
                 f"for {url_for_log(url)} after {state.received} bytes"
             ) from None
         except AivedioError as exc:
-            exc.fetch_state = FetchError(state.addresses, state.redirects, state.received)  # type: ignore[attr-defined]
+            exc.fetch_state = FetchError(  # type: ignore[attr-defined]
+                state.addresses, state.redirects, state.received, state.resumes, state.restarts
+            )
             raise
 
-    async def _stream(
+    async def _transfer(
         self,
         url: str,
         sink: Sink,
@@ -233,14 +233,147 @@ class Fetcher:
         cap: int,
         state: _State,
         progress: Callable[[int], None] | None,
+        restart: Restart | None,
     ) -> FetchResult:
+        """One body, over as many requests as its interruptions take (within the budget)."""
+        while True:
+            try:
+                result = await self._attempt(url, sink, headers, cap, state, progress, restart)
+            except BodyInterruptedError as exc:
+                await self._before_resume(url, exc, state)
+                continue
+            if result is not None:
+                return result
+            # The answer to a resume was refused: ask again for the whole body, no range.
+            if state.requests > self.limits.max_resumes:
+                raise TransientError(
+                    f"{url_for_log(url)}: no usable answer within {self.limits.max_resumes} resumes"
+                )
+
+    async def _before_resume(self, url: str, exc: BodyInterruptedError, state: _State) -> None:
+        """Raise ``exc`` unless the body can be resumed; wait the resume's backoff."""
+        where = url_for_log(url)
+        reason = None
+        if not state.started:
+            reason = "no_body"
+        elif state.validator is None:
+            reason = "no_validator"
+        elif state.ranges_refused:
+            reason = "ranges_refused"
+        elif state.requests > self.limits.max_resumes:
+            reason = "max_resumes"
+        if reason is not None:
+            if state.started:
+                log.info(
+                    "fetch_not_resumed",
+                    url=where,
+                    reason=reason,
+                    offset=state.received,
+                    resumes=state.resumes,
+                    restarts=state.restarts,
+                )
+            raise exc
+        state.resume = True
+        if state.requests > 1:
+            delay = self.limits.resume_backoff_seconds * 2 ** (state.requests - 2)
+            await anyio.sleep(min(delay, MAX_RESUME_BACKOFF_SECONDS))
+        log.info(
+            "fetch_resuming",
+            url=where,
+            offset=state.received,
+            total=state.total,
+            request=state.requests + 1,
+            error=exc.detail,
+        )
+
+    async def _attempt(
+        self,
+        url: str,
+        sink: Sink,
+        headers: dict[str, str],
+        cap: int,
+        state: _State,
+        progress: Callable[[int], None] | None,
+        restart: Restart | None,
+    ) -> FetchResult | None:
+        """One request for the body (a resume when ``state.resume``); None: ask again."""
+        validator = state.validator if state.resume else None
+        extra = range_headers(state.received, validator) if validator is not None else {}
+        state.resume = False
+        state.requests += 1
+        try:
+            response = await self._open(url, headers, extra, state)
+        except TransientError as exc:
+            if state.started:  # the request to resume failed: the transfer is still cut
+                raise BodyInterruptedError(exc.detail) from None
+            raise
+        try:
+            if validator is not None:
+                verdict = judge(
+                    response.status,
+                    response.headers,
+                    offset=state.received,
+                    total=state.total,
+                    validator=validator,
+                )
+                if verdict.action == "continue":
+                    state.resumes += 1
+                    state.total = verdict.total
+                    log.info(
+                        "fetch_resumed",
+                        url=url_for_log(url),
+                        offset=state.received,
+                        total=state.total,
+                        resumes=state.resumes,
+                    )
+                    return await self._read_body(url, response, sink, cap, state, progress)
+                if verdict.action == "error":
+                    raise classify_status(response.status, url, response.headers.get("Retry-After"))
+                await self._start_over(url, verdict.reason, state, restart)
+                if verdict.action == "refetch":
+                    state.ranges_refused = True
+                    return None
+            elif response.status != 200:
+                raise classify_status(response.status, url, response.headers.get("Retry-After"))
+            state.begin(response)
+            return await self._read_body(url, response, sink, cap, state, progress)
+        finally:
+            response.release()
+
+    async def _start_over(
+        self, url: str, reason: str, state: _State, restart: Restart | None
+    ) -> None:
+        """Forget the body so far (the sink's bytes and the checksum) before byte 0 again."""
+        if restart is None:
+            raise TransientError(
+                f"{url_for_log(url)} answered a resume with {reason}; "
+                f"this fetch cannot start over after {state.received} bytes"
+            )
+        await restart()
+        state.restarts += 1
+        log.info(
+            "fetch_restarted",
+            url=url_for_log(url),
+            reason=reason,
+            discarded=state.received,
+            restarts=state.restarts,
+        )
+        state.forget()
+
+    async def _open(
+        self, url: str, headers: dict[str, str], extra: dict[str, str], state: _State
+    ) -> aiohttp.ClientResponse:
+        """The first response that is not a redirect, every hop under the whole policy; the
+        caller releases it. ``extra`` (a range) goes to every hop, ``headers`` (the caller's,
+        credentials maybe) to the first origin only."""
         first = check_url(url, self.policy)
         current, target = url, first
+        state.redirects = []
         for hop in range(self.policy.max_redirects + 1):
             if hop:
                 target = check_url(current, self.policy)
                 state.redirects.append(target.host)
-            send = {"Accept-Encoding": "identity", "User-Agent": self._user_agent}
+            send = {"Accept-Encoding": "identity", "User-Agent": self._user_agent, **extra}
             if _origin(target) == _origin(first):
                 # The caller's headers (a provider's credentials, whatever their name) go to
                 # the first origin only; any other origin gets none of them.
@@ -249,23 +382,14 @@ class Fetcher:
             state.addresses = (
                 [target.host] if target.ip_literal else self.resolver.answers.get(target.host, [])
             )
-            try:
-                if response.status in (301, 302, 303, 307, 308):
-                    location = response.headers.get("Location")
-                    if not location:
-                        raise InvalidResponseError(
-                            f"redirect without Location from {url_for_log(current)}"
-                        )
-                    check_location(location)  # as received: urljoin would clean it up
-                    current = urljoin(current, location)
-                    continue
-                if response.status != 200:
-                    raise classify_status(
-                        response.status, current, response.headers.get("Retry-After")
-                    )
-                return await self._read_body(current, response, sink, cap, state, progress)
-            finally:
-                response.release()
+            if response.status not in (301, 302, 303, 307, 308):
+                return response
+            location = response.headers.get("Location")
+            response.release()
+            if not location:
+                raise InvalidResponseError(f"redirect without Location from {url_for_log(current)}")
+            check_location(location)  # as received: urljoin would clean it up
+            current = urljoin(current, location)
         raise PolicyBlockedError(
             f"too_many_redirects: more than {self.policy.max_redirects} hops from "
             f"{url_for_log(url)}"
@@ -345,64 +469,140 @@ class Fetcher:
         state: _State,
         progress: Callable[[int], None] | None,
     ) -> FetchResult:
+        """The body (or the rest of it, from ``state.received``) into the sink."""
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             raise InvalidResponseError(
                 f"encoded body ({encoding}) from {url_for_log(url)} refused; never inflated"
             )
+        start = state.received
         length = response.content_length
-        if length is not None and length > cap:
-            raise TooLargeError(f"Content-Length {length} exceeds the cap of {cap} bytes")
-        hasher = hashlib.sha256()
+        if length is not None and start + length > cap:
+            raise TooLargeError(f"Content-Length {start + length} exceeds the cap of {cap} bytes")
+        hasher = state.hasher
+
+        async def take(chunk: bytes) -> None:
+            state.received += len(chunk)
+            if state.received > cap:
+                raise TooLargeError(f"body exceeds the cap of {cap} bytes")
+            with measured("fetch"):
+                hasher.update(chunk)
+            await sink(chunk)
+            if progress is not None:
+                progress(state.received)
+
         try:
-            while True:
-                # One received chunk at a time, as aiohttp's parser made it: ``readany`` would
-                # join what is buffered into a new object (a copy, and a page fault a page
-                # once that reaches glibc's mmap threshold).
-                chunk, end_of_http_chunk = await response.content.readchunk()
-                if not chunk:
-                    if end_of_http_chunk:
-                        continue  # the end of a chunk of a chunked body, not of the body
-                    break
-                state.received += len(chunk)
-                if state.received > cap:
-                    raise TooLargeError(f"body exceeds the cap of {cap} bytes")
-                with measured("fetch"):
-                    hasher.update(chunk)
-                await sink(chunk)
-                if progress is not None:
-                    progress(state.received)
+            try:
+                while True:
+                    # One received chunk at a time, as aiohttp's parser made it: ``readany``
+                    # would join what is buffered into a new object (a copy, and a page fault
+                    # a page once that reaches glibc's mmap threshold).
+                    chunk, end_of_http_chunk = await response.content.readchunk()
+                    if not chunk:
+                        if end_of_http_chunk:
+                            continue  # the end of a chunk of a chunked body, not of the body
+                        break
+                    await take(chunk)
+            except aiohttp.ClientError:
+                for chunk in _unread(response.content):
+                    await take(chunk)
+                raise
         except aiohttp.ClientPayloadError:
-            raise TransientError(
+            raise BodyInterruptedError(
                 f"body from {url_for_log(url)} truncated after {state.received} bytes"
             ) from None
         except (aiohttp.ServerTimeoutError, TimeoutError):
-            raise TransientError(
+            raise BodyInterruptedError(
                 f"idle read deadline: no data from {url_for_log(url)} for "
                 f"{self.limits.idle_read_timeout_seconds:g}s after {state.received} bytes"
             ) from None
         except aiohttp.ClientError as exc:
-            raise TransientError(
-                f"reading {url_for_log(url)} failed: {type(exc).__name__}"
+            raise BodyInterruptedError(
+                f"reading {url_for_log(url)} failed after {state.received} bytes: "
+                f"{type(exc).__name__}"
             ) from None
-        if length is not None and state.received != length:
-            raise TransientError(
-                f"body from {url_for_log(url)} truncated: {state.received} of {length} bytes"
+        if length is not None and state.received - start != length:
+            raise BodyInterruptedError(
+                f"body from {url_for_log(url)} truncated: {state.received} of "
+                f"{start + length} bytes"
             )
+        # A 206 may come without a length (read to the close): the object's size decides.
+        if state.started and state.total is not None and state.received != state.total:
+            if state.received > state.total:
+                raise InvalidResponseError(
+                    f"body from {url_for_log(url)} ran past its stated size of {state.total} bytes"
+                )
+            raise BodyInterruptedError(
+                f"body from {url_for_log(url)} truncated: {state.received} of {state.total} bytes"
+            )
+        # Of the object (the first response), not of the part of it a 206 carried.
+        if state.started:
+            total, content_type = state.total, state.content_type
+        else:  # a body read without a transfer around it (fetch_json)
+            total, content_type = length, response.headers.get("Content-Type")
         return FetchResult(
             url=url_for_log(url),
             status=response.status,
             bytes=state.received,
             sha256=hasher.hexdigest(),
-            content_length=length,
-            content_type=response.headers.get("Content-Type"),
+            content_length=total,
+            content_type=content_type,
             addresses=state.addresses,
             redirects=state.redirects,
+            resumes=state.resumes,
+            restarts=state.restarts,
         )
 
 
+def _unread(content: aiohttp.StreamReader) -> list[bytes]:
+    """The bytes aiohttp received for a body but had not handed out when it failed.
+
+    aiohttp's reader raises a body's error (the connection closed short of its length) on
+    the next read even while it still buffers bytes received before it (up to twice
+    ``read_bufsize``): they would be lost, and a resume would ask for them again. They are
+    taken from its buffer (a private deque of ``bytes``, checked for that shape: should a
+    later aiohttp change it, nothing is taken and the resume starts a little earlier, which
+    the resume tests, expecting each resume at the exact byte of its cut, would show). The
+    reader is dead by then; its own counters are left as they are.
+    """
+    buffer = getattr(content, "_buffer", None)
+    if not isinstance(buffer, collections.deque) or not all(
+        isinstance(chunk, bytes) for chunk in buffer
+    ):
+        return []
+    chunks = list(buffer)
+    buffer.clear()
+    return chunks
+
+
 class _State:
+    """One fetch's progress: the body so far and what a resume of it needs."""
+
     def __init__(self) -> None:
-        self.received = 0
+        self.received = 0  # bytes of the current body given to the sink
+        self.hasher = hashlib.sha256()
         self.addresses: list[str] = []
         self.redirects: list[str] = []
+        self.started = False  # a 200 began the current body
+        self.validator: Validator | None = None
+        self.total: int | None = None  # the object's size, when a response stated it
+        self.content_type: str | None = None
+        self.resume = False  # the next request continues the body from ``received``
+        self.ranges_refused = False  # a 206 was refused: no more ranges for this fetch
+        self.requests = 0  # requests for the body so far
+        self.resumes = 0
+        self.restarts = 0
+
+    def begin(self, response: aiohttp.ClientResponse) -> None:
+        """A 200: the body starts at byte 0 (``forget`` ran, if a body came before it)."""
+        self.started = True
+        self.validator = validator_of(response.headers)
+        self.total = response.content_length
+        self.content_type = response.headers.get("Content-Type")
+
+    def forget(self) -> None:
+        self.received = 0
+        self.hasher = hashlib.sha256()
+        self.started = False
+        self.validator = None
+        self.total = None

@@ -13,7 +13,8 @@ One job per ``(provider_output_id, pipeline_version)``. Each attempt:
 4. otherwise aborts any multipart upload a dead attempt left on that key, streams the body
    through the guarded fetcher into a new upload, checks size against Content-Length and the
    provider's expected size, SHA-256 against the provider's checksum, then completes the
-   upload and HEADs it;
+   upload and HEADs it. A body cut short is resumed by the fetcher into the same upload;
+   one the origin starts over (a 200 to the resume) gets a new upload, the old one aborted;
 5. in one transaction: output FETCHING → STORED, the QUARANTINED asset, the probe job.
 
 Failures leave the output in the state its error class calls for (seed §11.8, §11.9.4) and
@@ -70,7 +71,7 @@ from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
 from aivedio.store import keys
 from aivedio.store.database import Pool
-from aivedio.store.objects import ObjectInfo, ObjectStore
+from aivedio.store.objects import ABORT_TIMEOUT_SECONDS, ObjectInfo, ObjectStore, Upload
 from aivedio.store.queue import Job, Queue, fenced, write_fenced
 from aivedio.store.records import stale, transition, transition_part
 from aivedio.store.together import Part
@@ -192,6 +193,8 @@ class FetchStage:
             "asset_id": str(asset_id),
             "bytes": info.size,
             "sha256": result.sha256 if result else None,
+            "resumes": getattr(result, "resumes", 0),
+            "restarts": getattr(result, "restarts", 0),
         }
 
     # -- transfer ------------------------------------------------------------------------
@@ -215,28 +218,33 @@ class FetchStage:
         fetcher = self.s.fetcher(output.provider)
         async with self.s.hosts.slot(host):
             started = time.monotonic()
-            upload = await self.s.store.start_upload(
-                key, content_type=output.content_type or "application/octet-stream"
+            target = _UploadTarget(
+                self.s.store, key, output.content_type or "application/octet-stream"
             )
+            await target.start()
             try:
                 try:
                     result = await fetcher.stream(
-                        url, upload.write, headers=self._headers(output, url)
+                        url,
+                        target.write,
+                        headers=self._headers(output, url),
+                        restart=target.restart,
                     )
                 except AivedioError as exc:
                     _count_response(metrics, output.provider, exc.http_status)
+                    _count_resumes(metrics, output.provider, getattr(exc, "fetch_state", None))
                     raise
                 _count_response(metrics, output.provider, result.status)
+                _count_resumes(metrics, output.provider, result)
                 self._check_integrity(output, result)
                 try:
-                    info = await upload.complete()
+                    info = await target.upload.complete()
                 except NotFoundError:
                     # Another run of this job aborted our upload as a leftover (it held the
                     # job after our lease lapsed): not a verdict on the bytes; try again.
                     raise TransientError(f"upload of {key} was aborted by another run") from None
             except BaseException:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(30):
-                    await upload.abort()
+                await target.abort()
                 raise
         self.s.hosts.succeeded(host)
         if metrics is not None:
@@ -253,6 +261,8 @@ class FetchStage:
             url=result.url,
             bytes=result.bytes,
             redirects=result.redirects,
+            resumes=result.resumes,
+            restarts=result.restarts,
         )
         return info, result
 
@@ -497,6 +507,54 @@ class FetchStage:
             bytes=info.size,
         )
         return asset_id
+
+
+class _UploadTarget:
+    """The upload a transfer writes into. A transfer that starts over from byte 0 (the
+    origin answered a resume with a whole body) gets a new upload on the same key: the
+    old one is aborted with its parts, so no byte of the first body can end in the object.
+    """
+
+    def __init__(self, store: ObjectStore, key: str, content_type: str) -> None:
+        self._store = store
+        self._key = key
+        self._content_type = content_type
+        self._upload: Upload | None = None
+
+    @property
+    def upload(self) -> Upload:
+        assert self._upload is not None, "start() first"
+        return self._upload
+
+    async def start(self) -> None:
+        self._upload = await self._store.start_upload(self._key, content_type=self._content_type)
+
+    async def write(self, chunk: bytes) -> None:
+        await self.upload.write(chunk)
+
+    async def restart(self) -> None:
+        await self.abort()
+        await self.start()
+        log.info("fetch_upload_restarted", key=self._key)
+
+    async def abort(self) -> None:
+        upload, self._upload = self._upload, None
+        if upload is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_TIMEOUT_SECONDS):
+                await upload.abort()
+
+
+def _count_resumes(metrics: WorkerMetrics | None, provider: str, fetched: object) -> None:
+    """``aivedio_fetch_resumes_total{provider,kind}``: bodies continued (``range``) and
+    started over (``restart``) by one download attempt, stored or not."""
+    if metrics is None or fetched is None:
+        return
+    for kind, count in (
+        ("range", getattr(fetched, "resumes", 0)),
+        ("restart", getattr(fetched, "restarts", 0)),
+    ):
+        if count:
+            metrics.fetch_resumes.labels(provider, kind).inc(count)
 
 
 def _count_response(metrics: WorkerMetrics | None, provider: str, status: int | None) -> None:

@@ -51,6 +51,8 @@ def fetch_limits(net: NetConfig, provider: ProviderConfig | None = None) -> Fetc
         idle_read_timeout_seconds=net.idle_read_timeout_seconds,
         total_timeout_seconds=net.total_timeout_seconds,
         per_host_connections=net.per_host_connections,
+        max_resumes=net.max_resumes,
+        resume_backoff_seconds=net.resume_backoff_seconds,
     )
 
 

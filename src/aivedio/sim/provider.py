@@ -69,6 +69,12 @@ class Faults(msgspec.Struct, frozen=True, kw_only=True):
     """The next N download requests answer 503 ``{"error": "unavailable"}``."""
     truncate_at_bytes: int | None = None
     """Announce the full Content-Length, close the connection after this many bytes."""
+    truncate_requests: int = 0
+    """With ``truncate_at_bytes``: cut only the first N bodies (0: every one). A resume's
+    body is cut after that many bytes of its own."""
+    ignore_range: bool = False
+    """Answer ``Range`` requests with the whole body (200), as origins without range
+    support do (still with an ETag, without ``Accept-Ranges``)."""
     drip_bytes_per_second: int | None = None
     """Send the body in small chunks paced at this rate."""
     stall_after_bytes: int | None = None
@@ -96,7 +102,7 @@ class Faults(msgspec.Struct, frozen=True, kw_only=True):
 class _Output:
     """One output: its bytes (explicit or a pattern), checksum, faults and attempt count."""
 
-    __slots__ = ("attempts", "data", "faults", "index", "sha256", "size", "task_id")
+    __slots__ = ("attempts", "bodies", "data", "faults", "index", "sha256", "size", "task_id")
 
     def __init__(self, task_id: str, index: int, data: bytes, size: int, faults: Faults) -> None:
         self.task_id = task_id
@@ -105,6 +111,7 @@ class _Output:
         self.size = size
         self.faults = faults
         self.attempts = 0
+        self.bodies = 0  # bodies begun (for ``truncate_requests``)
         digest = hashlib.sha256()
         for chunk in self.chunks(0, size):
             digest.update(chunk)
@@ -442,10 +449,11 @@ class SimulatedProvider:
             start, end = 0, output.size
             ranged = None
             if not faults.gzip:
-                resp.headers["Accept-Ranges"] = "bytes"
                 resp.headers["ETag"] = f'"{output.sha256}"'
+                if not faults.ignore_range:
+                    resp.headers["Accept-Ranges"] = "bytes"
                 if_range = request.headers.get("If-Range")
-                if if_range is None or if_range == resp.headers["ETag"]:
+                if not faults.ignore_range and if_range in (None, resp.headers["ETag"]):
                     try:
                         ranged = _parse_range(request.headers.get("Range"), output.size)
                     except _Unsatisfiable:
@@ -466,10 +474,15 @@ class SimulatedProvider:
             resp.content_length = length
         else:
             resp.enable_chunked_encoding()
-        if faults.truncate_at_bytes is not None:
+        truncate_at = faults.truncate_at_bytes
+        if truncate_at is not None and faults.truncate_requests:
+            output.bodies += 1
+            if output.bodies > faults.truncate_requests:
+                truncate_at = None
+        if truncate_at is not None:
             resp.force_close()
 
-        limits = [n for n in (faults.truncate_at_bytes, faults.stall_after_bytes) if n is not None]
+        limits = [n for n in (truncate_at, faults.stall_after_bytes) if n is not None]
         limit = min(limits) if limits else None
         try:
             await resp.prepare(request)
@@ -484,7 +497,7 @@ class SimulatedProvider:
             else:
                 await resp.write_eof()
                 return resp
-            if limit == faults.truncate_at_bytes:
+            if limit == truncate_at:
                 # Flushes what was written, then closes: short of the announced length.
                 if request.transport is not None:
                     request.transport.close()
