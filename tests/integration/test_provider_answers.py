@@ -1,10 +1,12 @@
 """A provider's API answers are outside input too: what the poller and the refreshes read
 through the guarded fetcher, from a real HTTP server on loopback, is decoded at the edge's
 bounds and held to what we store, so a hostile answer is a failed poll (MalformedInputError
-naming the field), never a crash of the poll job or a value stored."""
+naming the field), never a crash of the poll job or a value stored. The moderator's
+answers likewise: one that does not decode within bounds is no decision (fail-closed)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,8 +16,10 @@ from aiohttp import web
 
 from aivedio.config import ProviderConfig
 from aivedio.errors import MalformedInputError
+from aivedio.moderation_config import ModerationConfig
 from aivedio.net.fetch import Fetcher, FetchLimits
 from aivedio.net.policy import FetchPolicy
+from aivedio.pipeline.moderation import HttpModerator, ModeratorUnavailableError, Request
 from aivedio.pipeline.providers import GenericAdapter, check_reported
 from aivedio.providers import VENDORS
 
@@ -32,6 +36,7 @@ async def answering() -> AsyncIterator[tuple[str, dict[str, bytes]]]:
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", answer)
+    app.router.add_post("/{tail:.*}", answer)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -120,3 +125,28 @@ async def test_a_vendors_hostile_time_is_a_failed_read_not_a_crash(
     finally:
         await f.aclose()
     assert info.value.field == field
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"decision": "allow", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"decision": "allow", "reasons": "not a list"}',
+        b'{"decision": "allow", "reasons": ["a\\u0000b"]}',
+    ],
+)
+async def test_a_hostile_moderator_answer_is_no_decision(
+    answering: tuple[str, dict[str, bytes]], body: bytes
+) -> None:
+    # A deep answer raised RecursionError out of the job (msgspec recurses into fields it
+    # skips), and a NUL in a reason reached the verdict's row.
+    base, answers = answering
+    answers["/moderate"] = body
+    config = ModerationConfig(backend="http", url=base + "/moderate", attempts=1)
+    moderator = HttpModerator(config)
+    request = Request(asset_id=uuid.uuid4(), revision=1, media={}, provider_labels=[], frames=[])
+    try:
+        with pytest.raises(ModeratorUnavailableError, match="did not decode"):
+            await moderator.check(request)
+    finally:
+        await moderator.aclose()
