@@ -74,6 +74,8 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     # Provider callbacks: the largest body read, and the clock skew accepted.
     max_callback_bytes: int = 256 * 1024
     callback_skew_seconds: float = 300.0
+    # Every body read whole (callbacks, JSON requests) must have arrived by then (else 408).
+    body_read_timeout_seconds: float = 30.0
     # Uploads through POST /v1/videos.
     upload_max_bytes: int = 4 * GIB
     upload_session_ttl_seconds: float = 24 * 3600.0
@@ -96,6 +98,7 @@ def validate_api(api: ApiConfig) -> None:
     for name in (
         "playback_token_ttl_seconds",
         "callback_skew_seconds",
+        "body_read_timeout_seconds",
         "upload_session_ttl_seconds",
         "presign_ttl_seconds",
         "sse_keepalive_seconds",

@@ -12,15 +12,15 @@ import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
-from datetime import date, datetime
+from datetime import UTC, date, datetime
 from typing import Any
 
 import anyio
 import msgspec
 
-from aivedio import logs
+from aivedio import logs, untrusted
 from aivedio.config import Config, load_config, masked
-from aivedio.errors import AivedioError, ConfigError, DatabaseError
+from aivedio.errors import AivedioError, ConfigError, DatabaseError, MalformedInputError
 from aivedio.store import migrations
 from aivedio.store.database import (
     map_db_errors,
@@ -235,7 +235,7 @@ def cmd_tenants_create(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(config: Config, args: argparse.Namespace) -> int:
-    from aivedio.pipeline.intake import OutputDescriptor, record_provider_output
+    from aivedio.pipeline.intake import OutputDescriptor, check_descriptor, record_provider_output
     from aivedio.pipeline.services import url_cipher
     from aivedio.store.tenants import tenant_id_by_name
 
@@ -249,6 +249,10 @@ def cmd_ingest(config: Config, args: argparse.Namespace) -> int:
         size=args.size,
     )
 
+    try:
+        check_descriptor(descriptor, datetime.now(UTC))
+    except MalformedInputError as exc:
+        raise ConfigError(f"{_flag_of(exc.field)}: {exc.detail}") from None
     provider_config = config.providers.get(args.provider)
     ttl = provider_config.default_url_ttl_seconds if provider_config else 3600.0
 
@@ -286,7 +290,19 @@ def _parse_time(value: str | None) -> datetime | None:
         raise ConfigError(f"--expires-at: {value!r} is not an ISO 8601 time") from None
     if parsed.tzinfo is None:
         raise ConfigError("--expires-at: give a time zone (e.g. 2026-12-01T10:00:00Z)")
-    return parsed
+    try:
+        return untrusted.instant(parsed, "--expires-at")
+    except MalformedInputError as exc:
+        raise ConfigError(exc.detail) from None
+
+
+# The flag each field of an ingested output comes from (errors name what the user typed).
+_INGEST_FLAGS = {"task_id": "--task-id", "index": "--output-index", "url": "--url",
+                 "expires_at": "--expires-at", "sha256": "--sha256", "size": "--size"}  # fmt: skip
+
+
+def _flag_of(field: str) -> str:
+    return _INGEST_FLAGS.get(field.rpartition(".")[2], field)
 
 
 def cmd_fetch(config: Config, args: argparse.Namespace) -> int:

@@ -506,6 +506,12 @@ def validate_net(config: Config) -> None:
                     )
         if pc.max_bytes is not None and not 0 < pc.max_bytes <= net.max_bytes:
             raise ConfigError(f"config error: {where}.max_bytes: must be in 1..net.max_bytes")
+        # An expiry derived from it must fit the window of a time from outside (untrusted.py).
+        if not 0 < pc.default_url_ttl_seconds <= 400 * 86400:
+            raise ConfigError(
+                f"config error: {where}.default_url_ttl_seconds: must be in (0, 34560000] "
+                "(400 days)"
+            )
 
 
 def _validate_key(value: str, name: str = "") -> None:

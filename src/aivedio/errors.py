@@ -44,6 +44,14 @@ class DatabaseError(AivedioError):
     error_class = "database"
 
 
+class InvalidValueError(DatabaseError):
+    """PostgreSQL refused a value (a CHECK constraint, a NUL in text, a number out of range):
+    the input is wrong, not the database, so it is no outage and retrying cannot help."""
+
+    error_class = "invalid_value"
+    retry = Retry.NEVER
+
+
 class StaleStateError(AivedioError):
     """A compare-and-set found another state or version: someone else won; do not overwrite."""
 
@@ -178,6 +186,18 @@ class InvalidResponseError(AivedioError):
 
     error_class = "invalid_response"
     retry = Retry.NEVER
+
+
+class MalformedInputError(InvalidResponseError):
+    """A body, field or flag from outside is malformed or out of bounds (``untrusted.py``):
+    the sender's mistake, refused as 400 at the API; retrying the same input cannot help."""
+
+    error_class = "malformed"
+
+    def __init__(self, detail: str = "", *, field: str = "$", reason: str = "malformed") -> None:
+        super().__init__(detail)
+        self.field = field  # where, as a JSON path (``$.outputs[0].size``) or a flag's name
+        self.reason = reason  # what: too_deep, nul_character, out_of_range, invalid_field…
 
 
 class OutputLostError(AivedioError):

@@ -20,7 +20,9 @@ from typing import Any
 import anyio
 import msgspec
 
+from aivedio import untrusted
 from aivedio.config import Config
+from aivedio.errors import MalformedInputError
 from aivedio.store.database import Connection, map_db_errors, open_pool
 from aivedio.store.ledger import LedgerEntry, Total, entries, summarize
 
@@ -28,9 +30,12 @@ EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def parse_since(value: str) -> datetime:
-    """ISO 8601 (a date, or a time); a time without a zone is taken as UTC."""
+    """ISO 8601 (a date, or a time); a time without a zone is taken as UTC. ValueError when
+    it is none, MalformedInputError when it is outside what the store holds (a filter, so
+    any stored time may be asked for: ``untrusted.stored_instant``)."""
     parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    zoned = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    return untrusted.stored_instant(zoned, "--since")
 
 
 def format_micros(micros: int) -> str:
@@ -99,6 +104,8 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
             since = parse_since(args.since)
         except ValueError:
             return _usage(f"--since: {args.since!r} is not an ISO 8601 date or time")
+        except MalformedInputError as exc:
+            return _usage(exc.detail)
 
     async def main() -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:

@@ -33,6 +33,9 @@ from datetime import datetime, timedelta
 from aivedio.errors import Retry
 
 LIMITED_RETRY_ATTEMPTS = 3
+# No job is planned to take longer than this: an estimate derived from a declared size
+# (2^62 bytes once) is bounded here, so ``sort_at`` stays a time any store can hold.
+MAX_ESTIMATED_SECONDS = 7 * 86400.0
 # A Retry-After is the remote side's explicit request and beats our schedule, including our
 # backoff ceiling; this bound only protects against absurd values.
 RETRY_AFTER_MAX_SECONDS = 3600.0
@@ -48,10 +51,23 @@ def sort_at(
 ) -> datetime:
     """The latest time a job should start: the key the claim orders by. A job without an
     expiry may ask to be due ``start_later_seconds`` after the default (a long video's later
-    chunks: a short video enqueued meanwhile goes before them)."""
+    chunks: a short video enqueued meanwhile goes before them).
+
+    An estimate outside [0, ``MAX_ESTIMATED_SECONDS``] (or not finite) counts as that bound,
+    and a result past what a datetime holds as its limit, so no input can make the claim
+    order overflow."""
     if expires_at is not None:
-        return expires_at - timedelta(seconds=estimated_seconds)
-    return now + timedelta(seconds=default_start_within_seconds + start_later_seconds)
+        estimate = min(max(estimated_seconds, 0.0), MAX_ESTIMATED_SECONDS)
+        if estimate != estimate:  # NaN
+            estimate = MAX_ESTIMATED_SECONDS
+        try:
+            return expires_at - timedelta(seconds=estimate)
+        except OverflowError:
+            return datetime.min.replace(tzinfo=expires_at.tzinfo)
+    try:
+        return now + timedelta(seconds=default_start_within_seconds + start_later_seconds)
+    except OverflowError:
+        return datetime.max.replace(tzinfo=now.tzinfo)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ import os
 import sys
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
@@ -127,7 +127,19 @@ async def test_unknown_tenant_fails_naming_it(database: str, pool: Pool) -> None
     assert await pool.fetchval("SELECT count(*) FROM generation_tasks") == 0
 
 
-@pytest.mark.parametrize("value", ["tomorrow", "2030-13-01T00:00:00Z", "2030-01-01T00:00:00"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "tomorrow",
+        "2030-13-01T00:00:00Z",
+        "2030-01-01T00:00:00",
+        # Outside [now - 400 days, now + 400 days]: 0001-01-01 was stored as -infinity.
+        "0001-01-01T00:00:00Z",
+        "9999-12-31T23:59:59Z",
+        "9999-12-31T23:59:59-01:00",
+        "2000-01-01T00:00:00Z",
+    ],
+)
 async def test_bad_expires_at_is_bad_usage(database: str, pool: Pool, value: str) -> None:
     assert (await aivedio(database, "tenants", "create", "acme")).code == 0
     run = await ingest(database, "--expires-at", value)
@@ -139,10 +151,10 @@ async def test_bad_expires_at_is_bad_usage(database: str, pool: Pool, value: str
 
 async def test_expires_at_is_stored_on_the_output_and_the_job(database: str, pool: Pool) -> None:
     assert (await aivedio(database, "tenants", "create", "acme")).code == 0
-    run = await ingest(database, "--expires-at", "2030-01-01T00:00:00Z")
+    expected = datetime.now(UTC).replace(microsecond=0) + timedelta(days=30)
+    run = await ingest(database, "--expires-at", expected.isoformat())
     assert run.code == 0, run.stderr
     recorded = run.json()
-    expected = datetime(2030, 1, 1, tzinfo=UTC)
     output_expiry = await pool.fetchval(
         "SELECT source_url_expires_at FROM provider_outputs WHERE id = $1",
         uuid.UUID(recorded["provider_output_id"]),
@@ -152,3 +164,23 @@ async def test_expires_at_is_stored_on_the_output_and_the_job(database: str, poo
     )
     assert output_expiry == expected
     assert job_expiry == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (("--size", str(2**62)), "--size"),
+        (("--size", "-1"), "--size"),
+        (("--output-index", "70000"), "--output-index"),
+        (("--sha256", "abc"), "--sha256"),
+    ],
+)
+async def test_an_out_of_range_output_field_is_bad_usage_naming_its_flag(
+    database: str, pool: Pool, flags: tuple[str, str], named: str
+) -> None:
+    # --size 2^62 overflowed the claim order (a traceback) before sizes were bounded.
+    assert (await aivedio(database, "tenants", "create", "acme")).code == 0
+    run = await ingest(database, *flags)
+    assert (run.code, run.stdout) == (2, ""), run.stderr
+    assert named in run.stderr and "Traceback" not in run.stderr
+    assert await pool.fetchval("SELECT count(*) FROM provider_outputs") == 0

@@ -10,10 +10,17 @@ import anyio
 import asyncpg
 import pytest
 
-from aivedio.errors import StaleStateError, TransitionError
+from aivedio.api.problems import status_for
+from aivedio.errors import (
+    DatabaseError,
+    InvalidValueError,
+    Retry,
+    StaleStateError,
+    TransitionError,
+)
 from aivedio.states import TRANSITIONS, Entity
 from aivedio.store import migrations
-from aivedio.store.database import Pool
+from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.records import transition
 from tests.conftest import TEST_KEY
 
@@ -191,3 +198,121 @@ async def test_cas_refuses_a_stale_state_or_version(pool: Pool) -> None:
             == 3
         )
     assert await pool.fetchval("SELECT fetch_status FROM provider_outputs") == "FETCHING"
+
+
+TIME_COLUMNS = (
+    "SELECT c.table_name, c.column_name FROM information_schema.columns c"
+    " JOIN information_schema.tables t USING (table_schema, table_name)"
+    " WHERE c.table_schema = current_schema() AND t.table_type = 'BASE TABLE'"
+    " AND c.data_type IN ('timestamp with time zone', 'timestamp without time zone', 'date')"
+)
+
+
+async def test_every_stored_time_has_a_sanity_check(pool: Pool) -> None:
+    # A migration adding a time column adds its <table>_<column>_sane CHECK (0016's rule).
+    columns = await pool.fetch(TIME_COLUMNS)
+    assert len(columns) > 50
+    checks = {
+        r["conname"]
+        for r in await pool.fetch("SELECT conname FROM pg_constraint WHERE contype = 'c'")
+    }
+    missing = [
+        f"{r['table_name']}.{r['column_name']}"
+        for r in columns
+        if f"{r['table_name']}_{r['column_name']}_sane" not in checks
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize(
+    "value", ["-infinity", "infinity", "0001-01-01 00:00:00+00", "9999-12-31 23:59:59+00"]
+)
+async def test_no_path_can_store_an_infinite_or_absurd_time(pool: Pool, value: str) -> None:
+    tenant = await pool.fetchval("INSERT INTO tenants (name) VALUES ('t') RETURNING id")
+    async with pool.acquire() as conn:
+        with (
+            pytest.raises(InvalidValueError, match="check constraint"),
+            map_db_errors("storing a callback receipt"),
+        ):
+            await conn.execute(
+                "INSERT INTO callback_receipts (provider, event_id, received_at)"
+                " VALUES ('p', 'e', $1::text::timestamptz)",
+                value,
+            )
+        with pytest.raises(InvalidValueError), map_db_errors("updating a tenant"):
+            await conn.execute(
+                "UPDATE tenants SET created_at = $2::text::timestamptz WHERE id = $1", tenant, value
+            )
+
+
+async def test_a_refused_value_is_an_error_of_the_input_never_an_outage(pool: Pool) -> None:
+    # A NUL in text was answered 503 "database": a retry of what can never succeed.
+    error = None
+    async with pool.acquire() as conn:
+        try:
+            with map_db_errors("recording a receipt"):
+                await conn.execute(
+                    "INSERT INTO callback_receipts (provider, event_id) VALUES ('p', $1)", "a\x00b"
+                )
+        except DatabaseError as exc:
+            error = exc
+    assert isinstance(error, InvalidValueError)
+    assert error.retry is Retry.NEVER and status_for(error) == 400
+    # A value the driver cannot even encode is the input's fault too.
+    async with pool.acquire() as conn:
+        with pytest.raises(InvalidValueError), map_db_errors("storing a size"):
+            await conn.execute("SELECT $1::bigint", 2**64)
+
+
+async def test_upgrading_a_database_holding_infinite_times_clamps_them(
+    empty_database: str,
+) -> None:
+    conn = await asyncpg.connect(empty_database)
+    try:
+        await conn.execute(migrations.CREATE_TABLE)
+        for migration in migrations.available():
+            if migration.version >= 16:
+                break
+            await conn.execute(migration.sql)
+            await conn.execute(
+                "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                migration.version,
+                migration.name,
+                migration.checksum,
+            )
+        # What the old edge let in: a signed callback's "0001-01-01T00:00:00Z" as -infinity.
+        tenant = await conn.fetchval(
+            "INSERT INTO tenants (name, created_at) VALUES ('t', 'infinity') RETURNING id"
+        )
+        task = uuid.uuid4()
+        await conn.execute(
+            "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
+            " provider_status, updated_at) VALUES ($1, $2, 'p', 't', 'PROVIDER_SUCCEEDED',"
+            " '0001-01-01 00:00:00+00')",
+            task,
+            tenant,
+        )
+        await conn.execute(
+            "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
+            " provider_task_id, output_index, source_url_ciphertext, source_url_key_id,"
+            " source_url_expires_at, fetch_status) VALUES ($1, $2, $3, 'p', 't', 0, '\\x00',"
+            " 'k', '-infinity', 'FETCH_PENDING')",
+            uuid.uuid4(),
+            tenant,
+            task,
+        )
+        applied = await migrations.migrate(conn)
+        assert [m.version for m in applied] == [16]
+        row = await conn.fetchrow(
+            "SELECT (SELECT created_at FROM tenants)::text AS tenant,"
+            " (SELECT updated_at FROM generation_tasks)::text AS task,"
+            " (SELECT source_url_expires_at FROM provider_outputs)::text AS expiry"
+        )
+        assert row is not None
+        assert row["expiry"].startswith("1970-01-01 00:00:00")
+        assert row["task"].startswith("1970-01-01 00:00:00")
+        assert row["tenant"].startswith("2499-12-31 00:00:00")
+        with pytest.raises(asyncpg.CheckViolationError):
+            await conn.execute("UPDATE provider_outputs SET source_url_expires_at = '-infinity'")
+    finally:
+        await conn.close()

@@ -77,7 +77,28 @@ def test_signature_of_another_length_is_rejected() -> None:
 @pytest.mark.parametrize("timestamp", ["", "yesterday", "18e8x", "0x6b49d200"])
 def test_non_numeric_timestamp_is_rejected(timestamp: str) -> None:
     signature = sign(SECRET, timestamp, BODY)
-    assert "not a number" in _rejected(SECRET, timestamp, BODY, signature, now=NOW)
+    assert "not whole Unix seconds" in _rejected(SECRET, timestamp, BODY, signature, now=NOW)
+
+
+# Each of these is NOW, within the window, and signed: only their form is wrong.
+@pytest.mark.parametrize(
+    "timestamp",
+    [
+        "1800000000.123",
+        "1800000000.0",
+        "1.8e9",
+        " 1800000000",
+        "1800000000 ",
+        "+1800000000",
+        "1_800_000_000",
+        "\u0661\u0668" + "\u0660" * 8,
+    ],
+)
+def test_a_timestamp_that_is_not_whole_ascii_seconds_is_rejected_though_signed(
+    timestamp: str,
+) -> None:
+    signature = sign(SECRET, timestamp, BODY)
+    assert "not whole Unix seconds" in _rejected(SECRET, timestamp, BODY, signature, now=NOW)
 
 
 @pytest.mark.parametrize("offset", [-301.0, 301.0, -86400.0, 86400.0])

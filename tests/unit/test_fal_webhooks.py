@@ -57,8 +57,8 @@ def test_forged_changed_and_stale_deliveries_are_refused() -> None:
         (delivery(**{"X-Fal-Webhook-User-Id": "user-10"}), BODY, NOW, "matches no key"),
         (delivery(at=NOW - 301), BODY, NOW, "outside"),
         (delivery(at=NOW + 301), BODY, NOW, "outside"),
-        (delivery(**{"X-Fal-Webhook-Signature": "zz"}), BODY, NOW, "malformed"),
-        (delivery(**{"X-Fal-Webhook-Timestamp": "soon"}), BODY, NOW, "malformed"),
+        (delivery(**{"X-Fal-Webhook-Signature": "zz"}), BODY, NOW, "not hex"),
+        (delivery(**{"X-Fal-Webhook-Timestamp": "soon"}), BODY, NOW, "whole Unix seconds"),
     ]
     for headers, body, now, why in cases:
         with pytest.raises(CallbackRejected, match=why):
@@ -74,3 +74,13 @@ def test_a_jwks_without_usable_keys_is_a_config_error() -> None:
                 b'{"keys": [{"kty": "OKP", "crv": "Ed25519", "x": "abc"}]}'):  # fmt: skip
         with pytest.raises(ConfigError, match="JWKS"):
             public_keys(bad)
+
+
+@pytest.mark.parametrize("timestamp", [f"{NOW}.5", f"+{NOW}", f" {NOW}", "1_800_000_000"])
+def test_a_signed_timestamp_that_is_not_whole_ascii_seconds_is_refused(timestamp: str) -> None:
+    signature = CURRENT.sign(message("req-1", "user-9", timestamp, BODY)).hex()
+    headers = delivery(
+        **{"X-Fal-Webhook-Timestamp": timestamp, "X-Fal-Webhook-Signature": signature}
+    )
+    with pytest.raises(CallbackRejected, match="whole Unix seconds"):
+        verify(KEYS, headers, BODY, now=NOW)

@@ -93,11 +93,12 @@ def test_vertex_turns_gcs_uris_into_download_urls_on_the_gcs_origin() -> None:
 
 
 def test_replicate_webhook_body_gives_outputs_that_expire_an_hour_after_completion() -> None:
+    completed = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
     body = msgspec.json.encode(
         {
             "id": "p1",
             "status": "succeeded",
-            "completed_at": "2026-01-01T10:00:00Z",
+            "completed_at": completed.isoformat().replace("+00:00", "Z"),
             "output": ["https://r.example/0.mp4", "https://r.example/1.mp4"],
         }
     )
@@ -107,7 +108,7 @@ def test_replicate_webhook_body_gives_outputs_that_expire_an_hour_after_completi
         (0, "https://r.example/0.mp4"),
         (1, "https://r.example/1.mp4"),
     ]
-    assert {o.expires_at for o in hint.outputs} == {datetime(2026, 1, 1, 11, tzinfo=UTC)}
+    assert {o.expires_at for o in hint.outputs} == {completed + timedelta(hours=1)}
     single = ReplicateAdapter.parse_callback(
         msgspec.json.encode({"id": "p2", "status": "canceled"}), ProviderConfig()
     )

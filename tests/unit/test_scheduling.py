@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from aivedio.errors import Retry
 from aivedio.scheduling import (
     LIMITED_RETRY_ATTEMPTS,
+    MAX_ESTIMATED_SECONDS,
     RETRY_AFTER_MAX_SECONDS,
     Candidate,
     RetryDecision,
@@ -50,6 +51,21 @@ def test_sort_at_is_expiry_minus_estimate() -> None:
         now=NOW, expires_at=expires, estimated_seconds=90, default_start_within_seconds=3600
     )
     assert got == expires - timedelta(seconds=90)
+
+
+@pytest.mark.parametrize("estimate", [2**62 / (20 * 1024**2), 1e300, float("inf"), float("nan")])
+def test_an_absurd_estimate_is_bounded_and_never_overflows(estimate: float) -> None:
+    # A declared size of 2^62 bytes made the estimate ~2.2e11 s: the subtraction overflowed
+    # (OverflowError, a 500 at the callback) before the estimate was bounded.
+    expires = NOW + timedelta(minutes=10)
+    got = sort_at(
+        now=NOW, expires_at=expires, estimated_seconds=estimate, default_start_within_seconds=1
+    )
+    assert got == expires - timedelta(seconds=MAX_ESTIMATED_SECONDS)
+    early = datetime(1, 1, 2, tzinfo=UTC)  # refused at the edge; still no crash here
+    assert sort_at(
+        now=NOW, expires_at=early, estimated_seconds=estimate, default_start_within_seconds=1
+    ) == datetime.min.replace(tzinfo=UTC)
 
 
 def test_sort_at_without_expiry_is_now_plus_window() -> None:

@@ -72,3 +72,12 @@ def test_secrets_must_be_whsec_base64() -> None:
     for bad in ("whsec_", "whsec_%%%", "whsec_abc"):
         with pytest.raises(ConfigError, match="whsec_"):
             secret_key(bad)
+
+
+@pytest.mark.parametrize(
+    "timestamp", [" 1614265330", "+1614265330", "1_614_265_330", "\u0661614265330"]
+)
+def test_a_signed_timestamp_that_is_not_whole_ascii_seconds_is_refused(timestamp: str) -> None:
+    signed = headers(sign(KEY, MSG_ID, timestamp, BODY), **{"Webhook-Timestamp": timestamp})
+    with pytest.raises(CallbackRejected, match="whole Unix seconds"):
+        verify(KEY, signed, BODY, now=float(TIMESTAMP))

@@ -5,10 +5,14 @@ fal's ED25519, MiniMax's challenge, unsigned hints confirmed by a task read). A 
 provider's callback is ours, below.
 
 Verified before anything is parsed or recorded (``pipeline/callbacks.py``): the body is read
-up to ``[api] max_callback_bytes`` (413 past it), ``X-Aivedio-Signature: sha256=<hex>`` must
+whole (``api/bodies.py``: every piece, however it arrives, within
+``[api] body_read_timeout_seconds``, else 408) up to ``[api] max_callback_bytes`` (413 past
+it), ``X-Aivedio-Signature: sha256=<hex>`` must
 be the HMAC-SHA256 of ``"{X-Aivedio-Timestamp}.{body}"`` under the provider's
-``callback_secret`` (401 otherwise), and the timestamp must be within
-``[api] callback_skew_seconds`` of now (401). Then one transaction records the event id (a
+``callback_secret`` (401 otherwise), and the timestamp (whole Unix seconds) must be within
+``[api] callback_skew_seconds`` of now (401). The body is then decoded with the edge's
+bounds (``untrusted.py``: depth, NUL, lengths, integer and time ranges; 400 naming the
+field). Then one transaction records the event id (a
 second delivery of the same id is refused with 409 ``replayed_event``: the first one was
 recorded, since the receipt commits only together with what it recorded), and for a
 SUCCEEDED task records each output and enqueues its fetch (``intake.record_task_outputs``,
@@ -28,14 +32,16 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
+from aivedio import untrusted
 from aivedio.api import schema, vendor_callbacks
+from aivedio.api.bodies import read_body
 from aivedio.api.context import ApiContext, context
 from aivedio.api.problems import ApiError
-from aivedio.errors import PolicyBlockedError
+from aivedio.errors import MalformedInputError, PolicyBlockedError
 from aivedio.logs import get_logger
 from aivedio.pipeline.callbacks import CallbackRejected, verify_signature
 from aivedio.pipeline.intake import Received, receive, record_task_outputs
-from aivedio.pipeline.providers import ProviderOutput, ProviderTask
+from aivedio.pipeline.providers import MAX_OUTPUT_BYTES, ProviderOutput, ProviderTask
 from aivedio.providers import GENERIC_CALLBACK_SCHEME, callback_scheme
 from aivedio.states import Entity, allowed
 from aivedio.store.database import Connection, map_db_errors
@@ -55,7 +61,7 @@ class CallbackOutput(msgspec.Struct, frozen=True, kw_only=True):
     url: Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
     expires_at: datetime | None = None
     sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-fA-F]{64}$")] | None = None
-    size: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    size: Annotated[int, msgspec.Meta(ge=0, le=MAX_OUTPUT_BYTES)] | None = None
     content_type: Annotated[str, msgspec.Meta(max_length=200)] | None = None
 
 
@@ -85,20 +91,29 @@ class CallbackAccepted(msgspec.Struct, frozen=True, kw_only=True):
     outputs: list[RecordedOutput]
 
 
-def _reject(ctx: ApiContext, provider: str, status: int, reason: str, detail: str) -> ApiError:
+def _reject(
+    ctx: ApiContext, provider: str, status: int, reason: str, detail: str, field: str | None = None
+) -> ApiError:
     ctx.metrics.callbacks.labels(provider, reason).inc()
-    log.warning("callback_rejected", provider=provider, reason=reason, detail=detail)
-    return ApiError(status, detail, reason)
+    log.warning("callback_rejected", provider=provider, reason=reason, detail=detail, field=field)
+    return ApiError(status, detail, reason, field=field)
 
 
 async def _read_body(request: web.Request, ctx: ApiContext, provider: str) -> bytes:
-    limit = ctx.config.api.max_callback_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise _reject(ctx, provider, 413, "too_large", f"callback body over {limit} bytes")
-    body = await request.content.read(limit + 1)
-    if len(body) > limit:
-        raise _reject(ctx, provider, 413, "too_large", f"callback body over {limit} bytes")
-    return body
+    try:
+        return await read_body(
+            request,
+            limit_bytes=ctx.config.api.max_callback_bytes,
+            timeout_seconds=ctx.config.api.body_read_timeout_seconds,
+            what="callback body",
+        )
+    except ApiError as exc:
+        raise _reject(ctx, provider, exc.status, exc.code, exc.detail) from None
+
+
+def malformed(ctx: ApiContext, provider: str, exc: MalformedInputError) -> ApiError:
+    """A verified body that the edge refused: 400 ``malformed``, naming the field."""
+    return _reject(ctx, provider, 400, "malformed", f"callback body: {exc.detail}", exc.field)
 
 
 @routes.post("/v1/providers/{provider}/callbacks")
@@ -114,8 +129,8 @@ async def callback(request: web.Request) -> web.Response:
     body = await _read_body(request, ctx, provider)
     if scheme != GENERIC_CALLBACK_SCHEME:
 
-        def reject(status: int, reason: str, detail: str) -> ApiError:
-            return _reject(ctx, provider, status, reason, detail)
+        def reject(status: int, reason: str, detail: str, field: str | None = None) -> ApiError:
+            return _reject(ctx, provider, status, reason, detail, field)
 
         return await vendor_callbacks.handle(
             ctx, request, provider, provider_config, scheme, body, reject
@@ -141,9 +156,9 @@ async def callback(request: web.Request) -> web.Response:
     except CallbackRejected as exc:
         raise _reject(ctx, provider, 401, "bad_signature", exc.detail) from None
     try:
-        event = msgspec.json.decode(body, type=CallbackBody)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise _reject(ctx, provider, 400, "malformed", f"callback body: {exc}") from None
+        event = untrusted.decode(body, CallbackBody)
+    except MalformedInputError as exc:
+        raise malformed(ctx, provider, exc) from None
     status = event.status.upper()
     if status == "SUCCEEDED" and not event.outputs:
         raise _reject(ctx, provider, 422, "malformed", "a SUCCEEDED callback lists its outputs")
@@ -224,6 +239,8 @@ async def _record(
             tenant_id=tenant_id,
             task_known=received.known,
         )
+    except MalformedInputError as exc:
+        raise malformed(ctx, provider, exc) from None
     except PolicyBlockedError as exc:
         raise _reject(ctx, provider, 422, "invalid_output", exc.detail) from None
     recorded = [

@@ -15,11 +15,13 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
+from aivedio import untrusted
 from aivedio.api import schema
 from aivedio.api.auth import tenant_of
+from aivedio.api.bodies import read_body
 from aivedio.api.context import context
 from aivedio.api.problems import ApiError
-from aivedio.errors import NotFoundError, PolicyBlockedError
+from aivedio.errors import MalformedInputError, NotFoundError, PolicyBlockedError
 from aivedio.logs import get_logger
 from aivedio.pipeline.poller import register_watch
 
@@ -50,15 +52,15 @@ class WatchedTask(msgspec.Struct, frozen=True, kw_only=True):
 @routes.post("/v1/generation-tasks")
 async def watch_task(request: web.Request) -> web.Response:
     ctx = context(request)
-    if (request.content_length or 0) > BODY_MAX_BYTES:
-        raise ApiError(413, f"the request body is over {BODY_MAX_BYTES} bytes")
-    body = await request.content.read(BODY_MAX_BYTES + 1)
-    if len(body) > BODY_MAX_BYTES:
-        raise ApiError(413, f"the request body is over {BODY_MAX_BYTES} bytes")
+    body = await read_body(
+        request,
+        limit_bytes=BODY_MAX_BYTES,
+        timeout_seconds=ctx.config.api.body_read_timeout_seconds,
+    )
     try:
-        wanted = msgspec.json.decode(body, type=WatchTask)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ApiError(400, f"request body: {exc}") from None
+        wanted = untrusted.decode(body, WatchTask)
+    except MalformedInputError as exc:
+        raise ApiError(400, f"request body: {exc.detail}", exc.reason, field=exc.field) from None
     tenant_id = tenant_of(request)
     try:
         async with ctx.pool.acquire() as conn:

@@ -17,6 +17,8 @@ from aivedio.errors import (
     AivedioError,
     ConfigError,
     DatabaseError,
+    InvalidValueError,
+    MalformedInputError,
     NotFoundError,
     PolicyBlockedError,
     StaleStateError,
@@ -34,6 +36,9 @@ STATUS_OF: list[tuple[type[AivedioError], int]] = [
     (StaleStateError, 409),
     (TooLargeError, 413),
     (PolicyBlockedError, 422),
+    # Bad input, never an outage: 503 would tell the sender to retry what cannot succeed.
+    (MalformedInputError, 400),
+    (InvalidValueError, 400),
     (DatabaseError, 503),
     (TransientError, 503),
     (ConfigError, 500),
@@ -45,6 +50,7 @@ REASONS = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     409: "conflict",
     411: "length_required",
     413: "too_large",
@@ -66,21 +72,33 @@ class ApiError(Exception):
         detail: str,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        field: str | None = None,
     ) -> None:
         super().__init__(detail)
         self.status = status
         self.code = code or REASONS.get(status, "error")
         self.detail = detail
         self.headers = headers
+        self.field = field  # the JSON path (or header) the error is about, when one is
 
 
 def problem(
-    status: int, detail: str, code: str | None = None, headers: dict[str, str] | None = None
+    status: int,
+    detail: str,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+    field: str | None = None,
 ) -> web.Response:
     body: dict[str, Any] = {
         "error": {"code": code or REASONS.get(status, "error"), "detail": detail}
     }
-    return web.json_response(body, status=status, headers=headers)
+    if field is not None:
+        body["error"]["field"] = field
+    response = web.json_response(body, status=status, headers=headers)
+    if status == 408:
+        # The rest of the body may still arrive: it must not be read as the next request.
+        response.force_close()
+    return response
 
 
 def status_for(exc: AivedioError) -> int:
@@ -95,10 +113,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ApiError as exc:
-        return problem(exc.status, exc.detail, exc.code, headers=exc.headers)
+        return problem(exc.status, exc.detail, exc.code, headers=exc.headers, field=exc.field)
     except AivedioError as exc:
         status = status_for(exc)
         detail = redact_text(exc.detail) if status < 500 else exc.error_class
+        if isinstance(exc, MalformedInputError):
+            return problem(status, detail, exc.reason, field=exc.field)
         if status >= 500:
             log.warning(
                 "request_failed",

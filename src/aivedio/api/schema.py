@@ -17,9 +17,12 @@ REF = "#/components/schemas/{name}"
 KEY_AUTH: list[dict[str, list[str]]] = [{"apiKey": []}]
 
 
-class ErrorDetail(msgspec.Struct, frozen=True):
+class ErrorDetail(msgspec.Struct, frozen=True, omit_defaults=True):
     code: str
     detail: str
+    # Where in the request the error is, when it is about one field: a JSON path such as
+    # ``$.outputs[0].size``, or a header's name.
+    field: str | None = None
 
 
 class Error(msgspec.Struct, frozen=True):
@@ -41,6 +44,7 @@ _ERROR_TEXT = {
     403: "forbidden (signature or token refused)",
     404: "no such resource for this tenant",
     405: "method not allowed",
+    408: "the body did not arrive in time",
     409: "conflicting state",
     411: "Content-Length required",
     413: "body too large",

@@ -33,17 +33,18 @@ import msgspec
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from aivedio import untrusted
 from aivedio.api import schema
 from aivedio.api.context import ApiContext
 from aivedio.api.problems import ApiError
 from aivedio.config import ProviderConfig
-from aivedio.errors import AivedioError, ConfigError, PolicyBlockedError
+from aivedio.errors import AivedioError, ConfigError, MalformedInputError, PolicyBlockedError
 from aivedio.logs import get_logger
 from aivedio.pipeline import fal_webhooks, standard_webhooks
 from aivedio.pipeline.callbacks import CallbackRejected
 from aivedio.pipeline.intake import Received, receive, record_task_outputs
 from aivedio.pipeline.poller import can_poll, register_watch
-from aivedio.pipeline.providers import ProviderTask
+from aivedio.pipeline.providers import ProviderTask, check_reported
 from aivedio.providers import VENDORS
 from aivedio.providers.base import CallbackHint
 from aivedio.store.database import Connection
@@ -70,8 +71,8 @@ def challenge_of(body: bytes) -> str | None:
     """The handshake's token: a body that is exactly ``{"challenge": "<printable text>"}``.
     It is echoed unauthenticated on our origin, so anything else is not echoed."""
     try:
-        doc = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+        doc = untrusted.decode(body)
+    except MalformedInputError:
         return None
     if not isinstance(doc, dict) or len(doc) != 1:
         return None
@@ -185,7 +186,11 @@ async def verify(
 
 
 def parse(pc: ProviderConfig, body: bytes) -> CallbackHint:
-    return VENDORS[pc.adapter].parse_callback(body, pc)
+    """The body as the vendor's adapter reads it, held to what we store: its task id and
+    outputs are values from outside like any other (``check_reported``)."""
+    hint = VENDORS[pc.adapter].parse_callback(body, pc)
+    check_reported(hint.task_id, hint.outputs)
+    return hint
 
 
 async def record(
@@ -279,6 +284,8 @@ async def handle(
         raise reject(401, "bad_signature", exc.detail) from None
     try:
         hint = parse(pc, body)
+    except MalformedInputError as exc:
+        raise reject(400, "malformed", f"callback body: {exc.detail}", exc.field) from None
     except AivedioError as exc:
         raise reject(400, "malformed", f"callback body: {exc.detail}") from None
     async with ctx.pool.acquire() as conn, conn.transaction():

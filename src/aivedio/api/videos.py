@@ -45,8 +45,10 @@ import anyio.to_thread
 import msgspec
 from aiohttp import http_exceptions, web
 
+from aivedio import untrusted
 from aivedio.api import schema
 from aivedio.api.auth import tenant_of
+from aivedio.api.bodies import read_body
 from aivedio.api.context import ApiContext, context
 from aivedio.api.problems import ApiError
 from aivedio.api.video_bodies import (
@@ -62,7 +64,7 @@ from aivedio.api.video_bodies import (
     VideoStatus,
 )
 from aivedio.asset_status import asset_status
-from aivedio.errors import NotFoundError, StaleStateError
+from aivedio.errors import MalformedInputError, NotFoundError, StaleStateError
 from aivedio.logs import get_logger, redact_text
 from aivedio.pipeline.media_stage import probe_spec
 from aivedio.store import uploads
@@ -102,23 +104,21 @@ SCHEMAS: tuple[type, ...] = (
 
 
 async def _read_json_body(request: web.Request) -> bytes:
-    """The body, refused (413) past ``JSON_BODY_MAX_BYTES``: every body the schema allows
-    fits, so a bigger one is malformed anyway; anything smaller is validated and answered
-    400/422 with what is wrong, not cut off by the app's generic read limit."""
-    too_large = ApiError(413, f"the request body is over {JSON_BODY_MAX_BYTES} bytes")
-    if (request.content_length or 0) > JSON_BODY_MAX_BYTES:
-        raise too_large
-    chunks: list[bytes] = []
-    total = 0
-    async for chunk in request.content.iter_chunked(64 * 1024):
-        total += len(chunk)
-        if total > JSON_BODY_MAX_BYTES:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
+    """The whole body (``api/bodies.py``), refused (413) past ``JSON_BODY_MAX_BYTES``: every
+    body the schema allows fits, so a bigger one is malformed anyway; anything smaller is
+    validated and answered 400/422 with what is wrong, not cut off by the app's generic
+    read limit."""
+    return await read_body(
+        request,
+        limit_bytes=JSON_BODY_MAX_BYTES,
+        timeout_seconds=context(request).config.api.body_read_timeout_seconds,
+    )
 
 
 async def _decode(request: web.Request, kind: type[Any], *, required: bool) -> Any:
+    """The body as ``kind``, decoded at the edge's bounds (``untrusted.decode``): a body
+    out of bounds (depth, NUL, lengths, 64-bit integers) or not JSON is 400, one that breaks
+    the schema 422, each naming the field."""
     body = await _read_json_body(request)
     if not body.strip():
         if required:
@@ -128,11 +128,11 @@ async def _decode(request: web.Request, kind: type[Any], *, required: bool) -> A
     if declared is not None and not _is_json(request.content_type):
         raise ApiError(415, f"the body must be application/json, not {request.content_type}")
     try:
-        return msgspec.json.decode(body, type=kind)
-    except msgspec.ValidationError as exc:
-        raise ApiError(422, f"request body: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from None
+        return untrusted.decode(body, kind)
+    except MalformedInputError as exc:
+        if exc.reason == "invalid_field":
+            raise ApiError(422, f"request body: {exc.detail}", field=exc.field) from None
+        raise ApiError(400, f"request body: {exc.detail}", exc.reason, field=exc.field) from None
 
 
 def _is_json(media_type: str) -> bool:

@@ -44,9 +44,11 @@ import anyio
 import msgspec
 from yarl import URL
 
+from aivedio import untrusted
 from aivedio.errors import (
     AivedioError,
     InvalidResponseError,
+    MalformedInputError,
     PolicyBlockedError,
     TooLargeError,
     TransientError,
@@ -430,10 +432,12 @@ class Fetcher:
                 await self._read_body(url, response, collect, max_bytes, _State(), None)
             finally:
                 response.release()
-        try:
-            return msgspec.json.decode(bytes(buffer))
-        except msgspec.DecodeError:
-            raise InvalidResponseError(f"{url_for_log(url)} answered invalid JSON") from None
+        try:  # at the edge's bounds: a provider's answer is outside input too
+            return untrusted.decode(bytes(buffer), bounds=untrusted.PROVIDER_BOUNDS)
+        except MalformedInputError as exc:
+            raise MalformedInputError(
+                f"{url_for_log(url)} answered {exc.detail}", field=exc.field, reason=exc.reason
+            ) from None
 
     async def _request(
         self,

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import math
+import re
 import time
 
 from aivedio.errors import PolicyBlockedError
 from aivedio.store.together import Part
 
 DEFAULT_SKEW_SECONDS = 300.0
+# Whole Unix seconds in ASCII digits: no sign, fraction, exponent, space, "_" or other
+# script's digits, all of which float() and int() would take.
+_UNIX_SECONDS = re.compile(r"[0-9]{1,12}")
 
 
 class CallbackRejected(PolicyBlockedError):
@@ -29,6 +32,13 @@ def sign(secret: bytes, timestamp: str, body: bytes) -> str:
     return hmac.new(secret, timestamp.encode() + b"." + body, hashlib.sha256).hexdigest()
 
 
+def unix_seconds(timestamp: str, header: str) -> int:
+    """A signature timestamp header's value: an integer count of seconds, nothing else."""
+    if not _UNIX_SECONDS.fullmatch(timestamp):
+        raise CallbackRejected(f"{header} is not whole Unix seconds")
+    return int(timestamp)
+
+
 def verify_signature(
     secret: bytes,
     timestamp: str,
@@ -38,12 +48,7 @@ def verify_signature(
     now: float | None = None,
     skew_seconds: float = DEFAULT_SKEW_SECONDS,
 ) -> None:
-    try:
-        sent_at = float(timestamp)
-    except ValueError:
-        raise CallbackRejected("callback timestamp is not a number") from None
-    if not math.isfinite(sent_at):
-        raise CallbackRejected("callback timestamp is not a number")
+    sent_at = unix_seconds(timestamp, "callback timestamp")
     current = time.time() if now is None else now
     if abs(current - sent_at) > skew_seconds:
         raise CallbackRejected(f"callback timestamp outside the ±{skew_seconds:g}s window")

@@ -26,7 +26,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from aivedio.errors import ConfigError
-from aivedio.pipeline.callbacks import DEFAULT_SKEW_SECONDS, CallbackRejected
+from aivedio.pipeline.callbacks import DEFAULT_SKEW_SECONDS, CallbackRejected, unix_seconds
 
 HEADER = "X-Fal-Webhook-"
 MAX_FIELD_CHARS = 256
@@ -86,11 +86,11 @@ def verify(
         raise CallbackRejected("fal webhook headers missing: " + ", ".join(missing))
     if any(len(v) > MAX_FIELD_CHARS or not v.isprintable() for v in fields.values()):
         raise CallbackRejected("fal webhook headers are not printable fields of at most 256")
+    sent_at = unix_seconds(fields["Timestamp"], HEADER + "Timestamp")
     try:
-        sent_at = int(fields["Timestamp"])
         signature = bytes.fromhex(fields["Signature"])
     except ValueError:
-        raise CallbackRejected("fal webhook timestamp or signature is malformed") from None
+        raise CallbackRejected("fal webhook signature is not hex") from None
     current = time.time() if now is None else now
     if not math.isfinite(current) or abs(current - sent_at) > tolerance_seconds:
         raise CallbackRejected(f"fal webhook timestamp outside the ±{tolerance_seconds:g}s window")

@@ -28,7 +28,12 @@ from aivedio.crypto import UrlCipher
 from aivedio.errors import ConfigError, NotFoundError, PolicyBlockedError, TransientError
 from aivedio.ledger_config import LedgerConfig
 from aivedio.pipeline.callbacks import receipt_part
-from aivedio.pipeline.providers import ProviderTask
+from aivedio.pipeline.providers import (
+    ProviderOutput,
+    ProviderTask,
+    check_output,
+    check_reported,
+)
 from aivedio.pipeline.registry import Registry
 from aivedio.states import TERMINAL_OUTPUT_STATES, Entity
 from aivedio.store.database import Connection, map_db_errors
@@ -90,9 +95,8 @@ async def record_provider_output(
     statement of inserts (a task that appeared meanwhile makes it write nothing, and the
     general path follows)."""
     now = now or datetime.now(UTC)
+    check_descriptor(descriptor, now)
     expires_at = descriptor.expires_at or now + timedelta(seconds=default_ttl_seconds)
-    if descriptor.sha256 is not None and len(descriptor.sha256) != 64:
-        raise PolicyBlockedError("invalid_descriptor: sha256 must be 64 hex characters")
     ledger = ledger or LedgerConfig()
 
     def fetch_spec(output_id: uuid.UUID) -> JobSpec:
@@ -142,6 +146,21 @@ async def record_provider_output(
         job_created=enqueued.created,
         fetch_status=status,
     )
+
+
+def check_descriptor(d: OutputDescriptor, now: datetime) -> None:
+    """A descriptor from outside (a callback, a poll, ``aivedio ingest``) held to what the
+    store takes (``providers.check_reported``): MalformedInputError naming the field."""
+    output = ProviderOutput(
+        index=d.output_index,
+        url=d.url,
+        expires_at=d.expires_at,
+        sha256=d.sha256,
+        size=d.size,
+        content_type=d.content_type,
+    )
+    check_reported(d.provider_task_id, None)
+    check_output(output, f"outputs[{d.output_index}]", now=now)
 
 
 async def _record_new_task(
@@ -377,6 +396,7 @@ async def record_task_outputs(
     one way a verified callback and the poller record a provider's success. ``task_known``
     False: the caller found no row of the task (``task_known`` of ``receive``)."""
     pc = config.providers.get(provider)
+    check_reported(task.provider_task_id, task.outputs)
     recorded: list[Recorded] = []
     for output in task.outputs:
         descriptor = OutputDescriptor(

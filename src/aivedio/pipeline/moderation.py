@@ -29,11 +29,13 @@ import aiohttp
 import anyio
 import msgspec
 
+from aivedio import untrusted
 from aivedio.config import Config
 from aivedio.errors import (
     AivedioError,
     ConfigError,
     DeferredError,
+    MalformedInputError,
     Retry,
     StaleStateError,
     TransientError,
@@ -181,10 +183,12 @@ class HttpModerator:
                     raise ModeratorUnavailableError(f"moderator answered HTTP {response.status}")
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ModeratorUnavailableError(f"moderator unreachable: {type(exc).__name__}") from exc
-        try:
-            decision = msgspec.json.decode(text, type=Decision)
-        except msgspec.DecodeError as exc:
-            raise ModeratorUnavailableError(f"moderator answer did not decode: {exc}") from exc
+        try:  # at the edge's bounds: a wrong type or a deep answer is no decision (fail-closed)
+            decision = untrusted.decode(text, Decision, bounds=untrusted.PROVIDER_BOUNDS)
+        except MalformedInputError as exc:
+            raise ModeratorUnavailableError(
+                f"moderator answer did not decode: {exc.detail}"
+            ) from exc
         if decision.decision not in DECISIONS:
             raise ModeratorUnavailableError(f"moderator decision {decision.decision!r} unknown")
         return Decision(decision=decision.decision, reasons=decision.reasons,

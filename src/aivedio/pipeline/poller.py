@@ -48,7 +48,7 @@ from aivedio.errors import (
 )
 from aivedio.logs import get_logger
 from aivedio.pipeline.intake import record_task_outputs
-from aivedio.pipeline.providers import ProviderAdapter, ProviderTask
+from aivedio.pipeline.providers import ProviderAdapter, ProviderTask, check_reported
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
 from aivedio.providers import check_task_id
 from aivedio.states import Entity, allowed
@@ -287,6 +287,7 @@ async def poll_once(services: Any, state: PollerState, task_uuid: uuid.UUID) -> 
         raise _defer(f"rate limit for provider {provider}", wait, "rate_limited")
     try:
         task = await adapter.get_task(watch["provider_task_id"])
+        check_reported(task.provider_task_id, task.outputs)  # a failed poll, not a crash
         if task.status == "SUCCEEDED" and not task.outputs:
             raise TransientError(f"provider {provider} says SUCCEEDED but lists no output")
     except AivedioError as exc:

@@ -9,22 +9,35 @@ hosts obey the same network policy as downloads, and their credentials go to the
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 from urllib.parse import quote
 
 import msgspec
 
+from aivedio import untrusted
 from aivedio.config import ProviderConfig
 from aivedio.errors import (
     AivedioError,
     InvalidResponseError,
+    MalformedInputError,
     OutputLostError,
     PolicyBlockedError,
 )
 from aivedio.net.fetch import Fetcher
 
 MAX_TASK_ID_CHARS = 400
+# What an output's description may hold: S3's largest object (no store we write to holds
+# more: a larger declared size is a lie or a bug, and overflowed the claim order's sums),
+# the index range of the schema's smallint and of callbacks, the URL length we encrypt.
+MAX_OUTPUT_BYTES = 5 * 1024**4
+MAX_OUTPUT_INDEX = 255
+MAX_URL_CHARS = 8192
+MAX_CONTENT_TYPE_CHARS = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 # Characters that would change which URL a task id lands on, beyond the segment it fills.
 _NOT_IN_AN_ID = frozenset("/?#%\\")
 
@@ -57,6 +70,57 @@ class ProviderTask(msgspec.Struct, frozen=True, kw_only=True):
     provider_task_id: str
     status: str  # SUCCEEDED, RUNNING, FAILED, …, normalised upper case
     outputs: list[ProviderOutput] = msgspec.field(default_factory=list)
+
+
+def check_reported(
+    task_id: object, outputs: Sequence[ProviderOutput] | None, *, now: datetime | None = None
+) -> None:
+    """What a provider reported (a callback, a poll, an ingest) held to what we store:
+    MalformedInputError naming the field otherwise. Adapters build outputs from documents
+    whose fields may be of any JSON type, so the types are checked here too, once, for
+    every way an output is recorded."""
+    if (
+        not isinstance(task_id, str)
+        or not 0 < len(task_id) <= MAX_TASK_ID_CHARS
+        or _CONTROL.search(task_id)
+    ):
+        raise MalformedInputError(
+            f"task id {untrusted.shown(task_id)} is not text of 1 to {MAX_TASK_ID_CHARS} "
+            "characters without control characters",
+            field="task_id",
+            reason="invalid_field",
+        )
+    for position, output in enumerate(outputs or ()):
+        check_output(output, f"outputs[{position}]", now=now)
+
+
+def check_output(output: ProviderOutput, where: str, *, now: datetime | None = None) -> None:
+    def refuse(name: str, why: str) -> MalformedInputError:
+        return MalformedInputError(
+            f"{where}.{name}: {why}", field=f"{where}.{name}", reason="invalid_field"
+        )
+
+    index, url, size = output.index, output.url, output.size
+    if type(index) is not int or not 0 <= index <= MAX_OUTPUT_INDEX:
+        raise refuse("index", f"not an integer in [0, {MAX_OUTPUT_INDEX}]")
+    if not isinstance(url, str) or not 0 < len(url) <= MAX_URL_CHARS or _CONTROL.search(url):
+        raise refuse("url", f"not text of 1 to {MAX_URL_CHARS} characters without controls")
+    if output.expires_at is not None:
+        if not isinstance(output.expires_at, datetime):
+            raise refuse("expires_at", "not a time")
+        untrusted.instant(output.expires_at, f"{where}.expires_at", now=now)
+    sha256 = output.sha256
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
+        raise refuse("sha256", "not 64 hex characters")
+    if size is not None and (type(size) is not int or not 0 <= size <= MAX_OUTPUT_BYTES):
+        raise refuse("size", f"not an integer in [0, {MAX_OUTPUT_BYTES}]")
+    content_type = output.content_type
+    if content_type is not None and (
+        not isinstance(content_type, str)
+        or len(content_type) > MAX_CONTENT_TYPE_CHARS
+        or _CONTROL.search(content_type)
+    ):
+        raise refuse("content_type", f"not text of at most {MAX_CONTENT_TYPE_CHARS} characters")
 
 
 class RefreshedUrl(msgspec.Struct, frozen=True, kw_only=True):
@@ -139,9 +203,10 @@ class GenericAdapter:
         if value is None:
             return datetime.now(UTC) + timedelta(seconds=self._config.default_url_ttl_seconds)
         try:
-            return msgspec.convert(value, datetime)
+            parsed = msgspec.convert(value, datetime)
         except msgspec.ValidationError:
             raise InvalidResponseError(f"provider {self.name}: bad expires_at") from None
+        return untrusted.instant(parsed, "expires_at")
 
     async def get_task(self, task_id: str) -> ProviderTask:
         raw = await self._fetcher.fetch_json(

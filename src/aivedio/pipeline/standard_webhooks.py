@@ -24,7 +24,7 @@ import time
 from collections.abc import Mapping
 
 from aivedio.errors import ConfigError
-from aivedio.pipeline.callbacks import DEFAULT_SKEW_SECONDS, CallbackRejected
+from aivedio.pipeline.callbacks import DEFAULT_SKEW_SECONDS, CallbackRejected, unix_seconds
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - the scheme's prefix, not a secret
 MAX_ID_CHARS = 256
@@ -68,10 +68,7 @@ def verify(
         )
     if len(webhook_id) > MAX_ID_CHARS or not webhook_id.isprintable():
         raise CallbackRejected("webhook-id is not a printable id of at most 256 characters")
-    try:
-        sent_at = int(timestamp)
-    except ValueError:
-        raise CallbackRejected("webhook-timestamp is not whole Unix seconds") from None
+    sent_at = unix_seconds(timestamp, "webhook-timestamp")
     current = time.time() if now is None else now
     if not math.isfinite(current) or abs(current - sent_at) > tolerance_seconds:
         raise CallbackRejected(f"webhook-timestamp outside the ±{tolerance_seconds:g}s window")

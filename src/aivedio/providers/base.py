@@ -28,11 +28,13 @@ from urllib.parse import urlencode, urlsplit
 
 import msgspec
 
+from aivedio import untrusted
 from aivedio.config import ProviderConfig
 from aivedio.errors import (
     AivedioError,
     ConfigError,
     InvalidResponseError,
+    MalformedInputError,
     OutputLostError,
 )
 from aivedio.net.fetch import Fetcher
@@ -63,30 +65,34 @@ def origin(url: str) -> tuple[str, str, int]:
     return scheme, (parts.hostname or "").lower(), port
 
 
-def parse_time(value: Any) -> datetime | None:
-    """ISO 8601 text, or Unix seconds (or milliseconds, as Kling sends)."""
+def parse_time(value: Any, field: str = "time") -> datetime | None:
+    """ISO 8601 text (no offset: UTC), or Unix seconds (or milliseconds, as Kling sends),
+    held to the window of a time from outside (``untrusted.instant``)."""
     if value is None or value == "":
         return None
     if isinstance(value, bool):
-        raise InvalidResponseError("a time field is a boolean")
+        raise InvalidResponseError(f"{field} is a boolean, not a time")
     if isinstance(value, int | float):
+        if not untrusted.INT64_MIN <= value <= untrusted.INT64_MAX:
+            raise MalformedInputError(
+                f"{field}: not a Unix time", field=field, reason="time_out_of_range"
+            )
         seconds = value / 1000 if value > 10**11 else value
-        return datetime.fromtimestamp(seconds, UTC)
+        return untrusted.unix_instant(seconds, field)
     if isinstance(value, str):
         try:
             parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
-            raise InvalidResponseError("a time field is not ISO 8601") from None
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    raise InvalidResponseError("a time field has an unexpected type")
+            raise InvalidResponseError(f"{field} is not ISO 8601") from None
+        return untrusted.instant(parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC), field)
+    raise InvalidResponseError(f"{field} has an unexpected type")
 
 
 def decode_object(body: bytes | Any) -> dict[str, Any]:
+    """A vendor's JSON object: raw bytes (a webhook body) are decoded at the edge's bounds
+    (``untrusted.decode``); an answer of its API arrives decoded so by the fetcher."""
     if isinstance(body, bytes | bytearray | memoryview):
-        try:
-            body = msgspec.json.decode(bytes(body))
-        except msgspec.DecodeError:
-            raise InvalidResponseError("body is not JSON") from None
+        body = untrusted.decode(bytes(body), bounds=untrusted.PROVIDER_BOUNDS)
     if not isinstance(body, dict):
         raise InvalidResponseError("body is not a JSON object")
     return body

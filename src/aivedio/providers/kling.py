@@ -77,7 +77,7 @@ class KlingAdapter(VendorAdapter):
         status = self.status(data.get("task_status"))
         outputs: list[ProviderOutput] = []
         if status == "SUCCEEDED":
-            expires = self.expiry(parse_time(data.get("created_at")))
+            expires = self.expiry(parse_time(data.get("created_at"), "created_at"))
             outputs = [
                 ProviderOutput(index=i, url=text(v, "url"), expires_at=expires)
                 for i, v in enumerate(_videos(data))

@@ -53,7 +53,7 @@ class OpenAIAdapter(VendorAdapter):
         status = self.status(doc.get("status"))
         outputs: list[ProviderOutput] = []
         if status == "SUCCEEDED":
-            expires = parse_time(doc.get("expires_at")) or self.expiry()
+            expires = parse_time(doc.get("expires_at"), "expires_at") or self.expiry()
             outputs = [ProviderOutput(index=0, url=self.content_url(video_id), expires_at=expires)]
         return ProviderTask(provider_task_id=video_id, status=status, outputs=outputs)
 

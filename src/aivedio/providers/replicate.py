@@ -54,7 +54,9 @@ class ReplicateAdapter(VendorAdapter):
         status = self.status(doc.get("status"))
         outputs: list[ProviderOutput] = []
         if status == "SUCCEEDED":
-            outputs = prediction_outputs(doc, self.expiry(parse_time(doc.get("completed_at"))))
+            outputs = prediction_outputs(
+                doc, self.expiry(parse_time(doc.get("completed_at"), "completed_at"))
+            )
         return ProviderTask(provider_task_id=text(doc, "id"), status=status, outputs=outputs)
 
     @classmethod
@@ -63,7 +65,7 @@ class ReplicateAdapter(VendorAdapter):
         status = cls.statuses.get(str(doc.get("status")), "RUNNING")
         outputs = None
         if status == "SUCCEEDED":
-            completed = parse_time(doc.get("completed_at"))
+            completed = parse_time(doc.get("completed_at"), "completed_at")
             if completed is None:
                 return CallbackHint(task_id=text(doc, "id"), status=status)
             outputs = prediction_outputs(doc, completed + LIFETIME)

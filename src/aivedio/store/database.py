@@ -18,7 +18,7 @@ import asyncpg
 import msgspec
 
 from aivedio.config import DatabaseConfig
-from aivedio.errors import DatabaseError
+from aivedio.errors import DatabaseError, InvalidValueError
 from aivedio.logs import get_logger
 from aivedio.scheduling import backoff_seconds
 
@@ -70,8 +70,21 @@ DRIVER_ERRORS = (
 
 
 def database_error(action: str, exc: BaseException) -> DatabaseError:
-    """``exc`` (one of DRIVER_ERRORS) as the DatabaseError to raise ``from`` it."""
+    """``exc`` (one of DRIVER_ERRORS) as the DatabaseError to raise ``from`` it: an
+    InvalidValueError when a value was refused (SQLSTATE class 22, a data exception, or
+    23514, a CHECK constraint, or a value the driver cannot encode), which is the input's
+    fault and no outage."""
+    if _refused_value(exc):
+        return InvalidValueError(f"{action}: {type(exc).__name__}: {exc}")
     return DatabaseError(f"{action}: {type(exc).__name__}: {exc}")
+
+
+def _refused_value(exc: BaseException) -> bool:
+    # asyncpg's own DataError: an argument it cannot encode (an integer past 64 bits).
+    if isinstance(exc, asyncpg.DataError):
+        return True
+    state = str(getattr(exc, "sqlstate", "") or "")
+    return state.startswith("22") or state == "23514"
 
 
 @contextmanager
