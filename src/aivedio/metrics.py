@@ -75,6 +75,31 @@ class BacklogMetrics:
         )
 
 
+class SupervisionMetrics:
+    """Supervised loops and isolated rows (``supervision.py``); the worker and the API each
+    expose them."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.loop_failing = Gauge(
+            "aivedio_loop_failing",
+            "1 while a supervised loop cannot work (its next success clears it; /readyz says why)",
+            ["loop"],
+            registry=registry,
+        )
+        self.loop_failures = Counter(
+            "aivedio_loop_failures",
+            "Failures of supervised loops (each backed off and ran again)",
+            ["loop"],
+            registry=registry,
+        )
+        self.scan_row_errors = Counter(
+            "aivedio_scan_row_errors",
+            "Rows a batch scan skipped because their work raised (scan_row_failed events)",
+            ["scan"],
+            registry=registry,
+        )
+
+
 class StoreMetrics:
     """Object store calls through the seam (``store/metered.py`` records them)."""
 
@@ -185,6 +210,14 @@ class WorkerMetrics:
             registry=r,
         )
         self.store = StoreMetrics(r)
+        self.supervision = SupervisionMetrics(r)
+        self.sweeps = Counter(
+            "aivedio_sweeps",
+            "Sweep passes this worker ran, by outcome (swept, incomplete: a scan failed, "
+            "another_sweeper_running)",
+            ["outcome"],
+            registry=r,
+        )
         self.media_processing = Counter(
             "aivedio_media_processing_seconds",
             "Wall seconds of the media tools (ffmpeg, ffprobe) of renders and chunk pieces",
@@ -243,6 +276,7 @@ class ApiMetrics:
         self.uploads_refused = Counter(
             "aivedio_uploads_refused", "POST /v1/videos refused under backlog pressure", registry=r
         )
+        self.supervision = SupervisionMetrics(r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
