@@ -8,6 +8,12 @@ Degradation under backlog (``pipeline/backlog.py``), in both the worker's and th
 ``aivedio_lane_slot_limit{lane}`` (the slots a lane may fill now); the API adds
 ``aivedio_uploads_refused_total``.
 
+Upkeep (``supervision.py``), in both: ``aivedio_loop_failing{loop}`` (1 while a supervised
+loop cannot work), ``aivedio_loop_failures_total{loop}`` and
+``aivedio_scan_row_errors_total{scan}`` (rows a batch scan skipped); the worker adds
+``aivedio_sweeps_total{outcome}`` (its sweep passes: ``swept``, ``incomplete``,
+``another_sweeper_running``).
+
 The scaling signals of seed 002 §11.10.4 that need more than the queue, each recorded where
 its fact is known:
 

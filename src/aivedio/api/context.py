@@ -15,6 +15,7 @@ from aivedio.pipeline.registry import Registry
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectStore
 from aivedio.store.queue import Queue
+from aivedio.supervision import Conditions
 
 
 @dataclass
@@ -34,9 +35,12 @@ class ApiContext:
     # The backlog pressure, read from the database at most once per check interval
     # (POST /v1/videos refuses new uploads while it is on). Made from config and pool.
     backlog: BacklogMonitor = field(init=False)
+    # The process's supervised loops that cannot work now (the event listener): /readyz.
+    conditions: Conditions = field(init=False)
 
     def __post_init__(self) -> None:
         self.backlog = BacklogMonitor(self.config.backlog, self.pool, self.metrics.backlog)
+        self.conditions = Conditions(self.metrics.supervision)
 
     def base_url(self, request: web.Request) -> str:
         """The origin clients use to reach us: configured, or the one this request came in on."""

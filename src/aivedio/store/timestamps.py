@@ -3,9 +3,12 @@
 Why not asyncpg's own codec: it decodes ``infinity`` and ``-infinity`` to ``datetime.max`` and
 ``datetime.min`` *without a time zone*, while every other value comes back aware (UTC). One
 such value in a row is a ``TypeError`` ("can't compare offset-naive and offset-aware
-datetimes") in whatever code next compares it with ``now``: a callback whose ``expires_at``
-was stored as ``-infinity`` crashed its fetch job at every attempt and then every sweep, in
-the scan of outputs near expiry. And a value past year 9999 (PostgreSQL stores up to 294276)
+datetimes") in whatever code next compares it with ``now``. And its encoder takes those two
+values as the sentinels of the infinities whatever their zone (it compares the microseconds
+since 2000 with theirs): an aware ``0001-01-01T00:00:00Z`` is *written* as ``-infinity``.
+That is how a callback's ``"expires_at": "0001-01-01T00:00:00Z"`` was stored as
+``-infinity``, read back naive, and crashed its fetch job at every attempt and then every
+sweep, in the scan of outputs near expiry. And a value past year 9999 (PostgreSQL stores up to 294276)
 is an ``OverflowError`` raised while decoding, which fails the whole result set, so one row
 stops every query that reads it.
 
