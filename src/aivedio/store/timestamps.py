@@ -8,9 +8,9 @@ values as the sentinels of the infinities whatever their zone (it compares the m
 since 2000 with theirs): an aware ``0001-01-01T00:00:00Z`` is *written* as ``-infinity``.
 That is how a callback's ``"expires_at": "0001-01-01T00:00:00Z"`` was stored as
 ``-infinity``, read back naive, and crashed its fetch job at every attempt and then every
-sweep, in the scan of outputs near expiry. And a value past year 9999 (PostgreSQL stores up to 294276)
-is an ``OverflowError`` raised while decoding, which fails the whole result set, so one row
-stops every query that reads it.
+sweep, in the scan of outputs near expiry. And a value past year 9999 (PostgreSQL stores
+up to 294276) is an ``OverflowError`` raised while decoding, which fails the whole result
+set, so one row stops every query that reads it.
 
 So every ``timestamptz`` is decoded here, once: always aware (UTC), ``±infinity`` and values
 outside Python's range clamped to the aware ``datetime.min``/``datetime.max``, which compare
