@@ -430,7 +430,7 @@ class Worker:
                 self._running[(job.id, job.lease_token)] = _Running(job, scope, now)
                 self._idle = anyio.Event()
                 self.metrics.claimed.labels(job.kind).inc()
-                jobs_tg.start_soon(self._run_job, lane, self._running[(job.id, job.lease_token)])
+                jobs_tg.start_soon(self._run_alone, lane, self._running[(job.id, job.lease_token)])
             self.metrics.slots_busy.labels(lane.name).set(lane.busy)
             if len(jobs) < want and lane.news == news_seen and not left_over:
                 lane.maybe_more = False
@@ -508,6 +508,23 @@ class Worker:
                 jobs=[j.id for j in jobs],
                 error_class=error_class(exc),
                 error=str(exc),
+            )
+
+    async def _run_alone(self, lane: _Lane, running: _Running) -> None:
+        """``_run_job``, whose exceptions stop at the job (the last line: a handler's are
+        recorded as the job's failure; one in recording its outcome would otherwise end the
+        task group of every job, and the worker). Its lease then expires: the reaper returns
+        the job."""
+        try:
+            await self._run_job(lane, running)
+        except Exception as exc:
+            job = running.job
+            log.error(
+                "job_outcome_not_recorded",
+                job_id=job.id,
+                kind=job.kind,
+                error_class=error_class(exc),
+                error=redact_text(str(exc)),
             )
 
     async def _run_job(self, lane: _Lane, running: _Running) -> None:

@@ -502,3 +502,77 @@ async def test_a_job_due_at_minus_infinity_stops_no_reading(config: Config, pool
     assert stats["render"][0] == 2 and 0 <= stats["render"][1] < 60
     promoted, next_due = await queue.promote()
     assert promoted == 0 and next_due is None  # a wait due never is not due
+
+
+# -- a stage's jobs -----------------------------------------------------------------------------
+
+
+async def run_until(worker: Any, pool: Pool, sql: str, *args: object) -> Any:
+    """Run ``worker`` until ``sql`` returns a row; that row."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: worker.run(install_signal_handlers=False))
+        with anyio.fail_after(20):
+            while (row := await pool.fetchrow(sql, *args)) is None:
+                await anyio.sleep(0.05)
+        worker.request_drain(force=True)
+    return row
+
+
+async def test_a_job_with_an_absurd_attempt_count_is_retried_like_any_other(
+    config: Config, pool: Pool
+) -> None:
+    """A row no CHECK refuses (5000 attempts of a budget of 100000): computing its backoff
+    overflowed a float, in recording the failure, which ended the worker's task group."""
+    from aivedio.pipeline.kinds import default_registry
+    from aivedio.worker import Worker
+
+    registry = default_registry()
+    async with pool.acquire() as conn:
+        spec = registry.spec(
+            "diag.fail", "absurd", payload={"error_class": "transient"}, max_attempts=100000
+        )
+        job_id = (await Queue(pool).enqueue_one(conn, spec)).job_id
+    await pool.execute("UPDATE jobs SET attempts = 5000 WHERE id = $1", job_id)
+    row = await run_until(
+        Worker(config, pool, registry),
+        pool,
+        "SELECT * FROM jobs WHERE id = $1 AND attempts > 5000 AND lease_owner IS NULL",
+        job_id,
+    )
+    assert row["status"] in ("waiting", "queued") and row["last_error_class"] == "transient"
+
+
+async def test_a_job_whose_outcome_cannot_be_recorded_stops_no_other_job(
+    config: Config, pool: Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aivedio.pipeline.kinds import default_registry
+    from aivedio.worker import Worker
+
+    registry = default_registry()
+    queue = Queue(pool)
+    async with pool.acquire() as conn:
+        bad = (
+            await queue.enqueue_one(
+                conn, registry.spec("diag.fail", "bad", payload={"error_class": "transient"})
+            )
+        ).job_id
+    worker = Worker(config, pool, registry)
+
+    async def fail(job: Any, error: Any) -> None:
+        raise TypeError("a bug in recording a failure")
+
+    monkeypatch.setattr(worker, "_fail", fail)
+    with capture_logs() as logs:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: worker.run(install_signal_handlers=False))
+            await until(lambda: any(e["event"] == "job_outcome_not_recorded" for e in logs), "it")
+            async with pool.acquire() as conn:
+                good = (await queue.enqueue_one(conn, registry.spec("diag.noop", "good"))).job_id
+            with anyio.fail_after(15):
+                while not await pool.fetchval(
+                    "SELECT 1 FROM job_history WHERE id = $1 AND status = 'succeeded'", good
+                ):
+                    await anyio.sleep(0.05)
+            worker.request_drain(force=True)
+    (event,) = [e for e in logs if e["event"] == "job_outcome_not_recorded"]
+    assert event["job_id"] == bad and event["error_class"] == "TypeError"
