@@ -129,7 +129,7 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                     ) as fetch_stage,
                     open_media_stage(config, pool, queue, store) as media_stage,
                     open_moderation_stage(config, pool, queue, store) as moderation,
-                    open_sweeper(config, pool, store) as sweeper,
+                    open_sweeper(config, pool, store, metrics=metrics) as sweeper,
                 ):
                     services = {
                         "journal": journal,
@@ -149,8 +149,15 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                     )
                     async with AsyncExitStack() as stack:
                         if config.outbox.webhooks:
+                            # Its loops are the worker's too: down in its /readyz while they fail.
                             await stack.enter_async_context(
-                                open_outbox_relay(config.outbox, pool, database=config.database)
+                                open_outbox_relay(
+                                    config.outbox,
+                                    pool,
+                                    database=config.database,
+                                    conditions=worker.conditions,
+                                    metrics=metrics.supervision,
+                                )
                             )
                         await worker.run()
             finally:

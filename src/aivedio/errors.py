@@ -212,3 +212,13 @@ class DeferredError(AivedioError):
     is refunded and the job comes back after ``retry_after_seconds``."""
 
     error_class = "deferred"
+
+
+def unexpected(exc: BaseException, detail: str) -> AivedioError:
+    """An exception no seam translated: a bug until shown otherwise. It is retried with
+    backoff like a transient failure (a crash that repeats goes dead within the budget), and
+    recorded as ``internal:<its class>`` (``internal:TypeError``), so the job's record, its
+    log events and ``aivedio status`` say what crashed, not only that something did."""
+    error = TransientError(detail)
+    error.error_class = f"internal:{type(exc).__name__}"
+    return error

@@ -1,8 +1,10 @@
 """The worker's HTTP endpoint for autoscalers and orchestrators.
 
 ``/healthz``: the process runs its event loop (liveness). ``/readyz``: the database answers,
-no migration is pending, and the worker is not draining (readiness: 503 with the reasons
-otherwise). ``/metrics``: Prometheus text.
+no migration is pending, the worker is not draining, and none of its supervised loops
+(LISTEN, the claimers, the heartbeat…: ``supervision.py``) is failing (readiness: 503 with
+the reasons otherwise, "claim:fetch cannot work since …" for a loop). ``/metrics``:
+Prometheus text.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ async def readiness(worker: Worker) -> list[str]:
             reasons.append("migrations pending: " + ", ".join(m.name for m in pending))
     except (DatabaseError, TimeoutError) as exc:
         reasons.append(f"database unreachable: {exc or 'timeout'}")
-    return reasons
+    return reasons + worker.conditions.reasons()
 
 
 def make_app(worker: Worker) -> web.Application:

@@ -8,6 +8,12 @@ Degradation under backlog (``pipeline/backlog.py``), in both the worker's and th
 ``aivedio_lane_slot_limit{lane}`` (the slots a lane may fill now); the API adds
 ``aivedio_uploads_refused_total``.
 
+Upkeep (``supervision.py``), in both: ``aivedio_loop_failing{loop}`` (1 while a supervised
+loop cannot work), ``aivedio_loop_failures_total{loop}`` and
+``aivedio_scan_row_errors_total{scan}`` (rows a batch scan skipped); the worker adds
+``aivedio_sweeps_total{outcome}`` (its sweep passes: ``swept``, ``incomplete``,
+``another_sweeper_running``).
+
 The scaling signals of seed 002 §11.10.4 that need more than the queue, each recorded where
 its fact is known:
 
@@ -74,6 +80,31 @@ class BacklogMetrics:
             "aivedio_backlog_checked_timestamp_seconds",
             "When the pressure was last read (Unix time)",
             registry=r,
+        )
+
+
+class SupervisionMetrics:
+    """Supervised loops and isolated rows (``supervision.py``); the worker and the API each
+    expose them."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.loop_failing = Gauge(
+            "aivedio_loop_failing",
+            "1 while a supervised loop cannot work (its next success clears it; /readyz says why)",
+            ["loop"],
+            registry=registry,
+        )
+        self.loop_failures = Counter(
+            "aivedio_loop_failures",
+            "Failures of supervised loops (each backed off and ran again)",
+            ["loop"],
+            registry=registry,
+        )
+        self.scan_row_errors = Counter(
+            "aivedio_scan_row_errors",
+            "Rows a batch scan skipped because their work raised (scan_row_failed events)",
+            ["scan"],
+            registry=registry,
         )
 
 
@@ -193,6 +224,14 @@ class WorkerMetrics:
             registry=r,
         )
         self.store = StoreMetrics(r)
+        self.supervision = SupervisionMetrics(r)
+        self.sweeps = Counter(
+            "aivedio_sweeps",
+            "Sweep passes this worker ran, by outcome (swept, incomplete: a scan failed, "
+            "another_sweeper_running)",
+            ["outcome"],
+            registry=r,
+        )
         self.media_processing = Counter(
             "aivedio_media_processing_seconds",
             "Wall seconds of the media tools (ffmpeg, ffprobe) of renders and chunk pieces",
@@ -257,6 +296,7 @@ class ApiMetrics:
             ["scope"],
             registry=r,
         )
+        self.supervision = SupervisionMetrics(r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -138,8 +138,10 @@ def backoff_seconds(
     max_seconds: float,
     rand: Callable[[], float] = random.random,
 ) -> float:
-    """Full jitter: uniform in [0, min(max, base · 2^(attempts-1))]."""
-    ceiling = min(max_seconds, base_seconds * 2 ** max(attempts - 1, 0))
+    """Full jitter: uniform in [0, min(max, base · 2^(attempts-1))]. (The exponent is capped:
+    past 2^64 the ceiling is the maximum anyway, and an absurd attempt count in a job's row
+    must not overflow into an error that stops the worker recording its failure.)"""
+    ceiling = min(max_seconds, base_seconds * 2.0 ** min(max(attempts - 1, 0), 64))
     return float(ceiling * rand())
 
 

@@ -27,12 +27,12 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal
 
 import anyio
@@ -44,9 +44,10 @@ from aivedio.asset_status import (
     output_status,
 )
 from aivedio.config import Config, DatabaseConfig
-from aivedio.errors import DatabaseError
-from aivedio.store.database import Connection, Pool, map_db_errors, open_connection, open_pool
+from aivedio.store import listening
+from aivedio.store.database import Pool, map_db_errors, open_pool
 from aivedio.store.stage_events import NOTIFY_CHANNEL
+from aivedio.supervision import Loop
 
 EXIT_OK, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 2, 3, 130
 
@@ -288,62 +289,25 @@ class _Doorbell:
 
 
 @asynccontextmanager
-async def _listener(database: DatabaseConfig | None, bell: _Doorbell) -> AsyncIterator[_Listen]:
-    listen = _Listen(database, bell)
-    try:
-        await listen.ensure()
-        yield listen
-    finally:
-        await listen.close()
-
-
-async def _quietly_open(cm: Any) -> Connection | None:
-    """Enter ``open_connection``; None when the database does not answer."""
-    try:
-        conn: Connection = await cm.__aenter__()
-    except DatabaseError:
-        return None
-    return conn
-
-
-class _Listen:
-    """One LISTEN connection, reopened (at most every RELISTEN_SECONDS) when it drops. Its
-    failures never stop the command: the timer re-reads whatever it misses."""
-
-    def __init__(self, database: DatabaseConfig | None, bell: _Doorbell) -> None:
-        self._database = database
-        self._bell = bell
-        self._conn: Connection | None = None
-        self._cm: Any = None
-        self._tried = float("-inf")
-
-    async def ensure(self) -> None:
-        if self._database is None or (self._conn is not None and not self._conn.is_closed()):
-            return
-        if time.monotonic() - self._tried < RELISTEN_SECONDS:
-            return
-        self._tried = time.monotonic()
-        await self.close()
-        cm = open_connection(self._database)
-        conn = await _quietly_open(cm)
-        if conn is None:
-            return
-        # Owned from here: close() runs on every way out, cancellation included.
-        self._cm, self._conn = cm, conn
+async def _listener(database: DatabaseConfig | None, bell: _Doorbell) -> AsyncIterator[None]:
+    """The command's LISTEN connection (``store/listening.py``) for the body's duration,
+    reopened (after a backoff of at most RELISTEN_SECONDS) when it drops. Its failures never
+    stop the command: the timer re-reads whatever it misses."""
+    if database is None:
+        yield
+        return
+    # What changed before the LISTEN took effect was never announced: read again then.
+    loop = Loop("status_listen", event="status_listen_lost", max_seconds=RELISTEN_SECONDS)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            partial(
+                listening.run, loop, database, {NOTIFY_CHANNEL: bell.heard}, on_listening=bell.ring
+            )
+        )
         try:
-            with map_db_errors("listening for stage events"):
-                await conn.add_listener(NOTIFY_CHANNEL, self._bell.heard)
-        except DatabaseError:
-            await self.close()
-            return
-        # What changed before the LISTEN took effect was never announced: read again now.
-        self._bell.ring()
-
-    async def close(self) -> None:
-        cm, self._cm, self._conn = self._cm, None, None
-        if cm is not None:
-            with anyio.CancelScope(shield=True), suppress(Exception):
-                await cm.__aexit__(None, None, None)
+            yield
+        finally:
+            tg.cancel_scope.cancel()
 
 
 async def follow(
@@ -373,11 +337,10 @@ async def follow(
         write(f"task {target.value}: "
               + ", ".join(sorted(set(snapshot.tasks.values()))) + ", no output yet")  # fmt: skip
     bell = _Doorbell()
-    async with _listener(listen, bell) as listener:
+    async with _listener(listen, bell):
         while not snapshot.final():
             bell.keys = set(snapshot.keys)
             await bell.wait(interval_seconds)
-            await listener.ensure()
             snapshot = await read_snapshot(pool, target)
             # (at, rank, order, label, entry): at one instant (one transaction), the state
             # changes in commit order first, then the timeline entries.

@@ -2,9 +2,10 @@
 
 The worker runs the same pass periodically (the ``sweep`` job); an operator runs it to see
 what is stale or orphaned now, or with ``--dry-run`` to see what a pass would do without
-changing anything. Exit status 0: the pass ran every scan. 1: a scan failed (the others
-still ran; the report names it), or another pass held the fleet-wide sweeper lock and this
-one did nothing.
+changing anything. Exit status 0: the pass ran every scan (rows a scan could not handle
+are skipped, logged and listed as ``skipped``: they do not fail the pass). 1: a scan failed
+(the others still ran; the report names it), or another pass held the fleet-wide sweeper
+lock and this one did nothing.
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ Metrics. The worker's ``WorkerMetrics`` (given, or its own) reach every stage as
 ``store.metered.MeteredObjectStore`` over the same metrics before the stages get it. The age
 of the oldest running job of each kind is read from the running set at each scrape.
 
+Supervision. Every loop above runs under ``supervision.supervise`` with its own ``Loop``
+(``self.loops``): it survives any exception but cancellation, backs off, logs one event, and
+is down in ``self.conditions`` (``/readyz``) until its next success.
+
 Drain. SIGTERM or SIGINT: stop claiming at once; let running jobs finish for up to
 ``drain_timeout_seconds``; then cancel what is left and release those leases without
 spending their attempt; flush acknowledgements; exit 0. A second signal skips the wait.
@@ -44,21 +48,23 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
 import asyncpg
-from anyio.abc import TaskStatus
 
 from aivedio.config import Config, claim_poll_seconds
-from aivedio.errors import AivedioError, DatabaseError, DeferredError, TransientError
+from aivedio.errors import AivedioError, DeferredError, TransientError, unexpected
 from aivedio.logs import get_logger, redact_text
 from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.backlog import BacklogMonitor, Reading
 from aivedio.pipeline.registry import JobContext, Registry
-from aivedio.scheduling import backoff_seconds, decide_retry
-from aivedio.store.database import Pool, lost_server, open_connection, until_database_answers
+from aivedio.scheduling import decide_retry
+from aivedio.store import listening
+from aivedio.store.database import Pool, lost_server, until_database_answers
 from aivedio.store.queue import NOTIFY_CHANNEL, Job, LocalLanes, Queue
+from aivedio.supervision import Conditions, Loop, error_class, supervise
 
 log = get_logger("aivedio.worker")
 
@@ -67,6 +73,8 @@ log = get_logger("aivedio.worker")
 RECORD_SECONDS = 10.0
 # How soon a job of a kind this worker cannot run is offered again (to any worker).
 UNKNOWN_KIND_RETRY_SECONDS = 30.0
+# The LISTEN connection proves it is alive this often (store/listening.py).
+LISTEN_KEEPALIVE_SECONDS = 5.0
 
 
 @dataclass
@@ -178,6 +186,7 @@ class Worker:
         readiness: Callable[[], Any] | None = None,
         metrics: WorkerMetrics | None = None,
         queue: Queue | None = None,
+        conditions: Conditions | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -193,6 +202,19 @@ class Worker:
         )
         self.queue.local = LocalLanes(self._channel, self._reserve, self._unreserve)
         self.metrics = metrics if metrics is not None else WorkerMetrics()
+        # What keeps this worker from working, for /readyz: each loop below runs supervised
+        # (supervision.py) and is down here while it fails.
+        self.conditions = conditions or Conditions(self.metrics.supervision)
+        self.loops = {
+            name: Loop(name, conditions=self.conditions, event=event, owner=self.owner)
+            for name, event in (
+                ("listen", "listen_connection_lost"),
+                ("heartbeat", "heartbeat_failed"),
+                ("maintenance", "maintenance_failed"),
+                ("ack_flush", "ack_failed"),
+                ("backlog", "backlog_check_failed"),
+            )
+        }
         self.context = JobContext(owner=self.owner, services=dict(services or {}))
         # Shared by every stage of this worker (the media stage defers optional outputs by
         # it); a caller may supply its own.
@@ -229,6 +251,15 @@ class Worker:
         self._idle = anyio.Event()
         self._idle.set()
         for lane in self._lanes.values():
+            self.loops[f"claim:{lane.name}"] = Loop(
+                f"claim:{lane.name}",
+                conditions=self.conditions,
+                event="claim_failed",
+                base_seconds=0.2,
+                max_seconds=5.0,
+                owner=self.owner,
+                lane=lane.name,
+            )
             self.metrics.slots_total.labels(lane.name).set(lane.slots)
             self.metrics.slots_busy.labels(lane.name).set(0)
             self.metrics.slot_limit.labels(lane.name).set(lane.limit)
@@ -252,14 +283,18 @@ class Worker:
                 tg.start_soon(self._watch_signals)
             self.http_port = await tg.start(serve_health, self, wc.http_host, wc.http_port)
             tg.start_soon(self._listen)
-            tg.start_soon(self._heartbeat_loop)
-            tg.start_soon(self._maintenance_loop)
-            tg.start_soon(self._ack_loop)
-            await tg.start(self.backlog.run, self._apply_pressure)
+            tg.start_soon(supervise, self.loops["heartbeat"], self._heartbeat_loop)
+            tg.start_soon(supervise, self.loops["maintenance"], self._maintenance_loop)
+            tg.start_soon(supervise, self.loops["ack_flush"], self._ack_loop)
+            await tg.start(self.backlog.run, self._apply_pressure, self.loops["backlog"])
             async with anyio.create_task_group() as jobs_tg:
                 async with anyio.create_task_group() as claim_tg:
                     for lane in self._lanes.values():
-                        claim_tg.start_soon(self._lane_loop, lane, jobs_tg)
+                        claim_tg.start_soon(
+                            supervise,
+                            self.loops[f"claim:{lane.name}"],
+                            partial(self._lane_loop, lane, jobs_tg),
+                        )
                     await self._drain_requested.wait()
                     claim_tg.cancel_scope.cancel()
                 await self._wait_for_running()
@@ -327,7 +362,7 @@ class Worker:
 
     async def _lane_loop(self, lane: _Lane, jobs_tg: anyio.abc.TaskGroup) -> None:
         wc = self.config.worker
-        failures = 0
+        supervisor = self.loops[f"claim:{lane.name}"]
         while not self.draining:
             free = lane.limit - lane.busy
             if free <= 0:
@@ -350,6 +385,7 @@ class Worker:
             pledged, lane.pledged = lane.pledged, 0  # this claim takes what was enqueued for us
             lane.claiming = True
             jobs: list[Job] | None = None
+            retry_in = 0.0
             acks: list[tuple[Job, Any]] = []
             if self._acks_ride:
                 acks, self._acks = self._acks[: wc.ack_batch_max], self._acks[wc.ack_batch_max :]
@@ -367,14 +403,13 @@ class Worker:
                         lane.tenant_cursor,
                         [(j.id, j.lease_token, r) for j, r in acks],
                     )
-                    failures = 0
+                    supervisor.ok()
                     self._acked(acks, accepted)
                     # Next round starts past the last tenant served (wrapping), so a lane
                     # with more tenants than one round walks leaves none of them out.
                     lane.tenant_cursor = max((j.tenant_id for j in jobs), default=-1) + 1
-                except DatabaseError as exc:
-                    failures += 1
-                    log.warning("claim_failed", lane=lane.name, error=str(exc))
+                except Exception as exc:  # any: the claimer must outlive what it meets
+                    retry_in = supervisor.failed(exc)
                     if acks:  # back to the ack loop, which knows what to do with a bad result
                         self._acks[:0] = acks
                         self._acks_ride = False
@@ -386,7 +421,7 @@ class Worker:
                     await self._hand_back(jobs)
                     return
             if jobs is None:
-                await anyio.sleep(backoff_seconds(failures, 0.2, 5.0))
+                await anyio.sleep(retry_in)
                 continue
             now = time.monotonic()
             for job in jobs:
@@ -395,7 +430,7 @@ class Worker:
                 self._running[(job.id, job.lease_token)] = _Running(job, scope, now)
                 self._idle = anyio.Event()
                 self.metrics.claimed.labels(job.kind).inc()
-                jobs_tg.start_soon(self._run_job, lane, self._running[(job.id, job.lease_token)])
+                jobs_tg.start_soon(self._run_alone, lane, self._running[(job.id, job.lease_token)])
             self.metrics.slots_busy.labels(lane.name).set(lane.busy)
             if len(jobs) < want and lane.news == news_seen and not left_over:
                 lane.maybe_more = False
@@ -415,8 +450,8 @@ class Worker:
     async def _announce(self, lane: str) -> None:
         try:
             await self.queue.notify([lane])
-        except DatabaseError as exc:  # the other workers' polls are the fallback
-            log.warning("announce_failed", lane=lane, error=str(exc))
+        except Exception as exc:  # the other workers' polls are the fallback
+            log.warning("announce_failed", lane=lane, error_class=error_class(exc), error=str(exc))
 
     def _unreserve(self, unused: dict[str, int]) -> None:
         """Give back promised slots of jobs an enqueue did not create (known keys)."""
@@ -467,8 +502,30 @@ class Worker:
         """The claim raced the drain signal: release these untouched (attempts refunded)."""
         try:
             await self.queue.release(self.owner, [(j.id, j.lease_token) for j in jobs])
-        except DatabaseError as exc:
-            log.error("release_failed", jobs=[j.id for j in jobs], error=str(exc))
+        except Exception as exc:  # their leases expire: the reaper gives them back
+            log.error(
+                "release_failed",
+                jobs=[j.id for j in jobs],
+                error_class=error_class(exc),
+                error=str(exc),
+            )
+
+    async def _run_alone(self, lane: _Lane, running: _Running) -> None:
+        """``_run_job``, whose exceptions stop at the job (the last line: a handler's are
+        recorded as the job's failure; one in recording its outcome would otherwise end the
+        task group of every job, and the worker). Its lease then expires: the reaper returns
+        the job."""
+        try:
+            await self._run_job(lane, running)
+        except Exception as exc:
+            job = running.job
+            log.error(
+                "job_outcome_not_recorded",
+                job_id=job.id,
+                kind=job.kind,
+                error_class=error_class(exc),
+                error=redact_text(str(exc)),
+            )
 
     async def _run_job(self, lane: _Lane, running: _Running) -> None:
         job = running.job
@@ -493,9 +550,10 @@ class Worker:
                 log.warning("job_database_lost", job_id=job.id, kind=job.kind,
                             error=redact_text(lost.detail))  # fmt: skip
             else:
-                error = TransientError(redact_text(f"{type(exc).__name__}: {exc}"))
-                error.error_class = "internal"
-                log.exception("job_crashed", job_id=job.id, kind=job.kind)
+                error = unexpected(exc, redact_text(f"{type(exc).__name__}: {exc}"))
+                log.exception(
+                    "job_crashed", job_id=job.id, kind=job.kind, error_class=error.error_class
+                )
         finally:
             del self._running[(job.id, job.lease_token)]
             lane.busy -= 1
@@ -541,8 +599,14 @@ class Worker:
                     "deferring a job",
                     within_seconds=RECORD_SECONDS,
                 )
-        except (DatabaseError, TimeoutError) as exc:
-            log.error("job_defer_failed", job_id=job.id, kind=job.kind, error=str(exc))
+        except Exception as exc:  # any: the lease expires and the reaper returns the job
+            log.error(
+                "job_defer_failed",
+                job_id=job.id,
+                kind=job.kind,
+                error_class=error_class(exc),
+                error=str(exc),
+            )
             return
         log.info(
             "job_deferred",
@@ -595,8 +659,14 @@ class Worker:
                 (self.metrics.retried if decision.retry else self.metrics.dead).labels(
                     job.kind
                 ).inc()
-        except (DatabaseError, TimeoutError) as exc:
-            log.error("job_failure_not_recorded", job_id=job.id, kind=job.kind, error=str(exc))
+        except Exception as exc:  # any: the lease expires and the reaper returns the job
+            log.error(
+                "job_failure_not_recorded",
+                job_id=job.id,
+                kind=job.kind,
+                error_class=error_class(exc),
+                error=str(exc),
+            )
             return
         event = "job_retry_scheduled" if decision.retry else "job_dead"
         log.warning(
@@ -637,7 +707,7 @@ class Worker:
                 accepted = await self.queue.complete(
                     self.owner, [(j.id, j.lease_token, r) for j, r in batch]
                 )
-            except DatabaseError as exc:
+            except Exception as exc:  # any: the batch goes back, never lost
                 self._acks_in_flight -= sending
                 if _is_data_error(exc) and any(r is not None for _, r in batch):
                     # A result PostgreSQL will not store (not JSON, a NUL in text): the work
@@ -648,12 +718,13 @@ class Worker:
                     continue
                 self._acks[:0] = batch
                 attempts += 1
-                log.warning("ack_failed", jobs=len(batch), error=str(exc))
+                delay = self.loops["ack_flush"].failed(exc)
                 if final and attempts >= 5:
                     return
-                await anyio.sleep(backoff_seconds(attempts, 0.2, 5.0))
+                await anyio.sleep(delay)
                 continue
             self._acks_in_flight -= sending
+            self.loops["ack_flush"].ok()
             self._acks_ride = True
             self._acked(batch, accepted)
 
@@ -680,8 +751,13 @@ class Worker:
                 "releasing leases",
                 within_seconds=RECORD_SECONDS,
             )
-        except DatabaseError as exc:
-            log.error("release_failed", jobs=[j.id for j in jobs], error=str(exc))
+        except Exception as exc:  # their leases expire: the reaper gives them back
+            log.error(
+                "release_failed",
+                jobs=[j.id for j in jobs],
+                error_class=error_class(exc),
+                error=str(exc),
+            )
             return
         for job in jobs:
             self.metrics.released.labels(job.kind).inc()
@@ -697,9 +773,10 @@ class Worker:
             leases += self._acks_in_flight
             try:
                 owned = await self.queue.heartbeat(self.owner, wc.lease_seconds, leases)
-            except DatabaseError as exc:
-                log.warning("heartbeat_failed", error=str(exc))
+            except Exception as exc:  # any: the next beat, on time, is the retry
+                self.loops["heartbeat"].failed(exc)
                 continue
+            self.loops["heartbeat"].ok()
             for running in list(self._running.values()):
                 if running.claimed_at >= started or running.released:
                     continue
@@ -718,6 +795,7 @@ class Worker:
         wc = self.config.worker
         last_reap = last_stats = 0.0
         while True:
+            asked = False  # whether this round asked the database anything (then: ok)
             try:
                 now = time.monotonic()
                 if now >= self._promote_at:
@@ -726,6 +804,7 @@ class Worker:
                     # by that worker, or here within claim_poll_seconds if it died.
                     self._promote_at = now + claim_poll_seconds(wc)
                     _, next_due = await self.queue.promote()
+                    asked = True
                     if next_due is not None:
                         self._promote_by(next_due)
                 if now - last_reap >= min(wc.lease_seconds / 4, 5.0):
@@ -733,11 +812,15 @@ class Worker:
                     for job_id, _lane, kind, outcome in await self.queue.reap():
                         self.metrics.lease_expiries.labels(kind).inc()
                         log.warning("lease_expired", job_id=job_id, kind=kind, outcome=outcome)
+                    asked = True
                 if now - last_stats >= 5.0:
                     last_stats = now
                     await self._refresh_queue_gauges()
-            except DatabaseError as exc:
-                log.warning("maintenance_failed", error=str(exc))
+                    asked = True
+                if asked:
+                    self.loops["maintenance"].ok()
+            except Exception as exc:  # any: the next round, within the poll interval, retries
+                self.loops["maintenance"].failed(exc)
                 self._promote_by(wc.poll_interval_seconds)
             with anyio.move_on_after(
                 min(wc.poll_interval_seconds, max(self._promote_at - time.monotonic(), 0.01))
@@ -752,40 +835,28 @@ class Worker:
             self.metrics.queue_depth.labels(kind.name).set(depth)
             self.metrics.queue_oldest.labels(kind.name).set(oldest)
 
-    async def _listen(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def _listen(self) -> None:
         """LISTEN for enqueues; the poll interval covers any gap while reconnecting."""
-        failures = 0
-        while True:
-            try:
-                async with open_connection(self.config.database) as conn:
-                    lost = anyio.Event()
 
-                    def on_notify(_c: object, _pid: int, _channel: str, payload: object) -> None:
-                        heard = _parse_notification(payload)
-                        if heard is not None and heard[0] in self._lanes:
-                            self._lanes[heard[0]].hear(heard[1])
+        def on_notify(_c: object, _pid: int, _channel: str, payload: object) -> None:
+            heard = _parse_notification(payload)
+            if heard is not None and heard[0] in self._lanes:
+                self._lanes[heard[0]].hear(heard[1])
 
-                    def on_lost(_c: object, event: anyio.Event = lost) -> None:
-                        event.set()
+        def on_listening() -> None:
+            # Enqueues made while we were not listening announced nothing to us.
+            for lane in self._lanes.values():
+                lane.poke(news=True)
+            self._listening = True
 
-                    conn.add_termination_listener(on_lost)
-                    await conn.add_listener(NOTIFY_CHANNEL, on_notify)
-                    await conn.add_listener(self._channel, on_notify)
-                    failures = 0
-                    # Enqueues made while we were not listening announced nothing to us.
-                    for lane in self._lanes.values():
-                        lane.poke(news=True)
-                    self._listening = True
-                    try:
-                        while not lost.is_set():
-                            with anyio.move_on_after(5):
-                                await lost.wait()
-                            if conn.is_closed():
-                                break
-                            await conn.execute("SELECT 1")
-                    finally:
-                        self._listening = False
-            except (DatabaseError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-                failures += 1
-                log.warning("listen_connection_lost", error=str(exc))
-            await anyio.sleep(backoff_seconds(failures + 1, 0.5, 10.0))
+        def on_stopped() -> None:
+            self._listening = False
+
+        await listening.run(
+            self.loops["listen"],
+            self.config.database,
+            {NOTIFY_CHANNEL: on_notify, self._channel: on_notify},
+            on_listening=on_listening,
+            on_stopped=on_stopped,
+            keepalive_seconds=LISTEN_KEEPALIVE_SECONDS,
+        )

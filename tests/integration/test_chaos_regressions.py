@@ -204,15 +204,27 @@ async def test_a_failure_met_by_a_database_restart_is_recorded_once_it_answers(
             "database",
             "job_database_lost",
         ),
-        # Bugs stay crashes, asyncpg's included.
-        (FileNotFoundError(2, "No such file or directory"), "internal", "job_crashed"),
-        (DataError("invalid input for query argument $1: 'x'"), "internal", "job_crashed"),
+        # Bugs stay crashes, asyncpg's included, recorded with the class that crashed.
         (
-            InterfaceError("the server expects 2 arguments for this query, 1 was passed"),
-            "internal",
+            FileNotFoundError(2, "No such file or directory"),
+            "internal:FileNotFoundError",
             "job_crashed",
         ),
-        (OutdatedSchemaCacheError("cache lookup failed for type 25"), "internal", "job_crashed"),
+        (
+            DataError("invalid input for query argument $1: 'x'"),
+            "internal:DataError",
+            "job_crashed",
+        ),
+        (
+            InterfaceError("the server expects 2 arguments for this query, 1 was passed"),
+            "internal:InterfaceError",
+            "job_crashed",
+        ),
+        (
+            OutdatedSchemaCacheError("cache lookup failed for type 25"),
+            "internal:OutdatedSchemaCacheError",
+            "job_crashed",
+        ),
     ],
 )
 async def test_a_stage_meeting_a_restart_under_its_own_pool_call_is_a_database_error(

@@ -30,7 +30,6 @@ from structlog.testing import capture_logs
 from aivedio.config import Config
 from aivedio.errors import ConfigError
 from aivedio.outbox_config import OutboxConfig, WebhookConfig, validate_outbox
-from aivedio.pipeline import outbox_relay
 from aivedio.pipeline.outbox_relay import (
     Attempt,
     OutboxRelay,
@@ -38,6 +37,7 @@ from aivedio.pipeline.outbox_relay import (
     open_outbox_relay,
     parse_retry_after,
 )
+from aivedio.store import listening
 from aivedio.store.database import Pool
 from aivedio.store.outbox import NOTIFY_CHANNEL, emit
 
@@ -551,7 +551,7 @@ async def test_an_event_emitted_while_the_listen_opens_is_delivered_at_once(
     config: Config, pool: Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     emitted: list[uuid.UUID] = []
-    opening = outbox_relay.open_connection
+    opening = listening.open_connection
 
     def open_after_an_event(database: Any) -> Any:
         cm = opening(database)  # the relay is running: its first pass found nothing
@@ -566,7 +566,7 @@ async def test_an_event_emitted_while_the_listen_opens_is_delivered_at_once(
 
         return EmitFirst()
 
-    monkeypatch.setattr(outbox_relay, "open_connection", open_after_an_event)
+    monkeypatch.setattr(listening, "open_connection", open_after_an_event)
     async with open_receiver() as receiver:
         relay_config = msgspec.structs.replace(outbox_config(receiver), poll_interval_seconds=30.0)
         async with open_outbox_relay(relay_config, pool, database=config.database):

@@ -24,6 +24,7 @@ from aivedio import status_command
 from aivedio.config import Config
 from aivedio.states import Entity
 from aivedio.status_command import Target, follow
+from aivedio.store import listening
 from aivedio.store.database import Pool
 from aivedio.store.records import transition
 
@@ -218,7 +219,7 @@ async def test_a_change_made_while_the_listen_opens_is_shown_at_once(
     task = await make_task(pool)
     (output,) = task.outputs
     asset = await fetch_and_store(pool, task, output)
-    opening = status_command.open_connection
+    opening = listening.open_connection
 
     def open_after_a_change(database: Any) -> Any:
         # The first read is done; the change commits before the LISTEN exists, so its
@@ -235,7 +236,7 @@ async def test_a_change_made_while_the_listen_opens_is_shown_at_once(
 
         return ChangeFirst()
 
-    monkeypatch.setattr(status_command, "open_connection", open_after_a_change)
+    monkeypatch.setattr(listening, "open_connection", open_after_a_change)
     lines, result = Lines(), list[int]()
     with anyio.move_on_after(10):
         async with anyio.create_task_group() as tg:

@@ -465,3 +465,47 @@ async def test_the_poller_honours_retry_after_and_the_provider_rate_limit(
         assert {name for _, name in sim.task_reads[1:]} == {"a", "b", "c"}
         ended = await rig.pool.fetch("SELECT status FROM task_watches")
         assert [r["status"] for r in ended] == ["SUCCEEDED"] * 3
+
+
+async def test_a_poll_that_crashes_is_recorded_with_its_class_and_stops_no_other_watch(
+    open_vendor: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each watched task is its own job: one whose read raises a bug's exception is retried
+    and recorded as ``internal:TypeError`` (not only ``internal``), and the others are
+    polled to their outputs meanwhile."""
+    from aivedio.providers.runway import RunwayAdapter
+
+    get_task = RunwayAdapter.get_task
+
+    async def crashing(self: RunwayAdapter, task_id: str) -> Any:
+        if task_id == "bad":
+            raise TypeError("can't compare offset-naive and offset-aware datetimes")
+        return await get_task(self, task_id)
+
+    monkeypatch.setattr(RunwayAdapter, "get_task", crashing)
+    async with open_vendor("runway", poll_interval_seconds=0.05) as rig:
+        for name in ("good", "bad"):
+            rig.sim.add_task(name, bodies("runway", name)[:1])
+            rig.sim.complete(name)
+            await rig.watch(name)
+        async with rig.worker():
+            await rig.wait_outputs(1)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                # Waiting for its retry, or (its budget spent) dead in the history.
+                crashed = await rig.pool.fetchrow(
+                    "SELECT j.last_error_class FROM (SELECT payload, last_error_class FROM jobs"
+                    " UNION ALL SELECT payload, last_error_class FROM job_history) j"
+                    " JOIN task_watches w"
+                    " ON j.payload->>'generation_task_id' = w.generation_task_id::text"
+                    " WHERE w.provider_task_id = 'bad' AND j.last_error_class IS NOT NULL"
+                )
+                if crashed is not None:
+                    break
+                await anyio.sleep(0.05)
+        assert crashed is not None and crashed["last_error_class"] == "internal:TypeError"
+        watches = {
+            r["provider_task_id"]: r["status"]
+            for r in await rig.pool.fetch("SELECT provider_task_id, status FROM task_watches")
+        }
+        assert watches == {"good": "SUCCEEDED", "bad": "WATCHING"}

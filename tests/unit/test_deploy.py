@@ -575,6 +575,22 @@ def test_alert_rules_cover_the_scaling_signals() -> None:
         assert any(name.startswith(wanted) for name in exported_metrics()), wanted
 
 
+def test_alert_rules_say_when_upkeep_stops() -> None:
+    """A loop that keeps failing, a scan skipping rows, a sweeper that no longer runs: each
+    is an alert on the metric the code exports for it (issue 22)."""
+    exprs = {r["alert"]: r["expr"] for g in rule_groups() for r in g["rules"] if "alert" in r}
+    assert "aivedio_loop_failing" in exprs["AivedioLoopFailing"]
+    assert "by (loop)" in exprs["AivedioLoopFailing"]
+    assert "aivedio_scan_row_errors_total" in exprs["AivedioScanRowErrors"]
+    assert "by (scan)" in exprs["AivedioScanRowErrors"]
+    assert "aivedio_sweeps_total" in exprs["AivedioSweeperNotRunning"]
+    assert 'outcome="incomplete"' in exprs["AivedioSweepIncomplete"]
+    exported = exported_metrics()
+    assert exported["aivedio_loop_failing"] == {"loop"}
+    assert exported["aivedio_scan_row_errors_total"] == {"scan"}
+    assert exported["aivedio_sweeps_total"] == {"outcome"}
+
+
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__range": "1h", "$__interval": "1m"}
 
 

@@ -268,3 +268,19 @@ def test_claim_breaks_ties_on_priority_then_id() -> None:
 @pytest.mark.parametrize("batch", [0, 1])
 def test_claim_of_nothing_is_empty(batch: int) -> None:
     assert reference_claim([], batch=batch, max_tenants=4) == []
+
+
+def test_an_absurd_attempt_count_backs_off_the_maximum_and_never_overflows() -> None:
+    # A job row's attempts is data: 5000 of a budget of 100000 once overflowed a float in
+    # recording the failure, and ended the worker.
+    assert backoff_seconds(5000, 2.0, 600.0, rand=lambda: 1.0) == 600.0
+    assert backoff_seconds(10**9, 2.0, 600.0, rand=lambda: 0.5) == 300.0
+    decision = decide_retry(
+        retry_class=Retry.BACKOFF,
+        attempts=5000,
+        max_attempts=100000,
+        base_seconds=2.0,
+        max_seconds=600.0,
+        rand=lambda: 1.0,
+    )
+    assert decision.retry and decision.delay_seconds == 600.0

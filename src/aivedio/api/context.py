@@ -16,6 +16,7 @@ from aivedio.pipeline.registry import Registry
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectStore
 from aivedio.store.queue import Queue
+from aivedio.supervision import Conditions
 
 
 @dataclass
@@ -38,9 +39,12 @@ class ApiContext:
     # http://host:port the API is bound to (``run_app`` sets it once the port is known):
     # the base of absolute URLs when ``[api] public_base_url`` is empty.
     listen_base_url: str = ""
+    # The process's supervised loops that cannot work now (the event listener): /readyz.
+    conditions: Conditions = field(init=False)
 
     def __post_init__(self) -> None:
         self.backlog = BacklogMonitor(self.config.backlog, self.pool, self.metrics.backlog)
+        self.conditions = Conditions(self.metrics.supervision)
 
     def base_url(self) -> str:
         """What every absolute URL we hand out starts with: ``[api] public_base_url``, else

@@ -8,7 +8,8 @@ event id is the log's id, so a client that reconnects with ``Last-Event-ID`` get
 what it has not seen; without one it gets the whole history first, then live changes.
 
 NOTIFY only wakes readers up. Each API process holds one LISTEN connection
-(``run_listener``, reconnecting with backoff) and fans wake-ups out to the streams
+(``run_listener``, supervised: reconnecting with backoff, down in ``/readyz`` while it
+cannot listen) and fans wake-ups out to the streams
 subscribed to the changed row's id; a stream re-reads the log after every wake-up and every
 ``REQUERY_SECONDS`` anyway, so a notification lost to a reconnect delays an event, never
 loses it. Streams use short pooled queries only, never a connection of their own.
@@ -40,9 +41,9 @@ from aivedio.api.ids import path_uuid
 from aivedio.api.problems import ApiError
 from aivedio.errors import DatabaseError
 from aivedio.logs import get_logger
-from aivedio.scheduling import backoff_seconds
 from aivedio.states import Entity
-from aivedio.store.database import map_db_errors, open_connection
+from aivedio.store import listening
+from aivedio.store.database import map_db_errors
 from aivedio.store.stage_events import (
     MAX_EVENT_ID,
     NOTIFY_CHANNEL,
@@ -51,6 +52,7 @@ from aivedio.store.stage_events import (
     read_after,
     scope_of,
 )
+from aivedio.supervision import Loop, supervise
 
 log = get_logger("aivedio.api")
 
@@ -355,49 +357,43 @@ def _client_gone(request: web.Request) -> bool:
 async def run_listener(
     ctx: ApiContext, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
 ) -> None:
-    """The process's one LISTEN connection for stage events; reconnects with backoff. Reports
-    started once listening (or after the first failure: the API serves without it, streams
-    then find their events on the timer)."""
+    """The process's one LISTEN connection for stage events (``store/listening.py``),
+    supervised: it reconnects with backoff and is down in ``/readyz`` while it cannot listen.
+    Reports started once listening (or after the first failure: the API serves without it,
+    streams then find their events on the timer)."""
     hub = hub_of(ctx)
-    failures = 0
+    loop = Loop("stage_events_listen", conditions=ctx.conditions, event="stage_events_listen_lost")
     started = False
-    while True:
-        try:
-            with map_db_errors("listening for stage events"):
-                async with open_connection(ctx.config.database) as conn:
-                    lost = anyio.Event()
 
-                    def on_notify(_c: object, _pid: int, _channel: str, key: object) -> None:
-                        if isinstance(key, str):
-                            hub.notify(key)
-
-                    def on_lost(_c: object, event: anyio.Event = lost) -> None:
-                        event.set()
-
-                    conn.add_termination_listener(on_lost)
-                    await conn.add_listener(NOTIFY_CHANNEL, on_notify)
-                    if failures:
-                        log.info("stage_events_listening_again", failures=failures)
-                    failures = 0
-                    # Whatever committed while nobody listened: every stream looks now.
-                    hub.wake_all()
-                    if not started:
-                        started = True
-                        task_status.started()
-                    while not lost.is_set() and not conn.is_closed():
-                        with anyio.move_on_after(LISTEN_CHECK_SECONDS):
-                            await lost.wait()
-                        if not lost.is_set() and not conn.is_closed():
-                            with anyio.fail_after(10):
-                                await conn.execute("SELECT 1")
-                    raise DatabaseError("the connection closed")
-        except DatabaseError as exc:
-            failures += 1
-            log.warning("stage_events_listen_lost", error=str(exc), failures=failures)
+    def start() -> None:
+        nonlocal started
         if not started:
             started = True
             task_status.started()
-        await anyio.sleep(backoff_seconds(failures + 1, 0.5, 10.0))
+
+    def on_notify(_c: object, _pid: int, _channel: str, key: object) -> None:
+        if isinstance(key, str):
+            hub.notify(key)
+
+    def on_listening() -> None:
+        loop.ok()
+        # Whatever committed while nobody listened: every stream looks now.
+        hub.wake_all()
+        start()
+
+    async def session() -> None:
+        try:
+            await listening.listen(
+                ctx.config.database,
+                {NOTIFY_CHANNEL: on_notify},
+                on_listening=on_listening,
+                keepalive_seconds=LISTEN_CHECK_SECONDS,
+            )
+        except Exception:
+            start()
+            raise
+
+    await supervise(loop, session)
 
 
 async def close_streams(ctx: ApiContext) -> None:

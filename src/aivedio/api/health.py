@@ -1,5 +1,6 @@
 """``/healthz`` (the event loop runs), ``/readyz`` (the database answers, the schema is
-current, not draining), ``/metrics`` (Prometheus text), as the worker has them."""
+current, not draining, the event listener is not failing), ``/metrics`` (Prometheus text),
+as the worker has them."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ async def readyz(request: web.Request) -> web.Response:
             reasons.append("migrations pending: " + ", ".join(m.name for m in pending))
     except (DatabaseError, TimeoutError) as exc:
         reasons.append(f"database unreachable: {exc or 'timeout'}")
+    reasons += ctx.conditions.reasons()
     if reasons:
         return web.json_response({"status": "not_ready", "reasons": reasons}, status=503)
     return web.json_response({"status": "ready"})

@@ -46,6 +46,7 @@ from aivedio.logs import get_logger
 from aivedio.metrics import BacklogMetrics
 from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.queries import query
+from aivedio.supervision import Loop
 
 log = get_logger("aivedio.backlog")
 
@@ -184,22 +185,26 @@ class BacklogMonitor:
     async def run(
         self,
         on_reading: Callable[[Reading], None] | None = None,
+        loop: Loop | None = None,
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Refresh every check interval for ever; ``on_reading`` sees each reading. Started
         (``task_status``) once the first reading was applied, so a worker's lanes never claim
-        on a stale view of the pressure."""
+        on a stale view of the pressure. Supervised (``loop``): a failed read or an
+        ``on_reading`` that raises keeps the last reading, is logged and reported, and the
+        next interval tries again; nothing but cancellation ends it."""
+        supervisor = loop or Loop("backlog", event="backlog_check_failed")
         started = False
         while True:
-            async with self._lock:
-                try:
+            try:
+                async with self._lock:
                     reading = await self.refresh()
-                except DatabaseError as exc:
-                    log.warning("backlog_check_failed", error=str(exc))
-                    reading = self.reading
-            if on_reading is not None:
-                on_reading(reading)
+                if on_reading is not None:
+                    on_reading(reading)
+                supervisor.ok()
+            except Exception as exc:  # any: the last reading stands until one succeeds
+                supervisor.failed(exc)
             if not started:
                 started = True
                 task_status.started()

@@ -17,7 +17,9 @@ its objects go after the grace period. Objects of assets the database does not k
 keys that do not follow the layout, are counted and kept: after a database restore they
 are what reconciliation needs. Quarantine sources are roots while their asset lives (a
 REJECTED one until ``source_retain_until``) or while their provider output may still be
-fetched into them.
+fetched into them. A root that cannot be read (a row whose values raise) protects its whole
+asset: what cannot be proven garbage is kept. Each object is judged and deleted alone, so
+one that raises is skipped (``scan_row_failed``) and the scan goes on.
 
 The roots of a batch are plain data (``GcRoots``) with the verdict rule as a pure method;
 ``OrphanCollector`` only lists, queries and deletes.
@@ -36,6 +38,7 @@ from aivedio.states import TERMINAL_OUTPUT_STATES
 from aivedio.store import keys
 from aivedio.store.database import Pool
 from aivedio.store.objects import ObjectInfo, ObjectStore
+from aivedio.supervision import RowGuard
 from aivedio.sweeper_config import SweeperConfig
 
 GC_BATCH = 1000  # listed keys checked against the database per query
@@ -95,6 +98,8 @@ class GcRoots:
     known: set[str] = field(default_factory=set)
     deleted: set[str] = field(default_factory=set)
     revisions: dict[str, str] = field(default_factory=dict)  # revision prefix → status
+    # Assets with a row that could not be read (why): every key of theirs is kept.
+    unreadable: dict[str, Exception] = field(default_factory=dict)
 
     @classmethod
     def from_rows(cls, rows: Iterable[Any]) -> GcRoots:
@@ -102,28 +107,34 @@ class GcRoots:
         for row in rows:
             asset = str(row["asset_id"])
             roots.known.add(asset)
-            if row["asset_status"] == "DELETED":
-                roots.deleted.add(asset)
-                continue
-            if row["revision"] is None:
-                continue
-            status = row["revision_status"]
-            prefix = keys.revision_prefix(row["tenant_id"], row["asset_id"], row["revision"])
-            roots.revisions[prefix] = status
-            if status == "BUILDING" or (status == "READY" and row["variant_status"] == "PENDING"):
-                roots.prefixes.add(prefix + "/")
-            if status in ROOT_REVISIONS and row["object_key"] is not None:
-                roots.keys.add(row["object_key"])
-                base = keys.revision_root(row["object_key"])
-                if base is not None:
-                    roots.keys.update(f"{base}/{path}" for path in row["paths"] or () if path)
+            try:
+                roots._add(asset, row)
+            except Exception as exc:  # a root we cannot read still protects its asset
+                roots.unreadable.setdefault(asset, exc)
         return roots
+
+    def _add(self, asset: str, row: Any) -> None:
+        if row["asset_status"] == "DELETED":
+            self.deleted.add(asset)
+            return
+        if row["revision"] is None:
+            return
+        status = row["revision_status"]
+        prefix = keys.revision_prefix(row["tenant_id"], row["asset_id"], row["revision"])
+        self.revisions[prefix] = status
+        if status == "BUILDING" or (status == "READY" and row["variant_status"] == "PENDING"):
+            self.prefixes.add(prefix + "/")
+        if status in ROOT_REVISIONS and row["object_key"] is not None:
+            self.keys.add(row["object_key"])
+            base = keys.revision_root(row["object_key"])
+            if base is not None:
+                self.keys.update(f"{base}/{path}" for path in row["paths"] or () if path)
 
     def verdict(self, key: str) -> str | None:
         """Why ``key`` may be collected, or None when it must be kept."""
         asset = asset_of(key)
-        if asset is None or asset not in self.known:
-            return None  # off the layout or an asset the database does not know: keep
+        if asset is None or asset not in self.known or asset in self.unreadable:
+            return None  # off the layout, an asset the database does not know or unread: keep
         if asset in self.deleted:
             return "deleted_asset"
         if key in self.keys or any(key.startswith(p) for p in self.prefixes):
@@ -146,10 +157,13 @@ class OrphanCollector:
     """The two GC scans: ``assets/`` against revision roots, ``quarantine/`` against live
     sources and outputs that may still be fetched."""
 
-    def __init__(self, cfg: SweeperConfig, *, pool: Pool, store: ObjectStore) -> None:
+    def __init__(
+        self, cfg: SweeperConfig, *, pool: Pool, store: ObjectStore, rows: RowGuard | None = None
+    ) -> None:
         self.cfg = cfg
         self.pool = pool
         self.store = store
+        self.rows = rows or RowGuard()
 
     async def collect_assets(self, report: SweepReport, now: datetime) -> None:
         await self._collect(report, now, "assets/", "orphan_objects", self._asset_verdicts)
@@ -170,15 +184,11 @@ class OrphanCollector:
         async def flush() -> None:
             found: dict[str, str | None] = await verdicts(report, [i.key for i in batch], now)
             for info in batch:
-                reason = found.get(info.key)
+                reason = found.get(info.key)  # none: kept (referenced, or its verdict failed)
                 if reason is None:
                     continue
-                if not report.dry_run:
-                    await self.store.delete(info.key)
-                age = round((now - info.last_modified).total_seconds()) if info.last_modified else 0
-                report.add(scan, Finding(subject=info.key, detail=reason,
-                           action=report.act("deleted"),
-                           data={"age_seconds": age, "size": info.size}))  # fmt: skip
+                with report.isolate(self.rows, scan, info.key):
+                    await self._delete(report, scan, info, reason, now)
             batch.clear()
 
         async for info in self.store.list(prefix):
@@ -192,15 +202,35 @@ class OrphanCollector:
         if batch:
             await flush()
 
+    async def _delete(
+        self, report: SweepReport, scan: str, info: ObjectInfo, reason: str, now: datetime
+    ) -> None:
+        if not report.dry_run:
+            await self.store.delete(info.key)
+        age = round((now - info.last_modified).total_seconds()) if info.last_modified else 0
+        finding = Finding(
+            subject=info.key,
+            detail=reason,
+            action=report.act("deleted"),
+            data={"age_seconds": age, "size": info.size},
+        )
+        report.add(scan, finding)
+
     async def _asset_verdicts(
         self, report: SweepReport, names: list[str], _now: datetime
     ) -> dict[str, str | None]:
         assets = sorted({a for a in map(asset_of, names) if a is not None})
         roots = GcRoots.from_rows(await self.pool.fetch(GC_REFERENCES, assets))
+        for asset, exc in roots.unreadable.items():  # its keys are kept
+            self.rows.skip("orphan_objects", asset, exc, on_skip=report.skip)
         # Kept, and counted: after a database restore these are what reconciliation needs.
         report.bump("orphan_objects_unattributed", sum(
             1 for name in names if asset_of(name) not in roots.known))  # fmt: skip
-        return {name: roots.verdict(name) for name in names}
+        found: dict[str, str | None] = {}
+        for name in names:
+            with report.isolate(self.rows, "orphan_objects", name):
+                found[name] = roots.verdict(name)
+        return found
 
     async def _quarantine_verdicts(
         self, _report: SweepReport, names: list[str], now: datetime

@@ -7,7 +7,9 @@ walks HLS playlists down to each init and segment. A failure is logged, sent as 
 ``asset.integrity_failed`` outbox event per revision, and, when the source is still there,
 rebuilt once into a new revision by the reprocess job, which publishes it atomically.
 A store that cannot answer (a transient or throttled request) says nothing about a revision:
-its audit is counted inconclusive and left to the next pass, never alerted or rebuilt.
+its audit is counted inconclusive and left to the next pass, never alerted or rebuilt. A
+revision whose audit raises anything else is skipped alone (``scan_row_failed``): the
+others are audited.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from aivedio.store import keys, outbox
 from aivedio.store.database import Connection, Pool
 from aivedio.store.objects import ObjectStore
 from aivedio.store.queue import Queue
+from aivedio.supervision import RowGuard
 from aivedio.sweeper_config import SweeperConfig
 
 log = get_logger("aivedio.sweeper")
@@ -118,13 +121,14 @@ class IntegrityAudit:
 
     def __init__(
         self, cfg: SweeperConfig, *, pool: Pool, store: ObjectStore, queue: Queue,
-        pipeline_version: int,
+        pipeline_version: int, rows: RowGuard | None = None,
     ) -> None:  # fmt: skip
         self.cfg = cfg
         self.pool = pool
         self.store = store
         self.queue = queue
         self.pipeline_version = pipeline_version
+        self.rows = rows or RowGuard()
 
     async def audit(self, report: SweepReport, now: datetime) -> None:
         if self.cfg.audit_sample == 0:
@@ -141,21 +145,24 @@ class IntegrityAudit:
 
         async def audit(row: Any) -> None:
             async with limiter:
-                try:
-                    found = await self._audit_revision(row, variants.get(row["id"], []))
-                except AivedioError as exc:
-                    if not _inconclusive(report, row, exc):
-                        raise
-                    return
-            if found:
-                problems[row["id"]] = found
+                with report.isolate(self.rows, "integrity", row["id"]):
+                    try:
+                        found = await self._audit_revision(row, variants.get(row["id"], []))
+                    except AivedioError as exc:
+                        if not _inconclusive(report, row, exc):
+                            raise
+                        return
+                    if found:
+                        problems[row["id"]] = found
 
         async with anyio.create_task_group() as tg:
             for row in rows:
                 tg.start_soon(audit, row)
         report.bump("revisions_audited", len(rows))
         for row in rows:
-            if row["id"] in problems:
+            if row["id"] not in problems:
+                continue
+            with report.isolate(self.rows, "integrity", row["id"]):
                 try:
                     await self._integrity_failed(report, row, problems[row["id"]])
                 except AivedioError as exc:  # the next pass decides again (finds a committed alert)

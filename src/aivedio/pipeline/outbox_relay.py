@@ -26,6 +26,12 @@ being unwell; ``Retry-After`` on 429 and 503 replaces the computed delay. Other 
 (redirects are not followed: a signed body goes where the operator said, nowhere else) are
 retried too, because in practice they are a receiver mid-deploy or a rotated secret that
 an operator fixes within the budget; they are logged at error level so someone does.
+
+Nothing stops the relay. The pass loop and its LISTEN run supervised (``supervision.py``:
+any failure is logged, backed off and reported in the worker's ``/readyz`` until the next
+success), and each delivery is handled alone (``RowGuard``): one whose row cannot be decoded,
+or whose sending raises, is dead at once with the error (``scan_row_failed``), rather than
+claimed again at every lease's end with its batch stuck behind it.
 """
 
 from __future__ import annotations
@@ -50,10 +56,13 @@ from anyio.abc import TaskStatus
 from aivedio.config import DatabaseConfig
 from aivedio.errors import DatabaseError, Retry
 from aivedio.logs import get_logger, redact_text
+from aivedio.metrics import SupervisionMetrics
 from aivedio.outbox_config import OutboxConfig, WebhookConfig
-from aivedio.scheduling import backoff_seconds, decide_retry
-from aivedio.store.database import Pool, map_db_errors, open_connection
-from aivedio.store.outbox import NOTIFY_CHANNEL, Claimed, OutboxStore
+from aivedio.scheduling import decide_retry
+from aivedio.store import listening
+from aivedio.store.database import Pool
+from aivedio.store.outbox import NOTIFY_CHANNEL, Claimed, OutboxStore, Poisoned
+from aivedio.supervision import Conditions, Loop, RowGuard, error_class, supervise
 
 log = get_logger("aivedio.outbox")
 
@@ -185,9 +194,24 @@ class OutboxRelay:
         database: DatabaseConfig | None = None,
         clock: Callable[[], float] = time.time,
         rand: Callable[[], float] = random.random,
+        conditions: Conditions | None = None,
+        metrics: SupervisionMetrics | None = None,
     ) -> None:
         self.config = config
         self.store = OutboxStore(pool)
+        # Both loops supervised (down in the worker's /readyz while they fail); a delivery
+        # that cannot be decoded or sent is isolated (dead), never a stuck relay.
+        self.loop = Loop(
+            "outbox_relay",
+            conditions=conditions,
+            event="outbox_relay_failed",
+            max_seconds=30.0,
+            rand=rand,
+        )
+        self.listen_loop = Loop(
+            "outbox_listen", conditions=conditions, event="outbox_listen_lost", rand=rand
+        )
+        self.rows = RowGuard(metrics)
         self.session = session
         self._database = database  # for LISTEN; None: poll only
         self._clock = clock
@@ -218,21 +242,14 @@ class OutboxRelay:
                 tg.start_soon(self._listen, self._database)
             task_status.started()
             log.info("outbox_relay_started", endpoints=sorted(self._hooks))
-            failures = 0
-            while True:
-                try:
-                    claimed = await self.deliver_once()
-                    failures = 0
-                except Exception as exc:
-                    failures += 1
-                    if isinstance(exc, DatabaseError):
-                        log.warning("outbox_relay_failed", error=str(exc), failures=failures)
-                    else:
-                        log.exception("outbox_relay_crashed", failures=failures)
-                    await anyio.sleep(backoff_seconds(failures, 0.5, 30.0, self._rand))
-                    continue
-                if claimed < self.config.batch_size and not self._backlog:
-                    await self._idle()
+            await supervise(self.loop, self._relay)
+
+    async def _relay(self) -> None:
+        while True:
+            claimed = await self.deliver_once()
+            self.loop.ok()
+            if claimed < self.config.batch_size and not self._backlog:
+                await self._idle()
 
     async def deliver_once(self) -> int:
         """One pass: create deliveries, claim, send, record. Returns how many were claimed."""
@@ -246,17 +263,57 @@ class OutboxRelay:
             self._backlog |= walked >= MATERIALISE_LIMIT
         token = uuid.uuid4()
         claimed = await self.store.claim(
-            list(self._hooks), self.config.batch_size, token, self._lease_seconds
+            list(self._hooks), self.config.batch_size, token, self._lease_seconds, self.rows
         )
-        unfinished = {(c.endpoint, c.outbox_event_id): c for c in claimed}
+        unfinished = {(c.endpoint, c.outbox_event_id): c for c in claimed if isinstance(c, Claimed)}
         try:
             async with anyio.create_task_group() as tg:
                 for c in claimed:
-                    tg.start_soon(self._deliver, c, token, unfinished)
+                    if isinstance(c, Poisoned):
+                        tg.start_soon(self._bury, c.endpoint, c.outbox_event_id, token, c.error)
+                    else:
+                        tg.start_soon(self._isolated, c, token, unfinished)
         finally:
             if unfinished:
                 await self._release(list(unfinished.values()), token)
         return len(claimed)
+
+    async def _isolated(
+        self, c: Claimed, token: uuid.UUID, unfinished: dict[tuple[str, int], Claimed]
+    ) -> None:
+        """One delivery, alone: one that raises (a bug, a payload nothing can send) is
+        logged, counted and dead, so the relay is not stuck on it and the events after it
+        of its aggregate flow (a dead event no longer holds them back)."""
+        with self.rows.row("outbox_relay", c.outbox_event_id) as row:
+            await self._deliver(c, token, unfinished)
+        if row.error is not None:
+            unfinished.pop((c.endpoint, c.outbox_event_id), None)
+            error = f"{error_class(row.error)}: {redact_text(str(row.error))}"[:500]
+            await self._bury(c.endpoint, c.outbox_event_id, token, error)
+
+    async def _bury(
+        self, endpoint: str, outbox_event_id: int, token: uuid.UUID, error: str
+    ) -> None:
+        held = False
+        try:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT_SECONDS):
+                held = await self.store.bury(endpoint, outbox_event_id, token, error)
+        except DatabaseError as exc:  # the lease runs out; the next claim isolates it again
+            log.warning(
+                "outbox_result_not_recorded",
+                outbox_event_id=outbox_event_id,
+                endpoint=endpoint,
+                error=str(exc),
+            )
+            return
+        if held:
+            log.error(
+                "outbox_delivery_dead",
+                outbox_event_id=outbox_event_id,
+                endpoint=endpoint,
+                error=error,
+                reason="isolated",
+            )
 
     async def _deliver(
         self, c: Claimed, token: uuid.UUID, unfinished: dict[tuple[str, int], Claimed]
@@ -379,47 +436,38 @@ class OutboxRelay:
 
     async def _listen(self, database: DatabaseConfig) -> None:
         """LISTEN for new events to wake at once; the poll interval covers any gap."""
-        failures = 0
-        while True:
-            try:
-                with map_db_errors("listening for outbox events"):
-                    async with open_connection(database) as conn:
-                        lost = anyio.Event()
 
-                        def on_notify(*_args: object) -> None:
-                            self._wake.set()
+        def on_notify(*_args: object) -> None:
+            self._wake.set()
 
-                        def on_lost(_conn: object, event: anyio.Event = lost) -> None:
-                            event.set()
+        def on_listening() -> None:
+            self._wake.set()  # events emitted before the LISTEN took effect woke nobody
 
-                        conn.add_termination_listener(on_lost)
-                        await conn.add_listener(NOTIFY_CHANNEL, on_notify)
-                        # Events emitted before the LISTEN took effect woke nobody.
-                        self._wake.set()
-                        failures = 0
-                        while not lost.is_set() and not conn.is_closed():
-                            with anyio.move_on_after(30):
-                                await lost.wait()
-                            if not lost.is_set() and not conn.is_closed():
-                                await conn.execute("SELECT 1")
-            except DatabaseError as exc:
-                failures += 1
-                log.warning("outbox_listen_lost", error=str(exc))
-            await anyio.sleep(backoff_seconds(failures + 1, 0.5, 10.0, self._rand))
+        await listening.run(
+            self.listen_loop, database, {NOTIFY_CHANNEL: on_notify}, on_listening=on_listening
+        )
 
 
 @asynccontextmanager
 async def open_outbox_relay(
-    config: OutboxConfig, pool: Pool, *, database: DatabaseConfig | None = None
+    config: OutboxConfig,
+    pool: Pool,
+    *,
+    database: DatabaseConfig | None = None,
+    conditions: Conditions | None = None,
+    metrics: SupervisionMetrics | None = None,
 ) -> AsyncIterator[OutboxRelay]:
     """Run a relay in the background for the body's duration; stop it on exit (deliveries in
-    flight are handed back). With ``database``, a LISTEN connection wakes it on new events."""
+    flight are handed back). With ``database``, a LISTEN connection wakes it on new events;
+    ``conditions`` (the worker's) report its loops while they fail."""
     async with aiohttp.ClientSession(
         trust_env=False,
         timeout=aiohttp.ClientTimeout(total=None),  # the relay's fail_after is the deadline
         connector=aiohttp.TCPConnector(limit=max(config.batch_size, 1)),
     ) as session:
-        relay = OutboxRelay(config, pool, session, database=database)
+        relay = OutboxRelay(
+            config, pool, session, database=database, conditions=conditions, metrics=metrics
+        )
         async with anyio.create_task_group() as tg:
             await tg.start(relay.run)
             try:

@@ -16,6 +16,7 @@ imports them.
 from __future__ import annotations
 
 import uuid
+from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
@@ -33,6 +34,7 @@ from aivedio.store.objects import ObjectStore
 from aivedio.store.queue import Enqueued, JobSpec, Queue
 from aivedio.store.records import transition
 from aivedio.store.uploads import reap_expired_uploads
+from aivedio.supervision import Row, RowGuard, error_class
 from aivedio.sweeper_config import SweeperConfig
 
 log = get_logger("aivedio.sweeper")
@@ -185,6 +187,9 @@ class SweepReport(msgspec.Struct, kw_only=True):
     # Findings per scan, including those past REPORT_LIMIT; plus listing statistics.
     counts: dict[str, int] = msgspec.field(default_factory=dict)
     errors: list[Finding] = msgspec.field(default_factory=list)
+    # Rows a scan skipped because their work raised (``row_errors`` counts them all): the
+    # scan went on; the pass is still complete.
+    skipped: list[Finding] = msgspec.field(default_factory=list)
 
     def add(self, scan: str, finding: Finding) -> None:
         self.counts[scan] = self.counts.get(scan, 0) + 1
@@ -194,6 +199,19 @@ class SweepReport(msgspec.Struct, kw_only=True):
 
     def bump(self, stat: str, by: int = 1) -> None:
         self.counts[stat] = self.counts.get(stat, 0) + by
+
+    def isolate(self, rows: RowGuard, scan: str, row_id: object) -> AbstractContextManager[Row]:
+        """``rows.row`` for one row of ``scan``: a row whose work raises is skipped, and
+        recorded here."""
+        return rows.row(scan, row_id, on_skip=self.skip)
+
+    def skip(self, scan: str, row_id: str, exc: Exception) -> None:
+        self.bump("row_errors")
+        if len(self.skipped) < REPORT_LIMIT:
+            detail = f"{error_class(exc)}: {exc}"[:300]
+            self.skipped.append(
+                Finding(subject=f"{scan} {row_id}", detail=detail, action="skipped")
+            )
 
     def act(self, verb: str) -> str:
         """``verb`` (what was done), or in a dry run what would have been."""
@@ -214,6 +232,7 @@ class SweepReport(msgspec.Struct, kw_only=True):
         if stats:
             lines.append("  " + ", ".join(f"{k}={v}" for k, v in sorted(stats.items())))
         lines += [f"  error in {e.subject}: {e.detail}" for e in self.errors]
+        lines += [f"  skipped row in {f.subject}: {f.detail}" for f in self.skipped]
         return "\n".join(lines)
 
 
@@ -223,11 +242,20 @@ class SweepReport(msgspec.Struct, kw_only=True):
 class StalledWork:
     """The scans of jobs, fetches, uploads and assets that stopped moving."""
 
-    def __init__(self, cfg: SweeperConfig, *, pool: Pool, store: ObjectStore, queue: Queue) -> None:
+    def __init__(
+        self,
+        cfg: SweeperConfig,
+        *,
+        pool: Pool,
+        store: ObjectStore,
+        queue: Queue,
+        rows: RowGuard | None = None,
+    ) -> None:
         self.cfg = cfg
         self.pool = pool
         self.store = store
         self.queue = queue
+        self.rows = rows or RowGuard()
 
     # -- queue and fetch scans ----------------------------------------------------------------
 
@@ -240,47 +268,84 @@ class StalledWork:
             expired = await self.queue.reap()
         outcome = {job_id: result for job_id, _lane, _kind, result in expired}
         for job_id, lane, kind, result in expired:
-            verb = "requeued" if result == "queued" else "buried"
-            finding = Finding(subject=f"job {job_id}", action=report.act(verb),
-                              detail=f"{kind} in {lane}: lease expired")  # fmt: skip
-            report.add("reaped_jobs", finding)
+            with report.isolate(self.rows, "reaped_jobs", job_id):
+                verb = "requeued" if result == "queued" else "buried"
+                finding = Finding(
+                    subject=f"job {job_id}",
+                    action=report.act(verb),
+                    detail=f"{kind} in {lane}: lease expired",
+                )
+                report.add("reaped_jobs", finding)
         for row in stale:
-            job = row["expired_job"]
-            if job is None:
-                detail, action = "FETCHING with no fetch job left", "reported"
-                log.error("fetching_without_job", provider_output_id=str(row["id"]),
-                          provider=row["provider"])  # fmt: skip
-            else:
-                detail = f"fetch job {job}: lease expired"
-                verb = "requeued" if outcome.get(job) == "queued" else "buried"
-                action = report.act(verb)
-                log.warning("fetching_lease_expired", provider_output_id=str(row["id"]), job_id=job)
-            report.add("fetching_stale", Finding(subject=str(row["id"]), detail=detail,
-                       action=action, data={"provider": row["provider"]}))  # fmt: skip
+            with report.isolate(self.rows, "fetching_stale", row["id"]):
+                self._fetching_stale(report, row, outcome)
+
+    def _fetching_stale(self, report: SweepReport, row: Any, outcome: dict[int, str]) -> None:
+        job = row["expired_job"]
+        if job is None:
+            detail, action = "FETCHING with no fetch job left", "reported"
+            log.error(
+                "fetching_without_job", provider_output_id=str(row["id"]), provider=row["provider"]
+            )
+        else:
+            detail = f"fetch job {job}: lease expired"
+            verb = "requeued" if outcome.get(job) == "queued" else "buried"
+            action = report.act(verb)
+            log.warning("fetching_lease_expired", provider_output_id=str(row["id"]), job_id=job)
+        report.add(
+            "fetching_stale",
+            Finding(
+                subject=str(row["id"]),
+                detail=detail,
+                action=action,
+                data={"provider": row["provider"]},
+            ),
+        )
 
     async def near_expiry(self, report: SweepReport, now: datetime) -> None:
         horizon = now + timedelta(seconds=self.cfg.expiry_warning_seconds)
         for row in await self.pool.fetch(NEAR_EXPIRY, horizon):
-            left = (row["source_url_expires_at"] - now).total_seconds()
-            log.error("output_near_expiry", provider_output_id=str(row["id"]),
-                      provider=row["provider"], provider_task_id=row["provider_task_id"],
-                      fetch_status=row["fetch_status"], seconds_left=round(left))  # fmt: skip
-            detail = f"{row['fetch_status']}, URL {'expired' if left < 0 else 'expires'} "
-            detail += f"{abs(round(left))} s {'ago' if left < 0 else 'from now'}"
-            report.add("near_expiry", Finding(subject=str(row["id"]), detail=detail,
-                       action="escalated", data={"seconds_left": round(left)}))  # fmt: skip
+            with report.isolate(self.rows, "near_expiry", row["id"]):
+                left = (row["source_url_expires_at"] - now).total_seconds()
+                log.error(
+                    "output_near_expiry",
+                    provider_output_id=str(row["id"]),
+                    provider=row["provider"],
+                    provider_task_id=row["provider_task_id"],
+                    fetch_status=row["fetch_status"],
+                    seconds_left=round(left),
+                )
+                detail = f"{row['fetch_status']}, URL {'expired' if left < 0 else 'expires'} "
+                detail += f"{abs(round(left))} s {'ago' if left < 0 else 'from now'}"
+                report.add(
+                    "near_expiry",
+                    Finding(
+                        subject=str(row["id"]),
+                        detail=detail,
+                        action="escalated",
+                        data={"seconds_left": round(left)},
+                    ),
+                )
 
     async def tasks_without_output(self, report: SweepReport, now: datetime) -> None:
         settled = now - timedelta(seconds=TASK_SETTLE_SECONDS)
         for row in await self.pool.fetch(TASKS_WITHOUT_OUTPUT, settled):
-            log.error("task_without_output", generation_task_id=str(row["id"]),
-                      provider=row["provider"],
-                      provider_task_id=row["provider_task_id"])  # fmt: skip
-            report.add("tasks_without_output", Finding(
-                subject=str(row["id"]), action="reported",
-                detail=f"{row['provider']}/{row['provider_task_id']}: PROVIDER_SUCCEEDED, "
-                       "no provider output recorded",
-            ))  # fmt: skip
+            with report.isolate(self.rows, "tasks_without_output", row["id"]):
+                log.error(
+                    "task_without_output",
+                    generation_task_id=str(row["id"]),
+                    provider=row["provider"],
+                    provider_task_id=row["provider_task_id"],
+                )
+                report.add(
+                    "tasks_without_output",
+                    Finding(
+                        subject=str(row["id"]),
+                        action="reported",
+                        detail=f"{row['provider']}/{row['provider_task_id']}: PROVIDER_SUCCEEDED, "
+                        "no provider output recorded",
+                    ),
+                )
 
     async def orphaned_watches(self, report: SweepReport, now: datetime) -> None:
         """A WATCHING task whose poll job died would be watched by nobody, forever: the watch
@@ -288,17 +353,30 @@ class StalledWork:
         starts a new round with a new poll job)."""
         settled = now - timedelta(seconds=TASK_SETTLE_SECONDS)
         for row in await self.pool.fetch(ORPHANED_WATCHES, settled):
-            task = f"{row['provider']}/{row['provider_task_id']}"
-            detail = f"{task}: WATCHING, poll job of round {row['round']} gone"
-            if not report.dry_run:
-                async with self.pool.acquire() as conn, conn.transaction():
-                    await poller.end_watch(conn, row["generation_task_id"], "GAVE_UP",
-                                           error=("poll_job_dead", detail))  # fmt: skip
-            log.error("watch_without_poll_job", generation_task_id=str(row["generation_task_id"]),
-                      provider=row["provider"], provider_task_id=row["provider_task_id"],
-                      round=row["round"])  # fmt: skip
-            report.add("orphaned_watches", Finding(subject=str(row["generation_task_id"]),
-                       detail=detail, action=report.act("gave_up")))  # fmt: skip
+            with report.isolate(self.rows, "orphaned_watches", row["generation_task_id"]):
+                await self._orphaned_watch(report, row)
+
+    async def _orphaned_watch(self, report: SweepReport, row: Any) -> None:
+        task = f"{row['provider']}/{row['provider_task_id']}"
+        detail = f"{task}: WATCHING, poll job of round {row['round']} gone"
+        if not report.dry_run:
+            async with self.pool.acquire() as conn, conn.transaction():
+                await poller.end_watch(
+                    conn, row["generation_task_id"], "GAVE_UP", error=("poll_job_dead", detail)
+                )
+        log.error(
+            "watch_without_poll_job",
+            generation_task_id=str(row["generation_task_id"]),
+            provider=row["provider"],
+            provider_task_id=row["provider_task_id"],
+            round=row["round"],
+        )
+        report.add(
+            "orphaned_watches",
+            Finding(
+                subject=str(row["generation_task_id"]), detail=detail, action=report.act("gave_up")
+            ),
+        )
 
     async def stale_uploads(self, report: SweepReport, now: datetime) -> None:
         cutoff = now - timedelta(seconds=self.cfg.multipart_stale_seconds)
@@ -317,22 +395,35 @@ class StalledWork:
         for upload in stale:
             if upload.upload_id in live or _owner(upload.key) in live:
                 continue
-            if not report.dry_run:
-                await self.store.abort_multipart_upload(upload.key, upload.upload_id)
-            age = round((now - upload.initiated).total_seconds())
-            finding = Finding(subject=upload.key, action=report.act("aborted"),
-                              detail=f"upload {upload.upload_id} started {age} s ago")  # fmt: skip
-            report.add("stale_uploads", finding)
+            with report.isolate(self.rows, "stale_uploads", upload.upload_id):
+                if not report.dry_run:
+                    await self.store.abort_multipart_upload(upload.key, upload.upload_id)
+                age = round((now - upload.initiated).total_seconds())
+                finding = Finding(
+                    subject=upload.key,
+                    action=report.act("aborted"),
+                    detail=f"upload {upload.upload_id} started {age} s ago",
+                )
+                report.add("stale_uploads", finding)
 
     async def expired_uploads(self, report: SweepReport, now: datetime) -> None:
         """Upload sessions past their expiry: EXPIRED, their bytes and parts removed."""
-        for reaped in await reap_expired_uploads(self.pool, self.store, now=now,
-                                                 dry_run=report.dry_run):  # fmt: skip
-            detail = (f"tenant {reaped.tenant_id}, expired {reaped.expires_at.isoformat()}: "
-                      f"{len(reaped.deleted_objects)} objects deleted, "
-                      f"{len(reaped.aborted_uploads)} uploads aborted")  # fmt: skip
-            report.add("expired_uploads", Finding(subject=str(reaped.video_id),
-                                                  action=reaped.action, detail=detail))  # fmt: skip
+        for reaped in await reap_expired_uploads(
+            self.pool,
+            self.store,
+            now=now,
+            dry_run=report.dry_run,
+            rows=self.rows,
+            on_skip=report.skip,
+        ):
+            with report.isolate(self.rows, "expired_uploads", reaped.video_id):
+                detail = (
+                    f"tenant {reaped.tenant_id}, expired {reaped.expires_at.isoformat()}: "
+                    f"{len(reaped.deleted_objects)} objects deleted, "
+                    f"{len(reaped.aborted_uploads)} uploads aborted"
+                )
+                finding = Finding(subject=str(reaped.video_id), action=reaped.action, detail=detail)
+                report.add("expired_uploads", finding)
 
     # -- stuck assets ---------------------------------------------------------------------------
 
@@ -340,29 +431,45 @@ class StalledWork:
         cutoff = now - timedelta(seconds=self.cfg.processing_budget_seconds)
         for row in [*await self.pool.fetch(STUCK_ASSETS, cutoff),
                     *await self.pool.fetch(STUCK_REBUILDS, cutoff)]:  # fmt: skip
-            asset_id, tenant_id, status = row["id"], row["tenant_id"], row["status"]
-            try:
-                if status in ("QUARANTINED", "PROBING"):
-                    action, detail = await self._stuck_probe(report, asset_id, tenant_id, status)
-                else:
-                    action, detail = await self._stuck_building(report, asset_id, tenant_id,
-                                                                status)  # fmt: skip
-            except StaleStateError:
-                action, detail = "skipped", "changed while the sweeper looked"
-            log.error("asset_stuck", asset_id=str(asset_id), status=status, action=action,
-                      detail=detail)  # fmt: skip
-            report.add("stuck_assets", Finding(subject=str(asset_id), action=action,
-                       detail=f"{status} with no live job: {detail}"))  # fmt: skip
+            with report.isolate(self.rows, "stuck_assets", row["id"]):
+                await self._stuck_asset(report, row)
         for row in await self.pool.fetch(STUCK_ENRICHMENT, cutoff):
-            states = await self.pool.fetch(VARIANT_STATES, row["id"], row["revision"])
-            pending = [r["variant_type"] for r in states if r["status"] == "PENDING"]
-            failed = await self._fail_pending(report, row["id"], row["revision"], pending)
-            spec = publish_spec(row["id"], row["revision"], row["tenant_id"], enrich=True)
-            await self._enqueue(report, spec)
-            report.add("stuck_assets", Finding(
-                subject=str(row["id"]), action=report.act("failed_pending_outputs"),
+            with report.isolate(self.rows, "stuck_assets", row["id"]):
+                await self._stuck_enrichment(report, row)
+
+    async def _stuck_asset(self, report: SweepReport, row: Any) -> None:
+        asset_id, tenant_id, status = row["id"], row["tenant_id"], row["status"]
+        try:
+            if status in ("QUARANTINED", "PROBING"):
+                action, detail = await self._stuck_probe(report, asset_id, tenant_id, status)
+            else:
+                action, detail = await self._stuck_building(report, asset_id, tenant_id, status)
+        except StaleStateError:
+            action, detail = "skipped", "changed while the sweeper looked"
+        log.error(
+            "asset_stuck", asset_id=str(asset_id), status=status, action=action, detail=detail
+        )
+        report.add(
+            "stuck_assets",
+            Finding(
+                subject=str(asset_id), action=action, detail=f"{status} with no live job: {detail}"
+            ),
+        )
+
+    async def _stuck_enrichment(self, report: SweepReport, row: Any) -> None:
+        states = await self.pool.fetch(VARIANT_STATES, row["id"], row["revision"])
+        pending = [r["variant_type"] for r in states if r["status"] == "PENDING"]
+        failed = await self._fail_pending(report, row["id"], row["revision"], pending)
+        spec = publish_spec(row["id"], row["revision"], row["tenant_id"], enrich=True)
+        await self._enqueue(report, spec)
+        report.add(
+            "stuck_assets",
+            Finding(
+                subject=str(row["id"]),
+                action=report.act("failed_pending_outputs"),
                 detail=f"published revision {row['revision']}: outputs {failed} never finished",
-            ))  # fmt: skip
+            ),
+        )
 
     async def _enqueue(self, report: SweepReport, spec: JobSpec) -> tuple[bool, Any]:
         """(created, previous job row). A key that was ever used is a no-op in the queue, so

@@ -7,7 +7,13 @@ from under a published playlist. Each pass runs every scan of §11.9.6 and repor
 found and what it did; ``dry_run`` reports the same findings and changes nothing.
 
 This module is the orchestration: a pass runs the scans in order, one failing scan never
-stops the others, and the pass runs as a periodic job. The scans live in modules named for
+stops the others (whatever it raised), and the pass runs as a periodic job. Inside a scan,
+one failing row never stops the scan: each row's work runs under the pass's row guard
+(``supervision.RowGuard``), so a row whose work raises is logged (``scan_row_failed``),
+counted (``aivedio_scan_row_errors_total{scan}``), listed in the report's ``skipped`` and
+passed over. Skipped rows do not make a pass incomplete; a failed scan does. Each pass is
+counted by outcome in ``aivedio_sweeps_total``, which an alert reads to say when no sweep
+has run for a while. The scans live in modules named for
 what they do: ``sweep_scans`` (the report, and work left stalled: leases, fetches, URLs near
 expiry, uploads, stuck assets), ``integrity`` (the audit of published revisions and their
 rebuild) and ``gc`` (orphan objects, collected from roots).
@@ -33,7 +39,8 @@ import anyio
 
 from aivedio.config import Config, DatabaseConfig
 from aivedio.errors import AivedioError, DeferredError, TransientError
-from aivedio.logs import get_logger
+from aivedio.logs import get_logger, redact_text
+from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.gc import ROOT_REVISIONS, OrphanCollector
 from aivedio.pipeline.integrity import INTEGRITY_EVENT, IntegrityAudit, playlist_uris, resolve_uri
 from aivedio.pipeline.registry import JobContext, JobKind, Registry
@@ -41,6 +48,7 @@ from aivedio.pipeline.sweep_scans import Finding, StalledWork, SweepReport
 from aivedio.store.database import Pool, map_db_errors, open_connection
 from aivedio.store.objects import ObjectStore, open_object_store
 from aivedio.store.queue import Enqueued, Job, JobSpec, Queue
+from aivedio.supervision import RowGuard, error_class
 from aivedio.sweeper_config import SweeperConfig, validate_sweeper
 
 # The public names; INTEGRITY_EVENT, ROOT_REVISIONS, Finding, SweepReport, playlist_uris and
@@ -82,6 +90,7 @@ class Sweeper:
         self, cfg: SweeperConfig, *, pool: Pool, store: ObjectStore, queue: Queue,
         database: DatabaseConfig, pipeline_version: int,
         clock: Callable[[], datetime] = _utcnow,
+        metrics: WorkerMetrics | None = None,
     ) -> None:  # fmt: skip
         self.cfg = cfg
         self.pool = pool
@@ -90,10 +99,16 @@ class Sweeper:
         self.database = database
         self.pipeline_version = pipeline_version
         self.clock = clock
-        self.stalled = StalledWork(cfg, pool=pool, store=store, queue=queue)
-        self.integrity = IntegrityAudit(cfg, pool=pool, store=store, queue=queue,
-                                        pipeline_version=pipeline_version)  # fmt: skip
-        self.gc = OrphanCollector(cfg, pool=pool, store=store)
+        self.metrics = metrics
+        rows = RowGuard(metrics.supervision if metrics is not None else None)
+        self.stalled = StalledWork(cfg, pool=pool, store=store, queue=queue, rows=rows)
+        self.integrity = IntegrityAudit(
+            cfg, pool=pool, store=store, queue=queue, pipeline_version=pipeline_version, rows=rows
+        )
+        self.gc = OrphanCollector(cfg, pool=pool, store=store, rows=rows)
+        if metrics is not None:  # every outcome at 0 from the start, so increase() sees a pass
+            for outcome in ("swept", "incomplete", "another_sweeper_running"):
+                metrics.sweeps.labels(outcome)
 
     async def sweep(self, *, dry_run: bool) -> SweepReport:
         """One pass of every scan. A real pass runs alone across the fleet; a dry run needs
@@ -105,11 +120,23 @@ class Sweeper:
             async with self._exclusive() as acquired:
                 if not acquired:
                     report.outcome = "another_sweeper_running"
+                    self._count(report.outcome)
                     return report
                 await self._scans(report)
         report.finished_at = self.clock()
-        log.info("sweep_done", dry_run=dry_run, counts=report.counts, errors=len(report.errors))
+        self._count("incomplete" if report.errors else "swept")
+        log.info(
+            "sweep_done",
+            dry_run=dry_run,
+            counts=report.counts,
+            errors=len(report.errors),
+            skipped_rows=report.counts.get("row_errors", 0),
+        )
         return report
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.sweeps.labels(outcome).inc()
 
     async def _scans(self, report: SweepReport) -> None:
         stalled, gc = self.stalled, self.gc
@@ -126,11 +153,15 @@ class Sweeper:
             try:
                 with map_db_errors(f"sweeping {name}"):
                     await scan(report, self.clock())
-            except AivedioError as exc:
-                # One broken scan must not stop the others: this is the last line.
-                report.errors.append(Finding(subject=name, detail=exc.detail, action="failed"))
-                log.error("sweep_scan_failed", scan=name, error_class=exc.error_class,
-                          detail=exc.detail[:300])  # fmt: skip
+            except Exception as exc:
+                # One broken scan must not stop the others, whatever it raised: this is the
+                # last line. (Its rows are isolated inside it; this is the scan itself.)
+                detail = exc.detail if isinstance(exc, AivedioError) else redact_text(str(exc))
+                detail = f"{error_class(exc)}: {detail}"[:300]
+                report.errors.append(Finding(subject=name, detail=detail, action="failed"))
+                log.error(
+                    "sweep_scan_failed", scan=name, error_class=error_class(exc), detail=detail
+                )
 
     @asynccontextmanager
     async def _exclusive(self) -> AsyncIterator[bool]:
@@ -179,6 +210,7 @@ def sweeper_config_of(config: Config) -> SweeperConfig:
 async def open_sweeper(
     config: Config, pool: Pool, store: ObjectStore | None = None, *,
     sweeper: SweeperConfig | None = None, clock: Callable[[], datetime] = _utcnow,
+    metrics: WorkerMetrics | None = None,
 ) -> AsyncIterator[Sweeper]:  # fmt: skip
     cfg = sweeper or sweeper_config_of(config)
     validate_sweeper(cfg)
@@ -186,8 +218,16 @@ async def open_sweeper(
         if store is None:
             store = await stack.enter_async_context(open_object_store(config.storage))
         queue = Queue(pool, default_start_within_seconds=config.queue.default_start_within_seconds)
-        yield Sweeper(cfg, pool=pool, store=store, queue=queue, database=config.database,
-                      pipeline_version=config.media.pipeline_version, clock=clock)  # fmt: skip
+        yield Sweeper(
+            cfg,
+            pool=pool,
+            store=store,
+            queue=queue,
+            database=config.database,
+            pipeline_version=config.media.pipeline_version,
+            clock=clock,
+            metrics=metrics,
+        )
 
 
 async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:

@@ -21,6 +21,7 @@ from aivedio.config import DatabaseConfig
 from aivedio.errors import DatabaseError, InvalidValueError
 from aivedio.logs import get_logger
 from aivedio.scheduling import backoff_seconds
+from aivedio.store import timestamps
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -53,6 +54,14 @@ async def _init_connection(conn: Connection) -> None:
         encoder=lambda v: msgspec.json.encode(v).decode(),
         decoder=msgspec.json.decode,
         schema="pg_catalog",
+    )
+    # Always aware, never an overflow: asyncpg's own codec makes ±infinity naive (timestamps.py).
+    await conn.set_type_codec(
+        "timestamptz",
+        encoder=timestamps.encode,
+        decoder=timestamps.decode,
+        schema="pg_catalog",
+        format="tuple",
     )
 
 

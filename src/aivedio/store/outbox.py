@@ -33,8 +33,9 @@ import msgspec
 from aivedio.outbox_config import EVENT_TYPES
 from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.together import Part
+from aivedio.supervision import RowGuard, error_class
 
-__all__ = ["EVENT_TYPES", "NOTIFY_CHANNEL", "Claimed", "OutboxStore", "emit"]
+__all__ = ["EVENT_TYPES", "NOTIFY_CHANNEL", "Claimed", "OutboxStore", "Poisoned", "emit"]
 
 # The channel the insert trigger in 0003_outbox.sql notifies (fixed there, so here too).
 NOTIFY_CHANNEL = "aivedio_events"
@@ -196,6 +197,15 @@ class Claimed(msgspec.Struct, frozen=True, kw_only=True):
     payload: dict[str, Any]
 
 
+class Poisoned(msgspec.Struct, frozen=True, kw_only=True):
+    """A leased delivery whose row could not be decoded (isolated by the claim): the relay
+    marks it dead with ``error`` rather than claim it again at every lease's end."""
+
+    endpoint: str
+    outbox_event_id: int
+    error: str
+
+
 class OutboxStore:
     """The relay's statements over ``outbox_endpoints`` and ``outbox_deliveries``."""
 
@@ -218,17 +228,32 @@ class OutboxStore:
         return int(row["walked"]), int(row["created"])
 
     async def claim(
-        self, endpoints: Sequence[str], limit: int, lease_token: uuid.UUID, lease_seconds: float
-    ) -> list[Claimed]:
+        self,
+        endpoints: Sequence[str],
+        limit: int,
+        lease_token: uuid.UUID,
+        lease_seconds: float,
+        rows: RowGuard | None = None,
+    ) -> list[Claimed | Poisoned]:
+        """Lease up to ``limit`` due deliveries. Each row is decoded alone (``rows``): one
+        that cannot be is returned as Poisoned, never an error for the whole claim."""
+        guard = rows or RowGuard()
         with map_db_errors("claiming outbox deliveries"):
-            rows = await self.pool.fetch(
+            found = await self.pool.fetch(
                 CLAIM, list(endpoints), limit, lease_token, float(lease_seconds)
             )
-        claimed = []
-        for row in rows:
-            fields = dict(row.items())
-            fields["payload"] = msgspec.json.decode(fields["payload"])
-            claimed.append(msgspec.convert(fields, Claimed))
+        claimed: list[Claimed | Poisoned] = []
+        for row in found:
+            with guard.row("outbox_relay", row["outbox_event_id"]) as decoding:
+                fields = dict(row.items())
+                fields["payload"] = msgspec.json.decode(fields["payload"])
+                claimed.append(msgspec.convert(fields, Claimed))
+            if decoding.error is not None:
+                error = f"undecodable: {error_class(decoding.error)}: {decoding.error}"[:500]
+                poisoned = Poisoned(
+                    endpoint=row["endpoint"], outbox_event_id=row["outbox_event_id"], error=error
+                )
+                claimed.append(poisoned)
         claimed.sort(key=lambda c: c.outbox_event_id)
         return claimed
 
@@ -267,6 +292,16 @@ class OutboxStore:
         with map_db_errors("recording a dead outbox delivery"):
             done = await self.pool.fetchval(
                 MARK_DEAD, c.endpoint, c.outbox_event_id, lease_token, status, error
+            )
+        return done is not None
+
+    async def bury(
+        self, endpoint: str, outbox_event_id: int, lease_token: uuid.UUID, error: str
+    ) -> bool:
+        """Dead, with ``error``, if the lease is still this claim's: an isolated delivery."""
+        with map_db_errors("recording a dead outbox delivery"):
+            done = await self.pool.fetchval(
+                MARK_DEAD, endpoint, outbox_event_id, lease_token, None, error
             )
         return done is not None
 

@@ -33,6 +33,7 @@ from aivedio.store import keys
 from aivedio.store.database import Pool, map_db_errors, row_dict
 from aivedio.store.objects import ObjectStore
 from aivedio.store.queue import JobSpec, Queue
+from aivedio.supervision import RowGuard, Skipped
 
 log = get_logger("aivedio.uploads")
 
@@ -261,16 +262,21 @@ async def expired_uploads(
 ) -> list[UploadSession]:
     """What the reaper takes: sessions still awaiting their upload past ``expires_at``, and
     FAILED or EXPIRED sessions whose objects were not (yet) removed."""
+    return [_session(row) for row in await _expired_rows(pool, now, limit)]
+
+
+async def _expired_rows(pool: Pool, now: datetime | None, limit: int) -> list[Any]:
     with map_db_errors("listing expired upload sessions"):
-        rows = await pool.fetch(
-            f"SELECT {COLUMNS} FROM upload_sessions"
-            f" WHERE (status = '{AWAITING}' AND expires_at <= $1)"
-            f"    OR (status IN ('{FAILED}', '{EXPIRED}') AND cleaned_at IS NULL)"
-            " ORDER BY expires_at LIMIT $2",
-            now or datetime.now(UTC),
-            limit,
+        return list(
+            await pool.fetch(
+                f"SELECT {COLUMNS} FROM upload_sessions"
+                f" WHERE (status = '{AWAITING}' AND expires_at <= $1)"
+                f"    OR (status IN ('{FAILED}', '{EXPIRED}') AND cleaned_at IS NULL)"
+                " ORDER BY expires_at LIMIT $2",
+                now or datetime.now(UTC),
+                limit,
+            )
         )
-    return [_session(row) for row in rows]
 
 
 async def reap_expired_uploads(
@@ -280,6 +286,8 @@ async def reap_expired_uploads(
     now: datetime | None = None,
     limit: int = REAP_BATCH,
     dry_run: bool = False,
+    rows: RowGuard | None = None,
+    on_skip: Skipped | None = None,
 ) -> list[ReapedUpload]:
     """Expire sessions nobody completed in time and remove what they left in quarantine.
 
@@ -288,36 +296,50 @@ async def reap_expired_uploads(
     under the session's prefix is deleted and every pending upload there aborted (the
     recorded multipart upload, and any PUT through the API cut off mid-stream), and the
     session is marked cleaned. FAILED sessions whose cleanup did not finish are cleaned the
-    same way. Safe to run concurrently with itself and with the API; idempotent.
+    same way. Safe to run concurrently with itself and with the API; idempotent. Each
+    session is reaped alone (``rows``): one that cannot be decoded or removed is logged and
+    skipped (``on_skip``), and the others are reaped.
     """
     now = now or datetime.now(UTC)
+    guard = rows or RowGuard()
     reaped: list[ReapedUpload] = []
-    for session in await expired_uploads(pool, now=now, limit=limit):
-        status = session.status
-        if dry_run:
-            action = "would_expire_and_clean" if status == AWAITING else "would_clean"
-            reaped.append(_reaped(session, EXPIRED if status == AWAITING else status, action))
-            continue
-        if status == AWAITING:
-            with map_db_errors("expiring the upload session"):
-                moved = await pool.fetchval(
-                    f"UPDATE upload_sessions SET status = '{EXPIRED}', ended_at = now(),"
-                    " updated_at = now()"
-                    f" WHERE id = $1 AND status = '{AWAITING}' AND expires_at <= $2 RETURNING id",
-                    session.id,
-                    now,
-                )
-            if moved is None:
-                reaped.append(_reaped(session, status, "skipped"))
-                continue
-            status = EXPIRED
-        deleted, aborted = await remove_session_objects(store, session)
-        await mark_cleaned(pool, session.id)
-        action = "expired_and_cleaned" if session.status == AWAITING else "cleaned"
-        reaped.append(_reaped(session, status, action, deleted, aborted))
-        log.info("upload_session_reaped", video_id=str(session.id), status=status,
-                 objects=len(deleted), aborted=len(aborted))  # fmt: skip
+    for row in await _expired_rows(pool, now, limit):
+        with guard.row("expired_uploads", row["id"], on_skip=on_skip):
+            reaped.append(await _reap(pool, store, _session(row), now, dry_run))
     return reaped
+
+
+async def _reap(
+    pool: Pool, store: ObjectStore, session: UploadSession, now: datetime, dry_run: bool
+) -> ReapedUpload:
+    """One session of ``reap_expired_uploads``."""
+    status = session.status
+    if dry_run:
+        action = "would_expire_and_clean" if status == AWAITING else "would_clean"
+        return _reaped(session, EXPIRED if status == AWAITING else status, action)
+    if status == AWAITING:
+        with map_db_errors("expiring the upload session"):
+            moved = await pool.fetchval(
+                f"UPDATE upload_sessions SET status = '{EXPIRED}', ended_at = now(),"
+                " updated_at = now()"
+                f" WHERE id = $1 AND status = '{AWAITING}' AND expires_at <= $2 RETURNING id",
+                session.id,
+                now,
+            )
+        if moved is None:
+            return _reaped(session, status, "skipped")
+        status = EXPIRED
+    deleted, aborted = await remove_session_objects(store, session)
+    await mark_cleaned(pool, session.id)
+    action = "expired_and_cleaned" if session.status == AWAITING else "cleaned"
+    log.info(
+        "upload_session_reaped",
+        video_id=str(session.id),
+        status=status,
+        objects=len(deleted),
+        aborted=len(aborted),
+    )
+    return _reaped(session, status, action, deleted, aborted)
 
 
 async def remove_session_objects(

@@ -265,7 +265,7 @@ FROM promoted
 UNION ALL
 SELECT NULL, NULL, extract(epoch FROM min(w.run_after) - now())::float8
 FROM (SELECT run_after FROM jobs
-      WHERE status = 'waiting' AND run_after > now()
+      WHERE status = 'waiting' AND run_after > now() AND run_after < 'infinity'
       ORDER BY run_after LIMIT 1) w;
 
 -- name: replay
@@ -321,16 +321,22 @@ LIMIT $3;
 -- oldest queued job of the media lane (jobs_queued_age), and the provider outputs not yet
 -- stored whose URL expires between now and now + $1 seconds (provider_outputs_expiring).
 -- An output whose URL already expired is the refresh path's, not a race the fetch lane can
--- still win, so it is not counted.
+-- still win, so it is not counted. A run_after of -infinity (a row no path writes, but one
+-- that would fail the subtraction, and so every reading, for ever) is left out; the range
+-- keeps the index scan.
 SELECT
     (SELECT extract(epoch FROM now() - min(run_after)) FROM jobs
-     WHERE lane = 'media' AND status = 'queued') AS media_oldest_seconds,
+     WHERE lane = 'media' AND status = 'queued'
+       AND run_after > '-infinity') AS media_oldest_seconds,
     (SELECT count(*) FROM provider_outputs
      WHERE fetch_status NOT IN ('STORED', 'OUTPUT_LOST', 'INVALID_RESPONSE')
        AND source_url_expires_at >= now()
        AND source_url_expires_at < now() + make_interval(secs => $1)) AS near_expiry;
 
 -- name: queue_stats
-SELECT kind, count(*) AS depth, extract(epoch FROM now() - min(run_after)) AS oldest_seconds
+-- (A run_after of -infinity counts in the depth, not in the age: see backlog_pressure.)
+SELECT kind, count(*) AS depth,
+       extract(epoch FROM now() - min(run_after) FILTER (WHERE run_after > '-infinity'))
+           AS oldest_seconds
 FROM jobs WHERE status = 'queued'
 GROUP BY kind;
