@@ -262,11 +262,18 @@ async def test_the_real_pass_counts_a_complete_sweep_with_skipped_rows(
         await upload.abort()
 
 
+async def without_sane_check(pool: Pool, table: str, column: str) -> None:
+    """Migration 0016's CHECK refuses the infinities; a database restored from before it (or
+    whose operator dropped the constraint) can still hold them, and the readers must not care."""
+    await pool.execute(f"ALTER TABLE {table} DROP CONSTRAINT {table}_{column}_sane")
+
+
 async def test_an_expiry_of_minus_infinity_is_swept_like_any_expired_url(rig: Rig) -> None:
     """The finding itself: a near-expiry scan meeting ``-infinity`` (asyncpg's naive
     ``datetime.min``) crashed the whole sweep. It is an expired URL like any other now."""
     soon = await add_output(rig.pool, rig.tenant_id, "FETCH_PENDING", expires_in=300)
     never = await add_output(rig.pool, rig.tenant_id, "FETCH_PENDING", expires_in=0)
+    await without_sane_check(rig.pool, "provider_outputs", "source_url_expires_at")
     await rig.pool.execute(
         "UPDATE provider_outputs SET source_url_expires_at = '-infinity' WHERE id = $1", never
     )
@@ -492,6 +499,7 @@ async def test_a_job_due_at_minus_infinity_stops_no_reading(config: Config, pool
         for key, lane in (("old", "media"), ("fine", "media"), ("later", "control")):
             spec = JobSpec(kind="render", lane=lane, idempotency_key=key, payload={})
             await queue.enqueue_one(conn, spec)
+    await without_sane_check(pool, "jobs", "run_after")
     await pool.execute("UPDATE jobs SET run_after = '-infinity' WHERE idempotency_key = 'old'")
     await pool.execute(
         "UPDATE jobs SET status = 'waiting', run_after = 'infinity' WHERE idempotency_key = 'later'"
