@@ -46,10 +46,12 @@ _PATTERNS = [
     (re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{16,}"), r"\1 " + MASK),
     # Header lines whose whole value is a credential, whatever its shape: after the scheme
     # word, if any, the rest of the line (to a quote, as in a repr of raw header bytes) goes.
+    # A signature header by its ":" only: "X-Amz-Signature=…" in a query ends at "&" or a
+    # space (below), so the text after it stays readable.
     (
         re.compile(
-            r"(?i)\b((?:proxy-)?authorization|(?:set-)?cookie|[\w-]*-signature)(\s*[:=]\s*)"
-            r"([A-Za-z][\w-]*\s+)?[^\r\n'\"]+"
+            r"(?i)\b((?:proxy-)?authorization\s*[:=]|(?:set-)?cookie\s*[:=]|[\w-]*-signature\s*:)"
+            r"(\s*)([A-Za-z][\w-]*\s+)?[^\r\n'\"]+"
         ),
         r"\1\2\3" + MASK,
     ),

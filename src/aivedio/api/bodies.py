@@ -24,6 +24,9 @@ import anyio
 from aiohttp import http_exceptions, web
 
 from aivedio.api.problems import ApiError
+from aivedio.logs import get_logger
+
+log = get_logger("aivedio.api")
 
 READ_CHUNK_BYTES = 64 * 1024
 
@@ -50,11 +53,16 @@ async def read_body(
             f"the {what} was not whole after {timeout_seconds:g} s ({total} bytes arrived)",
             "body_timeout",
         ) from None
-    except (
-        ConnectionError,
-        aiohttp.ClientPayloadError,
-        http_exceptions.HttpProcessingError,
-    ) as exc:
+    except ConnectionError as exc:
+        # The client went away mid-body, or sent framing the parser gave up on (aiohttp then
+        # reports the connection closing): one warning, as problems.py logs it elsewhere.
+        log.warning("http_request_incomplete", error_class=type(exc).__name__, path=request.path)
+        raise ApiError(
+            400, f"the {what} ended early: {type(exc).__name__}", "body_incomplete"
+        ) from None
+    except (aiohttp.ClientPayloadError, http_exceptions.HttpProcessingError) as exc:
+        # Broken framing or encoding: not logged here, http_server.py logs it once when
+        # aiohttp drains the body after the response.
         raise ApiError(
             400, f"the {what} ended early: {type(exc).__name__}", "body_incomplete"
         ) from None
