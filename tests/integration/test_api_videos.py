@@ -347,6 +347,30 @@ async def test_refusals(local_api: Api) -> None:
                    json={"parts": []})  # fmt: skip
 
 
+async def test_playback_of_an_upload_not_completed_is_not_published_yet(local_api: Api) -> None:
+    # The video exists (its status answers); it has no asset yet, so nothing is published:
+    # 409 as the document says, never the 404 of a video that does not exist.
+    api = local_api
+    body = os.urandom(64)
+    created = await create(api, body)
+    video_id = created["video_id"]
+    playback = f"/v1/videos/{video_id}/playback"
+    for step in ("open", "uploaded"):
+        answer = await api.json("GET", playback, expect=409)
+        assert answer["error"]["code"] == "not_published", (step, answer)
+        assert "AWAITING_UPLOAD" in answer["error"]["detail"], (step, answer)
+        status = await api.json("GET", f"/v1/videos/{video_id}/status")
+        assert status["state"] == "AWAITING_UPLOAD", (step, status)
+        if step == "open":
+            assert (await put(api, created["upload"], body))[0] == 200
+    _, other = await api.tenant("globex")  # another tenant's video is missing, as ever
+    await api.json("GET", playback, key=other, expect=404)
+    await expire(api, video_id)
+    answer = await api.json("GET", playback, expect=409)
+    assert "UPLOAD_EXPIRED" in answer["error"]["detail"]
+    await api.json("GET", f"/v1/videos/{uuid.uuid4()}/playback", expect=404)
+
+
 # -- expiry and the reaper ---------------------------------------------------------------------
 
 

@@ -62,6 +62,7 @@ from aivedio.api.video_bodies import (
     VideoAccepted,
     VideoCreated,
     VideoStatus,
+    upload_state,
 )
 from aivedio.asset_status import asset_status
 from aivedio.errors import MalformedInputError, NotFoundError, StaleStateError
@@ -484,9 +485,6 @@ async def _accepted(ctx: ApiContext, session: UploadSession) -> web.Response:
 
 # -- GET /v1/videos/{id}/status ----------------------------------------------------------------
 
-_SESSION_STATE = {uploads.AWAITING: "AWAITING_UPLOAD", uploads.FAILED: "UPLOAD_FAILED",
-                  uploads.EXPIRED: "UPLOAD_EXPIRED"}  # fmt: skip
-
 
 @routes.get("/v1/videos/{video_id}/status")
 async def video_status(request: web.Request) -> web.Response:
@@ -503,9 +501,8 @@ async def video_status(request: web.Request) -> web.Response:
     timeline = _session_timeline(session) if session is not None else []
     summary = _summary(session) if session is not None else None
     if session is not None and session.status != uploads.COMPLETED:
-        state = "UPLOAD_EXPIRED" if session.expired() else _SESSION_STATE[session.status]
         return schema.encode(VideoStatus(
-            video_id=video_id, state=state, timeline=timeline, upload=summary,
+            video_id=video_id, state=upload_state(session), timeline=timeline, upload=summary,
             error_class=session.error_class, error_detail=session.error_detail))  # fmt: skip
     status = await asset_status(ctx.pool, video_id)
     if status is None:
