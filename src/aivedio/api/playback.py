@@ -99,6 +99,13 @@ async def playback(request: web.Request) -> web.Response:
     return schema.encode(await issue(context(request), tenant_of(request), video))
 
 
+_LINKS = {
+    "watchVideo": schema.link(
+        "watchVideo",
+        "the player page the token opens",
+        {"asset_id": "$response.body#/video_id", "token": "$response.body#/token"},
+    )
+}
 PATHS: dict[str, Any] = {
     "/v1/videos/{video_id}/playback": {
         "get": {
@@ -107,7 +114,16 @@ PATHS: dict[str, Any] = {
             "operationId": "getVideoPlayback",
             "tags": ["videos"],
             "parameters": [schema.path_param("video_id", "the video (asset) id")],
-            "responses": schema.responses({"200": schema.ok_json(Playback)}, 401, 404, 409),
+            "responses": schema.responses(
+                {"200": {**schema.ok_json(Playback), "links": _LINKS}}, 404, 503
+            )
+            | {
+                "409": {
+                    "description": "not published: still being made, refused, or an upload "
+                    "not completed (the state is in the detail)",
+                    "content": schema.json_content(schema.Error),
+                }
+            },
         }
     }
 }
