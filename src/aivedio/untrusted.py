@@ -17,6 +17,12 @@ outside 64 bits, then it is converted to the caller's type (whose errors name th
 Whatever is refused raises ``MalformedInputError`` with the field's path and a reason code;
 the API answers it 400, the poller counts it as a failed read.
 
+Numbers: JSON has one number type, and JSON Schema (the OpenAPI document's) counts a number
+with a zero fractional part as an integer, so ``10.0`` is a valid ``size_bytes`` by the
+document while msgspec refuses a float where an int is typed. A typed conversion (``convert``)
+therefore reads an integral float within 64 bits as the integer it equals (a float field
+still reads it as a float); ``10.5`` stays a float and is refused where an int is wanted.
+
 Times: an instant from outside (an output's expiry, a task's creation or completion, a CLI
 flag) must lie within [now - 400 days, now + 400 days] (``instant``). The past bound is as
 wide as the future one on purpose: a provider answering about a task past its lifetime
@@ -127,7 +133,7 @@ def decode(
 def convert(tree: Any, kind: type[T], *, now: datetime | None = None) -> T:
     """A checked tree (``check_tree``) as ``kind``, every time in it held to the window."""
     try:
-        value = msgspec.convert(tree, kind)
+        value = msgspec.convert(integral_floats_as_ints(tree), kind)
     except msgspec.ValidationError as exc:
         message = str(exc)
         found = _PATH_IN_ERROR.search(message)
@@ -135,6 +141,21 @@ def convert(tree: Any, kind: type[T], *, now: datetime | None = None) -> T:
         raise MalformedInputError(message, field=field, reason="invalid_field") from None
     check_times(value, "$", now or datetime.now(UTC))
     return value
+
+
+def integral_floats_as_ints(tree: Any) -> Any:
+    """``tree`` with every float that equals an integer within 64 bits (``10.0``, ``-0.0``,
+    ``1e3``) as that integer: JSON Schema's integers (see the module docstring). Recursion is
+    bounded: the depth was measured first."""
+    if isinstance(tree, float):
+        if tree.is_integer() and INT64_MIN <= tree <= INT64_MAX:
+            return int(tree)
+        return tree
+    if isinstance(tree, dict):
+        return {key: integral_floats_as_ints(value) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [integral_floats_as_ints(value) for value in tree]
+    return tree
 
 
 def check_tree(tree: Any, bounds: Bounds = API_BOUNDS, path: str = "$") -> None:

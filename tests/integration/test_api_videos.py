@@ -318,7 +318,7 @@ async def test_refusals(local_api: Api) -> None:
     api = local_api
     limit = api.ctx.config.api.upload_max_bytes
     too_big = {**declare(b"x"), "size_bytes": limit + 1}
-    answer = await api.json("POST", "/v1/videos", json=too_big, expect=413)
+    answer = await api.json("POST", "/v1/videos", json=too_big, expect=422)
     assert str(limit) in answer["error"]["detail"]
     async with api.http.post(f"{api.base}/v1/videos", json=declare(b"x")) as resp:
         assert resp.status == 401
@@ -345,6 +345,63 @@ async def test_refusals(local_api: Api) -> None:
                    data=b"{\"parts\": ", headers={"Content-Type": "application/json"})  # fmt: skip
     await api.json("POST", f"/v1/videos/{created['video_id']}/complete", expect=422,
                    json={"parts": []})  # fmt: skip
+
+
+async def test_the_upload_limit_is_the_documents_and_a_field_over_it_is_named(
+    config: Config, pool: Pool, tmp_path: Path
+) -> None:
+    limit = 3 * MIB
+    async with open_api(config, pool, tmp_path, upload_max_bytes=limit) as api:
+        doc = await api.json("GET", "/openapi.json")
+        size = doc["components"]["schemas"]["CreateVideo"]["properties"]["size_bytes"]
+        assert (size["type"], size["minimum"], size["maximum"]) == ("integer", 1, limit)
+        # Over the schema's maximum is refused like any field against its schema.
+        over = {**declare(b"x"), "size_bytes": limit + 1}
+        answer = await api.json("POST", "/v1/videos", json=over, expect=422)
+        assert (answer["error"]["code"], answer["error"]["field"]) == ("too_large", "$.size_bytes")
+        await api.json("POST", "/v1/videos", json={**declare(b"x"), "size_bytes": limit},
+                       expect=201)  # fmt: skip
+
+
+async def test_an_integral_float_is_an_integer_as_the_schema_says(local_api: Api) -> None:
+    api = local_api
+    body = os.urandom(10)
+    created = await create(api, body, size_bytes=10.0)
+    code, received = await put(api, created["upload"], body)
+    assert (code, received["size_bytes"]) == (200, 10)
+    parts = {"parts": [{"part_number": 1.0, "etag": '"e"'}]}  # ignored by an upload to the API
+    await api.json("POST", f"/v1/videos/{created['video_id']}/complete", json=parts, expect=202)
+    answer = await api.json("POST", "/v1/videos", json=declare(body, size_bytes=10.5),
+                            expect=422)  # fmt: skip
+    assert answer["error"]["field"] == "$.size_bytes"
+    parts = {"parts": [{"part_number": 1.5, "etag": '"e"'}]}
+    answer = await api.json("POST", f"/v1/videos/{uuid.uuid4()}/complete", json=parts,
+                            expect=422)  # fmt: skip
+    assert answer["error"]["field"] == "$.parts[0].part_number"
+
+
+async def test_playback_of_an_upload_not_completed_is_not_published_yet(local_api: Api) -> None:
+    # The video exists (its status answers); it has no asset yet, so nothing is published:
+    # 409 as the document says, never the 404 of a video that does not exist.
+    api = local_api
+    body = os.urandom(64)
+    created = await create(api, body)
+    video_id = created["video_id"]
+    playback = f"/v1/videos/{video_id}/playback"
+    for step in ("open", "uploaded"):
+        answer = await api.json("GET", playback, expect=409)
+        assert answer["error"]["code"] == "not_published", (step, answer)
+        assert "AWAITING_UPLOAD" in answer["error"]["detail"], (step, answer)
+        status = await api.json("GET", f"/v1/videos/{video_id}/status")
+        assert status["state"] == "AWAITING_UPLOAD", (step, status)
+        if step == "open":
+            assert (await put(api, created["upload"], body))[0] == 200
+    _, other = await api.tenant("globex")  # another tenant's video is missing, as ever
+    await api.json("GET", playback, key=other, expect=404)
+    await expire(api, video_id)
+    answer = await api.json("GET", playback, expect=409)
+    assert "UPLOAD_EXPIRED" in answer["error"]["detail"]
+    await api.json("GET", f"/v1/videos/{uuid.uuid4()}/playback", expect=404)
 
 
 # -- expiry and the reaper ---------------------------------------------------------------------

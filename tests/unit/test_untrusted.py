@@ -131,6 +131,26 @@ def test_integers_outside_64_bits_and_long_strings_are_refused() -> None:
     assert decode(b'{"k": "12345678"}', bounds=small) == {"k": "12345678"}
 
 
+class Measured(msgspec.Struct, frozen=True):
+    count: Annotated[int, msgspec.Meta(ge=0)]
+    seconds: float = 0.0
+
+
+@pytest.mark.parametrize("number", [b"10.0", b"1e1", b"10.000", b"1.0E+1"])
+def test_an_integral_float_is_the_integer_json_schema_says_it_is(number: bytes) -> None:
+    # The document says `"type": "integer"`, which JSON Schema holds 10.0 to be.
+    value = decode(b'{"count": %s, "seconds": %s}' % (number, number), Measured)
+    assert value == Measured(count=10, seconds=10.0)
+    assert type(value.count) is int and type(value.seconds) is float
+    assert decode(b"[10.0]") == [10.0]  # an untyped tree keeps what was sent
+
+
+@pytest.mark.parametrize("number", [b"10.5", b"1e19", b"-1e300", b"9223372036854775808.0"])
+def test_a_fractional_or_out_of_range_float_is_no_integer(number: bytes) -> None:
+    error = refused(b'{"count": %s}' % number, Measured)
+    assert (error.reason, error.field) == ("invalid_field", "$.count")
+
+
 @pytest.mark.parametrize("body", [b'"\xff"', b'"\xed\xa0\x80"', b'"\\ud800"', b'"\\udc00x"'])
 def test_invalid_utf8_and_lone_surrogates_are_refused(body: bytes) -> None:
     assert refused(body).reason == "malformed"

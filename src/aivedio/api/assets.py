@@ -170,22 +170,45 @@ async def get_task(request: web.Request) -> web.Response:
 
 def _paths() -> dict[str, Any]:
     asset = schema.path_param("asset_id", "the asset id")
+    asset_id = "$response.body#/asset_id"
+    # An asset's id is its video's id (an upload's, or a provider output's).
+    of_asset = {
+        "getVideoStatus": schema.link(
+            "getVideoStatus", "its state and timeline", {"video_id": asset_id}
+        ),
+        "getVideoPlayback": schema.link(
+            "getVideoPlayback", "its playback URLs", {"video_id": asset_id}
+        ),
+        "streamAssetEvents": schema.link(
+            "streamAssetEvents", "its stage changes", {"asset_id": asset_id}
+        ),
+    }
+    of_task = {
+        "getAsset": schema.link(
+            "getAsset",
+            "the asset made from the task's output",
+            {"asset_id": "$response.body#/output_asset_id"},
+        )
+    }
     return {
         "/v1/assets/{asset_id}": {
             "get": {"summary": "An asset: state, media summary, published outputs",
+                    "description": "A deleted asset answers with its state, DELETED.",
                     "operationId": "getAsset", "tags": ["assets"], "parameters": [asset],
-                    "responses": schema.responses({"200": schema.ok_json(Asset)}, 401, 404)},
+                    "responses": schema.responses(
+                        {"200": {**schema.ok_json(Asset), "links": of_asset}}, 404, 503)},
             "delete": {"summary": "Delete an asset: playback closes at once",
                        "operationId": "deleteAsset", "tags": ["assets"], "parameters": [asset],
                        "responses": schema.responses({"200": schema.ok_json(Deleted)},
-                                                     401, 404, 503)},
+                                                     404, 503)},
         },
         "/v1/generation-tasks/{task_id}": {
             "get": {"summary": "A generation task and its outputs",
                     "operationId": "getGenerationTask", "tags": ["assets"],
                     "parameters": [schema.path_param("task_id", "the generation task id")],
-                    "responses": schema.responses({"200": schema.ok_json(GenerationTask)},
-                                                  401, 404)},
+                    "responses": schema.responses(
+                        {"200": {**schema.ok_json(GenerationTask), "links": of_task}},
+                        404, 503)},
         },
     }  # fmt: skip
 

@@ -59,7 +59,9 @@ Text = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 class CallbackOutput(msgspec.Struct, frozen=True, kw_only=True):
     index: Annotated[int, msgspec.Meta(ge=0, le=255)] = 0
     url: Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
-    expires_at: datetime | None = None
+    # With its UTC offset (the schema then says date-time), within [now - 400 days,
+    # now + 400 days] (``untrusted.instant``).
+    expires_at: Annotated[datetime, msgspec.Meta(tz=True)] | None = None
     sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-fA-F]{64}$")] | None = None
     size: Annotated[int, msgspec.Meta(ge=0, le=MAX_OUTPUT_BYTES)] | None = None
     content_type: Annotated[str, msgspec.Meta(max_length=200)] | None = None
@@ -344,6 +346,7 @@ def _paths() -> dict[str, Any]:
                     400,
                     401,
                     404,
+                    408,
                     409,
                     413,
                     422,

@@ -97,6 +97,13 @@ async def watch_task(request: web.Request) -> web.Response:
     return schema.encode(answer, status=201 if watch.created else 200)
 
 
+_LINKS = {
+    "getGenerationTask": schema.link(
+        "getGenerationTask",
+        "the task, and its outputs once it ends",
+        {"task_id": "$response.body#/generation_task_id"},
+    )
+}
 PATHS: dict[str, Any] = {
     "/v1/generation-tasks": {
         "post": {
@@ -106,11 +113,18 @@ PATHS: dict[str, Any] = {
             "requestBody": {"required": True, "content": schema.json_content(WatchTask)},
             "responses": schema.responses(
                 {
-                    "201": schema.ok_json(WatchedTask, "watching; the worker polls the task"),
-                    "200": schema.ok_json(WatchedTask, "already registered; nothing changed"),
+                    "201": {
+                        **schema.ok_json(WatchedTask, "watching; the worker polls the task"),
+                        "links": _LINKS,
+                    },
+                    "200": {
+                        **schema.ok_json(WatchedTask, "already registered; nothing changed"),
+                        "links": _LINKS,
+                    },
                 },
+                # Every body error is 400 here (naming the field), whatever its kind.
                 400,
-                401,
+                408,
                 409,
                 413,
                 422,

@@ -176,13 +176,22 @@ def _media_paths() -> dict[str, Any]:
         "206": {**body, "description": "the requested byte range"},
         "302": {"description": "redirect to a presigned object-store URL (media_redirect)"},
         "304": {"description": "not modified (If-None-Match)"},
-        "416": {"description": "range not satisfiable"},
+        "416": {
+            "description": "range not satisfiable",
+            "headers": {
+                "Content-Range": {
+                    "required": True,
+                    "description": "bytes */{size}: the object's size",
+                    "schema": {"type": "string", "pattern": "^bytes \\*/[0-9]+$"},
+                }
+            },
+        },
     }
     operation = {
         "tags": ["playback"],
         "security": [],
         "parameters": params,
-        "responses": schema.responses(ok, 403, 404),
+        "responses": schema.responses(ok, 403, 404, 503),
     }
     return {
         "/media/{token}/{path}": {

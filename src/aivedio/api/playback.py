@@ -1,9 +1,12 @@
 """``GET /v1/videos/{video_id}/playback``: playback URLs for the published revision.
 
 Only the owner's tenant (another tenant gets the same 404 as a missing id) and only a
-published revision (409 while it is still being made). The token is scoped to that
-revision's prefix (seed 002 §11.7.7): one token opens the master playlist, every rendition
-and segment under it, the MP4, poster, sprites and waveform, and nothing else.
+published revision: 409 ``not_published`` while it is still being made, and for an upload
+whose session is not completed (open, failed or expired: the detail names the state), since
+that video exists (``POST /v1/videos`` made it, its status answers) but has no asset yet.
+The token is scoped to that revision's prefix (seed 002 §11.7.7): one token opens the master
+playlist, every rendition and segment under it, the MP4, poster, sprites and waveform, and
+nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from aivedio.api.context import ApiContext, context
 from aivedio.api.ids import path_uuid
 from aivedio.api.problems import ApiError
 from aivedio.api.published import SERVABLE_STATES, published_files
+from aivedio.api.video_bodies import upload_state
+from aivedio.store import uploads
 from aivedio.store.database import map_db_errors
 
 routes = web.RouteTableDef()
@@ -60,6 +65,11 @@ async def issue(ctx: ApiContext, tenant_id: int, video: Any) -> Playback:
             video,
             tenant_id,
         )
+    if row is None:
+        session = await uploads.load_session(ctx.pool, tenant_id, video)
+        if session is not None and session.status != uploads.COMPLETED:
+            state = upload_state(session)
+            raise ApiError(409, f"the video is not published (state {state})", "not_published")
     if row is None or row["status"] == "DELETED":
         raise ApiError(404, "no such video")
     if row["status"] not in SERVABLE_STATES or row["current_revision"] is None:
@@ -89,6 +99,13 @@ async def playback(request: web.Request) -> web.Response:
     return schema.encode(await issue(context(request), tenant_of(request), video))
 
 
+_LINKS = {
+    "watchVideo": schema.link(
+        "watchVideo",
+        "the player page the token opens",
+        {"asset_id": "$response.body#/video_id", "token": "$response.body#/token"},
+    )
+}
 PATHS: dict[str, Any] = {
     "/v1/videos/{video_id}/playback": {
         "get": {
@@ -97,7 +114,16 @@ PATHS: dict[str, Any] = {
             "operationId": "getVideoPlayback",
             "tags": ["videos"],
             "parameters": [schema.path_param("video_id", "the video (asset) id")],
-            "responses": schema.responses({"200": schema.ok_json(Playback)}, 401, 404, 409),
+            "responses": schema.responses(
+                {"200": {**schema.ok_json(Playback), "links": _LINKS}}, 404, 503
+            )
+            | {
+                "409": {
+                    "description": "not published: still being made, refused, or an upload "
+                    "not completed (the state is in the detail)",
+                    "content": schema.json_content(schema.Error),
+                }
+            },
         }
     }
 }

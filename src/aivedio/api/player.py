@@ -269,6 +269,7 @@ PATHS: dict[str, Any] = {
                          "content": {"text/html": {"schema": {"type": "string"}}}}},
                 403,
                 404,
+                503,
             ),
         }
     },

@@ -69,6 +69,30 @@ RATE_LIMITED: dict[str, Any] = {
 }
 
 
+# Added by openapi.py to every operation that needs an API key (api/auth.py).
+KEY_REFUSED: dict[str, Any] = {
+    "description": _ERROR_TEXT[401],
+    "headers": {
+        "WWW-Authenticate": {
+            "required": True,
+            "description": "the scheme to authenticate with: Bearer",
+            "schema": {"type": "string"},
+        }
+    },
+    "content": json_content(Error),
+}
+# What a route that reads a JSON body whole can refuse it with (api/bodies.py, the edge's
+# decoder): malformed or out of the edge's bounds (400, naming the field), not whole in time
+# (408), too large (413), not JSON (415), against the schema (422, naming the field).
+JSON_BODY_ERRORS = (400, 408, 413, 415, 422)
+
+
+def link(operation_id: str, description: str, parameters: dict[str, str]) -> dict[str, Any]:
+    """An OpenAPI link: ``parameters`` maps the target's parameter names to runtime
+    expressions such as ``$response.body#/video_id``."""
+    return {"operationId": operation_id, "description": description, "parameters": parameters}
+
+
 def responses(ok: dict[str, dict[str, Any]], *errors: int) -> dict[str, Any]:
     """``ok`` maps status codes to response objects; each error code gets the Error body."""
     out: dict[str, Any] = dict(ok)

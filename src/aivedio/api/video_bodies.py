@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from aivedio.store import uploads
 from aivedio.store.s3_upload import MAX_PARTS
 
 ContentType = Literal["video/mp4", "video/quicktime", "video/webm", "video/x-matroska"]
@@ -138,3 +139,13 @@ class VideoStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     error_class: str | None = None
     error_detail: str | None = None
     upload: UploadSummary | None = None
+
+
+_SESSION_STATE = {uploads.AWAITING: "AWAITING_UPLOAD", uploads.FAILED: "UPLOAD_FAILED",
+                  uploads.EXPIRED: "UPLOAD_EXPIRED"}  # fmt: skip
+
+
+def upload_state(session: uploads.UploadSession) -> str:
+    """A session not completed as ``VideoStatus.state`` shows it (a completed one shows its
+    asset's state)."""
+    return "UPLOAD_EXPIRED" if session.expired() else _SESSION_STATE[session.status]

@@ -62,7 +62,9 @@ from aivedio.api.video_bodies import (
     VideoAccepted,
     VideoCreated,
     VideoStatus,
+    upload_state,
 )
+from aivedio.api.video_paths import PATHS as PATHS  # this module's routes, described
 from aivedio.asset_status import asset_status
 from aivedio.errors import MalformedInputError, NotFoundError, StaleStateError
 from aivedio.logs import get_logger, redact_text
@@ -185,8 +187,10 @@ async def create_video(request: web.Request) -> web.Response:
     await _refuse_under_pressure(ctx)
     limit = ctx.config.api.upload_max_bytes
     if body.size_bytes > limit:
-        raise ApiError(413, f"size_bytes {body.size_bytes} is over this API's limit of "
-                       f"{limit} bytes")  # fmt: skip
+        # A field over its schema's maximum (openapi.py states the limit there), like any
+        # other: 422 naming it. 413 would say this small body is too large.
+        raise ApiError(422, f"size_bytes {body.size_bytes} is over this API's limit of "
+                       f"{limit} bytes", "too_large", field="$.size_bytes")  # fmt: skip
     tenant_id = tenant_of(request)
     video_id = uuid.uuid4()
     sha256 = body.sha256.lower()
@@ -484,9 +488,6 @@ async def _accepted(ctx: ApiContext, session: UploadSession) -> web.Response:
 
 # -- GET /v1/videos/{id}/status ----------------------------------------------------------------
 
-_SESSION_STATE = {uploads.AWAITING: "AWAITING_UPLOAD", uploads.FAILED: "UPLOAD_FAILED",
-                  uploads.EXPIRED: "UPLOAD_EXPIRED"}  # fmt: skip
-
 
 @routes.get("/v1/videos/{video_id}/status")
 async def video_status(request: web.Request) -> web.Response:
@@ -503,9 +504,8 @@ async def video_status(request: web.Request) -> web.Response:
     timeline = _session_timeline(session) if session is not None else []
     summary = _summary(session) if session is not None else None
     if session is not None and session.status != uploads.COMPLETED:
-        state = "UPLOAD_EXPIRED" if session.expired() else _SESSION_STATE[session.status]
         return schema.encode(VideoStatus(
-            video_id=video_id, state=state, timeline=timeline, upload=summary,
+            video_id=video_id, state=upload_state(session), timeline=timeline, upload=summary,
             error_class=session.error_class, error_detail=session.error_detail))  # fmt: skip
     status = await asset_status(ctx.pool, video_id)
     if status is None:
@@ -542,55 +542,3 @@ def _session_timeline(session: UploadSession) -> list[TimelineEntry]:
         entries.append(TimelineEntry(at=ended or session.expires_at, stage="upload",
                                      event="expired"))  # fmt: skip
     return entries
-
-
-# -- the OpenAPI description -------------------------------------------------------------------
-
-_ID = schema.path_param("video_id", "the video's id (also its asset's id)")
-_GONE = {"410": {"description": "the upload session expired",
-                 "content": schema.json_content(schema.Error)}}  # fmt: skip
-PATHS: dict[str, Any] = {
-    "/v1/videos": {"post": {
-        "summary": "Open an upload session for a video",
-        "description": "Declare the file (exact size, SHA-256, type); the answer says where "
-                       "and how to send the bytes, which must then be confirmed with "
-                       "complete before the session expires.",
-        "operationId": "createVideo", "tags": ["videos"],
-        "requestBody": {"required": True, "content": schema.json_content(CreateVideo)},
-        "responses": schema.responses(
-            {"201": schema.ok_json(VideoCreated, "session open; send the bytes as `upload` says")},
-            400, 401, 413, 415, 422) | {"503": {
-                "description": "overloaded (the processing backlog is draining: try again "
-                               "after Retry-After seconds) or the database is unavailable",
-                "headers": {"Retry-After": {"description": "seconds to wait",
-                                            "schema": {"type": "integer"}}},
-                "content": schema.json_content(schema.Error)}},
-    }},
-    "/v1/videos/{video_id}/upload": {"put": {
-        "summary": "Send the bytes through the API (stores without presigned URLs)",
-        "description": "The whole file as the body; it is kept only when its size and SHA-256 "
-                       "are the declared ones. Sessions on S3 upload to their presigned URLs "
-                       "instead (409 here).",
-        "operationId": "uploadVideo", "tags": ["videos"], "parameters": [_ID],
-        "requestBody": {"required": True, "content": {"application/octet-stream": {
-            "schema": {"type": "string", "format": "binary"}}}},
-        "responses": schema.responses(
-            {"200": schema.ok_json(UploadReceived, "stored and verified; complete next"),
-             **_GONE}, 400, 401, 404, 409, 422, 503),
-    }},
-    "/v1/videos/{video_id}/complete": {"post": {
-        "summary": "Confirm the upload and start processing",
-        "description": "Verifies the object's size and SHA-256 against the declared ones, then "
-                       "creates the asset and its probe job. Idempotent.",
-        "operationId": "completeVideo", "tags": ["videos"], "parameters": [_ID],
-        "requestBody": {"required": False, "content": schema.json_content(CompleteVideo)},
-        "responses": schema.responses(
-            {"202": schema.ok_json(VideoAccepted, "verified; processing"), **_GONE},
-            400, 401, 404, 409, 413, 415, 422, 503),
-    }},
-    "/v1/videos/{video_id}/status": {"get": {
-        "summary": "The video's state and the timeline of its stages",
-        "operationId": "getVideoStatus", "tags": ["videos"], "parameters": [_ID],
-        "responses": schema.responses({"200": schema.ok_json(VideoStatus)}, 401, 404, 503),
-    }},
-}  # fmt: skip
