@@ -110,13 +110,14 @@ async def raw_post(
     content_length: int | None = None,
     chunked: bool = False,
     timeout_seconds: float = 20.0,
+    method: str = "POST",
 ) -> Answer:
-    """POST ``pieces`` as separate TCP segments, ``gap_seconds`` apart (the first right
-    after the head); chunked: each piece one chunk, then the last chunk. The answer, read
-    whole."""
+    """POST (or ``method``) ``pieces`` as separate TCP segments, ``gap_seconds`` apart (the
+    first right after the head); chunked: each piece one chunk, then the last chunk. The
+    answer, read whole."""
     url = urlsplit(base)
     total = sum(len(p) for p in pieces)
-    head = [f"POST {path} HTTP/1.1", f"Host: {url.netloc}"]
+    head = [f"{method} {path} HTTP/1.1", f"Host: {url.netloc}"]
     head += [f"{name}: {value}" for name, value in headers.items()]
     if chunked:
         head.append("Transfer-Encoding: chunked")

@@ -3,9 +3,11 @@ signed bodies refused 400 naming the field, never 5xx (each case one that was fo
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 import pytest
@@ -115,6 +117,43 @@ async def test_a_body_shorter_than_its_content_length_is_408_never_half_verified
         error = answer.json()["error"]  # type: ignore[index]
         assert error["code"] == "body_timeout", error
         assert await recorded(pool) == (0, 0)
+
+
+async def test_an_upload_that_stops_sending_is_408_and_leaves_the_session_open(
+    config: Config, pool: Pool, tmp_path: Path
+) -> None:
+    """A large upload may take hours, but one that sends nothing for the read timeout must
+    not hold its handler (and an open upload in the store) for ever."""
+    async with open_api(config, pool, tmp_path, body_read_timeout_seconds=1.0) as api:
+        body = b"x" * 4096
+        created = await api.json(
+            "POST",
+            "/v1/videos",
+            json={"size_bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()},
+            expect=201,
+        )
+        path = urlsplit(created["upload"]["url"]).path
+        headers = {**api.auth(), "Content-Type": "application/octet-stream"}
+        answer = await raw_post(
+            api.base,
+            path,
+            headers,
+            [body[:1000]],
+            content_length=len(body),
+            method="PUT",
+            timeout_seconds=10,
+        )
+        assert answer.status == 408, answer
+        assert 0.5 < answer.seconds < 5.0, answer.seconds
+        assert answer.json()["error"]["code"] == "body_timeout"  # type: ignore[index]
+        status = await api.json("GET", f"/v1/videos/{created['video_id']}/status")
+        assert status["state"] == "AWAITING_UPLOAD", status
+        left = [
+            p
+            for p in (tmp_path / "objects").rglob("*")
+            if p.is_file() and (".tmp" in p.parts or "put-" in p.name)
+        ]
+        assert left == [], "the upload was not aborted"
 
 
 async def test_every_json_route_reads_a_body_in_pieces_whole(

@@ -60,14 +60,16 @@ PATHS: dict[str, Any] = {
         "description": "The whole file as the body; it is kept only when its size and SHA-256 "
                        "are the declared ones (else 422 `size_mismatch` or "
                        "`checksum_mismatch`, and the session stays open for another try). "
-                       "Sessions on S3 upload to their presigned URLs instead (409 here).",
+                       "Sessions on S3 upload to their presigned URLs instead (409 here). "
+                       "A body that sends nothing for `[api] body_read_timeout_seconds` is "
+                       "refused 408.",
         "operationId": "uploadVideo", "tags": ["videos"], "parameters": [_ID],
         "requestBody": {"required": True, "content": {"application/octet-stream": {
             "schema": {"type": "string", "format": "binary"}}}},
         "responses": schema.responses(
             {"200": {**schema.ok_json(UploadReceived, "stored and verified; complete next"),
                      "links": {"completeVideo": _AFTER_CREATE["completeVideo"]}},
-             **_GONE}, 400, 404, 409, 422, 503),
+             **_GONE}, 400, 404, 408, 409, 422, 503),
     }},
     "/v1/videos/{video_id}/complete": {"post": {
         "summary": "Confirm the upload and start processing",

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import math
 import uuid
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
@@ -279,6 +280,24 @@ async def _presigned(
 # -- PUT /v1/videos/{id}/upload (the local store) ----------------------------------------------
 
 
+async def _arriving(request: web.Request, idle_seconds: float) -> AsyncIterator[bytes]:
+    """The body's chunks as they arrive, 408 when none comes for ``idle_seconds``: a large
+    upload may take hours, but a client that stops sending must not hold a handler (and an
+    open multipart upload) for ever."""
+    chunks = request.content.iter_chunked(CHUNK_BYTES).__aiter__()
+    while True:
+        try:
+            with anyio.fail_after(idle_seconds):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise ApiError(
+                408, f"the upload sent nothing for {idle_seconds:g} s", "body_timeout"
+            ) from None
+        yield chunk
+
+
 @routes.put("/v1/videos/{video_id}/upload")
 async def upload_video(request: web.Request) -> web.Response:
     """Stream the body into the store, counting and hashing; keep it only when its size and
@@ -303,9 +322,10 @@ async def upload_video(request: web.Request) -> web.Response:
     key = uploads.source_key(session.tenant_id, session.id, f"put-{uuid.uuid4().hex[:16]}")
     hasher = hashlib.sha256()
     received = 0
+    idle_seconds = ctx.config.api.body_read_timeout_seconds
     try:
         async with await ctx.store.start_upload(key, content_type=session.content_type) as up:
-            async for chunk in request.content.iter_chunked(CHUNK_BYTES):
+            async for chunk in _arriving(request, idle_seconds):
                 received += len(chunk)
                 if received > declared:
                     await _refused(ctx, session, "size_mismatch",
