@@ -42,6 +42,9 @@ class DatabaseError(AivedioError):
     """PostgreSQL failed or could not be reached."""
 
     error_class = "database"
+    # Set at the seam (``store/database.py``) when the driver said the server went away: a
+    # dependency down, never the fault of the row or request being worked on.
+    server_gone: bool = False
 
 
 class InvalidValueError(DatabaseError):

@@ -61,8 +61,16 @@ _PATTERNS = [
     (re.compile(rf"(?i)\b({_SECRET_NAME})(\s*[=:]\s*)(\"?)[^\s&,;\"']{{4,}}"), r"\1\2\3" + MASK),
     # Our own API keys (av_live_… / av_test_…) in any case, percent-encoded or glued to what
     # precedes them ("%20av_live_…"), and cut short (a parser's error report keeps the first
-    # 100 bytes): a prefix and 4 characters are already masked. ffmpeg's own av_* names stay.
-    (re.compile(r"(?i)av(?:_|%5f)(?:live|test)(?:_|%5f)[A-Za-z0-9_%-]{4,}"), "av_" + MASK),
+    # 100 bytes): a prefix and 4 characters are already masked. ffmpeg's own av_* names stay,
+    # and so does a key's public prefix alone (``av_live_<8 hex>``, nothing after it): it
+    # names the key to operators (rate limits, revocation) and is stored in clear.
+    (
+        re.compile(
+            r"(?i)av(?:_|%5f)(?:live|test)(?:_|%5f)(?![0-9a-f]{8}(?![A-Za-z0-9_%-]))"
+            r"[A-Za-z0-9_%-]{4,}"
+        ),
+        "av_" + MASK,
+    ),
     # Playback tokens (api/tokens.py: base64url of a JSON array, so "Wz", a dot and a MAC)
     # and JWTs ("eyJ", base64url of '{"'), whole or cut short.
     (re.compile(r"\b(?:Wz|eyJ)[A-Za-z0-9_-]{16,}(?:\.[A-Za-z0-9_-]*){0,2}"), MASK),

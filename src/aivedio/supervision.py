@@ -43,7 +43,7 @@ from typing import Any
 
 import anyio
 
-from aivedio.errors import AivedioError
+from aivedio.errors import AivedioError, DatabaseError
 from aivedio.logs import get_logger, redact_text
 from aivedio.metrics import SupervisionMetrics
 
@@ -74,7 +74,11 @@ def known_failure(exc: BaseException) -> bool:
 def dependency_down(exc: BaseException) -> bool:
     """Whether ``exc`` (or what it was raised from) says a dependency cannot be reached: a
     refused or reset connection, a timeout, PostgreSQL's SQLSTATE class 08 (connection
-    exception) or 57P01-57P03 (shutting down, crashed, starting up)."""
+    exception) or 57P01-57P03 (shutting down, crashed, starting up), or a DatabaseError
+    the store's seam marked as the server gone (asyncpg's "connection is closed" and stale
+    protocol carry no SQLSTATE: the seam knows them, as the worker's ``lost_server`` does)."""
+    if isinstance(exc, DatabaseError) and exc.server_gone:
+        return True
     for found in (exc, exc.__cause__):
         if isinstance(found, ConnectionError | TimeoutError):
             return True

@@ -60,12 +60,17 @@ class Bounds:
 
     max_depth: int = 32
     max_string_chars: int = 64 * 1024
+    # Refuse integers outside 64 bits anywhere in the tree. Our own schemas: every integer
+    # is a field we store. A vendor's document: most of it is never read (a prediction's
+    # echoed input, a 64-bit unsigned seed), and what is read is bounded where it is read
+    # (``pipeline/providers.check_reported``, ``providers/base.parse_time``).
+    integers_within_64_bits: bool = True
 
 
 # Our own schemas (callbacks, uploads, watch registrations) nest four levels at most.
 API_BOUNDS = Bounds()
 # Vendors' documents (poll answers, webhook bodies) carry more than we read: logs, inputs.
-PROVIDER_BOUNDS = Bounds(max_depth=64, max_string_chars=1024 * 1024)
+PROVIDER_BOUNDS = Bounds(max_depth=64, max_string_chars=1024 * 1024, integers_within_64_bits=False)
 
 # A JSON string (escapes included; DOTALL so an escaped raw newline cannot end the match).
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
@@ -166,7 +171,7 @@ def check_tree(tree: Any, bounds: Bounds = API_BOUNDS, path: str = "$") -> None:
     elif isinstance(tree, bool) or tree is None or isinstance(tree, float):
         return  # msgspec gives finite floats only
     elif isinstance(tree, int):
-        if not INT64_MIN <= tree <= INT64_MAX:
+        if bounds.integers_within_64_bits and not INT64_MIN <= tree <= INT64_MAX:
             raise MalformedInputError(
                 f"{path}: an integer outside 64 bits", field=path, reason="out_of_range"
             )

@@ -250,6 +250,16 @@ def test_api_keys_in_any_form_are_masked(text: str) -> None:
     assert not any(part in out for part in ("074ccae1_w7x", "w7xWYJXs", "W7XWYJXS"))
 
 
+@pytest.mark.parametrize("prefix", [KEY[:16], KEY[:16].replace("live", "test")])
+def test_a_keys_public_prefix_alone_stays_readable(prefix: str) -> None:
+    """The prefix names a key to operators (``aivedio api-key revoke``, the rate limiter's
+    ``rate_limited`` event, whose ``caller`` is the key's prefix): it is no secret, and a
+    masked one leaves nobody able to say which key was refused."""
+    text = f"rate_limited scope=key caller={prefix} route=/v1/assets"
+    assert redact_text(text) == text
+    assert redact_text(f"caller={prefix}_w7xW") == f"caller=av_{MASK}"  # more is the key
+
+
 @pytest.mark.parametrize(
     "text",
     [

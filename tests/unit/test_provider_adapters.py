@@ -115,6 +115,26 @@ def test_replicate_webhook_body_gives_outputs_that_expire_an_hour_after_completi
     assert (single.status, single.outputs) == ("CANCELLED", None)
 
 
+def test_a_vendor_document_is_not_refused_for_a_number_in_a_field_we_never_read() -> None:
+    """A prediction echoes its input: a ComfyUI-style seed is an unsigned 64-bit number
+    (up to 2**64 - 1), beyond int64. The fields we read are held to their own bounds
+    (``check_reported``, ``parse_time``); the rest of the vendor's document is not ours to
+    refuse, and refusing it loses a genuine task (its webhook 400, every poll failed)."""
+    completed = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
+    body = msgspec.json.encode(
+        {
+            "id": "p3",
+            "status": "succeeded",
+            "input": {"prompt": "a cat", "seed": 2**64 - 1},
+            "metrics": {"predict_time": 12.5},
+            "completed_at": completed.isoformat().replace("+00:00", "Z"),
+            "output": "https://r.example/0.mp4",
+        }
+    )
+    hint = ReplicateAdapter.parse_callback(body, ProviderConfig())
+    assert hint.outputs is not None and [o.url for o in hint.outputs] == ["https://r.example/0.mp4"]
+
+
 def test_fal_webhook_files_and_errors() -> None:
     ok = {
         "request_id": "r1",

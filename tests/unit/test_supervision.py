@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 
 from aivedio.errors import DatabaseError
 from aivedio.metrics import SupervisionMetrics
+from aivedio.store.database import map_db_errors
 from aivedio.supervision import (
     Conditions,
     Loop,
@@ -216,3 +217,15 @@ def test_cancellation_is_never_a_bad_row() -> None:
     guard = RowGuard()
     with pytest.raises(KeyboardInterrupt), guard.row("gc", "k"):
         raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize(
+    "name", ["InternalClientError", "InterfaceError", "ConnectionDoesNotExistError"]
+)
+def test_a_server_gone_under_a_row_stops_the_scan_as_the_worker_reads_it(name: str) -> None:
+    """What ``map_db_errors`` makes of the driver's "the server went away" (the chaos run's
+    stale protocol, asyncpg's "connection is closed") is the database, not the row: the
+    outbox relay would otherwise bury the row's delivery as dead during a restart."""
+    guard = RowGuard(metrics())
+    with pytest.raises(DatabaseError), guard.row("outbox_relay", 7), map_db_errors("delivering"):
+        raise FAILURES[name]()

@@ -85,7 +85,9 @@ def database_error(action: str, exc: BaseException) -> DatabaseError:
     fault and no outage."""
     if _refused_value(exc):
         return InvalidValueError(f"{action}: {type(exc).__name__}: {exc}")
-    return DatabaseError(f"{action}: {type(exc).__name__}: {exc}")
+    error = DatabaseError(f"{action}: {type(exc).__name__}: {exc}")
+    error.server_gone = server_went_away(exc)
+    return error
 
 
 def _refused_value(exc: BaseException) -> bool:
@@ -153,6 +155,15 @@ _GONE_MESSAGES = {
 }
 
 
+def server_went_away(exc: BaseException) -> bool:
+    """Whether a driver error says the server went away (``lost_server``'s rule, which
+    ``database_error`` records as ``DatabaseError.server_gone`` for the row guards)."""
+    gone = isinstance(exc, ConnectionError) or any(
+        phrase in str(exc) for phrase in _GONE_MESSAGES.get(type(exc), ())
+    )
+    return gone or (isinstance(exc, asyncpg.PostgresError) and _server_gone(exc))
+
+
 def lost_server(exc: BaseException) -> DatabaseError | None:
     """A driver error that escaped ``map_db_errors`` (a stage's own ``pool.acquire()`` or
     query while the server restarted under it) as the DatabaseError it is, when it says the
@@ -160,10 +171,7 @@ def lost_server(exc: BaseException) -> DatabaseError | None:
     closed" or stale-protocol error, SQLSTATE class 08 or 57P01-57P03. Anything else, None:
     a bug stays a crash with its traceback (an argument asyncpg cannot encode, a wrong
     argument count, an OSError of a file, a timeout of anything)."""
-    gone = isinstance(exc, ConnectionError) or any(
-        phrase in str(exc) for phrase in _GONE_MESSAGES.get(type(exc), ())
-    )
-    if not gone and not (isinstance(exc, asyncpg.PostgresError) and _server_gone(exc)):
+    if not server_went_away(exc):
         return None
     error = database_error("the server went away", exc)
     error.__cause__ = exc  # as map_db_errors' ``raise … from``
