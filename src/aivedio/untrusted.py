@@ -80,6 +80,15 @@ _PATH_IN_ERROR = re.compile(r" - at `(\$[^`]*)`$")
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 
 
+def whole(pattern: str) -> str:
+    """``pattern`` (``^…$``) held to the whole string. msgspec applies a pattern with Python's
+    ``re.search``, where ``$`` also matches before a final newline, so ``"succeeded\n"``
+    passed ``^(?i:succeeded)$``; the lookahead refuses that, and ECMA-262 (the dialect of the
+    JSON Schema the OpenAPI document carries) reads the pattern the same way."""
+    body = pattern.removeprefix("^").removesuffix("$")
+    return f"^(?:{body})(?!\\n)$"
+
+
 def shown(value: object, limit: int = 60) -> str:
     """``value`` safe to put in an error, a log or a row: escaped, short, no NUL."""
     text = value if isinstance(value, str) else repr(value)

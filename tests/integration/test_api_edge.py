@@ -35,6 +35,11 @@ def generic_body(event_id: str = "evt-1", task_id: str = "task-1", **output: Any
     return msgspec.json.encode(doc)
 
 
+def generic_body_status(status: str) -> bytes:
+    doc = msgspec.json.decode(generic_body())
+    return msgspec.json.encode({**doc, "status": status})
+
+
 def replicate_body(prediction_id: str = "p-1", **changes: Any) -> bytes:
     doc = {
         "id": prediction_id,
@@ -234,6 +239,10 @@ GENERIC_CASES = [
     ("past 9999", generic_body(expires_at="9999-12-31T23:59:59-01:00"), "$.outputs[0].expires_at"),
     ("infinity", generic_body(expires_at="infinity"), "$.outputs[0].expires_at"),
     ("no offset", generic_body(expires_at="2026-01-01T00:00:00"), "$.outputs[0].expires_at"),
+    # Python's "$" matches before a final newline: "succeeded\n" passed ^…$ and was recorded
+    # as progress (the task FAILED); a sha256 with a newline could never match the bytes.
+    ("newline after the status", generic_body_status("succeeded\n"), "$.status"),
+    ("newline after sha256", generic_body(sha256="ab" * 32 + "\n"), "$.outputs[0].sha256"),
 ]
 
 

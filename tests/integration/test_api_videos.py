@@ -328,6 +328,9 @@ async def test_refusals(local_api: Api) -> None:
         ({**declare(b"x"), "content_type": "text/html"}, 422),
         ({**declare(b"x"), "surprise": 1}, 422),
         ({**declare(b"x"), "filename": "a\x00b"}, 400),  # out of the edge's bounds: 400
+        # Python's "$" also matches before a final newline: each is refused all the same.
+        ({**declare(b"x"), "sha256": hashlib.sha256(b"x").hexdigest() + "\n"}, 422),
+        ({**declare(b"x"), "filename": "clip.mp4\n"}, 422),
         ({"sha256": hashlib.sha256(b"x").hexdigest()}, 422),
     ):
         answer = await api.json("POST", "/v1/videos", json=bad, expect=code)

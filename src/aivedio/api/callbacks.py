@@ -62,7 +62,7 @@ class CallbackOutput(msgspec.Struct, frozen=True, kw_only=True):
     # With its UTC offset (the schema then says date-time), within [now - 400 days,
     # now + 400 days] (``untrusted.instant``).
     expires_at: Annotated[datetime, msgspec.Meta(tz=True)] | None = None
-    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-fA-F]{64}$")] | None = None
+    sha256: Annotated[str, msgspec.Meta(pattern=untrusted.whole("^[0-9a-fA-F]{64}$"))] | None = None
     size: Annotated[int, msgspec.Meta(ge=0, le=MAX_OUTPUT_BYTES)] | None = None
     content_type: Annotated[str, msgspec.Meta(max_length=200)] | None = None
 
@@ -73,7 +73,7 @@ class CallbackBody(msgspec.Struct, frozen=True, kw_only=True):
 
     event_id: Text
     task_id: Text
-    status: Annotated[str, msgspec.Meta(pattern="^(?i:succeeded|running|failed)$")]
+    status: Annotated[str, msgspec.Meta(pattern=untrusted.whole("^(?i:succeeded|running|failed)$"))]
     outputs: Annotated[list[CallbackOutput], msgspec.Meta(max_length=16)] = []
 
 

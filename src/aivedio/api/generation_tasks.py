@@ -24,13 +24,18 @@ from aivedio.api.problems import ApiError
 from aivedio.errors import MalformedInputError, NotFoundError, PolicyBlockedError
 from aivedio.logs import get_logger
 from aivedio.pipeline.poller import register_watch
+from aivedio.untrusted import whole
 
 log = get_logger("aivedio.api")
 routes = web.RouteTableDef()
 BODY_MAX_BYTES = 16 * 1024
 
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")]
-TaskId = Annotated[str, msgspec.Meta(min_length=1, max_length=400, pattern=r"^[\x21-\x7e]+$")]
+Name = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=100, pattern=whole(r"^[A-Za-z0-9_.-]+$"))
+]
+TaskId = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=400, pattern=whole(r"^[\x21-\x7e]+$"))
+]
 
 
 class WatchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

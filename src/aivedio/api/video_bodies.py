@@ -14,12 +14,13 @@ import msgspec
 
 from aivedio.store import uploads
 from aivedio.store.s3_upload import MAX_PARTS
+from aivedio.untrusted import whole
 
 ContentType = Literal["video/mp4", "video/quicktime", "video/webm", "video/x-matroska"]
 # Visible text: no control characters (PostgreSQL text cannot hold NUL either).
-_TEXT = r"^[^\x00-\x1f\x7f]*$"
-_SHA256 = r"^[0-9a-fA-F]{64}$"
-_ETAG = r"^[\x21-\x7e]+$"  # visible ASCII, as S3 answers them (quotes included)
+_TEXT = whole(r"^[^\x00-\x1f\x7f]*$")
+_SHA256 = whole(r"^[0-9a-fA-F]{64}$")
+_ETAG = whole(r"^[\x21-\x7e]+$")  # visible ASCII, as S3 answers them (quotes included)
 
 
 class CreateVideo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
