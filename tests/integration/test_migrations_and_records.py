@@ -264,6 +264,21 @@ async def test_a_refused_value_is_an_error_of_the_input_never_an_outage(pool: Po
             await conn.execute("SELECT $1::bigint", 2**64)
 
 
+async def test_a_refused_value_names_the_constraint_but_never_shows_the_row(pool: Pool) -> None:
+    # The detail of a 400 goes back to the client: PostgreSQL's DETAIL ("Failing row
+    # contains (…)") is the whole row, every column of it.
+    await pool.execute("INSERT INTO tenants (name) VALUES ('row-secret-name')")
+    async with pool.acquire() as conn:
+        with pytest.raises(InvalidValueError) as caught, map_db_errors("renaming a tenant"):
+            await conn.execute(
+                "UPDATE tenants SET created_at = '0001-01-01 00:00:00+00'"
+                " WHERE name = 'row-secret-name'"
+            )
+    assert "tenants_created_at_sane" in caught.value.detail
+    assert "Failing row" not in caught.value.detail
+    assert "row-secret-name" not in caught.value.detail
+
+
 async def test_upgrading_a_database_holding_infinite_times_clamps_them(
     empty_database: str,
 ) -> None:

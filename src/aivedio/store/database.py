@@ -84,7 +84,10 @@ def database_error(action: str, exc: BaseException) -> DatabaseError:
     23514, a CHECK constraint, or a value the driver cannot encode), which is the input's
     fault and no outage."""
     if _refused_value(exc):
-        return InvalidValueError(f"{action}: {type(exc).__name__}: {exc}")
+        # The server's message alone: its DETAIL ("Failing row contains (…)") is the whole
+        # row, which is not the client's to read (the detail of a 400 goes back to it).
+        message = getattr(exc, "message", None) or str(exc).partition("\n")[0]
+        return InvalidValueError(f"{action}: {type(exc).__name__}: {message}")
     error = DatabaseError(f"{action}: {type(exc).__name__}: {exc}")
     error.server_gone = server_went_away(exc)
     return error
