@@ -84,8 +84,9 @@ class Api:
     ) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            state = await self.rig.pool.fetchval("SELECT status FROM assets WHERE id = $1",
-                                                 asset_id)  # fmt: skip
+            state = await self.rig.pool.fetchval(
+                "SELECT status FROM assets WHERE id = $1", asset_id
+            )
             if state in states:
                 return str(state)
             await anyio.sleep(0.1)
@@ -141,21 +142,29 @@ async def published(api: Api, *, tenant_id: int | None = None, revision: int = 1
     await pool.execute(
         "INSERT INTO assets (id, tenant_id, source_type, status, current_revision,"
         " source_object_key) VALUES ($1, $2, 'UPLOAD', 'PLAYABLE', $3, 'quarantine/x')",
-        asset_id, tenant, revision,
-    )  # fmt: skip
+        asset_id,
+        tenant,
+        revision,
+    )
     await pool.execute(
         "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
         " published_outputs) VALUES ($1, $2, 1, 'READY', ARRAY['hls', 'playback'])",
-        asset_id, revision,
-    )  # fmt: skip
+        asset_id,
+        revision,
+    )
     for variant, path in (("hls", "hls/master.m3u8"), ("playback", "playback.mp4")):
         await pool.execute(
             "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
             " mime_type, size_bytes, checksum_alg, checksum, status)"
             " VALUES ($1, $2, $3, $4, $5, 'x', $6, 'sha256', $7, 'SUCCEEDED')",
-            uuid.uuid4(), asset_id, revision, variant, f"{prefix}/{path}", len(files[path]),
+            uuid.uuid4(),
+            asset_id,
+            revision,
+            variant,
+            f"{prefix}/{path}",
+            len(files[path]),
             hashlib.sha256(files[path]).hexdigest(),
-        )  # fmt: skip
+        )
     await pool.execute(
         "INSERT INTO releases (asset_id, revision, outputs) VALUES ($1, $2, ARRAY['hls'])",
         asset_id,

@@ -409,8 +409,28 @@ def many_audio_streams(directory: Path, n: int = 20) -> Path:
 
 
 # Language tags of ``tagged_audio_streams``' tracks, in order (cycled past 20).
-LANGUAGES = ("eng", "fra", "deu", "spa", "ita", "por", "nld", "swe", "nor", "dan",
-             "fin", "pol", "ces", "hun", "ron", "ell", "tur", "rus", "jpn", "kor")  # fmt: skip
+LANGUAGES = (
+    "eng",
+    "fra",
+    "deu",
+    "spa",
+    "ita",
+    "por",
+    "nld",
+    "swe",
+    "nor",
+    "dan",
+    "fin",
+    "pol",
+    "ces",
+    "hun",
+    "ron",
+    "ell",
+    "tur",
+    "rus",
+    "jpn",
+    "kor",
+)
 
 
 def audio_tone_hz(k: int) -> int:
@@ -434,12 +454,14 @@ def tagged_audio_streams(
         maps += ["-map", f"{k + 1}:a"]
         tags += [f"-metadata:s:a:{k}", f"language={LANGUAGES[k % len(LANGUAGES)]}"]
     run_ffmpeg(
-        *args, *maps,
+        *args,
+        *maps,
         *("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", pix_fmt),
         *("-c:a", "aac", "-b:a", "32k"),
-        *("-disposition:a", "0", f"-disposition:a:{default}", "default"), *tags,
+        *("-disposition:a", "0", f"-disposition:a:{default}", "default"),
+        *tags,
         str(out),
-    )  # fmt: skip
+    )
     return out
 
 
@@ -493,10 +515,27 @@ def tone_of(path: Path, stream: str = "0:a:0") -> float:
     """The frequency (Hz) of the sine in ``stream`` of ``path`` (a file or a playlist), by
     counting zero crossings of its decoded samples (mono, 16 kHz)."""
     result = subprocess.run(
-        [FFMPEG, "-nostdin", "-v", "error", "-i", str(path), "-map", stream, "-ac", "1",
-         "-ar", "16000", "-f", "s16le", "-"],
-        capture_output=True, check=True, timeout=60,
-    )  # fmt: skip
+        [
+            FFMPEG,
+            "-nostdin",
+            "-v",
+            "error",
+            "-i",
+            str(path),
+            "-map",
+            stream,
+            "-ac",
+            "1",
+            "-ar",
+            "16000",
+            "-f",
+            "s16le",
+            "-",
+        ],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
     samples = [v for (v,) in struct.iter_unpack("<h", result.stdout)]
     # Skip the encoder's priming and fade-in, and count only clear sign changes.
     body = samples[1600:-1600] or samples
@@ -862,9 +901,13 @@ def tone_hz(second: int) -> int:
 
 
 def counted_av(
-    directory: Path, *, seconds: int = 180, fps: int = 24, keyint: int = 50,
+    directory: Path,
+    *,
+    seconds: int = 180,
+    fps: int = 24,
+    keyint: int = 50,
     pix_fmt: str = "yuv444p",
-) -> Path:  # fmt: skip
+) -> Path:
     """320x240 H.264 + AAC whose frame ``n`` shows ``n`` in binary (16 blocks of 16x16 at
     the top, white = 1, lowest bit left) and whose audio is a tone that changes every second
     (``tone_hz``). A keyframe every ``keyint`` frames (off the segment grid by default);
@@ -873,16 +916,45 @@ def counted_av(
     bits = "255*mod(floor(N/pow(2,floor(X/16))),2)"
     tone = "+".join(f"eq(mod(floor(t),4),{k})*{tone_hz(k)}" for k in range(4))
     run_ffmpeg(
-        "-f", "lavfi", "-i", f"testsrc2=s=320x240:r={fps}:d={seconds}",
-        "-f", "lavfi", "-i",
+        "-f",
+        "lavfi",
+        "-i",
+        f"testsrc2=s=320x240:r={fps}:d={seconds}",
+        "-f",
+        "lavfi",
+        "-i",
         f"color=black:s={COUNTER_BITS * COUNTER_BLOCK}x{COUNTER_BLOCK}:r={fps}:d={seconds},"
         f"geq=lum='{bits}':cb=128:cr=128",
-        "-f", "lavfi", "-i", f"aevalsrc='0.5*sin(2*PI*({tone})*t)':s=48000:d={seconds}",
-        "-filter_complex", "[0:v][1:v]overlay=0:0,format=" + pix_fmt + "[v]",
-        "-map", "[v]", "-map", "2:a", "-c:v", "libx264", "-preset", "ultrafast", "-qp", "10",
-        "-g", str(keyint), "-keyint_min", str(keyint), "-sc_threshold", "0",
-        "-c:a", "aac", "-b:a", "128k", "-ac", "1", str(out),
-    )  # fmt: skip
+        "-f",
+        "lavfi",
+        "-i",
+        f"aevalsrc='0.5*sin(2*PI*({tone})*t)':s=48000:d={seconds}",
+        "-filter_complex",
+        "[0:v][1:v]overlay=0:0,format=" + pix_fmt + "[v]",
+        "-map",
+        "[v]",
+        "-map",
+        "2:a",
+        "-c:v",
+        "libx264",
+        "-preset",
+        "ultrafast",
+        "-qp",
+        "10",
+        "-g",
+        str(keyint),
+        "-keyint_min",
+        str(keyint),
+        "-sc_threshold",
+        "0",
+        "-c:a",
+        "aac",
+        "-b:a",
+        "128k",
+        "-ac",
+        "1",
+        str(out),
+    )
     return out
 
 
@@ -892,10 +964,25 @@ def read_counters(path: Path, *, width: int) -> list[int]:
     block = COUNTER_BLOCK * scale
     band_h = max(2, round(block))
     result = subprocess.run(
-        ["ffmpeg", "-v", "error", "-i", str(path), "-map", "0:v:0", "-fps_mode", "passthrough",
-         "-vf", f"crop={width}:{band_h}:0:0,format=gray", "-f", "rawvideo", "-"],
-        capture_output=True, check=True,
-    )  # fmt: skip
+        [
+            "ffmpeg",
+            "-v",
+            "error",
+            "-i",
+            str(path),
+            "-map",
+            "0:v:0",
+            "-fps_mode",
+            "passthrough",
+            "-vf",
+            f"crop={width}:{band_h}:0:0,format=gray",
+            "-f",
+            "rawvideo",
+            "-",
+        ],
+        capture_output=True,
+        check=True,
+    )
     frame = width * band_h
     data = result.stdout
     counters = []

@@ -77,9 +77,14 @@ class Rig:
             "INSERT INTO assets (id, tenant_id, source_type, source_provider_output_id, status,"
             " source_object_key, source_size_bytes, source_sha256)"
             " VALUES ($1, $2, $3, $4, 'QUARANTINED', $5, $6, $7)",
-            asset_id, self.tenant_id, "PROVIDER_OUTPUT" if output_id else "UPLOAD", output_id,
-            key, len(body), sha256 or hashlib.sha256(body).hexdigest(),
-        )  # fmt: skip
+            asset_id,
+            self.tenant_id,
+            "PROVIDER_OUTPUT" if output_id else "UPLOAD",
+            output_id,
+            key,
+            len(body),
+            sha256 or hashlib.sha256(body).hexdigest(),
+        )
         return asset_id
 
     async def provider_output(self, provider: str, task_id: str) -> uuid.UUID:
@@ -88,21 +93,30 @@ class Rig:
         await self.pool.execute(
             "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
             " provider_status) VALUES ($1, $2, $3, $4, 'PROVIDER_SUCCEEDED')",
-            task, self.tenant_id, provider, task_id,
-        )  # fmt: skip
+            task,
+            self.tenant_id,
+            provider,
+            task_id,
+        )
         await self.pool.execute(
             "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
             " provider_task_id, output_index, source_url_ciphertext, source_url_key_id,"
             " fetch_status) VALUES ($1, $2, $3, $4, $5, 0, '\\x00', 'k1', 'STORED')",
-            output, self.tenant_id, task, provider, task_id,
-        )  # fmt: skip
+            output,
+            self.tenant_id,
+            task,
+            provider,
+            task_id,
+        )
         return output
 
     async def enqueue_probe(self, asset_id: uuid.UUID) -> int:
         spec = REGISTRY.spec(
-            "probe", f"probe:{asset_id}:v1", tenant_id=self.tenant_id,
+            "probe",
+            f"probe:{asset_id}:v1",
+            tenant_id=self.tenant_id,
             payload={"asset_id": str(asset_id)},
-        )  # fmt: skip
+        )
         async with self.pool.acquire() as conn:
             return (await Queue(self.pool).enqueue_one(conn, spec)).job_id
 
@@ -189,7 +203,16 @@ def fake_job(
     payload: dict[str, Any], kind: str, *, job_id: int = 1, token: int = 1, attempts: int = 1
 ) -> Job:
     return Job(
-        id=job_id, kind=kind, lane="control", tenant_id=1, payload=payload, attempts=attempts,
-        max_attempts=8, lease_token=token, timeout_seconds=600, expires_at=None,
-        idempotency_key="test", created_at=datetime.now(UTC),
-    )  # fmt: skip
+        id=job_id,
+        kind=kind,
+        lane="control",
+        tenant_id=1,
+        payload=payload,
+        attempts=attempts,
+        max_attempts=8,
+        lease_token=token,
+        timeout_seconds=600,
+        expires_at=None,
+        idempotency_key="test",
+        created_at=datetime.now(UTC),
+    )

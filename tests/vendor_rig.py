@@ -124,10 +124,15 @@ class VendorRig:
             await fetcher.aclose()
         async with self.pool.acquire() as conn, conn.transaction():
             await record_task_outputs(
-                conn, queue=Queue(self.pool), registry=REGISTRY, cipher=self.api.ctx.cipher,
-                config=self.config, provider=self.vendor, task=task,
+                conn,
+                queue=Queue(self.pool),
+                registry=REGISTRY,
+                cipher=self.api.ctx.cipher,
+                config=self.config,
+                provider=self.vendor,
+                task=task,
                 tenant_id=self.api.rig.tenant_id,
-            )  # fmt: skip
+            )
 
     @asynccontextmanager
     async def worker(self) -> AsyncIterator[Worker]:

@@ -118,8 +118,16 @@ TENANT = "bench"
 PROVIDER = "sim"
 SAMPLE_SECONDS = 0.5
 CHUNK_OUTPUTS = ("playback", "hls")
-DISCARDED_KEYS = ("label", "wall_s", "cpu_s", "machine_cpu_s", "postgres_cpu_s", "load_before",
-                  "load_after", "other_benchmarks_during_run")  # fmt: skip
+DISCARDED_KEYS = (
+    "label",
+    "wall_s",
+    "cpu_s",
+    "machine_cpu_s",
+    "postgres_cpu_s",
+    "load_before",
+    "load_after",
+    "other_benchmarks_during_run",
+)
 MEDIA_KINDS = ("render", "chunk_split", "chunk_encode", "chunk_assemble")
 FINAL_ASSET = ("PLAYABLE", "ENRICHED", "INVALID_MEDIA", "PROCESSING_FAILED", "REJECTED")
 FAILED_OUTPUT = ("INVALID_RESPONSE", "OUTPUT_LOST")
@@ -139,24 +147,56 @@ def out(line: str = "") -> None:
 # ordinary H.264 upload's decode costs. hevc: HEVC Main (a phone's default), whose decode
 # costs several times more, and each (chunk, rendition) job pays it again.
 VIDEO = {
-    "h264": ["-c:v", "libx264", "-preset", "veryfast", "-pix_fmt", "yuv420p",
-             "-g", "60", "-keyint_min", "60", "-sc_threshold", "0"],
+    "h264": [
+        "-c:v",
+        "libx264",
+        "-preset",
+        "veryfast",
+        "-pix_fmt",
+        "yuv420p",
+        "-g",
+        "60",
+        "-keyint_min",
+        "60",
+        "-sc_threshold",
+        "0",
+    ],
     # Closed GOPs: an open GOP's CRA pictures have leading pictures that reference the GOP
     # before, so ``chunks.clean_keyframes`` would refuse them and the source would take
     # the single pass.
-    "hevc": ["-c:v", "libx265", "-preset", "ultrafast", "-tag:v", "hvc1", "-pix_fmt", "yuv420p",
-             "-x265-params", "log-level=error:keyint=60:min-keyint=60:scenecut=0:open-gop=0"],
-}  # fmt: skip
+    "hevc": [
+        "-c:v",
+        "libx265",
+        "-preset",
+        "ultrafast",
+        "-tag:v",
+        "hvc1",
+        "-pix_fmt",
+        "yuv420p",
+        "-x265-params",
+        "log-level=error:keyint=60:min-keyint=60:scenecut=0:open-gop=0",
+    ],
+}
 AUDIO = {"h264": ["-c:a", "libmp3lame", "-b:a", "128k"], "hevc": ["-c:a", "aac", "-b:a", "128k"]}
 
 
 def source_recipe(codec: str, seconds: int, size: str = "1920x1080") -> list[str]:
     """``size`` (1920x1080) at 30 fps, a keyframe every 2 s, a 440 Hz tone; MP4, moov first."""
     return [
-        "-f", "lavfi", "-i", f"testsrc2=size={size}:rate=30:duration={seconds}",
-        "-f", "lavfi", "-i", f"sine=frequency=440:duration={seconds}",
-        *VIDEO[codec], *AUDIO[codec], "-shortest", "-movflags", "+faststart",
-    ]  # fmt: skip
+        "-f",
+        "lavfi",
+        "-i",
+        f"testsrc2=size={size}:rate=30:duration={seconds}",
+        "-f",
+        "lavfi",
+        "-i",
+        f"sine=frequency=440:duration={seconds}",
+        *VIDEO[codec],
+        *AUDIO[codec],
+        "-shortest",
+        "-movflags",
+        "+faststart",
+    ]
 
 
 def make_source(codec: str, seconds: int, size: str = "1920x1080") -> Path:
@@ -167,8 +207,7 @@ def make_source(codec: str, seconds: int, size: str = "1920x1080") -> Path:
     recipe = source_recipe(codec, seconds, size)
     if not (path.is_file() and marker.is_file() and marker.read_text() == json.dumps(recipe)):
         out(f"  making {path.relative_to(ROOT)} ({seconds} s of {short}p30 {codec}; minutes)")
-        subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", *recipe, str(path)],
-                       check=True)  # fmt: skip
+        subprocess.run(["ffmpeg", "-nostdin", "-v", "error", "-y", *recipe, str(path)], check=True)
         marker.write_text(json.dumps(recipe))
     return path
 
@@ -200,8 +239,15 @@ def parse_runs(text: str) -> list[RunSpec]:
     return runs
 
 
-def write_config(path: Path, *, dsn: str, sim: dict[str, Any], threshold: float,
-                 slots: int, chunk_seconds: float = 20.0) -> None:  # fmt: skip
+def write_config(
+    path: Path,
+    *,
+    dsn: str,
+    sim: dict[str, Any],
+    threshold: float,
+    slots: int,
+    chunk_seconds: float = 20.0,
+) -> None:
     text = f"""# Written by scripts/bench/chunked.py for one run.
 [database]
 url = {json.dumps(dsn)}
@@ -249,8 +295,9 @@ optional_outputs = []
 
 
 def run_cli(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run([AIVEDIO, *args], env=env, cwd=ROOT, capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        [AIVEDIO, *args], env=env, cwd=ROOT, capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         raise SystemExit(f"aivedio {' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return done.stdout
@@ -287,8 +334,10 @@ async def wait_until_alone(limit_s: float, max_cores: float) -> None:
         if not others and busy <= max_cores:
             return
         if not told:
-            out(f"  waiting for a quiet machine: {busy:.2f} cores busy; other benchmarks: "
-                f"{others or 'none'}")  # fmt: skip
+            out(
+                f"  waiting for a quiet machine: {busy:.2f} cores busy; other benchmarks: "
+                f"{others or 'none'}"
+            )
             told = True
     out(f"  the machine did not get quiet within {limit_s:g} s: measuring anyway")
 
@@ -371,8 +420,9 @@ class Samples:
         return series[lo] + share * (series[hi] - series[lo])
 
 
-async def sample_until(samples: Samples, pids: dict[str, int], postmaster: int,
-                       stop: asyncio.Event) -> None:  # fmt: skip
+async def sample_until(
+    samples: Samples, pids: dict[str, int], postmaster: int, stop: asyncio.Event
+) -> None:
     while not stop.is_set():
         await asyncio.to_thread(samples.take, pids, postmaster)
         with contextlib.suppress(TimeoutError):
@@ -414,13 +464,27 @@ async def wait_for(what: str, probe: Any, limit_s: float) -> Any:
     raise SystemExit(f"no {what} within {limit_s:g} s")
 
 
-async def one_run(spec: RunSpec, args: argparse.Namespace, cluster: Any, env: dict[str, str],
-                  sim: dict[str, Any], task: dict[str, Any], db: asyncpg.Connection,
-                  duration: float, children: Children) -> dict[str, Any]:  # fmt: skip
+async def one_run(
+    spec: RunSpec,
+    args: argparse.Namespace,
+    cluster: Any,
+    env: dict[str, str],
+    sim: dict[str, Any],
+    task: dict[str, Any],
+    db: asyncpg.Connection,
+    duration: float,
+    children: Children,
+) -> dict[str, Any]:
     config = BENCH / f"run-{spec.label}.toml"
     threshold = args.threshold if spec.path == "chunked" else 0.0
-    write_config(config, dsn=cluster.dsn(database=DATABASE), sim=sim, threshold=threshold,
-                 slots=args.slots, chunk_seconds=args.chunk_seconds)  # fmt: skip
+    write_config(
+        config,
+        dsn=cluster.dsn(database=DATABASE),
+        sim=sim,
+        threshold=threshold,
+        slots=args.slots,
+        chunk_seconds=args.chunk_seconds,
+    )
     run_env = {**env, "AIVEDIO_CONFIG": str(config)}
     workers: list[Child] = []
     for n in range(1, spec.workers + 1):
@@ -437,9 +501,24 @@ async def one_run(spec: RunSpec, args: argparse.Namespace, cluster: Any, env: di
         load_before = loadavg()
         sampler = asyncio.create_task(sample_until(samples, watched, postmaster, stop))
         ingest_at = time.time()
-        run_cli(run_env, "ingest", "--provider", PROVIDER, "--task-id", task["task_id"],
-                "--url", task["url"], "--sha256", task["sha256"], "--size", str(task["size"]),
-                "--expires-at", task["expires_at"], "--tenant", TENANT)  # fmt: skip
+        run_cli(
+            run_env,
+            "ingest",
+            "--provider",
+            PROVIDER,
+            "--task-id",
+            task["task_id"],
+            "--url",
+            task["url"],
+            "--sha256",
+            task["sha256"],
+            "--size",
+            str(task["size"]),
+            "--expires-at",
+            task["expires_at"],
+            "--tenant",
+            TENANT,
+        )
 
         async def asset() -> asyncpg.Record | None:
             row = await db.fetchrow(ASSET_SQL, PROVIDER, task["task_id"])
@@ -477,8 +556,9 @@ async def one_run(spec: RunSpec, args: argparse.Namespace, cluster: Any, env: di
     finally:
         children.stop(workers, 45)  # told to stop: their exit fails nothing
     pids = {w.pid: w.name for w in workers}
-    return analyse_run(spec, args, done, jobs, pids, samples, duration, ingest_at,
-                       [load_before, load_after])  # fmt: skip
+    return analyse_run(
+        spec, args, done, jobs, pids, samples, duration, ingest_at, [load_before, load_after]
+    )
 
 
 def owner_name(owner: str | None, names: dict[int, str]) -> str:
@@ -489,8 +569,9 @@ def owner_name(owner: str | None, names: dict[int, str]) -> str:
     return owner or "-"
 
 
-def job_rows(jobs: list[dict[str, Any]], t0: float, pids: dict[int, str], samples: Samples,
-             slots: int) -> list[dict[str, Any]]:  # fmt: skip
+def job_rows(
+    jobs: list[dict[str, Any]], t0: float, pids: dict[int, str], samples: Samples, slots: int
+) -> list[dict[str, Any]]:
     """The asset's jobs, times relative to t0; with one media slot, each job's CPU."""
     rows = []
     for j in jobs:
@@ -551,15 +632,18 @@ def job_groups(media_jobs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         g["last_end_s"] = max(g["last_end_s"], r["end_s"])
         if "cpu_s" in r:
             g["cpu_s"] = g.get("cpu_s", 0.0) + r["cpu_s"]
-    return groups  # fmt: skip
+    return groups
 
 
 def phases_of(media_jobs: list[dict[str, Any]], wall: float, chunked: bool) -> dict[str, float]:
     """The critical path, seconds: queue waits, split, encodes, assembly (or the render)."""
     if not chunked:
         render = min((r for r in media_jobs if r["kind"] == "render"), key=lambda r: r["start_s"])
-        return {"to_render_start_s": render["start_s"], "render_job_s": render["wall_s"],
-                "render_start_to_t1_s": wall - render["start_s"]}  # fmt: skip
+        return {
+            "to_render_start_s": render["start_s"],
+            "render_job_s": render["wall_s"],
+            "render_start_to_t1_s": wall - render["start_s"],
+        }
     split = next(r for r in media_jobs if r["kind"] == "chunk_split")
     assemble = [r for r in media_jobs if r["kind"] == "chunk_assemble"][-1]
     video = [r for r in media_jobs if r["kind"] == "chunk_encode" and r["piece"] != "audio"]
@@ -576,10 +660,16 @@ def phases_of(media_jobs: list[dict[str, Any]], wall: float, chunked: bool) -> d
 
 
 def analyse_run(
-    spec: RunSpec, args: argparse.Namespace, done: asyncpg.Record, jobs: list[dict[str, Any]],
-    pids: dict[int, str], samples: Samples, duration: float, ingest_at: float,
+    spec: RunSpec,
+    args: argparse.Namespace,
+    done: asyncpg.Record,
+    jobs: list[dict[str, Any]],
+    pids: dict[int, str],
+    samples: Samples,
+    duration: float,
+    ingest_at: float,
     loads: list[list[str]],
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     variants = json.loads(done["variants"])
     plan = json.loads(done["plan"]) if isinstance(done["plan"], str) else done["plan"]
     chunking = plan.get("chunking")
@@ -590,10 +680,12 @@ def analyse_run(
     t1 = max(datetime.fromisoformat(v["completed_at"]).timestamp() for v in variants)
     wall = t1 - t0
     per_worker = {
-        n: {part: samples.at(t1, n, part) - samples.at(t0, n, part)
-            for part in ("own", "reaped", "live")}
+        n: {
+            part: samples.at(t1, n, part) - samples.at(t0, n, part)
+            for part in ("own", "reaped", "live")
+        }
         for n in pids.values()
-    }  # fmt: skip
+    }
     cpu = sum(sum(p.values()) for p in per_worker.values())
     rows = job_rows(jobs, t0, pids, samples, args.slots)
     media_jobs = [r for r in rows if r["kind"] in MEDIA_KINDS]
@@ -650,9 +742,8 @@ def decode_only(source: Path) -> dict[str, float]:
     """The source's video decoded once and thrown away: what each extra rendition of a
     chunk costs again on the chunked path (each piece decodes its chunk)."""
     wall, cpu, _ = media_bench.run_measured(
-        ["ffmpeg", "-nostdin", "-v", "error", "-i", str(source), "-map", "0:v:0",
-         "-f", "null", "-"]
-    )  # fmt: skip
+        ["ffmpeg", "-nostdin", "-v", "error", "-i", str(source), "-map", "0:v:0", "-f", "null", "-"]
+    )
     return {"wall_s": wall, "cpu_s": cpu}
 
 
@@ -662,9 +753,13 @@ def loadavg() -> list[str]:
 
 def machine() -> dict[str, Any]:
     ffmpeg = subprocess.run(["ffmpeg", "-version"], capture_output=True, text=True, check=True)
-    return {"nproc": os.cpu_count(), "cpu": fleet.cpu_model(),
-            "python": platform.python_version(), "kernel": platform.release(),
-            "ffmpeg": ffmpeg.stdout.splitlines()[0]}  # fmt: skip
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": fleet.cpu_model(),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "ffmpeg": ffmpeg.stdout.splitlines()[0],
+    }
 
 
 def uptime() -> str:
@@ -699,11 +794,19 @@ async def bench_with(args: argparse.Namespace, cluster: Any, children: Children)
         for spec in runs
         for attempt in range(args.attempts)
     }
-    sim_argv = [sys.executable, "-m", "aivedio.sim", "--ca-dir", str(BENCH / "ca"),
-                "--url-ttl-seconds", "86400",
-                *(f"--file={t}:0:{source}" for t in task_ids.values())]  # fmt: skip
-    sim = children.start("provider (sim)", sim_argv, log="sim.log", env=env,
-                         stdout=BENCH / "sim.json")  # fmt: skip
+    sim_argv = [
+        sys.executable,
+        "-m",
+        "aivedio.sim",
+        "--ca-dir",
+        str(BENCH / "ca"),
+        "--url-ttl-seconds",
+        "86400",
+        *(f"--file={t}:0:{source}" for t in task_ids.values()),
+    ]
+    sim = children.start(
+        "provider (sim)", sim_argv, log="sim.log", env=env, stdout=BENCH / "sim.json"
+    )
 
     def line() -> str | None:
         text = sim.stdout.read_text() if sim.stdout else ""
@@ -712,17 +815,20 @@ async def bench_with(args: argparse.Namespace, cluster: Any, children: Children)
     provider = json.loads(sim.wait_for(line, "JSON line", 300))
     outputs = {o["task_id"]: o for o in provider["outputs"]}
     first = BENCH / "setup.toml"
-    write_config(first, dsn=cluster.dsn(database=DATABASE), sim=provider, threshold=0,
-                 slots=args.slots)  # fmt: skip
+    write_config(
+        first, dsn=cluster.dsn(database=DATABASE), sim=provider, threshold=0, slots=args.slots
+    )
     setup_env = {**env, "AIVEDIO_CONFIG": str(first)}
     run_cli(setup_env, "migrate")
     run_cli(setup_env, "tenants", "create", TENANT)
     db = await asyncpg.connect(cluster.dsn(database=DATABASE))
     await wait_until_alone(args.wait_others, args.max_other_cores)
     decode = decode_only(source)
-    out(f"  source {source.relative_to(ROOT)}: {duration:.2f} s, "
+    out(
+        f"  source {source.relative_to(ROOT)}: {duration:.2f} s, "
         f"{source.stat().st_size / 2**20:.1f} MiB; decode only {decode['wall_s']:.1f} s wall, "
-        f"{decode['cpu_s']:.1f} s CPU")  # fmt: skip
+        f"{decode['cpu_s']:.1f} s CPU"
+    )
     started = datetime.now(UTC)
     up_before = uptime()
     results: list[dict[str, Any]] = []
@@ -732,11 +838,14 @@ async def bench_with(args: argparse.Namespace, cluster: Any, children: Children)
             for attempt in range(args.attempts):
                 await wait_until_alone(args.wait_others, args.max_other_cores)
                 how = "chunked" if spec.path == "chunked" else "single pass"
-                out(f"== {spec.label}: {spec.workers} worker(s) x {args.slots} media slot(s), "
-                    f"{how}, attempt {attempt + 1}  ({uptime()})")  # fmt: skip
+                out(
+                    f"== {spec.label}: {spec.workers} worker(s) x {args.slots} media slot(s), "
+                    f"{how}, attempt {attempt + 1}  ({uptime()})"
+                )
                 task = outputs[task_ids[(spec.label, attempt)]]
-                result = await one_run(spec, args, cluster, env, provider, task, db, duration,
-                                       children)  # fmt: skip
+                result = await one_run(
+                    spec, args, cluster, env, provider, task, db, duration, children
+                )
                 report_run(result)
                 shared = other_cores(result) > args.max_other_cores
                 if not (shared or result["other_benchmarks_during_run"]):
@@ -772,20 +881,29 @@ async def bench_with(args: argparse.Namespace, cluster: Any, children: Children)
 def report_run(r: dict[str, Any]) -> None:
     if r["other_benchmarks_during_run"]:
         out(f"  WARNING: other benchmarks ran meanwhile: {r['other_benchmarks_during_run']}")
-    out(f"  wall {r['wall_s']:.1f} s (RTF {r['rtf']:.3f}), CPU {r['cpu_s']:.1f} s "
+    out(
+        f"  wall {r['wall_s']:.1f} s (RTF {r['rtf']:.3f}), CPU {r['cpu_s']:.1f} s "
         f"(ffmpeg {r['cpu_ffmpeg_s']:.1f}, workers' own {r['cpu_workers_own_s']:.1f}; "
         f"{r['cores_busy']:.2f} cores busy), PostgreSQL {r['postgres_cpu_s']:.1f} s; "
-        f"{r['chunks']} chunks, rungs {','.join(r['encoded_rungs'])}")  # fmt: skip
+        f"{r['chunks']} chunks, rungs {','.join(r['encoded_rungs'])}"
+    )
     if "machine_cpu_s" in r:
-        out(f"  other processes (this script's sampling included): "
-            f"{other_cores(r):.2f} cores busy on average")  # fmt: skip
+        out(
+            f"  other processes (this script's sampling included): "
+            f"{other_cores(r):.2f} cores busy on average"
+        )
     out("  phases: " + ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items()))
     out(f"  {'jobs':<16} {'n':>3} {'wall sum':>9} {'max':>7} {'CPU':>8}")
     for name, g in sorted(r["job_groups"].items(), key=lambda kv: kv[1]["first_start_s"]):
         cpu = f"{g['cpu_s']:7.1f}s" if "cpu_s" in g else ""
         out(f"  {name:<16} {g['jobs']:>3} {g['wall_s']:8.1f}s {g['max_wall_s']:6.1f}s {cpu:>8}")
-    out("  by worker: " + ", ".join(f"{w}: {r['jobs_by_worker'][w]} jobs, {b:.1f} s busy"
-                                    for w, b in r["busy_by_worker_s"].items()))  # fmt: skip
+    out(
+        "  by worker: "
+        + ", ".join(
+            f"{w}: {r['jobs_by_worker'][w]} jobs, {b:.1f} s busy"
+            for w, b in r["busy_by_worker_s"].items()
+        )
+    )
     out(f"  load {' '.join(r['load_before'])} -> {' '.join(r['load_after'])}")
 
 
@@ -794,26 +912,34 @@ def report(result: dict[str, Any]) -> None:
     size = result["args"].get("size", "1920x1080").split("x")[1]  # saved before --size: 1080
     result["model"] = model(result)
     out()
-    out(f"== chunked transcoding: {src['seconds']:.0f} s {size}p30 {result['args']['codec']} "
-        f"source; {m['nproc']} x {m['cpu']}; {m['ffmpeg'].split(' Copyright')[0]}")  # fmt: skip
+    out(
+        f"== chunked transcoding: {src['seconds']:.0f} s {size}p30 {result['args']['codec']} "
+        f"source; {m['nproc']} x {m['cpu']}; {m['ffmpeg'].split(' Copyright')[0]}"
+    )
     out(f"  before: {result['uptime_before']}")
     out(f"  after:  {result['uptime_after']}")
     out()
     single = next((r for r in result["runs"] if r["path"] == "single_pass"), None)
-    out("| run | workers x media slots | wall, probe done → outputs done | RTF | CPU, workers "
+    out(
+        "| run | workers x media slots | wall, probe done → outputs done | RTF | CPU, workers "
         "+ ffmpeg | CPU / media s | cores busy | speed vs single pass | other processes, "
-        "cores |")  # fmt: skip
+        "cores |"
+    )
     out("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in result["runs"]:
         speed = f"{single['wall_s'] / r['wall_s']:.2f}x" if single else "-"
         other = f"{other_cores(r):.2f}" if "machine_cpu_s" in r else "-"
-        out(f"| {r['path'].replace('_', ' ')} | {r['workers']} x {r['slots_per_worker']} | "
+        out(
+            f"| {r['path'].replace('_', ' ')} | {r['workers']} x {r['slots_per_worker']} | "
             f"{r['wall_s']:.1f} s | {r['rtf']:.3f} | {r['cpu_s']:.1f} s | "
             f"{r['cpu_per_media_s']:.2f} | {r['cores_busy']:.2f} | {speed} | "
-            f"{other} |")  # fmt: skip
+            f"{other} |"
+        )
     for r in result.get("discarded_runs", []):
-        out(f"  discarded: {r['label']} ({r['wall_s']:.1f} s; other processes kept "
-            f"{other_cores(r):.2f} cores busy)")  # fmt: skip
+        out(
+            f"  discarded: {r['label']} ({r['wall_s']:.1f} s; other processes kept "
+            f"{other_cores(r):.2f} cores busy)"
+        )
     d = result["decode_only"]
     out(f"  decode only, once: {d['cpu_s']:.1f} s CPU ({d['wall_s']:.1f} s wall)")
     for r in result["runs"]:
@@ -822,18 +948,23 @@ def report(result: dict[str, Any]) -> None:
         extra = r["cpu_s"] - single["cpu_s"]
         if "chunk_decodes" in r:
             times = r["chunk_decodes"] / max(r["chunks"], 1)
-            out(f"  {r['label']}: CPU {extra:+.1f} s vs the single pass; {r['chunk_decodes']} "
+            out(
+                f"  {r['label']}: CPU {extra:+.1f} s vs the single pass; {r['chunk_decodes']} "
                 f"chunk decodes for {r['chunks']} chunks (the source decoded {times:.2f} "
-                f"times; each decode {d['cpu_s']:.1f} s of CPU)")  # fmt: skip
+                f"times; each decode {d['cpu_s']:.1f} s of CPU)"
+            )
         else:  # results saved before pieces were encoded together: one decode per piece
             decodes = (len(r["encoded_rungs"]) - 1) * d["cpu_s"]
-            out(f"  {r['label']}: CPU {extra:+.1f} s vs the single pass; the source decoded "
-                f"{len(r['encoded_rungs']) - 1} more times: {decodes:.1f} s")  # fmt: skip
+            out(
+                f"  {r['label']}: CPU {extra:+.1f} s vs the single pass; the source decoded "
+                f"{len(r['encoded_rungs']) - 1} more times: {decodes:.1f} s"
+            )
         if r["workers"] == 2:
             speed = single["wall_s"] / r["wall_s"]
             verdict = "met" if speed >= 1.4 else f"NOT met ({speed / 1.4:.0%} of it)"
-            out(f"  target: 2 workers >= 1.4x the single pass's wall speed: {speed:.2f}x, "
-                f"{verdict}")  # fmt: skip
+            out(
+                f"  target: 2 workers >= 1.4x the single pass's wall speed: {speed:.2f}x, {verdict}"
+            )
     report_model(result["model"])
 
 
@@ -869,12 +1000,17 @@ def model(result: dict[str, Any], nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 37))
     cores = result["machine"]["nproc"]
     single = runs.get(("single_pass", 2)) or runs.get(("single_pass", 1))
     out_: dict[str, Any] = {
-        "pieces": len(pieces), "pieces_cpu_s": cpu, "pieces_wall_s": sum(walls),
-        "longest_piece_s": max(walls), "gap_s": gap, "serial_s": serial, "piece_cores": busy,
+        "pieces": len(pieces),
+        "pieces_cpu_s": cpu,
+        "pieces_wall_s": sum(walls),
+        "longest_piece_s": max(walls),
+        "gap_s": gap,
+        "serial_s": serial,
+        "piece_cores": busy,
         "cores": cores,
         "per_node": {n: serial + fifo_finish(walls, n, gap) for n in nodes},
         "shared": {},
-    }  # fmt: skip
+    }
     for (path, workers), r in runs.items():
         if path == "chunked":
             predicted = serial + cpu / min(cores, workers * busy)
@@ -889,13 +1025,17 @@ def report_model(m: dict[str, Any]) -> None:
     if not m:
         return
     out()
-    out(f"== model: {m['pieces']} pieces, {m['pieces_cpu_s']:.1f} s CPU, "
+    out(
+        f"== model: {m['pieces']} pieces, {m['pieces_cpu_s']:.1f} s CPU, "
         f"{m['pieces_wall_s']:.1f} s wall one at a time ({m['piece_cores']:.2f} cores busy), "
         f"longest {m['longest_piece_s']:.1f} s, {m['gap_s']:.2f} s between jobs; serial part "
-        f"(queue, split, assembly) {m['serial_s']:.1f} s")  # fmt: skip
+        f"(queue, split, assembly) {m['serial_s']:.1f} s"
+    )
     for workers, v in m["shared"].items():
-        out(f"  {workers} worker(s) sharing these {m['cores']} cores: predicted "
-            f"{v['predicted_s']:.1f} s, measured {v['measured_s']:.1f} s")  # fmt: skip
+        out(
+            f"  {workers} worker(s) sharing these {m['cores']} cores: predicted "
+            f"{v['predicted_s']:.1f} s, measured {v['measured_s']:.1f} s"
+        )
     single = m.get("single_pass_wall_s")
     for n, t in m["per_node"].items():
         vs = f", {single / t:.2f}x the single pass" if single else ""

@@ -589,8 +589,9 @@ async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) 
         sim_argv.append("--plain")
     sim_argv += [f"--file={t}:0:{clips[k]}" for t, k in tasks]
     specs.write_text("\n".join(sim_argv))
-    sim = children.start("provider (sim)", sim_argv, log="sim.log", env=env,
-                         stdout=BENCH / "sim.json")  # fmt: skip
+    sim = children.start(
+        "provider (sim)", sim_argv, log="sim.log", env=env, stdout=BENCH / "sim.json"
+    )
 
     def line() -> str | None:  # the whole line: with 1,100 outputs it is written in pieces
         text = sim.stdout.read_text() if sim.stdout else ""
@@ -1141,8 +1142,10 @@ def sanity(r: dict[str, Any]) -> list[str]:
     problems = []
     n = r["args"]["remux"] + r["args"]["transcode"]
     if r["timed_out"] or r["final_states"] != {"ENRICHED": n}:
-        problems.append(f"final states {r['final_states']} for {n} outputs"
-                        f"{' (timed out)' if r['timed_out'] else ''}")  # fmt: skip
+        problems.append(
+            f"final states {r['final_states']} for {n} outputs"
+            f"{' (timed out)' if r['timed_out'] else ''}"
+        )
     if r["callback_errors_total"]:
         problems.append(f"callbacks refused: {r['callback_errors']}")
     if r["dead_jobs"]:
@@ -1150,10 +1153,13 @@ def sanity(r: dict[str, Any]) -> list[str]:
     if r["published"] != n:
         problems.append(f"{r['published']} published of {n}")
     c, st = r["cpu_per_asset_ms"], r["statements"]
-    figures = {"orchestration CPU": c["orchestration"], "ffmpeg CPU": c["ffmpeg_children"],
-               "round trips per asset": st["round_trips_per_asset"],
-               "throughput": r["throughput_assets_per_min"],
-               "fetched bytes": r["bytes"]["fetched"]}  # fmt: skip
+    figures = {
+        "orchestration CPU": c["orchestration"],
+        "ffmpeg CPU": c["ffmpeg_children"],
+        "round trips per asset": st["round_trips_per_asset"],
+        "throughput": r["throughput_assets_per_min"],
+        "fetched bytes": r["bytes"]["fetched"],
+    }
     problems += [f"{k} = {v}" for k, v in figures.items() if not positive(v)]
     for kind in ("remux", "transcode"):
         if r["latency_callback_to_playable_s"][kind]["n"] != r["args"][kind]:

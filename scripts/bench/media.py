@@ -70,24 +70,74 @@ def run_measured(
 
 
 def make_sources(work: Path, seconds: int, size: str) -> dict[str, Path]:
-    lavfi = ["-f", "lavfi", "-i", f"testsrc2=s={size}:r=24:d={seconds}",
-             "-f", "lavfi", "-i", f"sine=frequency=440:d={seconds}"]  # fmt: skip
+    lavfi = [
+        "-f",
+        "lavfi",
+        "-i",
+        f"testsrc2=s={size}:r=24:d={seconds}",
+        "-f",
+        "lavfi",
+        "-i",
+        f"sine=frequency=440:d={seconds}",
+    ]
     hevc = work / "source_hevc.mkv"
     h264 = work / "source_h264_moov_end.mp4"
     ffmpeg = ["ffmpeg", "-nostdin", "-v", "error", "-y"]
-    subprocess.run([*ffmpeg, *lavfi, "-c:v", "libx265", "-preset", "fast",
-                    "-x265-params", "log-level=error:keyint=48", "-c:a", "aac", "-shortest",
-                    str(hevc)], check=True)  # fmt: skip
-    subprocess.run([*ffmpeg, *lavfi, "-c:v", "libx264", "-preset", "medium", "-g", "48",
-                    "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest", str(h264)],
-                   check=True)  # fmt: skip
+    subprocess.run(
+        [
+            *ffmpeg,
+            *lavfi,
+            "-c:v",
+            "libx265",
+            "-preset",
+            "fast",
+            "-x265-params",
+            "log-level=error:keyint=48",
+            "-c:a",
+            "aac",
+            "-shortest",
+            str(hevc),
+        ],
+        check=True,
+    )
+    subprocess.run(
+        [
+            *ffmpeg,
+            *lavfi,
+            "-c:v",
+            "libx264",
+            "-preset",
+            "medium",
+            "-g",
+            "48",
+            "-pix_fmt",
+            "yuv420p",
+            "-c:a",
+            "aac",
+            "-shortest",
+            str(h264),
+        ],
+        check=True,
+    )
     return {"transcode": hevc, "remux": h264}
 
 
 def probe(path: Path) -> dict[str, Any]:
-    out = subprocess.run(["ffprobe", "-v", "error", "-print_format", "json", "-show_streams",
-                          "-show_format", str(path)], capture_output=True, text=True,
-                         check=True)  # fmt: skip
+    out = subprocess.run(
+        [
+            "ffprobe",
+            "-v",
+            "error",
+            "-print_format",
+            "json",
+            "-show_streams",
+            "-show_format",
+            str(path),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     data: dict[str, Any] = json.loads(out.stdout)
     return data
 
@@ -95,45 +145,162 @@ def probe(path: Path) -> dict[str, Any]:
 def naive_commands(src: Path, out: Path, mode: str, media: MediaConfig) -> list[list[str]]:
     """Separate processes for the same outputs; each decodes the source again."""
     ff = ["ffmpeg", "-nostdin", "-v", "error", "-y"]
-    x264 = ["-c:v", "libx264", "-preset", media.x264_preset, "-profile:v", "high",
-            "-pix_fmt", "yuv420p", "-sc_threshold", "0"]  # fmt: skip
+    x264 = [
+        "-c:v",
+        "libx264",
+        "-preset",
+        media.x264_preset,
+        "-profile:v",
+        "high",
+        "-pix_fmt",
+        "yuv420p",
+        "-sc_threshold",
+        "0",
+    ]
     aac = ["-c:a", "aac", "-b:a", f"{media.audio_bitrate_kbps}k"]
     seg = media.segment_seconds
     keys = ["-force_key_frames", f"expr:gte(t,n_forced*{seg:g})"]
     cmds: list[list[str]] = []
     top = max(r.height for r in media.ladder)
     if mode == "remux":
-        cmds.append([*ff, "-i", str(src), "-c", "copy", "-movflags", "+faststart",
-                     str(out / "playback.mp4")])  # fmt: skip
+        cmds.append(
+            [
+                *ff,
+                "-i",
+                str(src),
+                "-c",
+                "copy",
+                "-movflags",
+                "+faststart",
+                str(out / "playback.mp4"),
+            ]
+        )
     else:
         rung = next(r for r in media.ladder if r.height == top)
         playback = str(out / "playback.mp4")
-        cmds.append([*ff, "-i", str(src), "-vf", f"scale=-2:{top}", *x264, "-crf", str(rung.crf),
-                     "-maxrate", f"{rung.maxrate_kbps}k", "-bufsize", f"{rung.bufsize_kbps}k",
-                     *keys, *aac, "-movflags", "+faststart", playback])  # fmt: skip
+        cmds.append(
+            [
+                *ff,
+                "-i",
+                str(src),
+                "-vf",
+                f"scale=-2:{top}",
+                *x264,
+                "-crf",
+                str(rung.crf),
+                "-maxrate",
+                f"{rung.maxrate_kbps}k",
+                "-bufsize",
+                f"{rung.bufsize_kbps}k",
+                *keys,
+                *aac,
+                "-movflags",
+                "+faststart",
+                playback,
+            ]
+        )
     for rung in sorted(media.ladder, key=lambda r: -r.height):
         rdir = out / "hls" / f"{rung.height}p"
         rdir.mkdir(parents=True, exist_ok=True)
-        hls = ["-f", "hls", "-hls_time", f"{seg:g}", "-hls_playlist_type", "vod",
-               "-hls_segment_type", "fmp4", "-hls_segment_filename", str(rdir / "seg_%05d.m4s"),
-               str(rdir / "index.m3u8")]  # fmt: skip
+        hls = [
+            "-f",
+            "hls",
+            "-hls_time",
+            f"{seg:g}",
+            "-hls_playlist_type",
+            "vod",
+            "-hls_segment_type",
+            "fmp4",
+            "-hls_segment_filename",
+            str(rdir / "seg_%05d.m4s"),
+            str(rdir / "index.m3u8"),
+        ]
         if mode == "remux" and rung.height == top:
             cmds.append([*ff, "-i", str(src), "-c", "copy", *hls])
             continue
-        cmds.append([*ff, "-i", str(src), "-vf", f"scale=-2:{rung.height}", *x264,
-                     "-crf", str(rung.crf), "-maxrate", f"{rung.maxrate_kbps}k",
-                     "-bufsize", f"{rung.bufsize_kbps}k", *keys, *aac, *hls])  # fmt: skip
-    cmds.append([*ff, "-i", str(src), "-vf", f"scale=-2:{media.proxy_height}", *x264,
-                 "-crf", str(media.proxy_crf), "-g", str(media.proxy_gop_frames), "-bf", "0",
-                 *aac, "-movflags", "+faststart", str(out / "proxy.mp4")])  # fmt: skip
-    cmds.append([*ff, "-ss", "1", "-i", str(src), "-frames:v", "1", "-q:v", "2", "-update", "1",
-                 str(out / "poster.jpg")])  # fmt: skip
-    cmds.append([*ff, "-i", str(src), "-vf",
-                 f"fps=1/{media.sprite_interval_seconds:g},scale={media.sprite_width}:-2,"
-                 f"tile={media.sprite_columns}x{media.sprite_rows}", "-q:v", "5",
-                 str(out / "sprite_%03d.jpg")])  # fmt: skip
-    cmds.append([*ff, "-i", str(src), "-vn", "-ac", "1", "-ar", str(media.waveform_sample_rate),
-                 "-f", "s16le", str(out / "waveform.pcm")])  # fmt: skip
+        cmds.append(
+            [
+                *ff,
+                "-i",
+                str(src),
+                "-vf",
+                f"scale=-2:{rung.height}",
+                *x264,
+                "-crf",
+                str(rung.crf),
+                "-maxrate",
+                f"{rung.maxrate_kbps}k",
+                "-bufsize",
+                f"{rung.bufsize_kbps}k",
+                *keys,
+                *aac,
+                *hls,
+            ]
+        )
+    cmds.append(
+        [
+            *ff,
+            "-i",
+            str(src),
+            "-vf",
+            f"scale=-2:{media.proxy_height}",
+            *x264,
+            "-crf",
+            str(media.proxy_crf),
+            "-g",
+            str(media.proxy_gop_frames),
+            "-bf",
+            "0",
+            *aac,
+            "-movflags",
+            "+faststart",
+            str(out / "proxy.mp4"),
+        ]
+    )
+    cmds.append(
+        [
+            *ff,
+            "-ss",
+            "1",
+            "-i",
+            str(src),
+            "-frames:v",
+            "1",
+            "-q:v",
+            "2",
+            "-update",
+            "1",
+            str(out / "poster.jpg"),
+        ]
+    )
+    cmds.append(
+        [
+            *ff,
+            "-i",
+            str(src),
+            "-vf",
+            f"fps=1/{media.sprite_interval_seconds:g},scale={media.sprite_width}:-2,"
+            f"tile={media.sprite_columns}x{media.sprite_rows}",
+            "-q:v",
+            "5",
+            str(out / "sprite_%03d.jpg"),
+        ]
+    )
+    cmds.append(
+        [
+            *ff,
+            "-i",
+            str(src),
+            "-vn",
+            "-ac",
+            "1",
+            "-ar",
+            str(media.waveform_sample_rate),
+            "-f",
+            "s16le",
+            str(out / "waveform.pcm"),
+        ]
+    )
     return cmds
 
 
@@ -192,10 +359,14 @@ def sanity(results: dict[str, Any]) -> list[str]:
         ours = entry["aivedio"]
         if ours["plan"] != mode:
             problems.append(f"{mode} source: aivedio planned {ours['plan']}")
-        figures = {"aivedio wall": ours["wall_seconds"], "aivedio CPU": ours["cpu_seconds"],
-                   "ffmpeg wall": ours["ffmpeg_wall_seconds"], "peak RSS": ours["peak_rss_bytes"],
-                   "naive wall": entry["naive"]["wall_seconds"],
-                   "naive CPU": entry["naive"]["cpu_seconds"]}  # fmt: skip
+        figures = {
+            "aivedio wall": ours["wall_seconds"],
+            "aivedio CPU": ours["cpu_seconds"],
+            "ffmpeg wall": ours["ffmpeg_wall_seconds"],
+            "peak RSS": ours["peak_rss_bytes"],
+            "naive wall": entry["naive"]["wall_seconds"],
+            "naive CPU": entry["naive"]["cpu_seconds"],
+        }
         problems += [f"{mode}: {k} = {v}" for k, v in figures.items() if not positive(v)]
         if not ours["processes"] or not ours["nodes"]:
             problems.append(f"{mode}: no ffmpeg process or node reported")
@@ -217,11 +388,15 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     media = sized_ladder(MediaConfig(), args.size)
     results: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version(),
-                    "ffmpeg": subprocess.run(["ffmpeg", "-version"], capture_output=True,
-                                             text=True, check=True).stdout.splitlines()[0]},
-    }  # fmt: skip
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "ffmpeg": subprocess.run(
+                ["ffmpeg", "-version"], capture_output=True, text=True, check=True
+            ).stdout.splitlines()[0],
+        },
+    }
     try:
         sources = make_sources(work, args.seconds, args.size)
         for mode, src in sources.items():
@@ -243,8 +418,10 @@ def main() -> int:
                 entry["required_rtf_nodes"] = node_seconds / duration
                 entry["required_rtf_end_to_end"] = required["wall_seconds"] / duration
             results[mode] = entry
-            print(json.dumps({mode: {k: v for k, v in entry.items() if k != "aivedio"}},
-                             indent=1), file=sys.stderr)  # fmt: skip
+            print(
+                json.dumps({mode: {k: v for k, v in entry.items() if k != "aivedio"}}, indent=1),
+                file=sys.stderr,
+            )
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)

@@ -84,38 +84,63 @@ def fs_type(path: Path) -> str:
 async def main(args: argparse.Namespace) -> int:
     rows: list[tuple[str, float]] = []
     noop: Callable[[], None] = lambda: None  # noqa: E731
-    rows.append(("thread hop: anyio.to_thread.run_sync", await per_call(
-        args.n, lambda: anyio.to_thread.run_sync(noop))))  # fmt: skip
+    rows.append(
+        (
+            "thread hop: anyio.to_thread.run_sync",
+            await per_call(args.n, lambda: anyio.to_thread.run_sync(noop)),
+        )
+    )
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(1) as executor:
-        rows.append(("thread hop: loop.run_in_executor", await per_call(
-            args.n, lambda: loop.run_in_executor(executor, noop))))  # fmt: skip
+        rows.append(
+            (
+                "thread hop: loop.run_in_executor",
+                await per_call(args.n, lambda: loop.run_in_executor(executor, noop)),
+            )
+        )
 
     async def keep(_conn: object) -> None:
         pass
 
     pool = await asyncpg.create_pool(args.database_url, min_size=1, max_size=2, reset=keep)
     try:
-        rows.append(("round trip: pool.fetchval('SELECT 1')", await per_call(
-            args.n, lambda: pool.fetchval("SELECT 1"))))  # fmt: skip
+        rows.append(
+            (
+                "round trip: pool.fetchval('SELECT 1')",
+                await per_call(args.n, lambda: pool.fetchval("SELECT 1")),
+            )
+        )
         async with pool.acquire() as conn:
-            rows.append(("round trip: the same on a held connection", await per_call(
-                args.n, lambda: conn.fetchval("SELECT 1"))))  # fmt: skip
+            rows.append(
+                (
+                    "round trip: the same on a held connection",
+                    await per_call(args.n, lambda: conn.fetchval("SELECT 1")),
+                )
+            )
     finally:
         await pool.close()
 
     sandbox = Sandbox(MediaConfig())
     await sandbox.check()
-    argv = [*sandbox._limit_prefix(), *(await sandbox.isolation_prefix()),
-            sandbox._tool_path("ffprobe"), "-version"]  # fmt: skip
+    argv = [
+        *sandbox._limit_prefix(),
+        *(await sandbox.isolation_prefix()),
+        sandbox._tool_path("ffprobe"),
+        "-version",
+    ]
     processes = args.processes or max(args.n // 10, 50)
     with tempfile.TemporaryDirectory() as scratch:
 
         def popen() -> None:
             child = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                cwd=scratch, env={"LC_ALL": "C"}, start_new_session=True,
-            )  # fmt: skip
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=scratch,
+                env={"LC_ALL": "C"},
+                start_new_session=True,
+            )
             assert child.stdout is not None and child.stderr is not None
             child.stdout.close()
             child.stderr.close()
@@ -124,10 +149,17 @@ async def main(args: argparse.Namespace) -> int:
         def posix_spawn() -> None:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
-            pid = os.posix_spawn(argv[0], argv, {"LC_ALL": "C"}, setsid=True, file_actions=[
-                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-                (os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
-            ])  # fmt: skip
+            pid = os.posix_spawn(
+                argv[0],
+                argv,
+                {"LC_ALL": "C"},
+                setsid=True,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, out_w, 1),
+                    (os.POSIX_SPAWN_DUP2, err_w, 2),
+                ],
+            )
             for fd in (out_w, err_w, out_r, err_r):
                 os.close(fd)
             os.waitpid(pid, 0)
@@ -135,12 +167,24 @@ async def main(args: argparse.Namespace) -> int:
         popen()
         rows.append(("process: Popen + wait, blocking", per_call_sync(processes, popen)))
         posix_spawn()
-        rows.append(("process: posix_spawn + waitpid, blocking (no cwd)",
-                     per_call_sync(processes, posix_spawn)))  # fmt: skip
+        rows.append(
+            (
+                "process: posix_spawn + waitpid, blocking (no cwd)",
+                per_call_sync(processes, posix_spawn),
+            )
+        )
         where = Path(scratch)
-        rows.append(("process: Sandbox.run('ffprobe', ['-version'])", await per_call(
-            processes, lambda: sandbox.run("ffprobe", ["-version"], cwd=where,
-                                           deadline_seconds=30, capture_stdout=True))))  # fmt: skip
+        rows.append(
+            (
+                "process: Sandbox.run('ffprobe', ['-version'])",
+                await per_call(
+                    processes,
+                    lambda: sandbox.run(
+                        "ffprobe", ["-version"], cwd=where, deadline_seconds=30, capture_stdout=True
+                    ),
+                ),
+            )
+        )
     base = Path(MediaConfig().scratch_dir or tempfile.gettempdir())
     with tempfile.TemporaryDirectory(dir=base) as scratch:
         names = [os.path.join(scratch, str(i)) for i in range(args.n)]
@@ -156,8 +200,10 @@ async def main(args: argparse.Namespace) -> int:
     rows.append((f"directory: mkdir in {base} ({kind})", made))
     rows.append((f"directory: rmdir in {base} ({kind})", removed))
 
-    print(f"{platform.node()}: {os.cpu_count()} cpus, Python {platform.python_version()}, "
-          f"ffprobe {shutil.which('ffprobe')}")  # fmt: skip
+    print(
+        f"{platform.node()}: {os.cpu_count()} cpus, Python {platform.python_version()}, "
+        f"ffprobe {shutil.which('ffprobe')}"
+    )
     print(f"{'loop thread CPU per call':<60} {'µs':>8}")
     for name, micros in rows:
         print(f"{name:<60} {micros:8.0f}")
@@ -172,9 +218,11 @@ if __name__ == "__main__":
     parser.add_argument("--processes", type=int, help="processes per measure (n / 10, >= 50)")
     parser.add_argument("--smoke", action="store_true", help="--n 50 --processes 5; sanity")
     parser.add_argument(
-        "--database-url", default=os.environ.get(
-            "AIVEDIO_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
-    )  # fmt: skip
+        "--database-url",
+        default=os.environ.get(
+            "AIVEDIO_BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
+    )
     args = parser.parse_args()
     if args.smoke:
         args.n, args.processes = 50, 5

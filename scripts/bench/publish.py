@@ -68,12 +68,37 @@ from smoke import verdict
 def make_source(work: Path) -> bytes:
     path = work / "source.mp4"
     subprocess.run(
-        ["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i",
-         "testsrc2=s=320x240:r=24:d=2", "-f", "lavfi", "-i", "sine=d=2", "-c:v", "libx264",
-         "-preset", "veryfast", "-g", "24", "-pix_fmt", "yuv420p", "-c:a", "aac", "-shortest",
-         "-movflags", "+faststart", str(path)],
+        [
+            "ffmpeg",
+            "-nostdin",
+            "-v",
+            "error",
+            "-y",
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc2=s=320x240:r=24:d=2",
+            "-f",
+            "lavfi",
+            "-i",
+            "sine=d=2",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "veryfast",
+            "-g",
+            "24",
+            "-pix_fmt",
+            "yuv420p",
+            "-c:a",
+            "aac",
+            "-shortest",
+            "-movflags",
+            "+faststart",
+            str(path),
+        ],
         check=True,
-    )  # fmt: skip
+    )
     return path.read_bytes()
 
 
@@ -109,8 +134,11 @@ async def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 open_moderation_stage(config, pool, queue, store) as moderation,
                 anyio.create_task_group() as tg,
             ):
-                services = {"media": media, "moderation": moderation,
-                            "publish": PublishStage(config, pool, queue, store)}  # fmt: skip
+                services = {
+                    "media": media,
+                    "moderation": moderation,
+                    "publish": PublishStage(config, pool, queue, store),
+                }
                 worker = Worker(config, pool, default_registry(), services=services)
                 tg.start_soon(lambda: worker.run(install_signal_handlers=False))
                 for _ in range(args.assets):
@@ -153,8 +181,12 @@ async def one_asset(
             "INSERT INTO assets (id, tenant_id, source_type, status, source_object_key,"
             " source_size_bytes, source_sha256) VALUES ($1, $2, 'UPLOAD', 'QUARANTINED',"
             " $3, $4, $5)",
-            asset_id, tenant, key, len(body), hashlib.sha256(body).hexdigest(),
-        )  # fmt: skip
+            asset_id,
+            tenant,
+            key,
+            len(body),
+            hashlib.sha256(body).hexdigest(),
+        )
         await queue.enqueue_one(conn, probe_spec(asset_id, tenant))
     deadline = time.monotonic() + 60
     row = None
@@ -207,8 +239,11 @@ def main() -> int:
     logs.configure("warning", "console", sys.stderr)
     with tempfile.TemporaryDirectory(prefix="aivedio-bench-publish-") as tmp:
         result = anyio.run(run, args, Path(tmp), backend="asyncio")
-    result["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),
-                         "python": platform.python_version()}  # fmt: skip
+    result["machine"] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
     samples = result.pop("samples")
     print(json.dumps(result, indent=1))
     print(json.dumps({"samples": samples}), file=sys.stderr)

@@ -473,8 +473,11 @@ def sanity(r: dict[str, Any]) -> list[str]:
     lat = r["aivedio_latency"]
     if lat["exit_codes"] != [0, 0] or not all(positive(lat[k]) for k in ("p50_ms", "max_ms")):
         problems.append(f"latency run: {lat}")
-    rates = ("raw_batched_jobs_per_second", "raw_single_jobs_per_second",
-             "aivedio_single_enqueue_jobs_per_second")  # fmt: skip
+    rates = (
+        "raw_batched_jobs_per_second",
+        "raw_single_jobs_per_second",
+        "aivedio_single_enqueue_jobs_per_second",
+    )
     problems += [f"{key} = {r[key]}" for key in rates if not positive(r[key])]
     for key in ("procrastinate_1", "procrastinate_2"):
         pq = r.get(key)

@@ -118,32 +118,96 @@ class Sample:
 
 SAMPLES = (
     Sample(
-        "remux", "clip-h264.mp4", "H.264/AAC MP4, 6 s 1280x720: needs only a remux", PUBLISHED,
-        ffmpeg=(*LAVFI, "testsrc2=size=1280x720:rate=24:duration=6",
-                *LAVFI, "sine=frequency=440:duration=6",
-                "-c:v", "libx264", "-preset", "veryfast", "-g", "48", "-pix_fmt", "yuv420p",
-                "-c:a", "aac", "-b:a", "128k", "-shortest", "-movflags", "+faststart"),
+        "remux",
+        "clip-h264.mp4",
+        "H.264/AAC MP4, 6 s 1280x720: needs only a remux",
+        PUBLISHED,
+        ffmpeg=(
+            *LAVFI,
+            "testsrc2=size=1280x720:rate=24:duration=6",
+            *LAVFI,
+            "sine=frequency=440:duration=6",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "veryfast",
+            "-g",
+            "48",
+            "-pix_fmt",
+            "yuv420p",
+            "-c:a",
+            "aac",
+            "-b:a",
+            "128k",
+            "-shortest",
+            "-movflags",
+            "+faststart",
+        ),
     ),
     Sample(
-        "hevc", "clip-hevc.mp4", "HEVC/AAC MP4, 5 s 1280x720: needs a transcode", PUBLISHED,
-        ffmpeg=(*LAVFI, "testsrc2=size=1280x720:rate=25:duration=5",
-                *LAVFI, "sine=frequency=660:duration=5",
-                "-c:v", "libx265", "-preset", "ultrafast", "-x265-params", "log-level=error",
-                "-tag:v", "hvc1", "-pix_fmt", "yuv420p",
-                "-c:a", "aac", "-b:a", "128k", "-shortest", "-movflags", "+faststart"),
+        "hevc",
+        "clip-hevc.mp4",
+        "HEVC/AAC MP4, 5 s 1280x720: needs a transcode",
+        PUBLISHED,
+        ffmpeg=(
+            *LAVFI,
+            "testsrc2=size=1280x720:rate=25:duration=5",
+            *LAVFI,
+            "sine=frequency=660:duration=5",
+            "-c:v",
+            "libx265",
+            "-preset",
+            "ultrafast",
+            "-x265-params",
+            "log-level=error",
+            "-tag:v",
+            "hvc1",
+            "-pix_fmt",
+            "yuv420p",
+            "-c:a",
+            "aac",
+            "-b:a",
+            "128k",
+            "-shortest",
+            "-movflags",
+            "+faststart",
+        ),
     ),
     Sample(
-        "hostile", "error-page.mp4", "an HTML error page served as .mp4", ("INVALID_MEDIA",),
+        "hostile",
+        "error-page.mp4",
+        "an HTML error page served as .mp4",
+        ("INVALID_MEDIA",),
     ),
     Sample(
-        "upload", "phone-upload.mp4", "portrait H.264/AAC MP4, 5 s 720x1280, from a user",
-        PUBLISHED, uploaded=True,
-        ffmpeg=(*LAVFI, "testsrc=size=720x1280:rate=30:duration=5",
-                *LAVFI, "sine=frequency=880:duration=5",
-                "-c:v", "libx264", "-preset", "veryfast", "-g", "60", "-pix_fmt", "yuv420p",
-                "-c:a", "aac", "-b:a", "96k", "-shortest", "-movflags", "+faststart"),
+        "upload",
+        "phone-upload.mp4",
+        "portrait H.264/AAC MP4, 5 s 720x1280, from a user",
+        PUBLISHED,
+        uploaded=True,
+        ffmpeg=(
+            *LAVFI,
+            "testsrc=size=720x1280:rate=30:duration=5",
+            *LAVFI,
+            "sine=frequency=880:duration=5",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "veryfast",
+            "-g",
+            "60",
+            "-pix_fmt",
+            "yuv420p",
+            "-c:a",
+            "aac",
+            "-b:a",
+            "96k",
+            "-shortest",
+            "-movflags",
+            "+faststart",
+        ),
     ),
-)  # fmt: skip
+)
 
 HOSTILE = b"""<!DOCTYPE html>
 <html><head><title>502 Bad Gateway</title></head>
@@ -554,10 +618,14 @@ def send_callback(base: str, secret: str, task_id: str, output: dict[str, Any]) 
     described = {k: output[k] for k in ("index", "url", "expires_at", "sha256", "size")}
     described["content_type"] = output.get("content_type", "video/mp4")
     body = json.dumps(
-        {"event_id": f"evt-{task_id}", "task_id": task_id, "status": "SUCCEEDED",
-         "outputs": [described]},
+        {
+            "event_id": f"evt-{task_id}",
+            "task_id": task_id,
+            "status": "SUCCEEDED",
+            "outputs": [described],
+        },
         separators=(",", ":"),
-    ).encode()  # fmt: skip
+    ).encode()
     timestamp = str(int(time.time()))
     signature = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
     headers = {
@@ -583,8 +651,10 @@ def upload(api: Api, video: Video) -> None:
         expect=201,
     )
     video.video_id = str(created["video_id"])
-    out(f"  {video.sample.label:<8} POST /v1/videos ({len(data)} bytes, its SHA-256): 201, "
-        f"video {video.video_id}")  # fmt: skip
+    out(
+        f"  {video.sample.label:<8} POST /v1/videos ({len(data)} bytes, its SHA-256): 201, "
+        f"video {video.video_id}"
+    )
     instructions = created["upload"]
     auth = api.auth() if instructions.get("credentials") == "api_key" else {}
     complete: dict[str, Any] | None = None
@@ -752,8 +822,10 @@ def report(api: Api, env: dict[str, str], videos: list[Video], t0: float) -> boo
         else:
             verdict = "ok" if video.ok else "UNEXPECTED"
         every_ok &= video.ok
-        out(f"  {video.sample.label:<8} {video.video_id or '-':<36}  {video.state:<14} "
-            f"{expected:<22} {verdict}")  # fmt: skip
+        out(
+            f"  {video.sample.label:<8} {video.video_id or '-':<36}  {video.state:<14} "
+            f"{expected:<22} {verdict}"
+        )
     return every_ok
 
 
@@ -846,8 +918,13 @@ def lock() -> IO[str]:
 def jobs_succeeded(port: int) -> int:
     """The jobs one worker completed, from its /metrics (aivedio_jobs_succeeded_total)."""
     text = http("GET", f"http://127.0.0.1:{port}/metrics").body.decode()
-    return round(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                     if line.startswith("aivedio_jobs_succeeded_total{")))  # fmt: skip
+    return round(
+        sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("aivedio_jobs_succeeded_total{")
+        )
+    )
 
 
 def on_sigterm(_signum: int, _frame: Any) -> NoReturn:
@@ -893,15 +970,26 @@ def start(args: argparse.Namespace, videos: list[Video], services: list[Service]
         stdout=DEMO / "sim.json",
     )
     services.append(sim)
-    provider = json.loads(sim.wait_for(lambda: sim.stdout and sim.stdout.read_text().strip(),
-                                       "JSON line", START_TIMEOUT_SECONDS))  # fmt: skip
+    provider = json.loads(
+        sim.wait_for(
+            lambda: sim.stdout and sim.stdout.read_text().strip(),
+            "JSON line",
+            START_TIMEOUT_SECONDS,
+        )
+    )
     s3_endpoint = None
     if args.s3:
         moto, s3_endpoint = start_s3(env)
         services.append(moto)
 
-    write_config(DEMO / "aivedio.toml", dsn=dsn, api_port=api_port, sim=provider,
-                 callback_secret=callback_secret, s3_endpoint=s3_endpoint)  # fmt: skip
+    write_config(
+        DEMO / "aivedio.toml",
+        dsn=dsn,
+        api_port=api_port,
+        sim=provider,
+        callback_secret=callback_secret,
+        s3_endpoint=s3_endpoint,
+    )
     run_cli(env, "migrate")
     run_cli(env, "tenants", "create", TENANT)
     key = json.loads(run_cli(env, "keys", "create", "--tenant", TENANT))["key"]
@@ -912,8 +1000,11 @@ def start(args: argparse.Namespace, videos: list[Video], services: list[Service]
     services.append(api_proc)
     base = f"http://127.0.0.1:{api_port}"
     api_proc.wait_for_event("api_listening")
-    api_proc.wait_for(lambda: http("GET", f"{base}/readyz", timeout=2).status == 200,
-                      "200 from /readyz", START_TIMEOUT_SECONDS)  # fmt: skip
+    api_proc.wait_for(
+        lambda: http("GET", f"{base}/readyz", timeout=2).status == 200,
+        "200 from /readyz",
+        START_TIMEOUT_SECONDS,
+    )
     workers = []
     for n in range(1, WORKERS + 1):
         workers.append(Service(f"worker {n}", [AIVEDIO, "worker"], DEMO / f"worker-{n}.log", env))
@@ -927,9 +1018,15 @@ def start(args: argparse.Namespace, videos: list[Video], services: list[Service]
     for worker, port in zip(workers, ports, strict=True):
         out(f"  {worker.name}  http://127.0.0.1:{port}/metrics  pid {worker.pid}")
     out(f"  config    {rel(DEMO / 'aivedio.toml')}")
-    return Stack(env=env, api=Api(base, key), api_proc=api_proc, workers=workers,
-                 metrics_ports=ports, callback_secret=callback_secret,
-                 outputs={o["task_id"]: o for o in provider["outputs"]})  # fmt: skip
+    return Stack(
+        env=env,
+        api=Api(base, key),
+        api_proc=api_proc,
+        workers=workers,
+        metrics_ports=ports,
+        callback_secret=callback_secret,
+        outputs={o["task_id"]: o for o in provider["outputs"]},
+    )
 
 
 def provider_calls_back(stack: Stack, videos: list[Video]) -> None:
@@ -945,8 +1042,10 @@ def provider_calls_back(stack: Stack, videos: list[Video]) -> None:
         accepted = reply.json()
         video.generation_task_id = accepted["generation_task_id"]
         video.state = accepted["outputs"][0]["fetch_status"]
-        out(f"  {video.sample.label:<8} task {video.task_id}: {video.sample.what}"
-            f" ({megabytes(output['size'])}): 202 {video.state}")  # fmt: skip
+        out(
+            f"  {video.sample.label:<8} task {video.task_id}: {video.sample.what}"
+            f" ({megabytes(output['size'])}): 202 {video.state}"
+        )
     first = videos[0]
     replay = send_callback(base, secret, first.task_id, stack.outputs[first.task_id])
     out(f"  {first.sample.label:<8} the same callback again (same event id): {replay.detail()}")
@@ -959,19 +1058,26 @@ def summary(stack: Stack, videos: list[Video], waited: float, settled: bool, lef
     done = [jobs_succeeded(port) for port in stack.metrics_ports]
     how = f"settled in {waited:.1f} s" if settled else f"NOT all settled in {waited:.0f} s"
     out()
-    out(f"== summary: {how}; dead jobs: {len(dead)}; the API and both "
-        f"workers {'ran throughout' if alive else 'did NOT all keep running'}")  # fmt: skip
+    out(
+        f"== summary: {how}; dead jobs: {len(dead)}; the API and both "
+        f"workers {'ran throughout' if alive else 'did NOT all keep running'}"
+    )
     if left and settled:
         out(f"  ({left} jobs still queued after {LAST_JOBS_SECONDS:g} s: shown as waiting)")
-    out("  jobs done  " + ", ".join(f"{w.name}: {n}" for w, n in zip(stack.workers, done,
-                                                                      strict=True)))  # fmt: skip
+    out(
+        "  jobs done  "
+        + ", ".join(f"{w.name}: {n}" for w, n in zip(stack.workers, done, strict=True))
+    )
     logs = [DEMO / "sim.log", DEMO / "s3.log", stack.api_proc.log, *(w.log for w in stack.workers)]
     out(f"  logs       {', '.join(rel(log) for log in logs if log.exists())}")
     key, first = rel(DEMO / "api.key"), videos[0].video_id
-    out(f"  API key    {key}, e.g. curl -H \"Authorization: Bearer $(cat {key})\" "
-        f"{stack.api.base}/v1/videos/{first}/status")  # fmt: skip
-    out(f"  operator   AIVEDIO_CONFIG={rel(DEMO / 'aivedio.toml')} .venv/bin/aivedio status "
-        f"{first}")  # fmt: skip
+    out(
+        f'  API key    {key}, e.g. curl -H "Authorization: Bearer $(cat {key})" '
+        f"{stack.api.base}/v1/videos/{first}/status"
+    )
+    out(
+        f"  operator   AIVEDIO_CONFIG={rel(DEMO / 'aivedio.toml')} .venv/bin/aivedio status {first}"
+    )
     return alive and not dead
 
 
@@ -997,8 +1103,9 @@ def demo(args: argparse.Namespace, services: list[Service]) -> int:
 
     out()
     out(f"== waiting for every video to settle (at most {args.timeout:g} s)")
-    waited = wait_until_settled(stack.api, videos, [stack.api_proc, *stack.workers], t0,
-                                args.timeout)  # fmt: skip
+    waited = wait_until_settled(
+        stack.api, videos, [stack.api_proc, *stack.workers], t0, args.timeout
+    )
     settled = all(video.settled for video in videos)
     # Settled: give their last jobs a moment. Not: report them as they are now.
     left = wait_for_last_jobs(stack.api, videos, LAST_JOBS_SECONDS if settled else 0)
@@ -1006,8 +1113,11 @@ def demo(args: argparse.Namespace, services: list[Service]) -> int:
     watch_urls(stack.api, videos)
     every_ok &= summary(stack, videos, waited, settled, left)
     if args.exit:
-        out("== every video ended as expected" if every_ok
-            else "== some videos did NOT end as expected (see the final states above)")  # fmt: skip
+        out(
+            "== every video ended as expected"
+            if every_ok
+            else "== some videos did NOT end as expected (see the final states above)"
+        )
         return 0 if every_ok else 1
     out()
     out("== serving until Ctrl-C (then the workers drain and everything stops)")

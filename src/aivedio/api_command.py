@@ -85,9 +85,17 @@ def cmd_keys_create(config: Config, args: argparse.Namespace) -> int:
         async with open_connection(config.database) as conn:
             tenant_id = await tenant_id_by_name(conn, args.tenant)
             created = await create_key(conn, tenant_id, environment="test" if args.test else "live")
-        print(json.dumps({"id": str(created.id), "tenant": args.tenant, "prefix": created.prefix,
-                          "key": created.key,
-                          "note": "the key is shown only now; it is stored hashed"}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "id": str(created.id),
+                    "tenant": args.tenant,
+                    "prefix": created.prefix,
+                    "key": created.key,
+                    "note": "the key is shown only now; it is stored hashed",
+                }
+            )
+        )
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")

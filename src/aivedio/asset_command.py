@@ -54,8 +54,10 @@ def _text(document: dict[str, Any]) -> str:
                 f"    {v['variant_type']:<10} {v['status']:<10} {size:>10} bytes  {where}{error}"
             )
     for c in a.get("crashes", []):
-        lines.append(f"  crash: {c['cause']} in {c['kind']} job {c['job_id']} at "
-                     f"{c['created_at']}: {c['detail']}")  # fmt: skip
+        lines.append(
+            f"  crash: {c['cause']} in {c['kind']} job {c['job_id']} at "
+            f"{c['created_at']}: {c['detail']}"
+        )
     return "\n".join(lines)
 
 

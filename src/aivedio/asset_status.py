@@ -53,9 +53,13 @@ async def asset_status(pool: Pool, asset_id: uuid.UUID) -> dict[str, Any] | None
         revision,
     )
     timeline: list[dict[str, Any]] = [
-        {"at": _iso(asset["created_at"]), "stage": "asset", "event": "created",
-         "source": asset["source_type"].lower()}
-    ]  # fmt: skip
+        {
+            "at": _iso(asset["created_at"]),
+            "stage": "asset",
+            "event": "created",
+            "source": asset["source_type"].lower(),
+        }
+    ]
     if asset["source_provider_output_id"] is not None:
         timeline.extend(await fetch_entries(pool, asset["source_provider_output_id"]))
     jobs = await pool.fetch(
@@ -67,23 +71,33 @@ async def asset_status(pool: Pool, asset_id: uuid.UUID) -> dict[str, Any] | None
     )
     for job in jobs:
         what = job["payload"].get("variant_type") or job["payload"].get("mode")
-        timeline.append({"at": _iso(job["started_at"] or job["created_at"]),
-                         "stage": job["kind"] + (f":{what}" if what else ""),
-                         "event": job["status"], "attempts": job["attempts"],
-                         "finished_at": _iso(job["finished_at"]),
-                         # A job that succeeded in the end (after a deferral or a retry)
-                         # did not fail: its last error would read like a failure.
-                         "error_class": None if job["status"] == "succeeded"
-                         else job["last_error_class"]})  # fmt: skip
+        timeline.append(
+            {
+                "at": _iso(job["started_at"] or job["created_at"]),
+                "stage": job["kind"] + (f":{what}" if what else ""),
+                "event": job["status"],
+                "attempts": job["attempts"],
+                "finished_at": _iso(job["finished_at"]),
+                # A job that succeeded in the end (after a deferral or a retry)
+                # did not fail: its last error would read like a failure.
+                "error_class": None if job["status"] == "succeeded" else job["last_error_class"],
+            }
+        )
     for release in await pool.fetch(
         "SELECT revision, previous_revision, published_at, outputs FROM releases"
         " WHERE asset_id = $1 ORDER BY published_at",
         asset_id,
     ):
-        timeline.append({"at": _iso(release["published_at"]), "stage": "publish",
-                         "event": "released", "revision": release["revision"],
-                         "previous_revision": release["previous_revision"],
-                         "outputs": list(release["outputs"])})  # fmt: skip
+        timeline.append(
+            {
+                "at": _iso(release["published_at"]),
+                "stage": "publish",
+                "event": "released",
+                "revision": release["revision"],
+                "previous_revision": release["previous_revision"],
+                "outputs": list(release["outputs"]),
+            }
+        )
     timeline.sort(key=lambda entry: entry["at"] or "")
     return {
         "asset_id": str(asset_id),
@@ -108,16 +122,22 @@ async def fetch_entries(pool: Pool, provider_output_id: uuid.UUID) -> list[dict[
     """The output's fetch attempts as timeline entries, oldest first (never a URL: the
     attempts keep scheme, host and a path hash only)."""
     return [
-        {"at": _iso(attempt["started_at"]), "stage": "fetch",
-         "event": attempt["outcome"] or "started", "attempt": attempt["attempt"],
-         "finished_at": _iso(attempt["finished_at"]), "error_class": attempt["error_class"],
-         "http_status": attempt["http_status"], "bytes": attempt["bytes"]}
+        {
+            "at": _iso(attempt["started_at"]),
+            "stage": "fetch",
+            "event": attempt["outcome"] or "started",
+            "attempt": attempt["attempt"],
+            "finished_at": _iso(attempt["finished_at"]),
+            "error_class": attempt["error_class"],
+            "http_status": attempt["http_status"],
+            "bytes": attempt["bytes"],
+        }
         for attempt in await pool.fetch(
             "SELECT attempt, started_at, finished_at, outcome, error_class, http_status, bytes"
             " FROM fetch_attempts WHERE provider_output_id = $1 ORDER BY id",
             provider_output_id,
         )
-    ]  # fmt: skip
+    ]
 
 
 async def output_status(pool: Pool, provider_output_id: uuid.UUID) -> dict[str, Any] | None:

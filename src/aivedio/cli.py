@@ -304,8 +304,14 @@ def _parse_time(value: str | None) -> datetime | None:
 
 
 # The flag each field of an ingested output comes from (errors name what the user typed).
-_INGEST_FLAGS = {"task_id": "--task-id", "index": "--output-index", "url": "--url",
-                 "expires_at": "--expires-at", "sha256": "--sha256", "size": "--size"}  # fmt: skip
+_INGEST_FLAGS = {
+    "task_id": "--task-id",
+    "index": "--output-index",
+    "url": "--url",
+    "expires_at": "--expires-at",
+    "sha256": "--sha256",
+    "size": "--size",
+}
 
 
 def _flag_of(field: str) -> str:

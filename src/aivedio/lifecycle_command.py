@@ -61,9 +61,11 @@ def cmd_cancel(config: Config, args: argparse.Namespace) -> int:
             with map_db_errors("cancelling the task"):
                 try:
                     result = await cancel_task(
-                        pool, args.provider, args.task_id,
+                        pool,
+                        args.provider,
+                        args.task_id,
                         retain_days=config.moderation.reject_retention_days,
-                    )  # fmt: skip
+                    )
                 except NotFoundError as exc:
                     print(f"aivedio: {exc.detail}")
                     return EXIT_NOT_FOUND
@@ -95,15 +97,28 @@ def cmd_reprocess(config: Config, args: argparse.Namespace) -> int:
                         code = EXIT_NOT_FOUND
                         continue
                     if row["status"] not in ("PLAYABLE", "ENRICHED"):
-                        print(json.dumps({"asset_id": str(asset_id), "error":
-                                          f"asset is {row['status']}, not published"}))  # fmt: skip
+                        print(
+                            json.dumps(
+                                {
+                                    "asset_id": str(asset_id),
+                                    "error": f"asset is {row['status']}, not published",
+                                }
+                            )
+                        )
                         code = EXIT_USAGE
                         continue
                     spec = reprocess_spec(asset_id, row["tenant_id"], config.media.pipeline_version)
                     async with pool.acquire() as conn:
                         enqueued = await queue.enqueue_one(conn, spec)
-                print(json.dumps({"asset_id": str(asset_id), "job_id": enqueued.job_id,
-                                  "pipeline_version": config.media.pipeline_version}))  # fmt: skip
+                print(
+                    json.dumps(
+                        {
+                            "asset_id": str(asset_id),
+                            "job_id": enqueued.job_id,
+                            "pipeline_version": config.media.pipeline_version,
+                        }
+                    )
+                )
         return code
 
     return anyio.run(main, backend="asyncio")
@@ -131,12 +146,16 @@ def cmd_moderate(config: Config, args: argparse.Namespace) -> int:
                 if row is None:
                     print(f"aivedio: asset {ids[0]} has no revision waiting in review")
                     return EXIT_NOT_FOUND
-                verdict = Decision(decision=decision, reasons=[f"operator:{args.reason}"],
-                                   version=f"operator:{config.moderation.version}")  # fmt: skip
+                verdict = Decision(
+                    decision=decision,
+                    reasons=[f"operator:{args.reason}"],
+                    version=f"operator:{config.moderation.version}",
+                )
                 recorder = VerdictRecorder(config.moderation, pool, Queue(pool))
                 await recorder.record(ids[0], row["revision"], row["tenant_id"], verdict)
-        print(json.dumps({"asset_id": str(ids[0]), "revision": row["revision"],
-                          "decision": decision}))  # fmt: skip
+        print(
+            json.dumps({"asset_id": str(ids[0]), "revision": row["revision"], "decision": decision})
+        )
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")

@@ -78,15 +78,17 @@ def cmd_process(config: Config, args: argparse.Namespace) -> int:
         print(f"aivedio: --out {out} is a file, not a directory", file=sys.stderr)
         return EXIT_USAGE
     if out.exists() and any(out.iterdir()):
-        print(f"aivedio: --out {out} is not empty; outputs are never overwritten",
-              file=sys.stderr)  # fmt: skip
+        print(f"aivedio: --out {out} is not empty; outputs are never overwritten", file=sys.stderr)
         return EXIT_USAGE
     tolerance = config.media.tolerances.get(args.provider) if args.provider else None
     wants = [w.strip() for w in args.only.split(",") if w.strip()] if args.only else None
     unknown = sorted(set(wants or []) - set(OUTPUT_TYPES))
     if unknown or wants == []:
-        print(f"aivedio: --only: unknown output(s) {unknown or args.only!r}; known: "
-              f"{', '.join(OUTPUT_TYPES)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"aivedio: --only: unknown output(s) {unknown or args.only!r}; known: "
+            f"{', '.join(OUTPUT_TYPES)}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
 
     async def main() -> int:
@@ -114,8 +116,9 @@ def _move(source: Path, target: Path, files: list[str]) -> None:
         shutil.move(source / name, target / name)
 
 
-def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-                common: argparse.ArgumentParser) -> None:  # fmt: skip
+def add_parsers(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
     for name, fn, text in (
         ("probe", cmd_probe, "sniff, probe, validate and decode-check one file; JSON verdict"),
         ("process", cmd_process, "run the whole media DAG on one file, no database needed"),

@@ -46,8 +46,21 @@ from aivedio import transfer_cpu
 # A provider download takes from well under a second (a short clip) to the fetcher's total
 # deadline (an hour by default).
 FETCH_DURATION_BUCKETS_SECONDS = (
-    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
-)  # fmt: skip
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+    1800.0,
+    3600.0,
+)
 # Label values of the media RTF counters (``Plan.path`` and ``Plan.mode``).
 MEDIA_PATHS = ("single_pass", "chunked")
 MEDIA_MODES = ("remux", "transcode")

@@ -60,9 +60,17 @@ _TASK_DONE = frozenset({"PROVIDER_SUCCEEDED", "PROVIDER_FAILED", "CANCELLED"})
 # States whose row's last error class is worth printing with the state change (a row moving
 # out of a retry still carries its previous error, which would read like a failure).
 _STATES_WITH_ERROR = frozenset(
-    {"RETRY_WAIT", "NEED_URL_REFRESH", "INVALID_RESPONSE", "OUTPUT_LOST", "REJECTED",
-     "PROCESSING_FAILED", "INVALID_MEDIA", "DELETED"}
-)  # fmt: skip
+    {
+        "RETRY_WAIT",
+        "NEED_URL_REFRESH",
+        "INVALID_RESPONSE",
+        "OUTPUT_LOST",
+        "REJECTED",
+        "PROCESSING_FAILED",
+        "INVALID_MEDIA",
+        "DELETED",
+    }
+)
 _ENTITY_LABEL = {"generation_task": "task", "provider_output": "output", "asset": "asset"}
 
 Write = Callable[[str], None]
@@ -110,8 +118,9 @@ class Snapshot:
     def final(self) -> bool:
         if not self.items:
             # A task that failed or was cancelled before it had any output is over.
-            return bool(self.tasks) and all(s in ("PROVIDER_FAILED", "CANCELLED")
-                                            for s in self.tasks.values())  # fmt: skip
+            return bool(self.tasks) and all(
+                s in ("PROVIDER_FAILED", "CANCELLED") for s in self.tasks.values()
+            )
         if any(state not in _TASK_DONE for state in self.tasks.values()):
             return False  # more outputs may come
         return all(_item_final(item) for item in self.items)
@@ -128,15 +137,19 @@ def _item_final(item: dict[str, Any]) -> bool:
 
 async def _outputs(pool: Pool, target: Target) -> list[tuple[uuid.UUID, uuid.UUID | None]]:
     """(output id, asset id or None) for each output the target names, in output order."""
-    select = ("SELECT o.id, a.id AS asset_id FROM provider_outputs o"
-              " LEFT JOIN assets a ON a.source_provider_output_id = o.id")  # fmt: skip
+    select = (
+        "SELECT o.id, a.id AS asset_id FROM provider_outputs o"
+        " LEFT JOIN assets a ON a.source_provider_output_id = o.id"
+    )
     if target.kind == "output":
         rows = await pool.fetch(f"{select} WHERE o.id = $1", uuid.UUID(target.value))
     else:
         rows = []
         for _, provider, provider_task_id in target.tasks:
-            sql = (f"{select} WHERE o.provider = $1 AND o.provider_task_id = $2"
-                   " ORDER BY o.output_index, o.output_revision")  # fmt: skip
+            sql = (
+                f"{select} WHERE o.provider = $1 AND o.provider_task_id = $2"
+                " ORDER BY o.output_index, o.output_revision"
+            )
             rows.extend(await pool.fetch(sql, provider, provider_task_id))
     return [(r["id"], r["asset_id"]) for r in rows]
 
@@ -172,8 +185,9 @@ async def read_snapshot(pool: Pool, target: Target) -> Snapshot:
             )
     snapshot = Snapshot(items, {r["id"]: r["provider_status"] for r in task_rows})
     for item in items:
-        snapshot.keys.update(str(v) for v in (item.get("asset_id"), item.get("provider_output_id"))
-                             if v)  # fmt: skip
+        snapshot.keys.update(
+            str(v) for v in (item.get("asset_id"), item.get("provider_output_id")) if v
+        )
     snapshot.keys.update(str(t) for t in snapshot.tasks)
     return snapshot
 
@@ -181,8 +195,9 @@ async def read_snapshot(pool: Pool, target: Target) -> Snapshot:
 async def read_state_changes(pool: Pool, snapshot: Snapshot) -> list[dict[str, Any]]:
     """Every stage event of the followed rows, in id order (a handful per asset)."""
     assets = [uuid.UUID(i["asset_id"]) for i in snapshot.items if i.get("asset_id")]
-    outputs = [uuid.UUID(i["provider_output_id"]) for i in snapshot.items
-               if i.get("provider_output_id")]  # fmt: skip
+    outputs = [
+        uuid.UUID(i["provider_output_id"]) for i in snapshot.items if i.get("provider_output_id")
+    ]
     with map_db_errors("reading stage events"):
         rows = await pool.fetch(
             "SELECT id, entity, state, asset_id, provider_output_id, generation_task_id,"
@@ -217,8 +232,10 @@ def _asset_text(status: dict[str, Any]) -> str:
         + (f", {status['error_class']}: {status['error_detail']}" if status["error_class"] else "")
     ]
     for v in status["variants"]:
-        lines.append(f"  {v['variant_type']:<10} {v['size_bytes']:>10}  {v['sha256'][:16]}…  "
-                     f"{v['object_key']}")  # fmt: skip
+        lines.append(
+            f"  {v['variant_type']:<10} {v['size_bytes']:>10}  {v['sha256'][:16]}…  "
+            f"{v['object_key']}"
+        )
     ignored = [
         f"#{i['index']} {i['codec_type']} {i['codec_name']}"
         + (f" [{i['language']}]" if i.get("language") else "")
@@ -251,14 +268,26 @@ def _text(status: dict[str, Any]) -> str:
 def _entry_key(entry: dict[str, Any]) -> str:
     """What makes a timeline entry new: a job that moves on (queued → running → succeeded) or
     a fetch attempt that finishes reads differently, and is shown again with its outcome."""
-    return json.dumps([entry.get("at"), entry.get("stage"), entry.get("event"),
-                       entry.get("error_class"), entry.get("revision")], default=str)  # fmt: skip
+    return json.dumps(
+        [
+            entry.get("at"),
+            entry.get("stage"),
+            entry.get("event"),
+            entry.get("error_class"),
+            entry.get("revision"),
+        ],
+        default=str,
+    )
 
 
 def _change_entry(row: dict[str, Any]) -> dict[str, Any]:
     error = row["error_class"] if row["state"] in _STATES_WITH_ERROR else None
-    return {"at": row["at"], "stage": _ENTITY_LABEL.get(row["entity"], row["entity"]),
-            "event": f"→ {row['state']}", "error_class": error}  # fmt: skip
+    return {
+        "at": row["at"],
+        "stage": _ENTITY_LABEL.get(row["entity"], row["entity"]),
+        "event": f"→ {row['state']}",
+        "error_class": error,
+    }
 
 
 def _item_label(item: dict[str, Any]) -> str:
@@ -334,8 +363,11 @@ async def follow(
         shown.update(_entry_key(e) for e in item["timeline"])
     seen_events.update(row["id"] for row in await read_state_changes(pool, snapshot))
     if not snapshot.items:
-        write(f"task {target.value}: "
-              + ", ".join(sorted(set(snapshot.tasks.values()))) + ", no output yet")  # fmt: skip
+        write(
+            f"task {target.value}: "
+            + ", ".join(sorted(set(snapshot.tasks.values())))
+            + ", no output yet"
+        )
     bell = _Doorbell()
     async with _listener(listen, bell):
         while not snapshot.final():
@@ -368,8 +400,11 @@ async def follow(
                 line = _entry_line(entry)
                 write(f"{label}{line}" if label else line)
     for item in snapshot.items:
-        what = (f"asset {item['asset_id']}" if "current_revision" in item
-                else f"provider output {item['provider_output_id']}")  # fmt: skip
+        what = (
+            f"asset {item['asset_id']}"
+            if "current_revision" in item
+            else f"provider output {item['provider_output_id']}"
+        )
         suffix = f" ({item['error_class']})" if item.get("error_class") else ""
         write(f"== {what}: {item['state']}{suffix}, final")
     if not snapshot.items:
@@ -433,8 +468,9 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
             async def run() -> None:
                 nonlocal result
                 async with open_pool(config.database, min_size=1, max_size=2) as pool:
-                    result = await follow(pool, target, _print, listen=config.database,
-                                          interval_seconds=args.interval)  # fmt: skip
+                    result = await follow(
+                        pool, target, _print, listen=config.database, interval_seconds=args.interval
+                    )
                 tg.cancel_scope.cancel()
 
             tg.start_soon(on_signal)

@@ -492,8 +492,13 @@ class Worker:
         for name, limit in limits.items():
             lane = self._lanes[name]
             if lane.limit != limit:
-                log.info("lane_limit_changed", lane=name, limit=limit, slots=lane.slots,
-                         reason=reading.describe())  # fmt: skip
+                log.info(
+                    "lane_limit_changed",
+                    lane=name,
+                    limit=limit,
+                    slots=lane.slots,
+                    reason=reading.describe(),
+                )
                 lane.limit = limit
                 self.metrics.slot_limit.labels(name).set(limit)
                 lane.poke()
@@ -547,8 +552,12 @@ class Worker:
             lost = lost_server(exc)
             if lost is not None:  # a restart or failover under a stage's own pool call
                 error = lost
-                log.warning("job_database_lost", job_id=job.id, kind=job.kind,
-                            error=redact_text(lost.detail))  # fmt: skip
+                log.warning(
+                    "job_database_lost",
+                    job_id=job.id,
+                    kind=job.kind,
+                    error=redact_text(lost.detail),
+                )
             else:
                 error = unexpected(exc, redact_text(f"{type(exc).__name__}: {exc}"))
                 log.exception(

@@ -58,9 +58,13 @@ def run_script(argv: list[str], limit: float) -> tuple[int, str, str, float]:
     (it stops the processes it started, each in a session of its own), then SIGKILL."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        argv,
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     try:
         stdout, stderr = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:

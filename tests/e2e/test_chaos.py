@@ -24,10 +24,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 def test_small_chaos_run_holds_every_invariant() -> None:
     harness = subprocess.Popen(
-        [sys.executable, str(ROOT / "scripts" / "lib" / "chaos" / "main.py"),
-         "--n", "20", "--seed", str(SEED), "--workdir", str(ROOT / "var" / "chaos-test")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "lib" / "chaos" / "main.py"),
+            "--n",
+            "20",
+            "--seed",
+            str(SEED),
+            "--workdir",
+            str(ROOT / "var" / "chaos-test"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         stdout, stderr = harness.communicate(timeout=360)
     except subprocess.TimeoutExpired:
@@ -40,8 +51,11 @@ def test_small_chaos_run_holds_every_invariant() -> None:
         except subprocess.TimeoutExpired:
             harness.kill()
             stdout, stderr = harness.communicate()
-        pytest.fail("scripts/chaos did not finish in 360 s:\n" + "\n".join(
-            stdout.splitlines()[-40:]) + stderr[-2000:])  # fmt: skip
+        pytest.fail(
+            "scripts/chaos did not finish in 360 s:\n"
+            + "\n".join(stdout.splitlines()[-40:])
+            + stderr[-2000:]
+        )
     tail = "\n".join(stdout.splitlines()[-80:])
     assert harness.returncode == 0, (
         f"scripts/chaos exited {harness.returncode}:\n{tail}\n{stderr[-3000:]}"

@@ -156,8 +156,9 @@ async def test_a_worker_killed_mid_chunk_loses_only_that_chunks_attempt(
         lambda: counted_av(tmp_path, seconds=SECONDS, fps=FPS, keyint=47, pix_fmt="yuv420p")
     )
     config = tmp_path / "worker.toml"
-    config.write_text(CONFIG.format(dsn=database, objects=tmp_path / "objects",
-                                    scratch=tmp_path / "scratch"))  # fmt: skip
+    config.write_text(
+        CONFIG.format(dsn=database, objects=tmp_path / "objects", scratch=tmp_path / "scratch")
+    )
     for name in ("a", "b"):
         workers.append(WorkerProcess(config, tmp_path / f"{name}.log"))
     by_owner = {w.owner: w for w in workers}

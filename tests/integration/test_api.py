@@ -247,8 +247,12 @@ async def test_tenants_are_isolated(config: Config, pool: Pool, tmp_path: Path) 
     async with open_api(config, pool, tmp_path) as api:
         mine = await published(api)
         theirs_id, theirs = await api.tenant("globex")
-        for path in (f"/v1/assets/{mine}", f"/v1/videos/{mine}/playback",
-                     f"/v1/videos/{mine}/status", f"/v1/assets/{mine}/events"):  # fmt: skip
+        for path in (
+            f"/v1/assets/{mine}",
+            f"/v1/videos/{mine}/playback",
+            f"/v1/videos/{mine}/status",
+            f"/v1/assets/{mine}/events",
+        ):
             answer = await api.json("GET", path, key=theirs, expect=404)
             assert answer["error"]["code"] == "not_found", path
         await api.json("DELETE", f"/v1/assets/{mine}", key=theirs, expect=404)
@@ -301,9 +305,13 @@ async def test_operations_endpoints_and_document(
         status, _, body = await get(api, api.base + "/openapi.json")
         doc = msgspec.json.decode(body)
         assert doc["openapi"] == "3.1.0"
-        for path in ("/v1/providers/{provider}/callbacks", "/v1/videos/{video_id}/playback",
-                     "/v1/assets/{asset_id}", "/media/{token}/{path}",
-                     "/v1/generation-tasks/{task_id}"):  # fmt: skip
+        for path in (
+            "/v1/providers/{provider}/callbacks",
+            "/v1/videos/{video_id}/playback",
+            "/v1/assets/{asset_id}",
+            "/media/{token}/{path}",
+            "/v1/generation-tasks/{task_id}",
+        ):
             assert path in doc["paths"], path
         # Every route the app serves is described (and nothing described is not served).
         app = make_app(api.ctx)

@@ -54,8 +54,11 @@ class SseReader:
                 line = raw.decode().rstrip("\n").rstrip("\r")
                 if line == "":
                     if data:
-                        return Sse(int(fields["id"]), fields.get("event", "message"),
-                                   msgspec.json.decode("\n".join(data)))  # fmt: skip
+                        return Sse(
+                            int(fields["id"]),
+                            fields.get("event", "message"),
+                            msgspec.json.decode("\n".join(data)),
+                        )
                     fields.clear()
                     continue
                 if line.startswith(":"):
@@ -118,8 +121,9 @@ async def stream(
         yield SseReader(resp)
 
 
-async def move(pool: Pool, entity: Entity, key: uuid.UUID, expected: str, new: str,
-               **values: Any) -> None:  # fmt: skip
+async def move(
+    pool: Pool, entity: Entity, key: uuid.UUID, expected: str, new: str, **values: Any
+) -> None:
     async with pool.acquire() as conn:
         await transition(conn, entity, [key], expected=expected, new=new, values=values)
 
@@ -143,8 +147,10 @@ async def generated_asset(api: Api, *, fetch_retry: bool = True) -> dict[str, uu
     await rig.pool.execute(
         "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
         " provider_status) VALUES ($1, $2, 'sim', $3, 'SUBMITTED')",
-        task, rig.tenant_id, f"t-{task}",
-    )  # fmt: skip
+        task,
+        rig.tenant_id,
+        f"t-{task}",
+    )
     await move(rig.pool, Entity.GENERATION_TASK, task, "SUBMITTED", "PROVIDER_RUNNING")
     await move(rig.pool, Entity.GENERATION_TASK, task, "PROVIDER_RUNNING", "PROVIDER_SUCCEEDED")
     for index, oid in enumerate((output, sibling)):
@@ -152,22 +158,33 @@ async def generated_asset(api: Api, *, fetch_retry: bool = True) -> dict[str, uu
             "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
             " provider_task_id, output_index, source_url_ciphertext, source_url_key_id,"
             " fetch_status) VALUES ($1, $2, $3, 'sim', $4, $5, '\\x00', 'k1', 'FETCH_PENDING')",
-            oid, rig.tenant_id, task, f"t-{task}", index,
-        )  # fmt: skip
+            oid,
+            rig.tenant_id,
+            task,
+            f"t-{task}",
+            index,
+        )
     await move(rig.pool, Entity.PROVIDER_OUTPUT, output, "FETCH_PENDING", "FETCHING")
     if fetch_retry:
-        await move(rig.pool, Entity.PROVIDER_OUTPUT, output, "FETCHING", "RETRY_WAIT",
-                   last_error_class="timeout")  # fmt: skip
+        await move(
+            rig.pool,
+            Entity.PROVIDER_OUTPUT,
+            output,
+            "FETCHING",
+            "RETRY_WAIT",
+            last_error_class="timeout",
+        )
         await move(rig.pool, Entity.PROVIDER_OUTPUT, output, "RETRY_WAIT", "FETCHING")
     await move(rig.pool, Entity.PROVIDER_OUTPUT, sibling, "FETCH_PENDING", "FETCHING")
     async with rig.pool.acquire() as conn, conn.transaction():
-        await transition(conn, Entity.PROVIDER_OUTPUT, [output], expected="FETCHING",
-                         new="STORED")  # fmt: skip
+        await transition(conn, Entity.PROVIDER_OUTPUT, [output], expected="FETCHING", new="STORED")
         await conn.execute(
             "INSERT INTO assets (id, tenant_id, source_type, source_provider_output_id, status,"
             " source_object_key) VALUES ($1, $2, 'PROVIDER_OUTPUT', $3, 'QUARANTINED', 'q/x')",
-            asset, rig.tenant_id, output,
-        )  # fmt: skip
+            asset,
+            rig.tenant_id,
+            output,
+        )
     return {"task": task, "output": output, "sibling": sibling, "asset": asset}
 
 
@@ -196,13 +213,21 @@ async def test_history_then_live_changes(
             live = await sse.take(2, timeout=3)
             assert time.monotonic() - started < 3
             assert [(e.data["state"], e.data["phase"]) for e in live] == [
-                ("PROBING", "processing"), ("PROCESSING", "processing")]  # fmt: skip
+                ("PROBING", "processing"),
+                ("PROCESSING", "processing"),
+            ]
             ids = [first.id] + [e.id for e in live]
             assert ids == sorted(set(ids))
             assert [e.data["event_id"] for e in live] == [e.id for e in live]
             # A failure says why.
-            await move(pool, Entity.ASSET, asset, "PROCESSING", "PROCESSING_FAILED",
-                       last_error_class="resource_limit")  # fmt: skip
+            await move(
+                pool,
+                Entity.ASSET,
+                asset,
+                "PROCESSING",
+                "PROCESSING_FAILED",
+                last_error_class="resource_limit",
+            )
             (failed,) = await sse.take(1, timeout=3)
             assert failed.data["phase"] == "failed"
             assert failed.data["error_class"] == "resource_limit"
@@ -281,13 +306,22 @@ async def test_a_generated_asset_streams_its_task_and_output(
             # The stale error class of the retry is not shown with later states.
             assert "error_class" not in history[7].data
             # The sibling output's changes are not this asset's; the task's are.
-            await move(pool, Entity.PROVIDER_OUTPUT, rows["sibling"], "FETCHING", "OUTPUT_LOST",
-                       last_error_class="gone")  # fmt: skip
-            await move(pool, Entity.GENERATION_TASK, rows["task"], "PROVIDER_SUCCEEDED",
-                       "CANCELLED")  # fmt: skip
+            await move(
+                pool,
+                Entity.PROVIDER_OUTPUT,
+                rows["sibling"],
+                "FETCHING",
+                "OUTPUT_LOST",
+                last_error_class="gone",
+            )
+            await move(
+                pool, Entity.GENERATION_TASK, rows["task"], "PROVIDER_SUCCEEDED", "CANCELLED"
+            )
             (cancelled,) = await sse.take(1, timeout=3)
             assert (cancelled.data["entity"], cancelled.data["phase"]) == (
-                "generation_task", "cancelled")  # fmt: skip
+                "generation_task",
+                "cancelled",
+            )
             await sse.quiet(0.3)
 
 
@@ -351,8 +385,9 @@ async def test_an_event_without_a_notification_arrives_on_the_timer(
             await pool.execute(
                 "INSERT INTO stage_events (tenant_id, entity, state, asset_id)"
                 " VALUES ($1, 'asset', 'PROBING', $2)",
-                api.rig.tenant_id, asset,
-            )  # fmt: skip
+                api.rig.tenant_id,
+                asset,
+            )
             (late,) = await sse.take(1, timeout=3)
             assert late.data["state"] == "PROBING"
             assert late.id > first.id
@@ -408,8 +443,7 @@ async def test_streams_end_when_the_server_shuts_down(
         try:
             async with open_api(config, pool, tmp_path) as api:
                 asset = await api.rig.quarantine(b"a" * 64)
-                resp = await client.get(f"{api.base}/v1/assets/{asset}/events",
-                                        headers=api.auth())  # fmt: skip
+                resp = await client.get(f"{api.base}/v1/assets/{asset}/events", headers=api.auth())
                 assert resp.status == 200
                 sse = SseReader(resp)
                 await sse.take(1)

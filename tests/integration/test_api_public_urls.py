@@ -50,8 +50,11 @@ def absolute_urls(doc: Any) -> list[str]:
 
 
 def declare(body: bytes) -> dict[str, Any]:
-    return {"size_bytes": len(body), "sha256": hashlib.sha256(body).hexdigest(),
-            "content_type": "video/mp4"}  # fmt: skip
+    return {
+        "size_bytes": len(body),
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "content_type": "video/mp4",
+    }
 
 
 async def call(

@@ -127,8 +127,12 @@ async def uploaded(api: Api, body: bytes) -> str:
     declared = {"size_bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}
     created = await api.json("POST", "/v1/videos", expect=201, json=declared)
     video_id = str(created["video_id"])
-    await api.json("PUT", f"/v1/videos/{video_id}/upload", data=body,
-                   headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+    await api.json(
+        "PUT",
+        f"/v1/videos/{video_id}/upload",
+        data=body,
+        headers={"Content-Type": "application/octet-stream"},
+    )
     return video_id
 
 
@@ -146,21 +150,36 @@ async def run_schemathesis(base: str, key: str, name: str, cwd: Path, settings: 
     with anyio.fail_after(300):  # a hung request fails here, with the run's name
         result = await anyio.run_process(
             [
-            str(ST), "--no-color", "--config-file", str(config_file),
-            "run", f"{base}/openapi.json",
-            "--checks", "all",
-            "--header", f"Authorization: Bearer {key}",
-            "--phases", "examples,coverage,fuzzing,stateful",
-            "--max-examples", "25",
-            "--request-timeout", "10",
-            "--workers", "1",
-            "--seed", "1",
-            "--suppress-health-check", "all",
-            "--report", "junit", "--report-junit-path", str(report),
-        ],
-        check=False,
-        cwd=cwd,  # its own cache directory lands there, not in the checkout
-    )  # fmt: skip
+                str(ST),
+                "--no-color",
+                "--config-file",
+                str(config_file),
+                "run",
+                f"{base}/openapi.json",
+                "--checks",
+                "all",
+                "--header",
+                f"Authorization: Bearer {key}",
+                "--phases",
+                "examples,coverage,fuzzing,stateful",
+                "--max-examples",
+                "25",
+                "--request-timeout",
+                "10",
+                "--workers",
+                "1",
+                "--seed",
+                "1",
+                "--suppress-health-check",
+                "all",
+                "--report",
+                "junit",
+                "--report-junit-path",
+                str(report),
+            ],
+            check=False,
+            cwd=cwd,  # its own cache directory lands there, not in the checkout
+        )
     output = result.stdout.decode(errors="replace") + result.stderr.decode(errors="replace")
     (artifacts() / f"schemathesis-{name}.txt").write_text(output)
     assert result.returncode == 0, output[-6000:]
@@ -192,8 +211,12 @@ async def test_schemathesis_finds_no_conformance_failure(
             "SELECT generation_task_id FROM provider_outputs WHERE id = $1", task
         )
         token = (await api.json("GET", f"/v1/videos/{asset}/playback"))["token"]
-        pinned = {"path.asset_id": str(asset), "path.task_id": str(task_id),
-                  "path.token": token, "path.path": "playback.mp4"}  # fmt: skip
+        pinned = {
+            "path.asset_id": str(asset),
+            "path.task_id": str(task_id),
+            "path.token": token,
+            "path.path": "playback.mp4",
+        }
         published_video = {"path.video_id": str(asset)}
         uploaded_video = {"path.video_id": await uploaded(api, b"fuzz")}
         per_operation = {

@@ -32,8 +32,12 @@ pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 
 def declare(body: bytes, **extra: Any) -> dict[str, Any]:
-    return {"size_bytes": len(body), "sha256": hashlib.sha256(body).hexdigest(),
-            "content_type": "video/mp4", **extra}  # fmt: skip
+    return {
+        "size_bytes": len(body),
+        "sha256": hashlib.sha256(body).hexdigest(),
+        "content_type": "video/mp4",
+        **extra,
+    }
 
 
 async def create(api: Api, body: bytes, *, key: str | None = None, **extra: Any) -> Any:
@@ -51,8 +55,7 @@ async def put(api: Api, upload: dict[str, Any], body: bytes, **headers: str) -> 
     data = io.BytesIO(body) if isinstance(body, bytes) else body  # large bytes warn
     async with api.http.put(upload["url"], data=data, headers=sent) as resp:
         text = await resp.read()
-        return resp.status, (await resp.json() if resp.content_type == "application/json"
-                             else text)  # fmt: skip
+        return resp.status, (await resp.json() if resp.content_type == "application/json" else text)
 
 
 async def counts(pool: Pool, video_id: str) -> tuple[int, int]:
@@ -102,8 +105,9 @@ async def s3_api(
     config: Config, pool: Pool, tmp_path: Path, moto_endpoint: str
 ) -> AsyncIterator[Api]:
     storage = s3_config(moto_endpoint, f"videos-{uuid.uuid4().hex[:8]}")
-    async with open_api(config, pool, tmp_path, storage=storage,
-                        upload_part_size_bytes=5 * MIB) as api:  # fmt: skip
+    async with open_api(
+        config, pool, tmp_path, storage=storage, upload_part_size_bytes=5 * MIB
+    ) as api:
         yield api
 
 
@@ -177,8 +181,9 @@ async def test_multipart_upload_to_presigned_part_urls(s3_api: Api) -> None:
                 assert r.status == 200, await r.text()
                 etags.append({"part_number": part["part_number"], "etag": r.headers["ETag"]})
         completion = {"json": {"parts": etags}} if send_etags else {}
-        accepted = await api.json("POST", f"/v1/videos/{video_id}/complete", expect=202,
-                                  **completion)  # fmt: skip
+        accepted = await api.json(
+            "POST", f"/v1/videos/{video_id}/complete", expect=202, **completion
+        )
         assert accepted["size_bytes"] == len(body)
         asset = await api.rig.asset(uuid.UUID(video_id))
         assert asset["source_sha256"] == hashlib.sha256(body).hexdigest()
@@ -263,8 +268,9 @@ async def test_presigned_upload_with_wrong_checksum_or_size_fails_at_complete(
         status_doc = await api.json("GET", f"/v1/videos/{video_id}/status")
         assert status_doc["state"] == "UPLOAD_FAILED" and status_doc["error_class"] == code
         assert ("upload", "failed") in {(e["stage"], e["event"]) for e in status_doc["timeline"]}
-        key = await api.rig.pool.fetchval("SELECT object_key FROM upload_sessions WHERE id = $1",
-                                          uuid.UUID(video_id))  # fmt: skip
+        key = await api.rig.pool.fetchval(
+            "SELECT object_key FROM upload_sessions WHERE id = $1", uuid.UUID(video_id)
+        )
         assert await api.rig.store.head(key) is None  # the bytes are gone
         assert await counts(api.rig.pool, video_id) == (0, 0)
 
@@ -335,19 +341,35 @@ async def test_refusals(local_api: Api) -> None:
     ):
         answer = await api.json("POST", "/v1/videos", json=bad, expect=code)
         assert answer["error"]["detail"].startswith("request body: "), answer
-    await api.json("POST", "/v1/videos", data=b"{not json", expect=400,
-                   headers={"Content-Type": "application/json"})  # fmt: skip
+    await api.json(
+        "POST",
+        "/v1/videos",
+        data=b"{not json",
+        expect=400,
+        headers={"Content-Type": "application/json"},
+    )
     await api.json("POST", "/v1/videos", expect=400)
-    await api.json("POST", "/v1/videos", data=b"size_bytes=1", expect=415,
-                   headers={"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+    await api.json(
+        "POST",
+        "/v1/videos",
+        data=b"size_bytes=1",
+        expect=415,
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     for path in ("/v1/videos/not-a-uuid/status", "/v1/videos/123/complete"):
         method = "GET" if path.endswith("status") else "POST"
         await api.json(method, path, expect=404)
     created = await create(api, b"x")
-    await api.json("POST", f"/v1/videos/{created['video_id']}/complete", expect=400,
-                   data=b"{\"parts\": ", headers={"Content-Type": "application/json"})  # fmt: skip
-    await api.json("POST", f"/v1/videos/{created['video_id']}/complete", expect=422,
-                   json={"parts": []})  # fmt: skip
+    await api.json(
+        "POST",
+        f"/v1/videos/{created['video_id']}/complete",
+        expect=400,
+        data=b'{"parts": ',
+        headers={"Content-Type": "application/json"},
+    )
+    await api.json(
+        "POST", f"/v1/videos/{created['video_id']}/complete", expect=422, json={"parts": []}
+    )
 
 
 async def test_the_upload_limit_is_the_documents_and_a_field_over_it_is_named(
@@ -362,8 +384,9 @@ async def test_the_upload_limit_is_the_documents_and_a_field_over_it_is_named(
         over = {**declare(b"x"), "size_bytes": limit + 1}
         answer = await api.json("POST", "/v1/videos", json=over, expect=422)
         assert (answer["error"]["code"], answer["error"]["field"]) == ("too_large", "$.size_bytes")
-        await api.json("POST", "/v1/videos", json={**declare(b"x"), "size_bytes": limit},
-                       expect=201)  # fmt: skip
+        await api.json(
+            "POST", "/v1/videos", json={**declare(b"x"), "size_bytes": limit}, expect=201
+        )
 
 
 async def test_an_integral_float_is_an_integer_as_the_schema_says(local_api: Api) -> None:
@@ -374,12 +397,10 @@ async def test_an_integral_float_is_an_integer_as_the_schema_says(local_api: Api
     assert (code, received["size_bytes"]) == (200, 10)
     parts = {"parts": [{"part_number": 1.0, "etag": '"e"'}]}  # ignored by an upload to the API
     await api.json("POST", f"/v1/videos/{created['video_id']}/complete", json=parts, expect=202)
-    answer = await api.json("POST", "/v1/videos", json=declare(body, size_bytes=10.5),
-                            expect=422)  # fmt: skip
+    answer = await api.json("POST", "/v1/videos", json=declare(body, size_bytes=10.5), expect=422)
     assert answer["error"]["field"] == "$.size_bytes"
     parts = {"parts": [{"part_number": 1.5, "etag": '"e"'}]}
-    answer = await api.json("POST", f"/v1/videos/{uuid.uuid4()}/complete", json=parts,
-                            expect=422)  # fmt: skip
+    answer = await api.json("POST", f"/v1/videos/{uuid.uuid4()}/complete", json=parts, expect=422)
     assert answer["error"]["field"] == "$.parts[0].part_number"
 
 
@@ -425,8 +446,9 @@ async def test_expired_sessions_refuse_and_are_reaped(local_api: Api) -> None:
     video_id = created["video_id"]
     code, _ = await put(api, created["upload"], body)
     assert code == 200
-    key = await pool.fetchval("SELECT object_key FROM upload_sessions WHERE id = $1",
-                              uuid.UUID(video_id))  # fmt: skip
+    key = await pool.fetchval(
+        "SELECT object_key FROM upload_sessions WHERE id = $1", uuid.UUID(video_id)
+    )
     fresh = await create(api, body)  # not expired: the reaper leaves it alone
     await expire(api, video_id)
 
@@ -447,8 +469,9 @@ async def test_expired_sessions_refuse_and_are_reaped(local_api: Api) -> None:
     assert reaped[0].deleted_objects == [key]
     assert await store.head(key) is None
     assert await reap_expired_uploads(pool, store) == []  # idempotent
-    row = await pool.fetchrow("SELECT status, cleaned_at FROM upload_sessions WHERE id = $1",
-                              uuid.UUID(video_id))  # fmt: skip
+    row = await pool.fetchrow(
+        "SELECT status, cleaned_at FROM upload_sessions WHERE id = $1", uuid.UUID(video_id)
+    )
     assert row is not None and row["status"] == "EXPIRED" and row["cleaned_at"] is not None
     await api.json("POST", f"/v1/videos/{video_id}/complete", expect=410)
     fresh_status = await api.json("GET", f"/v1/videos/{fresh['video_id']}/status")
@@ -484,15 +507,23 @@ async def test_presigned_urls_bind_what_they_were_made_for(s3_api: Api) -> None:
     assert not issubclass(LocalObjectStore, PresigningStore)  # the API carries those bytes
     key = "assets/0123/some-asset/rev/1/playback.mp4"
     await store.put_bytes(key, b"moving pictures")
-    url = await store.presign_get(key, expires_seconds=60, content_type="video/mp4",
-                                  content_disposition='inline; filename="clip.mp4"')  # fmt: skip
+    url = await store.presign_get(
+        key,
+        expires_seconds=60,
+        content_type="video/mp4",
+        content_disposition='inline; filename="clip.mp4"',
+    )
     async with s3_api.http.get(url) as resp:
         assert resp.status == 200 and await resp.read() == b"moving pictures"
         assert resp.headers["Content-Type"] == "video/mp4"
         assert resp.headers["Content-Disposition"] == 'inline; filename="clip.mp4"'
-    put = await store.presign_put("quarantine/x/y/source.bin", expires_seconds=60,
-                                  content_length=5, content_type="video/webm",
-                                  sha256_hex=hashlib.sha256(b"12345").hexdigest())  # fmt: skip
+    put = await store.presign_put(
+        "quarantine/x/y/source.bin",
+        expires_seconds=60,
+        content_length=5,
+        content_type="video/webm",
+        sha256_hex=hashlib.sha256(b"12345").hexdigest(),
+    )
     query = parse_qs(urlsplit(put.url).query)
     assert query["X-Amz-Algorithm"] == ["AWS4-HMAC-SHA256"]
     signed = set(query["X-Amz-SignedHeaders"][0].split(";"))

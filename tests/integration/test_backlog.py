@@ -52,8 +52,12 @@ async def rig(config: Config, pool: Pool, tmp_path: Path) -> AsyncIterator[Rig]:
 
 
 def with_backlog(config: Config, **settings: Any) -> Config:
-    base = {"check_interval_seconds": 0.1, "defer_seconds": 0.3, "media_oldest_job_seconds": 0.0,
-            "near_expiry_outputs": 1}  # fmt: skip
+    base = {
+        "check_interval_seconds": 0.1,
+        "defer_seconds": 0.3,
+        "media_oldest_job_seconds": 0.0,
+        "near_expiry_outputs": 1,
+    }
     base.update(settings)
     return msgspec.structs.replace(config, backlog=BacklogConfig(**base))
 
@@ -76,15 +80,22 @@ async def output(
     await pool.execute(
         "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
         " provider_status) VALUES ($1, $2, 'sim', $3, 'PROVIDER_SUCCEEDED')",
-        task, tenant_id, f"t-{task.hex[:8]}",
-    )  # fmt: skip
+        task,
+        tenant_id,
+        f"t-{task.hex[:8]}",
+    )
     await pool.execute(
         "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
         " provider_task_id, output_index, source_url_ciphertext, source_url_key_id,"
         " source_url_expires_at, fetch_status) VALUES ($1, $2, $3, 'sim', $4, 0, '\\x00',"
         " 'k1', now() + make_interval(secs => $5), $6)",
-        out, tenant_id, task, f"t-{task.hex[:8]}", expires_in, status,
-    )  # fmt: skip
+        out,
+        tenant_id,
+        task,
+        f"t-{task.hex[:8]}",
+        expires_in,
+        status,
+    )
     return out
 
 
@@ -121,14 +132,15 @@ async def test_pressure_is_computed_from_the_queue_and_the_outputs(
     queue = Queue(pool)
     async with pool.acquire() as conn:
         for key, lane in (("old-media", "media"), ("old-fetch", "fetch"), ("new-media", "media")):
-            await queue.enqueue_one(conn, JobSpec(kind="diag.noop", lane=lane,
-                                                  idempotency_key=key))  # fmt: skip
+            await queue.enqueue_one(conn, JobSpec(kind="diag.noop", lane=lane, idempotency_key=key))
     # Queued 400 s ago in the media lane; the fetch lane's older job does not count, nor
     # does a waiting (not yet due) media job.
-    await pool.execute("UPDATE jobs SET run_after = now() - interval '400 s'"
-                       " WHERE idempotency_key = 'old-media'")  # fmt: skip
-    await pool.execute("UPDATE jobs SET run_after = now() - interval '900 s'"
-                       " WHERE idempotency_key = 'old-fetch'")  # fmt: skip
+    await pool.execute(
+        "UPDATE jobs SET run_after = now() - interval '400 s' WHERE idempotency_key = 'old-media'"
+    )
+    await pool.execute(
+        "UPDATE jobs SET run_after = now() - interval '900 s' WHERE idempotency_key = 'old-fetch'"
+    )
     await pool.execute(
         "INSERT INTO jobs (id, kind, lane, idempotency_key, status, sort_at, run_after,"
         " max_attempts, timeout_seconds) VALUES (nextval('jobs_id_seq'), 'diag.noop', 'media',"
@@ -145,8 +157,9 @@ async def test_pressure_is_computed_from_the_queue_and_the_outputs(
     assert near == 2
 
     metrics = WorkerMetrics()
-    cfg = BacklogConfig(media_oldest_job_seconds=300, near_expiry_outputs=3,
-                        check_interval_seconds=60)  # fmt: skip
+    cfg = BacklogConfig(
+        media_oldest_job_seconds=300, near_expiry_outputs=3, check_interval_seconds=60
+    )
     monitor = BacklogMonitor(cfg, pool, metrics.backlog)
     reading = await monitor.current()
     assert reading.active == {MEDIA_OLDEST} and monitor.pressure
@@ -161,12 +174,14 @@ async def test_pressure_is_computed_from_the_queue_and_the_outputs(
     assert (await monitor.current()).near_expiry == 2
     assert (await monitor.refresh()).active == {MEDIA_OLDEST, NEAR_EXPIRY}
     # Hysteresis: on at the threshold, off only below clear_ratio of it (0.5 x 300 s).
-    await pool.execute("UPDATE jobs SET run_after = now() - interval '200 s'"
-                       " WHERE idempotency_key = 'old-media'")  # fmt: skip
+    await pool.execute(
+        "UPDATE jobs SET run_after = now() - interval '200 s' WHERE idempotency_key = 'old-media'"
+    )
     await clear_expiry_pressure(pool)
     assert (await monitor.refresh()).active == {MEDIA_OLDEST}
-    await pool.execute("UPDATE jobs SET run_after = now() - interval '100 s'"
-                       " WHERE idempotency_key = 'old-media'")  # fmt: skip
+    await pool.execute(
+        "UPDATE jobs SET run_after = now() - interval '100 s' WHERE idempotency_key = 'old-media'"
+    )
     assert not (await monitor.refresh()).pressure
     assert 'aivedio_backlog_pressure{signal="any"} 0.0' in metrics.render().decode()
 
@@ -194,19 +209,24 @@ async def test_under_pressure_only_the_required_set_is_made_then_enrichment_afte
             )
             # One job waits for them all (its first run renders every pending output), not
             # one per output: a long backlog costs one job's looks per revision.
-            return (len(rows) == 1 and rows[0]["output"] in OPTIONAL
-                    and rows[0]["last_error_class"] == "backlog_deferred")  # fmt: skip
+            return (
+                len(rows) == 1
+                and rows[0]["output"] in OPTIONAL
+                and rows[0]["last_error_class"] == "backlog_deferred"
+            )
 
         await eventually(optional_jobs_deferred, timeout=60)
         await anyio.sleep(1.0)  # several deferral rounds: still nothing optional made
         variants = await rig.variants(asset_id)
         assert {n for n, v in variants.items() if v["status"] == "SUCCEEDED"} == REQUIRED
-        assert all(variants[n]["status"] == "PENDING" and variants[n]["deferred_at"]
-                   for n in OPTIONAL)  # fmt: skip
+        assert all(
+            variants[n]["status"] == "PENDING" and variants[n]["deferred_at"] for n in OPTIONAL
+        )
         assert (await rig.asset(asset_id))["status"] == "PLAYABLE"
         # The sweeper's stuck-enrichment scan leaves deferred work alone, however late.
-        stalled = StalledWork(rig.config.sweeper, pool=rig.pool, store=rig.store,
-                              queue=Queue(rig.pool))  # fmt: skip
+        stalled = StalledWork(
+            rig.config.sweeper, pool=rig.pool, store=rig.store, queue=Queue(rig.pool)
+        )
         report = SweepReport()
         await stalled.stuck(report, datetime.now(UTC) + timedelta(days=2))
         assert report.stuck_assets == []
@@ -255,8 +275,7 @@ async def test_new_uploads_are_refused_with_retry_after_under_pressure(
         await api.json("POST", "/v1/videos", json=body, expect=201)
         await output(pool, api.rig.tenant_id)
         await anyio.sleep(0.2)  # past the cached reading
-        async with api.http.post(api.base + "/v1/videos", json=body,
-                                 headers=api.auth()) as resp:  # fmt: skip
+        async with api.http.post(api.base + "/v1/videos", json=body, headers=api.auth()) as resp:
             assert resp.status == 503
             assert resp.headers["Retry-After"] == "17"
             error = (await resp.json())["error"]
@@ -277,15 +296,23 @@ async def test_new_uploads_are_refused_with_retry_after_under_pressure(
 async def test_outputs_near_expiry_shrink_the_media_lane_and_grow_the_fetch_lane(
     config: Config, pool: Pool
 ) -> None:
-    cfg = with_backlog(config, media_slots_under_expiry_pressure=1,
-                       fetch_extra_slots_under_expiry_pressure=4)  # fmt: skip
+    cfg = with_backlog(
+        config, media_slots_under_expiry_pressure=1, fetch_extra_slots_under_expiry_pressure=4
+    )
     tenant_id = await tenant(pool)
     await output(pool, tenant_id)
     queue = Queue(pool)
     async with pool.acquire() as conn:
-        specs = [JobSpec(kind="diag.sleep", lane=lane, idempotency_key=f"{lane}-{i}",
-                         payload={"seconds": 0.6}) for lane, n in (("media", 4), ("fetch", 8))
-                 for i in range(n)]  # fmt: skip
+        specs = [
+            JobSpec(
+                kind="diag.sleep",
+                lane=lane,
+                idempotency_key=f"{lane}-{i}",
+                payload={"seconds": 0.6},
+            )
+            for lane, n in (("media", 4), ("fetch", 8))
+            for i in range(n)
+        ]
         await queue.enqueue(conn, specs)
     peak = {"media": 0, "fetch": 0}
 
@@ -307,10 +334,18 @@ async def test_outputs_near_expiry_shrink_the_media_lane_and_grow_the_fetch_lane
         # Pressure gone: the media lane has its two slots again.
         await clear_expiry_pressure(pool)
         async with pool.acquire() as conn:
-            await queue.enqueue(conn, [JobSpec(kind="diag.sleep", lane="media",
-                                               idempotency_key=f"after-{i}",
-                                               payload={"seconds": 0.6})
-                                       for i in range(4)])  # fmt: skip
+            await queue.enqueue(
+                conn,
+                [
+                    JobSpec(
+                        kind="diag.sleep",
+                        lane="media",
+                        idempotency_key=f"after-{i}",
+                        payload={"seconds": 0.6},
+                    )
+                    for i in range(4)
+                ],
+            )
         after = {"media": 0, "fetch": 0}
         peak, before = after, peak
         with anyio.fail_after(30):
@@ -346,8 +381,9 @@ async def test_a_source_crashing_the_decoder_twice_is_quarantined_with_no_third_
     # The probe uses ffprobe only (no decode check), so the source is planned; every render
     # then crashes.
     media = msgspec.structs.replace(rig.config.media, ffmpeg=str(script), decode_check="none")
-    rig.config = msgspec.structs.replace(with_backlog(rig.config, near_expiry_outputs=0),
-                                         media=media)  # fmt: skip
+    rig.config = msgspec.structs.replace(
+        with_backlog(rig.config, near_expiry_outputs=0), media=media
+    )
     asset_id = await rig.quarantine(source)
     await rig.enqueue_probe(asset_id)
     async with running_worker(rig) as worker:
@@ -409,8 +445,9 @@ async def test_a_source_whose_worker_died_twice_is_quarantined_before_a_third_ru
     assert asset["status"] == "PROCESSING_FAILED"
     assert asset["last_error_class"] == "poison_media"
     assert asset["probe"] is None
-    job = await rig.pool.fetchrow("SELECT status, last_error_class, attempts FROM job_history"
-                                  " WHERE id = $1", job_id)  # fmt: skip
+    job = await rig.pool.fetchrow(
+        "SELECT status, last_error_class, attempts FROM job_history WHERE id = $1", job_id
+    )
     assert (job["status"], job["last_error_class"], job["attempts"]) == ("dead", "poison_media", 3)
 
 

@@ -168,9 +168,17 @@ async def test_a_failure_met_by_a_database_restart_is_recorded_once_it_answers(
 ) -> None:
     registry = default_registry()
     async with pool.acquire() as conn:
-        job_id = (await Queue(pool).enqueue_one(conn, registry.spec(
-            "diag.fail", "restart", payload={"error_class": "transient"}, max_attempts=3,
-        ))).job_id  # fmt: skip
+        job_id = (
+            await Queue(pool).enqueue_one(
+                conn,
+                registry.spec(
+                    "diag.fail",
+                    "restart",
+                    payload={"error_class": "transient"},
+                    max_attempts=3,
+                ),
+            )
+        ).job_id
     worker = Worker(config, pool, registry)
     real = worker.queue.retry_later
     refused: list[int] = []
@@ -236,9 +244,17 @@ async def test_a_stage_meeting_a_restart_under_its_own_pool_call_is_a_database_e
     registry = default_registry()
     registry.register(JobKind(name="test.restart", lane="control", handler=handler))
     async with pool.acquire() as conn:
-        job_id = (await Queue(pool).enqueue_one(conn, registry.spec(
-            "test.restart", "restart", payload={}, max_attempts=3,
-        ))).job_id  # fmt: skip
+        job_id = (
+            await Queue(pool).enqueue_one(
+                conn,
+                registry.spec(
+                    "test.restart",
+                    "restart",
+                    payload={},
+                    max_attempts=3,
+                ),
+            )
+        ).job_id
     worker = Worker(config, pool, registry)
     with capture_logs() as logs:
         row = await _first_attempt_ended(worker, pool, job_id)

@@ -50,8 +50,11 @@ def media_cache(tmp_path_factory: pytest.TempPathFactory) -> MediaCache:
 
 
 def chunked(rig: Rig, **media: Any) -> Rig:
-    settings: dict[str, Any] = {"chunk_threshold_seconds": 60.0, "chunk_seconds": 20.0,
-                                "x264_preset": "ultrafast"}  # fmt: skip
+    settings: dict[str, Any] = {
+        "chunk_threshold_seconds": 60.0,
+        "chunk_seconds": 20.0,
+        "x264_preset": "ultrafast",
+    }
     settings.update(media)
     config = msgspec.structs.replace(
         rig.config, media=msgspec.structs.replace(rig.config.media, **settings)
@@ -104,25 +107,66 @@ async def history(rig: Rig, asset_id: uuid.UUID) -> list[dict[str, Any]]:
 
 def frame_times(playlist: Path) -> list[float]:
     out = subprocess.run(
-        ["ffprobe", "-v", "error", "-select_streams", "v:0", "-show_entries",
-         "frame=pts_time", "-of", "csv=p=0", str(playlist)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            "ffprobe",
+            "-v",
+            "error",
+            "-select_streams",
+            "v:0",
+            "-show_entries",
+            "frame=pts_time",
+            "-of",
+            "csv=p=0",
+            str(playlist),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [float(line.strip(",")) for line in out.split() if line.strip(",")]
 
 
 def audio_pcm(playlist: Path) -> tuple[float, array.array[int]]:
     """(time of the first decoded sample, mono 48 kHz samples) of the playlist's audio."""
     start = subprocess.run(
-        ["ffprobe", "-v", "error", "-select_streams", "a:0", "-show_entries", "frame=pts_time",
-         "-read_intervals", "%+#1", "-of", "csv=p=0", str(playlist)],
-        capture_output=True, text=True, check=True,
-    ).stdout.split()[0]  # fmt: skip
+        [
+            "ffprobe",
+            "-v",
+            "error",
+            "-select_streams",
+            "a:0",
+            "-show_entries",
+            "frame=pts_time",
+            "-read_intervals",
+            "%+#1",
+            "-of",
+            "csv=p=0",
+            str(playlist),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()[0]
     raw = subprocess.run(
-        ["ffmpeg", "-v", "error", "-i", str(playlist), "-map", "0:a:0", "-ac", "1",
-         "-ar", str(RATE), "-f", "s16le", "-"],
-        capture_output=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            "ffmpeg",
+            "-v",
+            "error",
+            "-i",
+            str(playlist),
+            "-map",
+            "0:a:0",
+            "-ac",
+            "1",
+            "-ar",
+            str(RATE),
+            "-f",
+            "s16le",
+            "-",
+        ],
+        capture_output=True,
+        check=True,
+    ).stdout
     samples = array.array("h")
     samples.frombytes(raw)
     return float(start.strip(",")), samples
@@ -193,9 +237,13 @@ async def test_a_long_source_through_the_chunked_path_gives_exact_frames_in_sync
     assert kinds.count("chunk_assemble") == 1
     # Each chunk decoded once: its lead piece's job encoded every rendition of it, the
     # other pieces' jobs found theirs done.
-    encoded = [j["result"]["pieces"] for j in jobs
-               if j["kind"] == "chunk_encode" and j["result"]["outcome"] == "encoded"
-               and j["payload"]["piece"].startswith("video:")]  # fmt: skip
+    encoded = [
+        j["result"]["pieces"]
+        for j in jobs
+        if j["kind"] == "chunk_encode"
+        and j["result"]["outcome"] == "encoded"
+        and j["payload"]["piece"].startswith("video:")
+    ]
     assert sorted(map(sorted, encoded)) == sorted(
         sorted(chunk_stage.video_piece(r, i) for r in plan.rungs) for i in range(chunking.count)
     )
@@ -240,8 +288,9 @@ async def test_a_long_source_through_the_chunked_path_gives_exact_frames_in_sync
 @pytest.fixture
 def short_source(media_cache: MediaCache) -> Path:
     # yuv420p H.264: a remux (the copied top rung plus one encoded rung).
-    return media_cache.get(f"counted_{SHORT}", counted_av, seconds=SHORT, fps=FPS, keyint=47,
-                           pix_fmt="yuv420p")  # fmt: skip
+    return media_cache.get(
+        f"counted_{SHORT}", counted_av, seconds=SHORT, fps=FPS, keyint=47, pix_fmt="yuv420p"
+    )
 
 
 def short_chunks(rig: Rig) -> Rig:
@@ -274,8 +323,11 @@ async def test_a_chunk_failing_twice_then_succeeding_changes_nothing(
     assert len(failures) == 2
     assert (await rig.asset(retried))["status"] in ("PLAYABLE", "ENRICHED")
     piece = chunk_stage.video_piece(encoded[0], 1)
-    jobs = {j["payload"].get("piece"): j for j in await history(rig, retried)
-            if j["kind"] == "chunk_encode"}  # fmt: skip
+    jobs = {
+        j["payload"].get("piece"): j
+        for j in await history(rig, retried)
+        if j["kind"] == "chunk_encode"
+    }
     assert jobs[piece]["attempts"] == 3
     assert all(j["attempts"] == 1 for name, j in jobs.items() if name != piece)
     first = await download_revision(rig, clean, tmp_path / "a")
@@ -290,17 +342,22 @@ async def test_renditions_from_one_decode_match_those_encoded_one_by_one(
 ) -> None:
     rig = short_chunks(rig)
     # yuv444p: a transcode, every rung encoded from the chunks.
-    source = media_cache.get(f"counted_{SHORT}_444", counted_av, seconds=SHORT, fps=FPS, keyint=47,
-                             pix_fmt="yuv444p")  # fmt: skip
+    source = media_cache.get(
+        f"counted_{SHORT}_444", counted_av, seconds=SHORT, fps=FPS, keyint=47, pix_fmt="yuv444p"
+    )
     async with running_worker(rig):
         together = await publish(rig, source)
     plan = msgspec.convert((await rig.revisions(together))[0]["plan"], Plan)
     assert plan.mode == "transcode" and len(plan.rungs) >= 2 and plan.chunking is not None
 
     def made_by(jobs: list[dict[str, Any]]) -> list[list[str]]:
-        return sorted(sorted(j["result"]["pieces"]) for j in jobs
-                      if j["kind"] == "chunk_encode" and j["result"]["outcome"] == "encoded"
-                      and j["payload"]["piece"].startswith("video:"))  # fmt: skip
+        return sorted(
+            sorted(j["result"]["pieces"])
+            for j in jobs
+            if j["kind"] == "chunk_encode"
+            and j["result"]["outcome"] == "encoded"
+            and j["payload"]["piece"].startswith("video:")
+        )
 
     count = plan.chunking.count
     assert made_by(await history(rig, together)) == sorted(
@@ -346,10 +403,16 @@ async def test_a_source_that_cannot_be_split_takes_the_single_pass(
     (split_job,) = [j for j in jobs if j["kind"] == "chunk_split"]
     assert split_job["status"] == "dead" and split_job["attempts"] > 1  # retried, then gave up
     assert not [j for j in jobs if j["kind"] == chunk_stage.ASSEMBLE_KIND]
-    assert not [j for j in jobs if j["kind"] == chunk_stage.ENCODE_KIND
-                and j["payload"]["piece"].startswith("video:")]  # fmt: skip
-    rendered = {j["payload"]["variant_type"] for j in jobs
-                if j["kind"] == "render" and j["status"] == "succeeded"}  # fmt: skip
+    assert not [
+        j
+        for j in jobs
+        if j["kind"] == chunk_stage.ENCODE_KIND and j["payload"]["piece"].startswith("video:")
+    ]
+    rendered = {
+        j["payload"]["variant_type"]
+        for j in jobs
+        if j["kind"] == "render" and j["status"] == "succeeded"
+    }
     assert set(chunk_stage.chunk_outputs(plan)) <= rendered
     local = tmp_path / "out"
     await download_revision(rig, asset_id, local)
@@ -416,15 +479,30 @@ async def test_a_long_videos_later_chunks_wait_behind_a_short_video_enqueued_aft
     start = datetime.now(UTC)
     async with pool.acquire() as conn:
         specs = [
-            chunk_stage._spec(chunk_stage.ENCODE_KIND, long_id, tenant, 1, plan,
-                              f"video:720p:{i:04d}", 60.0, later=20.0 * i)
+            chunk_stage._spec(
+                chunk_stage.ENCODE_KIND,
+                long_id,
+                tenant,
+                1,
+                plan,
+                f"video:720p:{i:04d}",
+                60.0,
+                later=20.0 * i,
+            )
             for i in range(6)
-        ]  # fmt: skip
+        ]
         await queue.enqueue(conn, specs, now=start)
         short = _render_spec(short_id, tenant, 1, "playback", plan, 60.0)
         await queue.enqueue(conn, [short], now=start + timedelta(seconds=30))
     order = []
     while jobs := await queue.claim("media", 1, "test", 30.0):
         order.append(jobs[0].payload.get("piece") or "short:" + jobs[0].payload["variant_type"])
-    assert order == ["video:720p:0000", "video:720p:0001", "short:playback", "video:720p:0002",
-                     "video:720p:0003", "video:720p:0004", "video:720p:0005"]  # fmt: skip
+    assert order == [
+        "video:720p:0000",
+        "video:720p:0001",
+        "short:playback",
+        "video:720p:0002",
+        "video:720p:0003",
+        "video:720p:0004",
+        "video:720p:0005",
+    ]

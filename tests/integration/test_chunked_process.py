@@ -51,8 +51,17 @@ def test_cli_process_takes_the_chunked_path_and_keeps_every_frame(tmp_path: Path
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
     env["AIVEDIO_CONFIG"] = str(config)
-    argv = [sys.executable, "-m", "aivedio", "process", str(source), "--out", str(out),
-            "--only", "playback,poster,hls,keyframes"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "aivedio",
+        "process",
+        str(source),
+        "--out",
+        str(out),
+        "--only",
+        "playback,poster,hls,keyframes",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=280)
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout)
@@ -77,8 +86,10 @@ def test_cli_process_takes_the_chunked_path_and_keeps_every_frame(tmp_path: Path
     joins = [p for p in ffmpeg if p["step"].startswith("join[")]
     assert sorted(p["step"] for p in joins) == sorted(f"join[{r.name}]" for r in plan.rungs)
     # Two media slots: some encode started before another one had ended.
-    spans = sorted((p["started_seconds"], p["started_seconds"] + p["wall_seconds"])
-                   for p in pieces + [p for p in ffmpeg if p["step"] == "audio"])  # fmt: skip
+    spans = sorted(
+        (p["started_seconds"], p["started_seconds"] + p["wall_seconds"])
+        for p in pieces + [p for p in ffmpeg if p["step"] == "audio"]
+    )
     assert any(later[0] < earlier[1] for earlier, later in pairwise(spans)), spans
     # The split came first and each join after every piece.
     split = next(p for p in ffmpeg if p["step"] == "split")

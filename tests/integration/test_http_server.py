@@ -85,7 +85,7 @@ async def test_a_parse_error_is_one_warning_and_a_body_that_echoes_nothing(
         "status": 400,
         "remote": "127.0.0.1",
         "timestamp": event["timestamp"],
-    }  # fmt: skip
+    }
 
 
 async def test_a_body_a_handler_cannot_decode_is_one_warning_not_a_traceback(

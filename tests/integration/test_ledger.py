@@ -182,17 +182,22 @@ async def test_a_duplicate_callback_or_reingest_writes_one_generation_charge(
     assert first.output_created and first.job_created
     again = await ingest(pool, config, tenant_id, "t-1", **known)  # the same callback again
     assert (again.provider_output_id, again.fetch_job_id) == (
-        first.provider_output_id, first.fetch_job_id,
-    )  # fmt: skip
+        first.provider_output_id,
+        first.fetch_job_id,
+    )
     assert not again.output_created and not again.job_created
     await ingest(pool, config, tenant_id, "t-1", url="https://cdn.provider.test/new", **known)
     second = await ingest(pool, config, tenant_id, "t-1", index=1, **known)  # a second output
     assert second.generation_task_id == first.generation_task_id and second.output_created
     assert await pool.fetchval("SELECT count(*) FROM generation_tasks") == 1
-    assert await pool.fetchval(
-        "SELECT count(*) FROM jobs WHERE kind = 'fetch' AND payload->>'provider_output_id'"
-        " = ANY($1::text[])", [str(first.provider_output_id), str(second.provider_output_id)],
-    ) == 2  # fmt: skip
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM jobs WHERE kind = 'fetch' AND payload->>'provider_output_id'"
+            " = ANY($1::text[])",
+            [str(first.provider_output_id), str(second.provider_output_id)],
+        )
+        == 2
+    )
     [entry] = await rows(pool)
     assert entry["entry_key"] == "generation:sim:t-1"
     assert entry["kind"] == "generation_charge"
@@ -215,8 +220,16 @@ async def test_twenty_concurrent_intakes_of_one_task_write_one_charge(
     async def one(i: int) -> None:
         async with open_connection(config.database) as conn:
             try:
-                await _ingest(conn, pool, config, tenant_id, "race", index=i % 3, ledger=PRICED,
-                              task_known=task_known)  # fmt: skip
+                await _ingest(
+                    conn,
+                    pool,
+                    config,
+                    tenant_id,
+                    "race",
+                    index=i % 3,
+                    ledger=PRICED,
+                    task_known=task_known,
+                )
             except Exception as exc:
                 failures.append(exc)
 
@@ -445,9 +458,13 @@ async def test_a_processing_charge_once_per_revision_names_the_provider_task(
     upload = uuid.uuid4()  # an upload has no provider task; its charge is recorded all the same
     async with pool.acquire() as conn, conn.transaction():
         await record_processing_charge(
-            conn, cfg=LedgerConfig(), tenant_id=tenant_id, asset_id=upload, revision=1,
+            conn,
+            cfg=LedgerConfig(),
+            tenant_id=tenant_id,
+            asset_id=upload,
+            revision=1,
             media_seconds=3,
-        )  # fmt: skip
+        )
     assert written == [True, False, False]
     found = await ledger_store.entries(pool, task="t-1")
     assert [(e.kind, e.amount_micros, e.policy) for e in found] == [

@@ -297,10 +297,9 @@ async def test_twenty_audio_streams_use_the_default_one_and_list_the_rest(
     media = got.media
     assert (media["audio_stream_index"], media["audio_streams"]) == (3, 20)
     assert (media["audio_codec"], media["audio_channels"]) == ("aac", 1)
-    assert [(i["index"], i["codec_type"], i["language"], i["why"])
-            for i in media["ignored_streams"]] == [
-        (k + 1, "audio", mf.LANGUAGES[k], "not_chosen") for k in range(20) if k != 2
-    ]  # fmt: skip
+    assert [
+        (i["index"], i["codec_type"], i["language"], i["why"]) for i in media["ignored_streams"]
+    ] == [(k + 1, "audio", mf.LANGUAGES[k], "not_chosen") for k in range(20) if k != 2]
     # Without a default disposition (every track flagged alike): the first audio stream.
     plain = await inspect(cache.get("audio_x20", mf.many_audio_streams, n=20), tmp_path / "b")
     assert plain.verdict.valid, plain.json
@@ -327,8 +326,9 @@ async def test_only_more_streams_than_the_demuxers_cap_are_refused(
         assert got.verdict.detail is not None and "max_streams" in got.verdict.detail
         assert [r.tool for r in got.record] == ["ffprobe"]
     # The cap is the configured one.
-    lower = await inspect(cache.get("audio_x20", mf.many_audio_streams, n=20), tmp_path / "l",
-                          max_streams=8)  # fmt: skip
+    lower = await inspect(
+        cache.get("audio_x20", mf.many_audio_streams, n=20), tmp_path / "l", max_streams=8
+    )
     assert lower.verdict.reasons == ["too_many_streams"]
 
 
@@ -347,20 +347,28 @@ async def test_the_default_video_stream_is_the_one_validated(
     ("name", "make", "reasons"),
     [
         ("1x1", lambda d: mf.sized_video(d, width=1, height=1), ["dimensions_too_small:1x1"]),
-        ("4000x2", lambda d: mf.sized_video(d, width=4000, height=2),
-         ["dimensions_too_small:4000x2"]),
-        ("2x4000", lambda d: mf.sized_video(d, width=2, height=4000),
-         ["dimensions_too_small:2x4000"]),
-        ("15x16", lambda d: mf.sized_video(d, width=15, height=16),
-         ["dimensions_too_small:15x16"]),
+        (
+            "4000x2",
+            lambda d: mf.sized_video(d, width=4000, height=2),
+            ["dimensions_too_small:4000x2"],
+        ),
+        (
+            "2x4000",
+            lambda d: mf.sized_video(d, width=2, height=4000),
+            ["dimensions_too_small:2x4000"],
+        ),
+        ("15x16", lambda d: mf.sized_video(d, width=15, height=16), ["dimensions_too_small:15x16"]),
         ("16x16", lambda d: mf.sized_video(d, width=16, height=16), []),
         ("0.05s", lambda d: mf.short_clip(d, video_seconds=0.05), ["duration_too_short"]),
         ("0.1s", lambda d: mf.short_clip(d, video_seconds=0.1), []),
         # One frame under 3 s of sound: the file lasts 3 s, the picture 0.04 s.
-        ("frame_under_audio", lambda d: mf.short_clip(d, video_seconds=0.04, audio_seconds=3),
-         ["video_duration_too_short"]),
+        (
+            "frame_under_audio",
+            lambda d: mf.short_clip(d, video_seconds=0.04, audio_seconds=3),
+            ["video_duration_too_short"],
+        ),
     ],
-)  # fmt: skip
+)
 async def test_minimum_size_and_duration(
     cache: mf.MediaCache, tmp_path: Path, name: str, make: Generator, reasons: list[str]
 ) -> None:
@@ -371,8 +379,13 @@ async def test_minimum_size_and_duration(
         assert got.verdict.decode_check == "skipped"
         assert [r.tool for r in got.record] == ["ffprobe"]
     # Configurable: the same source under lower minimums.
-    relaxed = await inspect(cache.get(f"small_{name}", make), tmp_path / "r", min_width=1,
-                            min_height=1, min_duration_seconds=0.01)  # fmt: skip
+    relaxed = await inspect(
+        cache.get(f"small_{name}", make),
+        tmp_path / "r",
+        min_width=1,
+        min_height=1,
+        min_duration_seconds=0.01,
+    )
     assert relaxed.verdict.valid, relaxed.json
 
 
@@ -694,8 +707,13 @@ async def test_cli_verdicts(cache: mf.MediaCache, tmp_path: Path, case: str) -> 
         assert verdict["media"]["audio_stream_index"] == 3
         ignored = verdict["media"]["ignored_streams"]
         assert [i["index"] for i in ignored] == [1, 2, *range(4, 21)]
-        assert ignored[0] == {"index": 1, "codec_type": "audio", "codec_name": "aac",
-                              "language": "eng", "why": "not_chosen"}  # fmt: skip
+        assert ignored[0] == {
+            "index": 1,
+            "codec_type": "audio",
+            "codec_name": "aac",
+            "language": "eng",
+            "why": "not_chosen",
+        }
 
 
 @pytest.mark.parametrize(

@@ -265,11 +265,25 @@ def test_remux_hls_copied_and_lower_rungs_are_aligned_and_decode(runs: Runs) -> 
 def test_remux_hls_offset_takes_the_sources_start_from_the_probe(runs: Runs) -> None:
     done = runs.get("remux")
     # What a scan of the source's first packets (every stream) finds, the plan recorded.
-    argv = [mf.FFPROBE, "-v", "error", "-read_intervals", "%+#48", "-show_entries",
-            "packet=pts_time,dts_time", "-of", "csv=p=0", str(done.source)]  # fmt: skip
+    argv = [
+        mf.FFPROBE,
+        "-v",
+        "error",
+        "-read_intervals",
+        "%+#48",
+        "-show_entries",
+        "packet=pts_time,dts_time",
+        "-of",
+        "csv=p=0",
+        str(done.source),
+    ]
     text = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
-    stamps = [float(v) for line in text.splitlines() for v in line.strip().split(",")[:2]
-              if v not in ("", "N/A")]  # fmt: skip
+    stamps = [
+        float(v)
+        for line in text.splitlines()
+        for v in line.strip().split(",")[:2]
+        if v not in ("", "N/A")
+    ]
     assert done.plan.source_earliest == pytest.approx(min(stamps), abs=1e-6)
     assert done.plan.source_earliest < 0  # B-frames and AAC priming: the offset matters
     # So the render scans only what it encoded: the 240p rung's video and the audio file.
@@ -864,12 +878,36 @@ def test_relative_scratch_dir_works(
 
 def _lavfi_h264(path: Path, *extra: str, seconds: int = 6) -> Path:
     subprocess.run(
-        ["ffmpeg", "-nostdin", "-v", "error", "-y", "-f", "lavfi", "-i",
-         f"testsrc2=s=320x240:r=24:d={seconds}", "-f", "lavfi", "-i", f"sine=d={seconds}",
-         "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p",
-         "-x264-params", "cabac=1:8x8dct=1", *extra, "-c:a", "aac", "-shortest", str(path)],
+        [
+            "ffmpeg",
+            "-nostdin",
+            "-v",
+            "error",
+            "-y",
+            "-f",
+            "lavfi",
+            "-i",
+            f"testsrc2=s=320x240:r=24:d={seconds}",
+            "-f",
+            "lavfi",
+            "-i",
+            f"sine=d={seconds}",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+            "-x264-params",
+            "cabac=1:8x8dct=1",
+            *extra,
+            "-c:a",
+            "aac",
+            "-shortest",
+            str(path),
+        ],
         check=True,
-    )  # fmt: skip
+    )
     return path
 
 
@@ -877,8 +915,9 @@ def test_sparse_source_keyframes_still_align_every_rendition(tmp_path: Path) -> 
     # One keyframe in 6 s: the copied rung has one segment, and the encoded rungs must not
     # grow keyframes (and so segments) of their own.
     source = _lavfi_h264(tmp_path / "sparse.mp4", "-g", "1000", "-sc_threshold", "0")
-    media = MediaConfig(ladder=[RungConfig(height=240), RungConfig(height=180)],
-                        segment_seconds=2.0)  # fmt: skip
+    media = MediaConfig(
+        ladder=[RungConfig(height=240), RungConfig(height=180)], segment_seconds=2.0
+    )
     report = run_dag(source, tmp_path / "run", media, wants=["playback", "hls"])
     assert report.plan is not None and report.plan.mode == "remux"
     assert report.required_done and report.nodes["hls"].status == "done"
@@ -891,12 +930,25 @@ def test_a_source_not_starting_at_zero_is_transcoded_and_aligned(tmp_path: Path)
     shifted = _lavfi_h264(tmp_path / "plain.mp4", "-g", "24")
     late = tmp_path / "late.mp4"
     subprocess.run(
-        ["ffmpeg", "-nostdin", "-v", "error", "-y", "-itsoffset", "0.2", "-i", str(shifted),
-         "-c", "copy", str(late)],
+        [
+            "ffmpeg",
+            "-nostdin",
+            "-v",
+            "error",
+            "-y",
+            "-itsoffset",
+            "0.2",
+            "-i",
+            str(shifted),
+            "-c",
+            "copy",
+            str(late),
+        ],
         check=True,
-    )  # fmt: skip
-    media = MediaConfig(ladder=[RungConfig(height=240), RungConfig(height=180)],
-                        segment_seconds=2.0)  # fmt: skip
+    )
+    media = MediaConfig(
+        ladder=[RungConfig(height=240), RungConfig(height=180)], segment_seconds=2.0
+    )
     report = run_dag(late, tmp_path / "run", media, wants=["playback", "hls"])
     assert report.plan is not None and report.verdict.media is not None
     assert report.verdict.media.start_time > 0.1
@@ -958,15 +1010,21 @@ def test_a_16x16_source_makes_every_output(runs: Runs) -> None:
     ("name", "make", "reason"),
     [
         ("1x1", lambda d: mf.sized_video(d, width=1, height=1), "dimensions_too_small:1x1"),
-        ("4000x2", lambda d: mf.sized_video(d, width=4000, height=2),
-         "dimensions_too_small:4000x2"),
+        (
+            "4000x2",
+            lambda d: mf.sized_video(d, width=4000, height=2),
+            "dimensions_too_small:4000x2",
+        ),
         ("0.05s", lambda d: mf.short_clip(d, video_seconds=0.05), "duration_too_short"),
         # A 2x2 playback and a failed proxy (1x1), and a poster from past the one frame of
         # a 3 s file: refused before any of it now.
-        ("frame_under_audio", lambda d: mf.short_clip(d, video_seconds=0.04, audio_seconds=3),
-         "video_duration_too_short"),
+        (
+            "frame_under_audio",
+            lambda d: mf.short_clip(d, video_seconds=0.04, audio_seconds=3),
+            "video_duration_too_short",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_source_under_the_minimums_is_refused_before_any_render(
     runs: Runs, name: str, make: Any, reason: str
 ) -> None:

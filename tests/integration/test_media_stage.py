@@ -94,8 +94,15 @@ async def test_a_valid_source_is_probed_planned_and_every_output_rendered(
     assert revision["plan"]["mode"] == "remux"
     assert revision["required_outputs"] == ["playback", "poster"]
     variants = await rig.variants(asset_id)
-    assert set(variants) == {"playback", "poster", "hls", "proxy", "sprite", "waveform",
-                             "keyframes"}  # fmt: skip
+    assert set(variants) == {
+        "playback",
+        "poster",
+        "hls",
+        "proxy",
+        "sprite",
+        "waveform",
+        "keyframes",
+    }
     prefix = keys.revision_prefix(rig.tenant_id, asset_id, 1)
     for name, variant in variants.items():
         assert variant["status"] == "SUCCEEDED", name
@@ -161,8 +168,9 @@ async def test_of_twenty_audio_tracks_the_default_one_is_published(
     assert asset["status"] == "PROCESSING", asset["last_error_detail"]
     media = asset["probe"]["media"]
     assert (media["audio_stream_index"], media["audio_streams"]) == (3, 20)
-    revision = await rig.pool.fetchrow("SELECT plan FROM asset_revisions WHERE asset_id = $1",
-                                       asset_id)  # fmt: skip
+    revision = await rig.pool.fetchrow(
+        "SELECT plan FROM asset_revisions WHERE asset_id = $1", asset_id
+    )
     assert revision["plan"]["audio_stream"] == 3
     variants = await rig.variants(asset_id)
     assert {v["status"] for v in variants.values()} == {"SUCCEEDED"}
@@ -195,12 +203,11 @@ async def test_sources_too_small_or_with_too_many_streams_end_invalid(
     rig: Rig, media_cache: MediaCache
 ) -> None:
     cases = {
-        "dimensions_too_small:1x1": media_cache.get("sized_1x1", mf.sized_video, width=1,
-                                                    height=1),
+        "dimensions_too_small:1x1": media_cache.get("sized_1x1", mf.sized_video, width=1, height=1),
         "duration_too_short": media_cache.get("short_0.05", mf.short_clip, video_seconds=0.05),
         # 33 streams: past the cap the demuxer is given (max_streams 32).
         "too_many_streams": media_cache.get("audio_x32", mf.many_audio_streams, n=32),
-    }  # fmt: skip
+    }
     ids = {reason: await rig.quarantine(path.read_bytes()) for reason, path in cases.items()}
     jobs = {reason: await rig.enqueue_probe(asset_id) for reason, asset_id in ids.items()}
     async with running_worker(rig):

@@ -122,8 +122,9 @@ async def test_reads_count_their_bytes_and_a_stream_counts_once_when_it_ends(
         before = moved(metrics, "download")
         target = tmp_path / "copy.bin"
         assert await store.download_file("r/obj.bin", str(target)) == (
-            hashlib.sha256(data).hexdigest(), len(data),
-        )  # fmt: skip
+            hashlib.sha256(data).hexdigest(),
+            len(data),
+        )
         assert requests(metrics, "download_file") == 1
         assert moved(metrics, "download") == before + len(data)
 

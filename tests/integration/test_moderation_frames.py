@@ -22,9 +22,18 @@ def black_white_black(tmp_path: Path) -> Path:
     colors = [f"color=c={c}:s=160x120:r=10:d=1" for c in ("black", "white", "black")]
     run_ffmpeg(
         *[arg for color in colors for arg in ("-f", "lavfi", "-i", color)],
-        "-filter_complex", "[0:v][1:v][2:v]concat=n=3:v=1:a=0[v]", "-map", "[v]",
-        "-c:v", "libx264", "-pix_fmt", "yuv420p", "-movflags", "+faststart", str(clip),
-    )  # fmt: skip
+        "-filter_complex",
+        "[0:v][1:v][2:v]concat=n=3:v=1:a=0[v]",
+        "-map",
+        "[v]",
+        "-c:v",
+        "libx264",
+        "-pix_fmt",
+        "yuv420p",
+        "-movflags",
+        "+faststart",
+        str(clip),
+    )
     return clip
 
 
@@ -32,9 +41,12 @@ async def sample(tmp_path: Path, max_scene_frames: int) -> list[Frame]:
     scratch = tmp_path / f"scratch-{max_scene_frames}"
     scratch.mkdir()
     return await sample_frames(
-        Sandbox(MediaConfig()), black_white_black(tmp_path), 3.0,
-        ModerationConfig(max_scene_frames=max_scene_frames), scratch,
-    )  # fmt: skip
+        Sandbox(MediaConfig()),
+        black_white_black(tmp_path),
+        3.0,
+        ModerationConfig(max_scene_frames=max_scene_frames),
+        scratch,
+    )
 
 
 async def test_frames_are_sampled_at_the_scene_changes(tmp_path: Path) -> None:
@@ -63,8 +75,19 @@ async def test_stills_without_scenes_and_from_a_short_clip(
     tmp_path: Path, source: str, seconds: float
 ) -> None:
     clip = tmp_path / "clip.mp4"
-    run_ffmpeg("-f", "lavfi", "-i", source, "-c:v", "libx264", "-pix_fmt", "yuv420p",
-               "-movflags", "+faststart", str(clip))  # fmt: skip
+    run_ffmpeg(
+        "-f",
+        "lavfi",
+        "-i",
+        source,
+        "-c:v",
+        "libx264",
+        "-pix_fmt",
+        "yuv420p",
+        "-movflags",
+        "+faststart",
+        str(clip),
+    )
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     frames = await sample_frames(

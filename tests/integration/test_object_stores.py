@@ -322,9 +322,15 @@ def local_files(tmp_path: Path, prefix: str, sizes: list[int]) -> list[LocalFile
         path = tmp_path / f"made-{index}"
         data = payload(size, seed=index)
         path.write_bytes(data)
-        files.append(LocalFile(key=f"{prefix}/{index}.m4s", path=str(path), size=size,
-                               sha256=hashlib.sha256(data).hexdigest(),
-                               content_type="video/iso.segment"))  # fmt: skip
+        files.append(
+            LocalFile(
+                key=f"{prefix}/{index}.m4s",
+                path=str(path),
+                size=size,
+                sha256=hashlib.sha256(data).hexdigest(),
+                content_type="video/iso.segment",
+            )
+        )
     return files
 
 
@@ -354,8 +360,11 @@ async def test_sizes_answers_every_key_at_once(store: ObjectStore) -> None:
     await store.put_bytes("sz/a", b"12345")
     await store.put_bytes("sz/dir/b", b"")
     assert await store.sizes(["sz/a", "sz/dir/b", "sz/missing", "sz/dir"]) == {
-        "sz/a": 5, "sz/dir/b": 0, "sz/missing": None, "sz/dir": None,
-    }  # fmt: skip
+        "sz/a": 5,
+        "sz/dir/b": 0,
+        "sz/missing": None,
+        "sz/dir": None,
+    }
     assert await store.sizes([]) == {}
     with pytest.raises(InvalidKeyError):
         await store.sizes(["sz/../a"])

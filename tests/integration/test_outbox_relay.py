@@ -355,9 +355,10 @@ async def test_event_types_filter_what_a_webhook_receives(pool: Pool) -> None:
     assert by_path == {("/everything", ready): 1, ("/everything", lost): 1, ("/losses", lost): 1}
     losses = [r for r in receiver.received if r.path == "/losses"]
     mac = hmac.new(
-        b"other", losses[0].headers["X-Aivedio-Timestamp"].encode() + b"." + losses[0].body,
+        b"other",
+        losses[0].headers["X-Aivedio-Timestamp"].encode() + b"." + losses[0].body,
         hashlib.sha256,
-    )  # fmt: skip
+    )
     assert losses[0].headers["X-Aivedio-Signature"] == f"v1={mac.hexdigest()}"
 
 
@@ -533,7 +534,7 @@ async def test_background_relay_is_woken_by_notify(config: Config, pool: Pool) -
                 while not await pool.fetchval(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                     " AND query LIKE 'LISTEN%'"
-                ):  # fmt: skip
+                ):
                     await anyio.sleep(0.01)
             event_id = await emit_one(pool)
             with anyio.fail_after(5):

@@ -84,8 +84,10 @@ async def gates_open(rig: Rig, source: bytes) -> uuid.UUID:
     async with running_worker(rig, registry_without("publish")) as worker:
         await rig.wait("SELECT 1 FROM jobs WHERE kind = 'publish'")
         worker.request_drain(force=True)
-    await rig.pool.execute("UPDATE jobs SET status = 'queued', lease_owner = NULL,"
-                           " run_after = now() WHERE kind = 'publish'")  # fmt: skip
+    await rig.pool.execute(
+        "UPDATE jobs SET status = 'queued', lease_owner = NULL,"
+        " run_after = now() WHERE kind = 'publish'"
+    )
     return asset_id
 
 
@@ -106,8 +108,14 @@ async def test_required_set_first_then_an_enrichment_revision(rig: Rig, source: 
     current = revisions[asset["current_revision"] - 1]
     assert current["status"] == "READY"
     assert set(current["published_outputs"]) == {
-        "playback", "poster", "hls", "proxy", "sprite", "waveform", "keyframes",
-    }  # fmt: skip
+        "playback",
+        "poster",
+        "hls",
+        "proxy",
+        "sprite",
+        "waveform",
+        "keyframes",
+    }
     assert current["moderation_verdict"] == "allow"
     if len(revisions) == 2:
         # Published with its required set first, then enriched by revision 2, which
@@ -119,12 +127,17 @@ async def test_required_set_first_then_an_enrichment_revision(rig: Rig, source: 
         assert releases[1]["previous_revision"] == 1
         keys_1 = await rig.pool.fetch(
             "SELECT variant_type, object_key FROM asset_variants WHERE asset_id = $1"
-            " AND revision = 1", asset_id,
-        )  # fmt: skip
-        keys_2 = {r["variant_type"]: r["object_key"] for r in await rig.pool.fetch(
-            "SELECT variant_type, object_key FROM asset_variants WHERE asset_id = $1"
-            " AND revision = 2", asset_id,
-        )}  # fmt: skip
+            " AND revision = 1",
+            asset_id,
+        )
+        keys_2 = {
+            r["variant_type"]: r["object_key"]
+            for r in await rig.pool.fetch(
+                "SELECT variant_type, object_key FROM asset_variants WHERE asset_id = $1"
+                " AND revision = 2",
+                asset_id,
+            )
+        }
         for row in keys_1:
             assert keys_2[row["variant_type"]] == row["object_key"]
             assert await rig.store.head(row["object_key"]) is not None
@@ -212,8 +225,9 @@ async def test_two_deliveries_of_one_publish_at_once_end_without_an_error(
     )
     outcomes = [e["outcome"] for e in ended]
     assert sorted(outcomes) == ["already_published", "published"]
-    assert await rig.pool.fetchval("SELECT count(*) FROM releases WHERE asset_id = $1",
-                                   asset_id) == 1  # fmt: skip
+    assert (
+        await rig.pool.fetchval("SELECT count(*) FROM releases WHERE asset_id = $1", asset_id) == 1
+    )
 
 
 async def waiting_at_the_lock(
@@ -238,7 +252,7 @@ async def waiting_at_the_lock(
                 while await rig.pool.fetchval(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
                     " AND wait_event_type = 'Lock'"
-                ) < len(works):  # fmt: skip
+                ) < len(works):
                     await anyio.sleep(0.02)
                 if decide is not None:
                     await holder.execute(decide, asset_id)
@@ -254,21 +268,29 @@ async def test_a_delete_decided_while_the_publish_waits_at_the_lock_undoes_it_al
     (job,) = await queue.claim("control", 1, "one", 60)
     stage = PublishStage(rig.config, rig.pool, queue, rig.store)
     (outcome,) = await waiting_at_the_lock(
-        rig, asset_id, [lambda: stage.publish(job, asset_id, 1)],
+        rig,
+        asset_id,
+        [lambda: stage.publish(job, asset_id, 1)],
         "UPDATE assets SET delete_version = delete_version + 1 WHERE id = $1",
-    )  # fmt: skip
+    )
     assert outcome["outcome"] == "not_published"
     assert "deleted or cancelled" in outcome["reason"]
     asset = await rig.asset(asset_id)
     assert asset["current_revision"] is None and asset["status"] == "PROCESSING"
-    assert await rig.pool.fetchval(
-        "SELECT status FROM asset_revisions WHERE asset_id = $1 AND revision = 1", asset_id
-    ) == "ABANDONED"  # fmt: skip
+    assert (
+        await rig.pool.fetchval(
+            "SELECT status FROM asset_revisions WHERE asset_id = $1 AND revision = 1", asset_id
+        )
+        == "ABANDONED"
+    )
     for table in ("releases", "outbox_events"):
         assert await rig.pool.fetchval(f"SELECT count(*) FROM {table}") == 0, table
-    assert await rig.pool.fetchval(
-        "SELECT count(*) FROM ledger_entries WHERE kind = 'processing_charge'"
-    ) == 0  # fmt: skip
+    assert (
+        await rig.pool.fetchval(
+            "SELECT count(*) FROM ledger_entries WHERE kind = 'processing_charge'"
+        )
+        == 0
+    )
 
 
 async def test_a_cancel_decided_while_the_enrichment_waits_at_the_lock_adds_no_revision(
@@ -278,13 +300,18 @@ async def test_a_cancel_decided_while_the_enrichment_waits_at_the_lock_adds_no_r
     queue = Queue(rig.pool)
     stage = PublishStage(rig.config, rig.pool, queue, rig.store)
     outcomes = await waiting_at_the_lock(
-        rig, asset_id, [lambda: stage.enrich(job, asset_id, 1)],
+        rig,
+        asset_id,
+        [lambda: stage.enrich(job, asset_id, 1)],
         "UPDATE assets SET cancel_version = cancel_version + 1 WHERE id = $1",
-    )  # fmt: skip
+    )
     assert outcomes == [{"outcome": "cancelled"}]
-    assert await rig.pool.fetchval(
-        "SELECT max(revision) FROM asset_revisions WHERE asset_id = $1", asset_id
-    ) == 1  # fmt: skip
+    assert (
+        await rig.pool.fetchval(
+            "SELECT max(revision) FROM asset_revisions WHERE asset_id = $1", asset_id
+        )
+        == 1
+    )
     asset = await rig.asset(asset_id)
     assert asset["status"] == "PLAYABLE" and asset["current_revision"] == 1
 
@@ -304,14 +331,19 @@ async def test_a_rebuild_that_takes_the_number_while_the_enrichment_waits_is_ret
         return {}
 
     await waiting_at_the_lock(
-        rig, asset_id, [enrich],
+        rig,
+        asset_id,
+        [enrich],
         "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status)"
         " VALUES ($1, 2, 1, 'BUILDING')",
-    )  # fmt: skip
-    assert await rig.pool.fetchval(
-        "SELECT count(*) FROM asset_revisions WHERE asset_id = $1 AND enriches IS NOT NULL",
-        asset_id,
-    ) == 0  # fmt: skip
+    )
+    assert (
+        await rig.pool.fetchval(
+            "SELECT count(*) FROM asset_revisions WHERE asset_id = $1 AND enriches IS NOT NULL",
+            asset_id,
+        )
+        == 0
+    )
     assert (await stage.enrich(job, asset_id, 1)) == {"outcome": "superseded_by_rebuild"}
 
 
@@ -468,8 +500,10 @@ async def test_moderation_down_keeps_the_asset_private_until_it_returns(
         asset_id = await rig.quarantine(source)
         await rig.enqueue_probe(asset_id)
         async with running_worker(rig):
-            await rig.wait("SELECT 1 FROM asset_revisions WHERE moderation_verdict IS NULL"
-                               " AND status = 'BUILDING'")  # fmt: skip
+            await rig.wait(
+                "SELECT 1 FROM asset_revisions WHERE moderation_verdict IS NULL"
+                " AND status = 'BUILDING'"
+            )
             while len(seen) < 2:
                 await anyio.sleep(0.05)
             assert (await rig.asset(asset_id))["current_revision"] is None
@@ -560,9 +594,13 @@ async def test_hls_missing_a_segment_is_never_published(
 
 
 async def test_review_waits_private_until_an_operator_decides(
-    config: Config, pool: Pool, tmp_path: Path, source: bytes,
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    config: Config,
+    pool: Pool,
+    tmp_path: Path,
+    source: bytes,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from aivedio import cli
     from aivedio.moderation_config import LocalModerationConfig
     from tests.conftest import TEST_KEY

@@ -237,9 +237,11 @@ async def test_cancellation_from_outside_kills_the_group(tmp_path: Path) -> None
 async def test_tiny_address_space_stops_ffmpeg_from_starting(tmp_path: Path) -> None:
     sandbox = Sandbox(MediaConfig(address_space_mib=64))
     result = await sandbox.run(
-        "ffmpeg", ["-f", "lavfi", "-i", "testsrc2=d=1", "-f", "null", "-"], cwd=tmp_path,
+        "ffmpeg",
+        ["-f", "lavfi", "-i", "testsrc2=d=1", "-f", "null", "-"],
+        cwd=tmp_path,
         deadline_seconds=20,
-    )  # fmt: skip
+    )
     assert not result.ok
     assert result.returncode != 0
     tail = "\n".join(result.stderr_tail)
@@ -464,11 +466,22 @@ async def test_cpu_and_peak_rss_of_ffmpeg_come_from_the_kernel(tmp_path: Path) -
     async def encode(seconds: int) -> RunResult:
         return await sandbox.run(
             "ffmpeg",
-            ["-f", "lavfi", "-i", f"testsrc2=s=640x360:r=25:d={seconds}", "-c:v", "libx264",
-             "-preset", "ultrafast", "-f", "null", "-"],
+            [
+                "-f",
+                "lavfi",
+                "-i",
+                f"testsrc2=s=640x360:r=25:d={seconds}",
+                "-c:v",
+                "libx264",
+                "-preset",
+                "ultrafast",
+                "-f",
+                "null",
+                "-",
+            ],
             cwd=tmp_path,
             deadline_seconds=60,
-        )  # fmt: skip
+        )
 
     short, long = await encode(1), await encode(8)
     for result in (short, long):
@@ -485,15 +498,20 @@ async def test_cpu_and_peak_rss_of_ffmpeg_come_from_the_kernel(tmp_path: Path) -
     # ffprobe: no CPU figures (they are the media tools' CPU of a render's report), and its
     # stdout is captured on request.
     probe = await sandbox.run(
-        "ffprobe", ["-f", "lavfi", "-i", "testsrc2=d=0.2", "-show_format", "-of", "json"],
-        cwd=tmp_path, deadline_seconds=20, capture_stdout=True,
-    )  # fmt: skip
+        "ffprobe",
+        ["-f", "lavfi", "-i", "testsrc2=d=0.2", "-show_format", "-of", "json"],
+        cwd=tmp_path,
+        deadline_seconds=20,
+        capture_stdout=True,
+    )
     assert probe.ok and b'"format_name": "lavfi"' in probe.stdout
     assert (probe.cpu_seconds, probe.max_rss_bytes, probe.progress) == (None, None, {})
     quiet = await sandbox.run(
-        "ffprobe", ["-f", "lavfi", "-i", "testsrc2=d=0.2", "-show_format"],
-        cwd=tmp_path, deadline_seconds=20,
-    )  # fmt: skip
+        "ffprobe",
+        ["-f", "lavfi", "-i", "testsrc2=d=0.2", "-show_format"],
+        cwd=tmp_path,
+        deadline_seconds=20,
+    )
     assert quiet.ok and quiet.stdout == b""
 
 
@@ -501,8 +519,9 @@ async def test_info_lines_on_request_only(tmp_path: Path) -> None:
     sandbox = Sandbox(MediaConfig())
     args = ["-f", "lavfi", "-i", "testsrc2=d=0.2", "-vf", "showinfo", "-f", "null", "-"]
     chatty = await sandbox.run("ffmpeg", args, cwd=tmp_path, deadline_seconds=20, log_level="info")
-    assert chatty.ok and any("showinfo" in line and "[info]" in line
-                             for line in chatty.raw_stderr_tail)  # fmt: skip
+    assert chatty.ok and any(
+        "showinfo" in line and "[info]" in line for line in chatty.raw_stderr_tail
+    )
     quiet = await sandbox.run("ffmpeg", args, cwd=tmp_path, deadline_seconds=20)
     assert quiet.ok and not any("[info]" in line for line in quiet.raw_stderr_tail)
     with pytest.raises(ValueError, match="log level"):

@@ -35,8 +35,13 @@ async def test_output_and_status(tmp_path: Path) -> None:
     script = "import sys; sys.stdout.write('out' * 100000); sys.stderr.write('err'); sys.exit(3)"
     out: list[bytes] = []
     err: list[bytes] = []
-    process = await spawn([sys.executable, "-c", script], cwd=str(tmp_path), env=ENV,
-                          on_stdout=out.append, on_stderr=err.append)  # fmt: skip
+    process = await spawn(
+        [sys.executable, "-c", script],
+        cwd=str(tmp_path),
+        env=ENV,
+        on_stdout=out.append,
+        on_stderr=err.append,
+    )
     assert await process.wait() == 3
     await process.drained()
     await process.aclose()
@@ -48,8 +53,12 @@ async def test_output_and_status(tmp_path: Path) -> None:
 async def test_cwd_and_environment_are_the_callers(tmp_path: Path) -> None:
     script = "import os; print(os.getcwd()); print(sorted(os.environ))"
     chunks: list[bytes] = []
-    process = await spawn([sys.executable, "-c", script], cwd=str(tmp_path), env={"LC_ALL": "C"},
-                          on_stdout=chunks.append)  # fmt: skip
+    process = await spawn(
+        [sys.executable, "-c", script],
+        cwd=str(tmp_path),
+        env={"LC_ALL": "C"},
+        on_stdout=chunks.append,
+    )
     assert await process.wait() == 0
     await process.drained()
     await process.aclose()
@@ -130,8 +139,13 @@ async def test_a_failing_callback_is_raised_by_drained(tmp_path: Path) -> None:
         seen.append(chunk)
         raise ValueError("cannot parse")
 
-    process = await spawn([sys.executable, "-c", "print('x' * 300000)"], cwd=str(tmp_path),
-                          env=ENV, on_stdout=broken, on_stderr=lambda _: None)  # fmt: skip
+    process = await spawn(
+        [sys.executable, "-c", "print('x' * 300000)"],
+        cwd=str(tmp_path),
+        env=ENV,
+        on_stdout=broken,
+        on_stderr=lambda _: None,
+    )
     with anyio.fail_after(10):
         assert await process.wait() == 0
         with pytest.raises(ValueError, match="cannot parse"):
@@ -190,8 +204,10 @@ def test_no_descriptor_of_another_thread_is_closed_by_a_finished_child(tmp_path:
 
     done = subprocess.run(
         [sys.executable, "-c", RACE, str(tmp_path), "2000"],
-        capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     spawned, errors, _ = done.stdout.split(" ", 2)
     assert (spawned, errors) == ("2000", "0"), done.stdout

@@ -39,8 +39,9 @@ class Task:
     outputs: list[uuid.UUID]
 
 
-async def move(pool: Pool, entity: Entity, key: uuid.UUID, expected: str, new: str,
-               **values: Any) -> None:  # fmt: skip
+async def move(
+    pool: Pool, entity: Entity, key: uuid.UUID, expected: str, new: str, **values: Any
+) -> None:
     async with pool.acquire() as conn:
         await transition(conn, entity, [key], expected=expected, new=new, values=values)
 
@@ -53,8 +54,10 @@ async def make_task(pool: Pool, outputs: int = 1) -> Task:
     await pool.execute(
         "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
         " provider_status) VALUES ($1, $2, 'sim', $3, 'PROVIDER_SUCCEEDED')",
-        task.id, tenant_id, task.provider_task_id,
-    )  # fmt: skip
+        task.id,
+        tenant_id,
+        task.provider_task_id,
+    )
     for index in range(outputs):
         output = uuid.uuid4()
         await pool.execute(
@@ -63,8 +66,12 @@ async def make_task(pool: Pool, outputs: int = 1) -> Task:
             " source_url_expires_at, fetch_status)"
             " VALUES ($1, $2, $3, 'sim', $4, $5, '\\x00', 'k1', now() + interval '1 hour',"
             " 'FETCH_PENDING')",
-            output, tenant_id, task.id, task.provider_task_id, index,
-        )  # fmt: skip
+            output,
+            tenant_id,
+            task.id,
+            task.provider_task_id,
+            index,
+        )
         task.outputs.append(output)
     return task
 
@@ -86,13 +93,14 @@ async def fetch_and_store(pool: Pool, task: Task, output: uuid.UUID) -> uuid.UUI
             " WHERE id = $1",
             attempt,
         )
-        await transition(conn, Entity.PROVIDER_OUTPUT, [output], expected="FETCHING",
-                         new="STORED")  # fmt: skip
+        await transition(conn, Entity.PROVIDER_OUTPUT, [output], expected="FETCHING", new="STORED")
         await conn.execute(
             "INSERT INTO assets (id, tenant_id, source_type, source_provider_output_id, status,"
             " source_object_key) VALUES ($1, $2, 'PROVIDER_OUTPUT', $3, 'QUARANTINED', 'q/x')",
-            asset, task.tenant_id, output,
-        )  # fmt: skip
+            asset,
+            task.tenant_id,
+            output,
+        )
     return asset
 
 
@@ -104,8 +112,12 @@ async def finished_job(pool: Pool, tenant_id: int, kind: str, asset: uuid.UUID) 
         " priority, attempts, max_attempts, timeout_seconds, lease_token, created_at,"
         " started_at) VALUES ($1, $2, 'media', $3, $4, $5, 'succeeded', 0, 1, 5, 60, 1,"
         " now(), now())",
-        job_id, kind, f"{kind}:{asset}", tenant_id, {"asset_id": str(asset)},
-    )  # fmt: skip
+        job_id,
+        kind,
+        f"{kind}:{asset}",
+        tenant_id,
+        {"asset_id": str(asset)},
+    )
 
 
 async def publish(pool: Pool, asset: uuid.UUID) -> None:
@@ -121,8 +133,14 @@ async def publish(pool: Pool, asset: uuid.UUID) -> None:
             "INSERT INTO releases (asset_id, revision, outputs) VALUES ($1, 1, ARRAY['playback'])",
             asset,
         )
-        await transition(conn, Entity.ASSET, [asset], expected="PROCESSING", new="PLAYABLE",
-                         values={"current_revision": 1})  # fmt: skip
+        await transition(
+            conn,
+            Entity.ASSET,
+            [asset],
+            expected="PROCESSING",
+            new="PLAYABLE",
+            values={"current_revision": 1},
+        )
     await move(pool, Entity.ASSET, asset, "PLAYABLE", "ENRICHED")
 
 
@@ -170,8 +188,11 @@ async def test_follows_an_output_into_its_asset_until_enriched(pool: Pool, confi
     lines, result = Lines(), list[int]()
     async with anyio.create_task_group() as tg:
         # A long timer: state changes must arrive by NOTIFY.
-        tg.start_soon(lambda: run_follow(pool, config, Target("output", str(output)), lines,
-                                         result, interval_seconds=30.0))  # fmt: skip
+        tg.start_soon(
+            lambda: run_follow(
+                pool, config, Target("output", str(output)), lines, result, interval_seconds=30.0
+            )
+        )
         await lines.wait_for("no asset yet")
         assert "FETCH_PENDING" in lines.lines[0] and "URL expires" in lines.lines[0]
         assert lines.count("output             recorded") == 1
@@ -206,8 +227,14 @@ async def test_follows_an_output_into_its_asset_until_enriched(pool: Pool, confi
     # depends on whether the re-read that → FETCHING caused ran before it finished: at most
     # once either way.
     assert lines.count("fetch              started") <= 1
-    once = ("fetch              stored", "→ FETCHING", "→ STORED", "→ PROBING", "→ ENRICHED",
-            "asset              created")  # fmt: skip
+    once = (
+        "fetch              stored",
+        "→ FETCHING",
+        "→ STORED",
+        "→ PROBING",
+        "→ ENRICHED",
+        "asset              created",
+    )
     for fragment in once:
         assert lines.count(fragment) == 1, fragment
     assert lines.lines[-1] == f"== asset {asset}: ENRICHED, final"
@@ -241,8 +268,11 @@ async def test_a_change_made_while_the_listen_opens_is_shown_at_once(
     with anyio.move_on_after(10):
         async with anyio.create_task_group() as tg:
             # A long timer: only the read after the LISTEN can show the change in time.
-            tg.start_soon(lambda: run_follow(pool, config, Target("asset", str(asset)), lines,
-                                             result, interval_seconds=30.0))  # fmt: skip
+            tg.start_soon(
+                lambda: run_follow(
+                    pool, config, Target("asset", str(asset)), lines, result, interval_seconds=30.0
+                )
+            )
             await lines.wait_for("→ PROBING", timeout=3)
             tg.cancel_scope.cancel()
     assert lines.count("asset              → PROBING") == 1
@@ -256,22 +286,38 @@ async def test_a_lost_notification_only_delays_a_line(pool: Pool, config: Config
     async with anyio.create_task_group() as tg:
 
         async def without_listen() -> None:
-            result.append(await follow(pool, Target("asset", str(asset)), lines.write,
-                                       listen=None, interval_seconds=0.2))  # fmt: skip
+            result.append(
+                await follow(
+                    pool,
+                    Target("asset", str(asset)),
+                    lines.write,
+                    listen=None,
+                    interval_seconds=0.2,
+                )
+            )
 
         tg.start_soon(without_listen)
         await lines.wait_for(f"asset {asset}: QUARANTINED")
         await move(pool, Entity.ASSET, asset, "QUARANTINED", "PROBING")
         await lines.wait_for("→ PROBING", timeout=3)
-        await move(pool, Entity.ASSET, asset, "PROBING", "INVALID_MEDIA",
-                   last_error_class="invalid_media",
-                   last_error_detail="unsupported_container:html")  # fmt: skip
+        await move(
+            pool,
+            Entity.ASSET,
+            asset,
+            "PROBING",
+            "INVALID_MEDIA",
+            last_error_class="invalid_media",
+            last_error_detail="unsupported_container:html",
+        )
         with anyio.fail_after(5):
             while not result:
                 await lines.changed.wait()
     assert result == [0]
-    lines.in_order("→ PROBING", "→ INVALID_MEDIA  [invalid_media]",
-                   f"== asset {asset}: INVALID_MEDIA (invalid_media), final")  # fmt: skip
+    lines.in_order(
+        "→ PROBING",
+        "→ INVALID_MEDIA  [invalid_media]",
+        f"== asset {asset}: INVALID_MEDIA (invalid_media), final",
+    )
     # The initial timeline is not repeated.
     assert lines.count("asset              created") == 1
     assert lines.count("fetch              stored") == 1
@@ -282,29 +328,44 @@ async def test_follows_every_output_of_a_task(pool: Pool, config: Config) -> Non
     first, second = task.outputs
     lines, result = Lines(), list[int]()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(lambda: run_follow(pool, config, Target("task", task.provider_task_id),
-                                         lines, result, interval_seconds=0.5))  # fmt: skip
+        tg.start_soon(
+            lambda: run_follow(
+                pool,
+                config,
+                Target("task", task.provider_task_id),
+                lines,
+                result,
+                interval_seconds=0.5,
+            )
+        )
         await lines.wait_for(f"provider output {second}")
         asset = await fetch_and_store(pool, task, first)
         await move(pool, Entity.PROVIDER_OUTPUT, second, "FETCH_PENDING", "FETCHING")
-        await move(pool, Entity.PROVIDER_OUTPUT, second, "FETCHING", "OUTPUT_LOST",
-                   last_error_class="output_lost")  # fmt: skip
+        await move(
+            pool,
+            Entity.PROVIDER_OUTPUT,
+            second,
+            "FETCHING",
+            "OUTPUT_LOST",
+            last_error_class="output_lost",
+        )
         await lines.wait_for("#1  ", timeout=3)
         assert not result, "one output is still being processed"
         await move(pool, Entity.ASSET, asset, "QUARANTINED", "PROBING")
         await move(pool, Entity.ASSET, asset, "PROBING", "PROCESSING")
-        await move(pool, Entity.ASSET, asset, "PROCESSING", "REJECTED",
-                   last_error_class="rejected")  # fmt: skip
+        await move(pool, Entity.ASSET, asset, "PROCESSING", "REJECTED", last_error_class="rejected")
         with anyio.fail_after(5):
             while not result:
                 await lines.changed.wait()
     assert result == [0]
     assert sum(line.startswith("provider output ") for line in lines.lines) == 2
     lines.in_order("#0  ", "#0", "#0", "→ REJECTED  [rejected]")
-    assert any(line.startswith("#1") and "→ OUTPUT_LOST  [output_lost]" in line
-               for line in lines.lines)  # fmt: skip
-    assert any(line.startswith("#0") and "asset              → PROCESSING" in line
-               for line in lines.lines)  # fmt: skip
+    assert any(
+        line.startswith("#1") and "→ OUTPUT_LOST  [output_lost]" in line for line in lines.lines
+    )
+    assert any(
+        line.startswith("#0") and "asset              → PROCESSING" in line for line in lines.lines
+    )
     assert lines.lines[-2:] == [
         f"== asset {asset}: REJECTED (rejected), final",
         f"== provider output {second}: OUTPUT_LOST (output_lost), final",
@@ -316,8 +377,11 @@ async def test_follows_every_output_of_a_task(pool: Pool, config: Config) -> Non
 
 
 async def test_unknown_ids_are_not_found(pool: Pool, config: Config) -> None:
-    for target in (Target("asset", str(uuid.uuid4())), Target("output", str(uuid.uuid4())),
-                   Target("task", "no-such-task")):  # fmt: skip
+    for target in (
+        Target("asset", str(uuid.uuid4())),
+        Target("output", str(uuid.uuid4())),
+        Target("task", "no-such-task"),
+    ):
         lines, result = Lines(), list[int]()
         await run_follow(pool, config, target, lines, result)
         assert result == [status_command.EXIT_NOT_FOUND]
@@ -332,14 +396,25 @@ async def test_cancellation_ends_it_and_closes_the_listen_connection(
     lines, result = Lines(), list[int]()
 
     async def listening() -> int:
-        return int(await pool.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND query LIKE 'LISTEN%'"))  # fmt: skip
+        return int(
+            await pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND query LIKE 'LISTEN%'"
+            )
+        )
 
     with anyio.move_on_after(10) as timeout:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(lambda: run_follow(pool, config, Target("output", str(output)), lines,
-                                             result, interval_seconds=30.0))  # fmt: skip
+            tg.start_soon(
+                lambda: run_follow(
+                    pool,
+                    config,
+                    Target("output", str(output)),
+                    lines,
+                    result,
+                    interval_seconds=30.0,
+                )
+            )
             await lines.wait_for("no asset yet")
             with anyio.fail_after(3):
                 while await listening() == 0:
@@ -362,8 +437,11 @@ def command(config: Config, *argv: str) -> subprocess.Popen[str]:
     env["AIVEDIO_DATABASE_URL"] = config.database.url
     return subprocess.Popen(
         [sys.executable, "-m", "aivedio", "status", *argv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 async def first_line(proc: subprocess.Popen[str]) -> str:
@@ -390,8 +468,7 @@ async def test_the_command_follows_until_final(pool: Pool, config: Config) -> No
     try:
         assert "FETCH_PENDING, no asset yet" in await first_line(proc)
         asset = await fetch_and_store(pool, task, output)
-        await move(pool, Entity.ASSET, asset, "QUARANTINED", "DELETED",
-                   last_error_class="deleted")  # fmt: skip
+        await move(pool, Entity.ASSET, asset, "QUARANTINED", "DELETED", last_error_class="deleted")
         code, out, err = await wait(proc)
     finally:
         if proc.poll() is None:

@@ -89,8 +89,9 @@ async def test_status_reports_state_variants_and_timeline(
     assert {"asset_id", "state", "current_revision", "variants", "timeline"} <= set(document)
     task = await rig.pool.fetchval(
         "SELECT o.provider_task_id FROM provider_outputs o JOIN assets a"
-        " ON a.source_provider_output_id = o.id WHERE a.id = $1", asset_id,
-    )  # fmt: skip
+        " ON a.source_provider_output_id = o.id WHERE a.id = $1",
+        asset_id,
+    )
     code, out = await anyio.to_thread.run_sync(
         lambda: run_cli(monkeypatch, capsys, rig, "status", "--task", task, "--json")
     )
@@ -114,9 +115,10 @@ async def test_reprocess_publishes_a_new_revision_atomically(
         r["object_key"]
         for r in await rig.pool.fetch(
             "SELECT object_key FROM asset_variants WHERE asset_id = $1 AND revision = $2",
-            asset_id, before["current_revision"],
+            asset_id,
+            before["current_revision"],
         )
-    ]  # fmt: skip
+    ]
     code, out = await anyio.to_thread.run_sync(
         lambda: run_cli(monkeypatch, capsys, rig, "reprocess", str(asset_id))
     )
@@ -124,8 +126,10 @@ async def test_reprocess_publishes_a_new_revision_atomically(
     async with running_worker(rig):
         await rig.wait(
             "SELECT 1 FROM assets WHERE id = $1 AND current_revision > $2",
-            asset_id, before["current_revision"], timeout=90,
-        )  # fmt: skip
+            asset_id,
+            before["current_revision"],
+            timeout=90,
+        )
         await rig.wait_idle(asset_id)
     after = await rig.asset(asset_id)
     assert after["status"] == "ENRICHED"

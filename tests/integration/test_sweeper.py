@@ -108,35 +108,59 @@ async def add_asset(
         "INSERT INTO assets (id, tenant_id, source_type, status, source_object_key,"
         " source_size_bytes, updated_at) VALUES ($1, $2, 'UPLOAD', $3, $4, 1,"
         " now() - make_interval(secs => $5))",
-        asset_id, tenant_id, status, source, updated_ago,
-    )  # fmt: skip
+        asset_id,
+        tenant_id,
+        status,
+        source,
+        updated_ago,
+    )
     return asset_id
 
 
 async def add_revision(
-    pool: Pool, asset_id: uuid.UUID, revision: int, status: str, *,
-    required: tuple[str, ...] = ("playback",), optional: tuple[str, ...] = (),
-) -> None:  # fmt: skip
+    pool: Pool,
+    asset_id: uuid.UUID,
+    revision: int,
+    status: str,
+    *,
+    required: tuple[str, ...] = ("playback",),
+    optional: tuple[str, ...] = (),
+) -> None:
     await pool.execute(
         "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
         " required_outputs, optional_outputs) VALUES ($1, $2, 1, $3, $4, $5)",
-        asset_id, revision, status, list(required), list(optional),
-    )  # fmt: skip
+        asset_id,
+        revision,
+        status,
+        list(required),
+        list(optional),
+    )
 
 
 async def add_variant(
-    pool: Pool, asset_id: uuid.UUID, revision: int, variant_type: str, object_key: str,
-    status: str, paths: list[str],
-) -> None:  # fmt: skip
-    files = [{"path": p, "size": 1, "sha256": "", "mime": "application/octet-stream"}
-             for p in paths]  # fmt: skip
+    pool: Pool,
+    asset_id: uuid.UUID,
+    revision: int,
+    variant_type: str,
+    object_key: str,
+    status: str,
+    paths: list[str],
+) -> None:
+    files = [
+        {"path": p, "size": 1, "sha256": "", "mime": "application/octet-stream"} for p in paths
+    ]
     await pool.execute(
         "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
         " mime_type, size_bytes, checksum_alg, checksum, status, extra)"
         " VALUES ($1, $2, $3, $4, $5, 'application/octet-stream', 1, 'sha256', '', $6, $7)",
-        uuid.uuid4(), asset_id, revision, variant_type, object_key, status,
+        uuid.uuid4(),
+        asset_id,
+        revision,
+        variant_type,
+        object_key,
+        status,
         {"files": files} if paths else None,
-    )  # fmt: skip
+    )
 
 
 async def add_output(pool: Pool, tenant_id: int, status: str, *, expires_in: float) -> uuid.UUID:
@@ -144,15 +168,22 @@ async def add_output(pool: Pool, tenant_id: int, status: str, *, expires_in: flo
     await pool.execute(
         "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
         " provider_status) VALUES ($1, $2, 'sim', $3, 'PROVIDER_SUCCEEDED')",
-        task, tenant_id, str(task),
-    )  # fmt: skip
+        task,
+        tenant_id,
+        str(task),
+    )
     await pool.execute(
         "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
         " provider_task_id, output_index, source_url_ciphertext, source_url_key_id,"
         " fetch_status, source_url_expires_at) VALUES ($1, $2, $3, 'sim', $4, 0, '\\x00', 'k1',"
         " $5, now() + make_interval(secs => $6))",
-        output, tenant_id, task, str(task), status, expires_in,
-    )  # fmt: skip
+        output,
+        tenant_id,
+        task,
+        str(task),
+        status,
+        expires_in,
+    )
     return output
 
 
@@ -257,9 +288,14 @@ async def test_the_rebuild_publishes_a_new_revision_whose_hls_is_complete(
 # -- orphan GC: a property over random histories ---------------------------------------------------
 
 NAMES = (
-    "playback.mp4", "poster.jpg", "hls/master.m3u8", "hls/240p/index.m3u8",
-    "hls/240p/init.mp4", "hls/240p/seg_000.m4s", "hls/240p/seg_001.m4s",
-)  # fmt: skip
+    "playback.mp4",
+    "poster.jpg",
+    "hls/master.m3u8",
+    "hls/240p/index.m3u8",
+    "hls/240p/init.mp4",
+    "hls/240p/seg_000.m4s",
+    "hls/240p/seg_001.m4s",
+)
 REVISION_STATES = ("BUILDING", "READY", "SUPERSEDED", "FAILED", "ABANDONED")
 ASSET_STATES = ("PLAYABLE", "ENRICHED", "PROCESSING", "PROCESSING_FAILED", "DELETED")
 
@@ -320,8 +356,15 @@ async def _gc_example(dsn: str, root: Path, history: Any) -> None:
                 pending = False
                 for index, (holder, primary, paths, variant_status) in enumerate(variants):
                     base = min(holder, number - 1) + 1
-                    await add_variant(pool, asset_id, number, f"v{index}", key(base, primary),
-                                      variant_status, paths)  # fmt: skip
+                    await add_variant(
+                        pool,
+                        asset_id,
+                        number,
+                        f"v{index}",
+                        key(base, primary),
+                        variant_status,
+                        paths,
+                    )
                     names = {key(base, primary), *(key(base, p) for p in paths)}
                     written |= names
                     pending |= variant_status == "PENDING"
@@ -373,8 +416,9 @@ async def test_objects_of_a_deleted_asset_are_collected_only_after_the_grace_per
     asset_id = await add_asset(rig.pool, rig.tenant_id, "PROCESSING", source=source)
     prefix = keys.revision_prefix(rig.tenant_id, asset_id, 1)
     await add_revision(rig.pool, asset_id, 1, "BUILDING", required=("playback", "poster"))
-    await add_variant(rig.pool, asset_id, 1, "playback", f"{prefix}/playback.mp4", "SUCCEEDED",
-                      ["playback.mp4"])  # fmt: skip
+    await add_variant(
+        rig.pool, asset_id, 1, "playback", f"{prefix}/playback.mp4", "SUCCEEDED", ["playback.mp4"]
+    )
     await add_variant(rig.pool, asset_id, 1, "poster", f"{prefix}/poster.jpg", "PENDING", [])
     # A cancelled sibling whose source is under retention: kept however old it is.
     kept_source = f"quarantine/{th}/{uuid.uuid4()}/source.bin"
@@ -545,9 +589,11 @@ async def test_fetch_escalations_expired_leases_and_tasks_without_outputs(rig: R
     orphaned = await add_output(pool, tenant, "FETCHING", expires_in=7200)
     leased = await add_output(pool, tenant, "FETCHING", expires_in=7200)
     spec = JobSpec(
-        kind="fetch", lane="fetch", idempotency_key=f"fetch:{leased}:v1",
+        kind="fetch",
+        lane="fetch",
+        idempotency_key=f"fetch:{leased}:v1",
         payload={"provider_output_id": str(leased)},
-    )  # fmt: skip
+    )
     async with pool.acquire() as conn:
         await queue.enqueue_one(conn, spec)
     (job,) = await queue.claim("fetch", 1, "gone-worker", 0.01)  # a worker that died
@@ -557,8 +603,9 @@ async def test_fetch_escalations_expired_leases_and_tasks_without_outputs(rig: R
         "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
         " provider_status, updated_at) VALUES ($1, $2, 'sim', 'lonely', 'PROVIDER_SUCCEEDED',"
         " now() - interval '1 hour')",
-        lonely, tenant,
-    )  # fmt: skip
+        lonely,
+        tenant,
+    )
 
     async with sweeper(rig) as s:
         report = await s.sweep(dry_run=False)
@@ -583,21 +630,33 @@ async def test_a_watch_whose_poll_job_died_gives_up_instead_of_waiting_forever(r
         await pool.execute(
             "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
             " provider_status, watch) VALUES ($1, $2, 'sim', $3, 'PROVIDER_RUNNING', true)",
-            task, tenant, name,
-        )  # fmt: skip
+            task,
+            tenant,
+            name,
+        )
         await pool.execute(
             "INSERT INTO task_watches (generation_task_id, tenant_id, provider,"
             " provider_task_id, round, give_up_at, updated_at) VALUES ($1, $2, 'sim', $3, 2,"
             f" now() + interval '1 day', now() - interval '{age}')",
-            task, tenant, name,
-        )  # fmt: skip
-    spec = JobSpec(kind="poll", lane="control", idempotency_key=f"poll:{ids['polled']}:r2",
-                   payload={"generation_task_id": str(ids["polled"])})  # fmt: skip
+            task,
+            tenant,
+            name,
+        )
+    spec = JobSpec(
+        kind="poll",
+        lane="control",
+        idempotency_key=f"poll:{ids['polled']}:r2",
+        payload={"generation_task_id": str(ids["polled"])},
+    )
     async with pool.acquire() as conn:
         await queue.enqueue_one(conn, spec)
     # A poll job of an earlier round is no poll job of this one.
-    stale = JobSpec(kind="poll", lane="control", idempotency_key=f"poll:{ids['orphaned']}:r1",
-                    payload={"generation_task_id": str(ids["orphaned"])})  # fmt: skip
+    stale = JobSpec(
+        kind="poll",
+        lane="control",
+        idempotency_key=f"poll:{ids['orphaned']}:r1",
+        payload={"generation_task_id": str(ids["orphaned"])},
+    )
     async with pool.acquire() as conn:
         await queue.enqueue_one(conn, stale)
 
@@ -758,10 +817,17 @@ async def test_upload_sessions_keep_their_bytes_until_they_expire_then_are_reape
         video = uuid.uuid4()
         key = source_key(rig.tenant_id, video)
         await create_session(
-            rig.pool, video_id=video, tenant_id=rig.tenant_id, method="API_PUT",
-            content_type="video/mp4", filename=None, size_bytes=4, sha256="0" * 64,
-            expires_at=now + timedelta(seconds=expires_in), object_key=key,
-        )  # fmt: skip
+            rig.pool,
+            video_id=video,
+            tenant_id=rig.tenant_id,
+            method="API_PUT",
+            content_type="video/mp4",
+            filename=None,
+            size_bytes=4,
+            sha256="0" * 64,
+            expires_at=now + timedelta(seconds=expires_in),
+            object_key=key,
+        )
         await rig.store.put_bytes(key, b"half")
         age(root, key, OLD)  # past the orphan grace period: only the session protects it
         keys_of[name] = key
@@ -788,9 +854,15 @@ async def test_an_upload_a_live_job_owns_is_never_aborted_whatever_its_reported_
         orphan = await store.start_upload(f"quarantine/t/{uuid.uuid4()}/8/source.bin")
         for upload in (owned, orphan):  # past one part: the multipart upload exists
             await upload.write(b"x" * ((5 << 20) + 1))
-        spec = JobSpec(kind="fetch", lane="fetch", idempotency_key=f"fetch:{output}:v1",
-                       tenant_id=rig.tenant_id, payload={"provider_output_id": output},
-                       max_attempts=3, timeout_seconds=60)  # fmt: skip
+        spec = JobSpec(
+            kind="fetch",
+            lane="fetch",
+            idempotency_key=f"fetch:{output}:v1",
+            tenant_id=rig.tenant_id,
+            payload={"provider_output_id": output},
+            max_attempts=3,
+            timeout_seconds=60,
+        )
         async with rig.pool.acquire() as conn:
             await Queue(rig.pool).enqueue_one(conn, spec)
         async with open_sweeper(rig.config, rig.pool, store, sweeper=CFG) as s:

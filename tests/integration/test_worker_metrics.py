@@ -105,20 +105,32 @@ async def provider(
 
 
 async def ingest(
-    sim: SimulatedProvider, config: Config, pool: Pool, tenant_id: int, task_id: str,
+    sim: SimulatedProvider,
+    config: Config,
+    pool: Pool,
+    tenant_id: int,
+    task_id: str,
     url: str | None = None,
-) -> Recorded:  # fmt: skip
+) -> Recorded:
     doc = sim.task_json(task_id)["outputs"][0]
     descriptor = OutputDescriptor(
-        provider="sim", provider_task_id=task_id, output_index=0,
-        url=url or sim.signed_url(task_id, 0), expires_at=datetime.fromisoformat(doc["expires_at"]),
-        sha256=doc["sha256"], size=doc["size"],
-    )  # fmt: skip
+        provider="sim",
+        provider_task_id=task_id,
+        output_index=0,
+        url=url or sim.signed_url(task_id, 0),
+        expires_at=datetime.fromisoformat(doc["expires_at"]),
+        sha256=doc["sha256"],
+        size=doc["size"],
+    )
     async with pool.acquire() as conn:
         return await record_provider_output(
-            conn, queue=Queue(pool), registry=REGISTRY, cipher=url_cipher(config),
-            tenant_id=tenant_id, descriptor=descriptor,
-        )  # fmt: skip
+            conn,
+            queue=Queue(pool),
+            registry=REGISTRY,
+            cipher=url_cipher(config),
+            tenant_id=tenant_id,
+            descriptor=descriptor,
+        )
 
 
 @asynccontextmanager
@@ -161,8 +173,12 @@ async def test_fetches_count_responses_by_provider_and_status_and_time_stored_tr
         tenant_id = await pool.fetchval("INSERT INTO tenants (name) VALUES ('t') RETURNING id")
         bodies = {"plain": b"a" * 300_000, "throttled": b"b" * 200_000, "busy": b"c" * 100_000}
         sim.add_output("plain", 0, bodies["plain"])
-        sim.add_output("throttled", 0, bodies["throttled"],
-                       faults=Faults(throttle_requests=1, retry_after_seconds=0.05))  # fmt: skip
+        sim.add_output(
+            "throttled",
+            0,
+            bodies["throttled"],
+            faults=Faults(throttle_requests=1, retry_after_seconds=0.05),
+        )
         sim.add_output("busy", 0, bodies["busy"], faults=Faults(error_requests=1))
         sim.add_output("blocked", 0, b"d" * 1000)
         for task in bodies:
@@ -179,8 +195,12 @@ async def test_fetches_count_responses_by_provider_and_status_and_time_stored_tr
             samples = await scrape(worker)
         rows = await pool.fetch("SELECT provider_task_id, fetch_status FROM provider_outputs")
         statuses = {row["provider_task_id"]: row["fetch_status"] for row in rows}
-    assert statuses == {"plain": "STORED", "throttled": "STORED", "busy": "STORED",
-                        "blocked": "INVALID_RESPONSE"}  # fmt: skip
+    assert statuses == {
+        "plain": "STORED",
+        "throttled": "STORED",
+        "busy": "STORED",
+        "blocked": "INVALID_RESPONSE",
+    }
 
     responses = "aivedio_fetch_responses_total"
     assert value(samples, responses, provider="sim", status="200") == 3
@@ -191,8 +211,7 @@ async def test_fetches_count_responses_by_provider_and_status_and_time_stored_tr
     assert value(samples, "aivedio_fetch_duration_seconds_count", provider="sim") == 3
     total = value(samples, "aivedio_fetch_duration_seconds_sum", provider="sim")
     assert 0 < total < 30
-    assert value(samples, "aivedio_fetch_duration_seconds_bucket", provider="sim",
-                 le="+Inf") == 3  # fmt: skip
+    assert value(samples, "aivedio_fetch_duration_seconds_bucket", provider="sim", le="+Inf") == 3
 
     requests = "aivedio_object_store_requests_total"
     assert value(samples, requests, operation="complete_upload", outcome="ok") == 3
@@ -310,9 +329,11 @@ async def test_chunk_pieces_add_their_spans_on_the_chunked_path(
     rig: Rig, media_cache: MediaCache
 ) -> None:
     media = msgspec.structs.replace(
-        rig.config.media, chunk_threshold_seconds=8.0, chunk_seconds=4.0,
+        rig.config.media,
+        chunk_threshold_seconds=8.0,
+        chunk_seconds=4.0,
         x264_preset="ultrafast",
-    )  # fmt: skip
+    )
     rig = dataclasses.replace(rig, config=msgspec.structs.replace(rig.config, media=media))
     source = media_cache.get("counted_12", counted_av, seconds=12, fps=24, keyint=24)
     samples, plan, renders = await published(rig, source, timeout=300)
@@ -330,5 +351,7 @@ async def test_chunk_pieces_add_their_spans_on_the_chunked_path(
     covered = value(samples, "aivedio_media_source_seconds_total", **labels)
     assert covered == pytest.approx(expected)
     assert value(samples, "aivedio_media_processing_seconds_total", **labels) > 0
-    assert value(samples, "aivedio_media_source_seconds_total", path="single_pass",
-                 mode="transcode") == 0  # fmt: skip
+    assert (
+        value(samples, "aivedio_media_source_seconds_total", path="single_pass", mode="transcode")
+        == 0
+    )

@@ -51,7 +51,13 @@ def test_the_happy_path_reads_as_the_page_shows_it() -> None:
         (Entity.ASSET, "ENRICHED"),
     ]
     assert [phase_of(e, s)[0] for e, s in path] == [
-        "generated", "receiving", "stored", "processing", "playable", "enriched"]  # fmt: skip
+        "generated",
+        "receiving",
+        "stored",
+        "processing",
+        "playable",
+        "enriched",
+    ]
     # A state the table does not know yet still streams, as in progress.
     assert phase_of(Entity.ASSET, "SOMETHING_NEW") == ("processing", True)
 
@@ -80,30 +86,48 @@ def test_last_event_id(header: str | None, cursor: int) -> None:
 def test_wire_format_and_payload() -> None:
     scope = Scope(1, uuid.uuid4(), uuid.uuid4(), uuid.uuid4())
     at = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
-    row = StageRow(id=7, entity="provider_output", state="RETRY_WAIT", asset_id=None,
-                   provider_output_id=scope.provider_output_id,
-                   generation_task_id=scope.generation_task_id, error_class="timeout",
-                   at=at)  # fmt: skip
+    row = StageRow(
+        id=7,
+        entity="provider_output",
+        state="RETRY_WAIT",
+        asset_id=None,
+        provider_output_id=scope.provider_output_id,
+        generation_task_id=scope.generation_task_id,
+        error_class="timeout",
+        at=at,
+    )
     wire = frame(stage_event(scope, row))
     assert wire.endswith(b"\n\n") and wire.count(b"\n") == 4
     head, kind, data = wire.split(b"\n")[:3]
     assert (head, kind) == (b"id: 7", b"event: stage")
     payload = msgspec.json.decode(data.removeprefix(b"data: "))
     assert payload == {
-        "event_id": 7, "asset_id": str(scope.asset_id), "entity": "provider_output",
-        "state": "RETRY_WAIT", "phase": "receiving", "at": "2025-01-02T03:04:05Z",
+        "event_id": 7,
+        "asset_id": str(scope.asset_id),
+        "entity": "provider_output",
+        "state": "RETRY_WAIT",
+        "phase": "receiving",
+        "at": "2025-01-02T03:04:05Z",
         "provider_output_id": str(scope.provider_output_id),
-        "generation_task_id": str(scope.generation_task_id), "error_class": "timeout",
-    }  # fmt: skip
+        "generation_task_id": str(scope.generation_task_id),
+        "error_class": "timeout",
+    }
     # A stale error class is not reported with a state that is not a failure.
     stored = dataclasses.replace(row, state="STORED")
     assert stage_event(scope, stored).error_class is None
     # An upload's asset: no output, no task, and the keys say so.
     upload = Scope(1, uuid.uuid4(), None, None)
     assert upload.keys == (upload.asset_id,)
-    asset_row = StageRow(id=8, entity="asset", state="QUARANTINED", asset_id=upload.asset_id,
-                         provider_output_id=None, generation_task_id=None, error_class=None,
-                         at=at)  # fmt: skip
+    asset_row = StageRow(
+        id=8,
+        entity="asset",
+        state="QUARANTINED",
+        asset_id=upload.asset_id,
+        provider_output_id=None,
+        generation_task_id=None,
+        error_class=None,
+        at=at,
+    )
     encoded = msgspec.json.decode(msgspec.json.encode(stage_event(upload, asset_row)))
     assert set(encoded) == {"event_id", "asset_id", "entity", "state", "phase", "at"}
 
@@ -117,10 +141,14 @@ def test_schema_and_paths() -> None:
     assert set(op["responses"]) == {"200", "401", "404", "503"}
     event = op["responses"]["200"]["content"]["text/event-stream"]["schema"]
     assert event["properties"]["data"]["contentSchema"] == {
-        "$ref": "#/components/schemas/StageEvent"}  # fmt: skip
+        "$ref": "#/components/schemas/StageEvent"
+    }
     header = next(p for p in op["parameters"] if p["in"] == "header")
     assert (header["name"], header["required"], header["schema"]) == (
-        "Last-Event-ID", False, {"type": "string"})  # fmt: skip
+        "Last-Event-ID",
+        False,
+        {"type": "string"},
+    )
     assert (StageEvent,) == events.SCHEMAS
 
 

@@ -40,8 +40,11 @@ def test_errors_name_the_key(settings: dict[str, float], key: str) -> None:
 
 
 def test_the_section_loads_from_the_environment() -> None:
-    env = {"AIVEDIO_URL_ENCRYPTION_KEY": TEST_KEY, "AIVEDIO_BACKLOG__POISON_CRASH_COUNT": "3",
-           "AIVEDIO_BACKLOG__REFUSE_UPLOADS": "false"}  # fmt: skip
+    env = {
+        "AIVEDIO_URL_ENCRYPTION_KEY": TEST_KEY,
+        "AIVEDIO_BACKLOG__POISON_CRASH_COUNT": "3",
+        "AIVEDIO_BACKLOG__REFUSE_UPLOADS": "false",
+    }
     cfg = load_config(None, environ=env).backlog
     assert cfg.poison_crash_count == 3 and cfg.refuse_uploads is False
     with pytest.raises(ConfigError, match=r"backlog\.nope: unknown key"):

@@ -35,9 +35,14 @@ NTSC = 30000 / 1001
 
 
 def packets(
-    count: int, rate: float, *, keyint: int, open_keys: Sequence[int] = (),
-    offset: float = 0.0, decimals: int | None = None,
-) -> list[Packet]:  # fmt: skip
+    count: int,
+    rate: float,
+    *,
+    keyint: int,
+    open_keys: Sequence[int] = (),
+    offset: float = 0.0,
+    decimals: int | None = None,
+) -> list[Packet]:
     """``count`` frames at ``rate`` in decode order, a keyframe every ``keyint`` frames.
     A keyframe in ``open_keys`` (display index) opens its GOP: it is decoded before the two
     pictures displayed just ahead of it (leading B-frames, as an open GOP encodes them)."""
@@ -62,13 +67,20 @@ def test_a_keyframe_a_later_packet_displays_before_is_not_clean() -> None:
         return Packet(pts=pts, dts=None, pos=None, key=key)
 
     decode_order = [
-        p(0.0, key=True), p(0.1), p(0.2),
-        p(0.5, key=True), p(0.3), p(0.4),  # open GOP: 0.3 and 0.4 lead it
-        p(0.6), p(0.7),
-        p(0.8, key=True), p(None), p(0.9),  # closed GOP; a packet without pts is ignored
+        p(0.0, key=True),
+        p(0.1),
+        p(0.2),
+        p(0.5, key=True),
+        p(0.3),
+        p(0.4),  # open GOP: 0.3 and 0.4 lead it
+        p(0.6),
+        p(0.7),
+        p(0.8, key=True),
+        p(None),
+        p(0.9),  # closed GOP; a packet without pts is ignored
         p(1.0, key=True),  # the last packet: nothing after it
         p(None, key=True),
-    ]  # fmt: skip
+    ]
     assert clean_keyframes(decode_order) == [0.0, 0.8, 1.0]
 
 
@@ -157,8 +169,12 @@ def test_chunking_counts_every_packet_once() -> None:
 def test_open_gop_keyframes_are_never_split_points() -> None:
     closed = packets(90 * 24, 24.0, keyint=48)
     opened = packets(90 * 24, 24.0, keyint=48, open_keys=[20 * 24])
-    args: dict[str, Any] = {"end": 90.0, "rate": 24.0, "chunk_seconds": 20.0,
-                            "segment_seconds": 4.0}  # fmt: skip
+    args: dict[str, Any] = {
+        "end": 90.0,
+        "rate": 24.0,
+        "chunk_seconds": 20.0,
+        "segment_seconds": 4.0,
+    }
     assert make_chunking(closed, **args).starts == [0.0, 20.0, 40.0, 60.0]  # type: ignore[union-attr]
     chunking = make_chunking(opened, **args)
     assert chunking is not None
@@ -196,8 +212,12 @@ def test_a_grid_snapped_chunk_makes_its_share_at_another_output_rate() -> None:
 
 
 def test_no_chunking_without_a_usable_split() -> None:
-    args: dict[str, Any] = {"end": 90.0, "rate": 24.0, "chunk_seconds": 20.0,
-                            "segment_seconds": 4.0}  # fmt: skip
+    args: dict[str, Any] = {
+        "end": 90.0,
+        "rate": 24.0,
+        "chunk_seconds": 20.0,
+        "segment_seconds": 4.0,
+    }
     assert make_chunking([], **args) is None
     assert make_chunking([Packet(None, None, None, True)] * 10, **args) is None
     # One keyframe at the start of 90 s: nothing to cut at.
@@ -210,8 +230,15 @@ def test_no_chunking_without_a_usable_split() -> None:
 def ntsc_chunking() -> Chunking:
     rate = NTSC
     starts = [0.0, 600 / rate, 1200 / rate]
-    return Chunking(starts=starts, end=2100 / rate, origin=0.0, frames=[600, 600, 900],
-                    grid_starts=starts, grid_end=2100 / rate, chunk_seconds=20.0)  # fmt: skip
+    return Chunking(
+        starts=starts,
+        end=2100 / rate,
+        origin=0.0,
+        frames=[600, 600, 900],
+        grid_starts=starts,
+        grid_end=2100 / rate,
+        chunk_seconds=20.0,
+    )
 
 
 def forced(chunking: Chunking, index: int, cut_points: list[float] | None = None) -> list[float]:
@@ -243,8 +270,15 @@ def test_forced_keyframes_take_the_copied_rungs_cut_points_instead() -> None:
 
 
 def test_a_chunk_without_a_grid_time_forces_its_own_start() -> None:
-    chunking = Chunking(starts=[0.0, 5.0], end=7.0, origin=0.0, frames=[120, 48],
-                        grid_starts=[0.0, 5.0], grid_end=7.0, chunk_seconds=4.0)  # fmt: skip
+    chunking = Chunking(
+        starts=[0.0, 5.0],
+        end=7.0,
+        origin=0.0,
+        frames=[120, 48],
+        grid_starts=[0.0, 5.0],
+        grid_end=7.0,
+        chunk_seconds=4.0,
+    )
     assert forced(chunking, 1) == [5.0]
 
 
@@ -348,22 +382,45 @@ MEDIA = MediaConfig(
 def summary(seconds: float, **kw: Any) -> MediaSummary:
     """H.264 High yuv420p 1280x720 24 fps CFR with AAC-LC: remuxable unless changed."""
     base = MediaSummary(
-        container="mov,mp4,m4a,3gp,3g2,mj2", duration_seconds=seconds, start_time=0.0,
-        width=1280, height=720, display_width=1280, display_height=720, rotation=0, sar="1:1",
-        video_codec="h264", video_profile="High", video_level=40, pix_fmt="yuv420p",
-        frame_rate=24.0, real_frame_rate=24.0, variable_frame_rate=False, interlaced=False,
-        video_bit_rate=2_000_000, video_stream_index=0, audio_stream_index=1,
-        audio_codec="aac", audio_profile="LC", audio_sample_rate=48000, audio_channels=2,
-        audio_channel_layout="stereo", video_streams=1, audio_streams=1, subtitle_streams=0,
-        attachment_streams=0, data_streams=0,
-    )  # fmt: skip
+        container="mov,mp4,m4a,3gp,3g2,mj2",
+        duration_seconds=seconds,
+        start_time=0.0,
+        width=1280,
+        height=720,
+        display_width=1280,
+        display_height=720,
+        rotation=0,
+        sar="1:1",
+        video_codec="h264",
+        video_profile="High",
+        video_level=40,
+        pix_fmt="yuv420p",
+        frame_rate=24.0,
+        real_frame_rate=24.0,
+        variable_frame_rate=False,
+        interlaced=False,
+        video_bit_rate=2_000_000,
+        video_stream_index=0,
+        audio_stream_index=1,
+        audio_codec="aac",
+        audio_profile="LC",
+        audio_sample_rate=48000,
+        audio_channels=2,
+        audio_channel_layout="stereo",
+        video_streams=1,
+        audio_streams=1,
+        subtitle_streams=0,
+        attachment_streams=0,
+        data_streams=0,
+    )
     return msgspec.structs.replace(base, **kw)
 
 
 def transcode_path(seconds: float, media: MediaConfig = MEDIA) -> str:
     frames = round(seconds * 24)
-    plan = make_plan(summary(seconds, pix_fmt="yuv444p"), media,
-                     video_packets=packets(frames, 24.0, keyint=48))  # fmt: skip
+    plan = make_plan(
+        summary(seconds, pix_fmt="yuv444p"), media, video_packets=packets(frames, 24.0, keyint=48)
+    )
     assert plan.mode == "transcode"
     return plan.path
 
@@ -381,8 +438,9 @@ def test_only_a_source_past_the_threshold_is_chunked() -> None:
 
 
 def test_a_chunked_plan_records_its_chunks() -> None:
-    plan = make_plan(summary(90.0, pix_fmt="yuv444p"), MEDIA,
-                     video_packets=packets(90 * 24, 24.0, keyint=48))  # fmt: skip
+    plan = make_plan(
+        summary(90.0, pix_fmt="yuv444p"), MEDIA, video_packets=packets(90 * 24, 24.0, keyint=48)
+    )
     assert plan.path == "chunked" and plan.chunking is not None
     assert plan.chunking.starts == [0.0, 20.0, 40.0, 60.0]
     assert sum(plan.chunking.frames) == 90 * 24

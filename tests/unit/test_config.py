@@ -321,8 +321,10 @@ def test_media_config_errors_name_the_key(tmp_path: Path, toml: str, key: str) -
 
 def test_media_ladder_from_toml(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
-    path.write_text("[[media.ladder]]\nheight = 540\ncrf = 26\n[media.tolerances.acme]\n"
-                    "duration_seconds = 0.5\n")  # fmt: skip
+    path.write_text(
+        "[[media.ladder]]\nheight = 540\ncrf = 26\n[media.tolerances.acme]\n"
+        "duration_seconds = 0.5\n"
+    )
     config = load_config(path, environ={"AIVEDIO_URL_ENCRYPTION_KEY": KEY})
     assert [(r.height, r.crf) for r in config.media.ladder] == [(540, 26)]
     assert config.media.tolerances["acme"].duration_seconds == 0.5

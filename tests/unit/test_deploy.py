@@ -55,9 +55,18 @@ FAKE_SECRET = "a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2s="  # base64 of 32 byt
 
 # KEDA's postgresql scaler parameters (keda.sh/docs/2.16/scalers/postgresql).
 KEDA_POSTGRES_METADATA = {
-    "query", "targetQueryValue", "activationTargetQueryValue", "connectionFromEnv", "host",
-    "port", "userName", "dbName", "sslmode", "passwordFromEnv", "metricName",
-}  # fmt: skip
+    "query",
+    "targetQueryValue",
+    "activationTargetQueryValue",
+    "connectionFromEnv",
+    "host",
+    "port",
+    "userName",
+    "dbName",
+    "sslmode",
+    "passwordFromEnv",
+    "metricName",
+}
 # Labels Prometheus or Kubernetes service discovery add to every scraped series.
 TARGET_LABELS = {"job", "instance", "namespace", "pod", "container", "node"}
 # Series that are not aivedio's: the kubelet's cAdvisor, used for the CPU/memory panels.
@@ -159,8 +168,13 @@ def worker_deployments() -> dict[str, dict[str, Any]]:
 def test_every_builtin_manifest_validates_against_the_pinned_kubernetes_schema() -> None:
     builtin = [(f, d) for f, d in k8s_docs() if not d["apiVersion"].startswith("keda.sh/")]
     assert {d["kind"] for _, d in builtin} >= {
-        "Namespace", "ConfigMap", "Secret", "Job", "Deployment", "Service",
-    }  # fmt: skip
+        "Namespace",
+        "ConfigMap",
+        "Secret",
+        "Job",
+        "Deployment",
+        "Service",
+    }
     for name, doc in builtin:
         try:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -195,8 +209,10 @@ def test_the_configmap_is_a_valid_configuration_for_every_deployment(tmp_path: P
 def test_secret_carries_the_secrets_and_every_pod_reads_it_and_the_config() -> None:
     secret = by_kind("Secret")["aivedio-secrets"]
     assert set(secret["stringData"]) == {
-        "AIVEDIO_URL_ENCRYPTION_KEY", "AIVEDIO_PLAYBACK_TOKEN_SECRET", "AIVEDIO_DATABASE_URL",
-    }  # fmt: skip
+        "AIVEDIO_URL_ENCRYPTION_KEY",
+        "AIVEDIO_PLAYBACK_TOKEN_SECRET",
+        "AIVEDIO_DATABASE_URL",
+    }
     pods = [d["spec"]["template"]["spec"] for d in by_kind("Deployment").values()]
     pods += [j["spec"]["template"]["spec"] for j in by_kind("Job").values()]
     for pod in pods:
@@ -342,8 +358,10 @@ def test_scaled_objects_target_the_worker_deployments_and_read_the_secret(
         )
         for trigger in so["spec"]["triggers"]:
             lanes = set(re.findall(r"'(\w+)'", trigger["metadata"]["query"])) & {
-                "fetch", "media", "control",
-            }  # fmt: skip
+                "fetch",
+                "media",
+                "control",
+            }
             assert lanes and lanes <= running, (so["metadata"]["name"], trigger["name"])
 
 
@@ -368,14 +386,19 @@ async def test_keda_queries_return_a_number_on_a_migrated_database(pool: Pool) -
     queue = Queue(pool)
     now = datetime.now(UTC)
     specs = [
-        JobSpec(kind="fetch", lane="fetch", idempotency_key="k-fetch-1",
-                expires_at=now + timedelta(minutes=5), estimated_seconds=10),
+        JobSpec(
+            kind="fetch",
+            lane="fetch",
+            idempotency_key="k-fetch-1",
+            expires_at=now + timedelta(minutes=5),
+            estimated_seconds=10,
+        ),
         JobSpec(kind="fetch", lane="fetch", idempotency_key="k-fetch-2"),
         JobSpec(kind="publish", lane="control", idempotency_key="k-publish"),
         JobSpec(kind="render", lane="media", idempotency_key="k-render-1"),
         JobSpec(kind="render", lane="media", idempotency_key="k-render-2"),
         JobSpec(kind="probe", lane="media", idempotency_key="k-probe"),
-    ]  # fmt: skip
+    ]
     async with pool.acquire() as conn, conn.transaction():
         await queue.enqueue(conn, specs)
         await conn.execute(
@@ -566,11 +589,14 @@ def test_alert_rules_cover_the_scaling_signals() -> None:
     header = (DEPLOY / "prometheus" / "aivedio-alerts.yaml").read_text().split("\ngroups:")[0]
     assert "NO METRIC" not in header
     for wanted in (
-        "aivedio_fetch_duration_seconds", "aivedio_fetch_responses_total",
-        "aivedio_object_store_requests_total", "aivedio_object_store_bytes_total",
-        "aivedio_jobs_running_oldest_age_seconds", "aivedio_media_processing_seconds_total",
+        "aivedio_fetch_duration_seconds",
+        "aivedio_fetch_responses_total",
+        "aivedio_object_store_requests_total",
+        "aivedio_object_store_bytes_total",
+        "aivedio_jobs_running_oldest_age_seconds",
+        "aivedio_media_processing_seconds_total",
         "aivedio_media_source_seconds_total",
-    ):  # fmt: skip
+    ):
         assert wanted in header
         assert any(name.startswith(wanted) for name in exported_metrics()), wanted
 
@@ -622,16 +648,27 @@ def test_dashboard_queries_parse_and_use_exported_metrics() -> None:
         check_promql(expr, title)
     joined = "\n".join(e for _, e in exprs)
     for metric in (
-        "aivedio_queue_oldest_age_seconds", "aivedio_queue_depth", "aivedio_jobs_claimed_total",
-        "aivedio_jobs_succeeded_total", "aivedio_jobs_failed_total", "aivedio_lane_slots_busy",
-        "aivedio_lane_slots", "aivedio_worker_draining", "aivedio_api_draining",
-        "aivedio_api_requests_total", "aivedio_api_callbacks_total",
-        "aivedio_outputs_near_expiry", "aivedio_media_oldest_job_age_seconds",
-        "aivedio_fetch_duration_seconds_bucket", "aivedio_fetch_responses_total",
-        "aivedio_object_store_requests_total", "aivedio_object_store_bytes_total",
-        "aivedio_jobs_running_oldest_age_seconds", "aivedio_media_processing_seconds_total",
+        "aivedio_queue_oldest_age_seconds",
+        "aivedio_queue_depth",
+        "aivedio_jobs_claimed_total",
+        "aivedio_jobs_succeeded_total",
+        "aivedio_jobs_failed_total",
+        "aivedio_lane_slots_busy",
+        "aivedio_lane_slots",
+        "aivedio_worker_draining",
+        "aivedio_api_draining",
+        "aivedio_api_requests_total",
+        "aivedio_api_callbacks_total",
+        "aivedio_outputs_near_expiry",
+        "aivedio_media_oldest_job_age_seconds",
+        "aivedio_fetch_duration_seconds_bucket",
+        "aivedio_fetch_responses_total",
+        "aivedio_object_store_requests_total",
+        "aivedio_object_store_bytes_total",
+        "aivedio_jobs_running_oldest_age_seconds",
+        "aivedio_media_processing_seconds_total",
         "aivedio_media_source_seconds_total",
-    ):  # fmt: skip
+    ):
         assert metric in joined, metric
 
 

@@ -20,13 +20,17 @@ BODY = b'{"request_id": "req-1", "status": "OK"}'
 
 def jwk(private: Ed25519PrivateKey) -> dict[str, str]:
     raw = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return {"kty": "OKP", "crv": "Ed25519",
-            "x": base64.urlsafe_b64encode(raw).rstrip(b"=").decode()}  # fmt: skip
+    return {
+        "kty": "OKP",
+        "crv": "Ed25519",
+        "x": base64.urlsafe_b64encode(raw).rstrip(b"=").decode(),
+    }
 
 
 OLD, CURRENT, STRANGER = (Ed25519PrivateKey.generate() for _ in range(3))
-JWKS = msgspec.json.encode({"keys": [{"kty": "RSA", "n": "x", "e": "AQAB"}, jwk(OLD),
-                                     jwk(CURRENT)]})  # fmt: skip
+JWKS = msgspec.json.encode(
+    {"keys": [{"kty": "RSA", "n": "x", "e": "AQAB"}, jwk(OLD), jwk(CURRENT)]}
+)
 KEYS = public_keys(JWKS)
 
 
@@ -70,8 +74,12 @@ def test_forged_changed_and_stale_deliveries_are_refused() -> None:
 
 
 def test_a_jwks_without_usable_keys_is_a_config_error() -> None:
-    for bad in (b"not json", b'{"keys": []}', b'{"keys": [{"kty": "RSA"}]}',
-                b'{"keys": [{"kty": "OKP", "crv": "Ed25519", "x": "abc"}]}'):  # fmt: skip
+    for bad in (
+        b"not json",
+        b'{"keys": []}',
+        b'{"keys": [{"kty": "RSA"}]}',
+        b'{"keys": [{"kty": "OKP", "crv": "Ed25519", "x": "abc"}]}',
+    ):
         with pytest.raises(ConfigError, match="JWKS"):
             public_keys(bad)
 

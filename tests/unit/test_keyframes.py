@@ -259,9 +259,27 @@ def test_a_scan_of_every_stream_splits_by_index_keeping_the_heads_asked_for() ->
 def test_by_stream_reads_ffprobes_own_scan_as_the_per_stream_scans_do(tmp_path: Path) -> None:
     assert FFMPEG is not None and FFPROBE is not None
     clip = tmp_path / "av.mp4"
-    _run(FFMPEG, "-v", "error", "-f", "lavfi", "-i", "testsrc2=size=160x120:rate=24:duration=2",
-         "-f", "lavfi", "-i", "sine=frequency=440:duration=2", "-c:v", "libx264", "-bf", "2",
-         "-c:a", "aac", "-shortest", str(clip))  # fmt: skip
+    _run(
+        FFMPEG,
+        "-v",
+        "error",
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc2=size=160x120:rate=24:duration=2",
+        "-f",
+        "lavfi",
+        "-i",
+        "sine=frequency=440:duration=2",
+        "-c:v",
+        "libx264",
+        "-bf",
+        "2",
+        "-c:a",
+        "aac",
+        "-shortest",
+        str(clip),
+    )
     entries = ["-show_entries", "packet=pts_time,dts_time,pos,flags", "-of", "csv=p=0"]
     video = _run(FFPROBE, "-v", "error", "-select_streams", "0", *entries, str(clip))
     audio = _run(FFPROBE, "-v", "error", "-select_streams", "1", *entries, str(clip))

@@ -176,8 +176,11 @@ def test_tagged_audio_streams(tmp_path: Path) -> None:
     only(out, tmp_path)
     audios = streams_of(out, "audio")
     assert [(s["index"], s["disposition"]["default"], s["tags"]["language"]) for s in audios] == [
-        (1, 0, "eng"), (2, 0, "fra"), (3, 1, "deu"), (4, 0, "spa"),
-    ]  # fmt: skip
+        (1, 0, "eng"),
+        (2, 0, "fra"),
+        (3, 1, "deu"),
+        (4, 0, "spa"),
+    ]
     for k, stream in enumerate(audios):
         assert stream["channels"] == 1
         assert mf.tone_of(out, f"0:{stream['index']}") == pytest.approx(mf.audio_tone_hz(k), abs=5)
@@ -190,8 +193,9 @@ def test_two_video_streams(tmp_path: Path) -> None:
     only(out, tmp_path)
     videos = streams_of(out, "video")
     assert [(s["width"], s["height"], s["disposition"]["default"]) for s in videos] == [
-        (320, 240, 0), (480, 270, 1),
-    ]  # fmt: skip
+        (320, 240, 0),
+        (480, 270, 1),
+    ]
 
 
 @pytest.mark.parametrize(("width", "height"), [(1, 1), (4000, 2), (16, 16)])
@@ -200,8 +204,10 @@ def test_sized_video(tmp_path: Path, width: int, height: int) -> None:
     only(out, tmp_path)
     [video] = streams_of(out, "video")
     assert (video["width"], video["height"], video["sample_aspect_ratio"]) == (
-        width, height, "1:1",
-    )  # fmt: skip
+        width,
+        height,
+        "1:1",
+    )
 
 
 def test_short_clip(tmp_path: Path) -> None:

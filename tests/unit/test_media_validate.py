@@ -472,8 +472,11 @@ def test_summary_counts_streams_by_kind() -> None:
 
 
 def _tone(index: int, *, default: bool = False) -> Stream:
-    return audio(index=index, disposition=Disposition(default=int(default)),
-                 tags={"language": f"l{index:02d}"})  # fmt: skip
+    return audio(
+        index=index,
+        disposition=Disposition(default=int(default)),
+        tags={"language": f"l{index:02d}"},
+    )
 
 
 def test_twenty_audio_streams_use_the_default_one_and_ignore_the_rest() -> None:
@@ -491,8 +494,13 @@ def test_twenty_audio_streams_use_the_default_one_and_ignore_the_rest() -> None:
     assert (p.audio_stream, p.audio_map, p.video_map) == (3, "0:3", "0:0")
     # The verdict's JSON (what the probe job stores and ``aivedio probe`` prints) lists them.
     listed = msgspec.to_builtins(s)["ignored_streams"]
-    assert listed[0] == {"index": 1, "codec_type": "audio", "codec_name": "aac",
-                         "language": "l01", "why": "not_chosen"}  # fmt: skip
+    assert listed[0] == {
+        "index": 1,
+        "codec_type": "audio",
+        "codec_name": "aac",
+        "language": "l01",
+        "why": "not_chosen",
+    }
     assert len(listed) == 19
 
 
@@ -521,10 +529,15 @@ def test_several_video_streams_use_the_default_one() -> None:
 
 def test_the_rules_judge_the_chosen_streams_not_the_ignored_ones() -> None:
     odd = [
-        video(index=1, codec_name="theora", width=1, height=1,
-              side_data_list=[SideData(side_data_type="Display Matrix", rotation=45.0)]),
+        video(
+            index=1,
+            codec_name="theora",
+            width=1,
+            height=1,
+            side_data_list=[SideData(side_data_type="Display Matrix", rotation=45.0)],
+        ),
         audio(index=3, codec_name="alac", sample_rate=4000, channels=12),
-    ]  # fmt: skip
+    ]
     chosen = [video(disposition=Disposition(default=1)), _tone(2, default=True)]
     assert reasons_of(probe(chosen[0], odd[0], chosen[1], odd[1])) == []
     # The same streams chosen (default disposition) are refused.

@@ -55,9 +55,14 @@ def test_the_length_limit() -> None:
 
 @pytest.mark.parametrize(
     ("key", "says"),
-    [("a//b", "empty path segment"), ("a/.b", "starts with '.'"), ("/a", "must not start"),
-     ("a\\b", "visible ASCII"), ("", "non-empty")],
-)  # fmt: skip
+    [
+        ("a//b", "empty path segment"),
+        ("a/.b", "starts with '.'"),
+        ("/a", "must not start"),
+        ("a\\b", "visible ASCII"),
+        ("", "non-empty"),
+    ],
+)
 def test_a_refused_key_says_which_rule_it_breaks(key: str, says: str) -> None:
     with pytest.raises(InvalidKeyError, match=says):
         validate_key(key)

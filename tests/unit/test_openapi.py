@@ -53,8 +53,14 @@ def request_schemas(kind: str) -> list[dict[str, Any]]:
 
 
 def test_the_request_bodies_are_found() -> None:
-    assert {"CreateVideo", "CompleteVideo", "CompletedPart", "WatchTask", "CallbackBody",
-            "CallbackOutput"} <= set(REQUEST_COMPONENTS)  # fmt: skip
+    assert {
+        "CreateVideo",
+        "CompleteVideo",
+        "CompletedPart",
+        "WatchTask",
+        "CallbackBody",
+        "CallbackOutput",
+    } <= set(REQUEST_COMPONENTS)
 
 
 def test_the_upload_limit_served_is_the_configured_one() -> None:
@@ -111,8 +117,9 @@ def test_every_rate_limited_operation_documents_429_with_retry_after() -> None:
         else:
             assert limited["headers"]["Retry-After"]["required"], (path, method)
     off = served(rate_limits=RateLimitsConfig(enabled=False))
-    assert not [op for item in off["paths"].values() for op in item.values()
-                if "429" in op["responses"]]  # fmt: skip
+    assert not [
+        op for item in off["paths"].values() for op in item.values() if "429" in op["responses"]
+    ]
 
 
 def test_every_json_body_documents_how_the_reader_can_refuse_it() -> None:
@@ -134,8 +141,11 @@ def test_every_json_body_documents_how_the_reader_can_refuse_it() -> None:
 def test_an_upload_links_to_where_the_video_goes_next() -> None:
     created = DOC["paths"]["/v1/videos"]["post"]["responses"]["201"]["links"]
     assert {link["operationId"] for link in created.values()} == {
-        "uploadVideo", "completeVideo", "getVideoStatus", "getVideoPlayback",
-    }  # fmt: skip
+        "uploadVideo",
+        "completeVideo",
+        "getVideoStatus",
+        "getVideoPlayback",
+    }
     ids = {op["operationId"] for _, _, op in OPERATIONS if "operationId" in op}
     for _, _, op in OPERATIONS:
         for response in op["responses"].values():

@@ -39,15 +39,17 @@ def rung(name: str, width: int, height: int, *, copy: bool = False) -> Rung:
     )
 
 
-PROXY = Rung(name="proxy360p", width=640, height=360, copy=False, crf=28, maxrate_kbps=0,
-             bufsize_kbps=0)  # fmt: skip
+PROXY = Rung(
+    name="proxy360p", width=640, height=360, copy=False, crf=28, maxrate_kbps=0, bufsize_kbps=0
+)
 
 
 def make_plan(mode: str = "transcode", **changes: Any) -> Plan:
     if mode == "transcode":
         rungs = [rung("720p", 1280, 720), rung("480p", 854, 480), rung("360p", 640, 360)]
-        base: dict[str, Any] = dict(transcode_reasons=["video_codec:hevc"], audio="aac",
-                                    cut_points=None)  # fmt: skip
+        base: dict[str, Any] = dict(
+            transcode_reasons=["video_codec:hevc"], audio="aac", cut_points=None
+        )
     else:
         rungs = [rung("720p", 1280, 720, copy=True), rung("480p", 854, 480), rung("360p", 640, 360)]
         base = dict(transcode_reasons=[], audio="copy", cut_points=[4.0, 8.0, 12.041667])
@@ -81,8 +83,15 @@ def layout(tmp_path: Path) -> Layout:
 
 
 SOURCE = Path("/data/uploads/source file.mp4")
-CHUNKING = Chunking(starts=[0.0, 8.0], end=14.0, origin=0.0, frames=[240, 180],
-                    grid_starts=[0.0, 8.0], grid_end=14.0, chunk_seconds=8.0)  # fmt: skip
+CHUNKING = Chunking(
+    starts=[0.0, 8.0],
+    end=14.0,
+    origin=0.0,
+    frames=[240, 180],
+    grid_starts=[0.0, 8.0],
+    grid_end=14.0,
+    chunk_seconds=8.0,
+)
 
 
 def encode(
@@ -96,8 +105,9 @@ def encode(
     rate: int | None = 48000,
 ) -> list[str]:
     job = encode_job(plan, wants, has_audio=has_audio)
-    return encode_args(plan, job, MEDIA, sniff, SOURCE, layout, audio_channels=channels,
-                       audio_rate=rate)  # fmt: skip
+    return encode_args(
+        plan, job, MEDIA, sniff, SOURCE, layout, audio_channels=channels, audio_rate=rate
+    )
 
 
 def package(
@@ -328,8 +338,9 @@ def test_outputs_of_the_encode_pass_are_where_the_layout_says(layout: Layout) ->
 def test_encode_job_for_everything_in_transcode() -> None:
     plan = make_plan("transcode")
     job = encode_job(plan, ALL, has_audio=True)
-    assert job == EncodeJob(rungs=tuple(plan.rungs), proxy=True, poster=True, sprite=True,
-                            pcm=True, audio=True)  # fmt: skip
+    assert job == EncodeJob(
+        rungs=tuple(plan.rungs), proxy=True, poster=True, sprite=True, pcm=True, audio=True
+    )
     silent = encode_job(plan, ALL, has_audio=False)
     assert (silent.pcm, silent.audio) == (False, False)
 
@@ -497,11 +508,24 @@ def test_merge_refuses_a_map_it_cannot_renumber() -> None:
 
 
 def test_each_merged_output_keeps_its_own_first_inputs_metadata() -> None:
-    merged = merge_runs([
-        ["-i", "file:/src.mp4", "-map", "0:v:0", "-c", "copy", "a.mp4"],
-        ["-i", "file:/proxy.mp4", "-i", "file:/audio.m4a", "-map", "0:v:0", "-map", "1:a:0",
-         "-c", "copy", "b.mp4"],
-    ])  # fmt: skip
+    merged = merge_runs(
+        [
+            ["-i", "file:/src.mp4", "-map", "0:v:0", "-c", "copy", "a.mp4"],
+            [
+                "-i",
+                "file:/proxy.mp4",
+                "-i",
+                "file:/audio.m4a",
+                "-map",
+                "0:v:0",
+                "-map",
+                "1:a:0",
+                "-c",
+                "copy",
+                "b.mp4",
+            ],
+        ]
+    )
     assert merged[merged.index("a.mp4") - 1] == "copy"
     second = merged[merged.index("a.mp4") + 1 :]
     assert values(merged, "-map_metadata") == ["0", "1"]

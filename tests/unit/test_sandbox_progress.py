@@ -17,8 +17,9 @@ def block(n: int, streams: int, last: bool = False) -> tuple[bytes, dict[str, st
 
 
 def run(chunks: list[bytes]) -> tuple[RunResult, list[dict[str, str]]]:
-    result = RunResult(tool="ffmpeg", args=[], returncode=0, wall_seconds=0.0,
-                       network_isolated=False)  # fmt: skip
+    result = RunResult(
+        tool="ffmpeg", args=[], returncode=0, wall_seconds=0.0, network_isolated=False
+    )
     seen: list[dict[str, str]] = []
     progress = _Progress(result, seen.append)
     for chunk in chunks:
@@ -61,8 +62,9 @@ def test_a_value_containing_progress_is_not_a_block_end() -> None:
 
 
 def test_noise_without_newlines_stays_bounded_and_blocks_after_it_still_parse() -> None:
-    result = RunResult(tool="ffmpeg", args=[], returncode=0, wall_seconds=0.0,
-                       network_isolated=False)  # fmt: skip
+    result = RunResult(
+        tool="ffmpeg", args=[], returncode=0, wall_seconds=0.0, network_isolated=False
+    )
     seen: list[dict[str, str]] = []
     progress = _Progress(result, seen.append)
     progress.feed(b"x" * 200_000)

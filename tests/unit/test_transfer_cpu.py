@@ -62,9 +62,13 @@ def test_the_worker_exports_the_totals() -> None:
     with transfer_cpu.measured("store"):
         spin(0.01)
     text = WorkerMetrics().render().decode()
-    lines = [line for line in text.splitlines()
-             if line.startswith("aivedio_byte_transfer_cpu_seconds_total{")]  # fmt: skip
-    values = {line.split('kind="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-              for line in lines}  # fmt: skip
+    lines = [
+        line
+        for line in text.splitlines()
+        if line.startswith("aivedio_byte_transfer_cpu_seconds_total{")
+    ]
+    values = {
+        line.split('kind="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1]) for line in lines
+    }
     assert set(values) == set(transfer_cpu.KINDS)
     assert values["store"] >= 0.01

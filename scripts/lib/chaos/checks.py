@@ -20,8 +20,17 @@ from typing import Any
 from chaos.plan import Plan
 from chaos.stack import sql
 
-FINAL = frozenset({"ENRICHED", "INVALID_MEDIA", "PROCESSING_FAILED", "REJECTED", "DELETED",
-                   "INVALID_RESPONSE", "OUTPUT_LOST"})  # fmt: skip
+FINAL = frozenset(
+    {
+        "ENRICHED",
+        "INVALID_MEDIA",
+        "PROCESSING_FAILED",
+        "REJECTED",
+        "DELETED",
+        "INVALID_RESPONSE",
+        "OUTPUT_LOST",
+    }
+)
 
 
 @dataclass
@@ -32,8 +41,12 @@ class Result:
     offenders: list[Any] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "ok": self.ok, "detail": self.detail,
-                "offenders": [str(o) for o in self.offenders[:50]]}  # fmt: skip
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "detail": self.detail,
+            "offenders": [str(o) for o in self.offenders[:50]],
+        }
 
 
 OUTCOMES = """
@@ -67,8 +80,9 @@ def snapshot(dsn: str) -> dict[str, dict[str, Any]]:
 # -- outcomes --------------------------------------------------------------------------------
 
 
-def outcomes(plan: Plan, dsn: str, records: dict[str, dict[str, Any]],
-             killed_owners: set[str]) -> tuple[list[dict[str, Any]], list[Result]]:  # fmt: skip
+def outcomes(
+    plan: Plan, dsn: str, records: dict[str, dict[str, Any]], killed_owners: set[str]
+) -> tuple[list[dict[str, Any]], list[Result]]:
     """Per output: its state against its fault's expectation; the cancel and delete races
     checked against the release times."""
     rows = snapshot(dsn)
@@ -88,10 +102,13 @@ def outcomes(plan: Plan, dsn: str, records: dict[str, dict[str, Any]],
         row = rows.get(output.task_id)
         rec = records.get(output.task_id, {})
         if row is None:
-            missing.append(f"{output.task_id} ({output.kind}): no provider output recorded; "
-                           f"callback answers {rec.get('callback')}")  # fmt: skip
-            per_output.append({"task_id": output.task_id, "kind": output.kind,
-                               "state": "MISSING", "ok": False})  # fmt: skip
+            missing.append(
+                f"{output.task_id} ({output.kind}): no provider output recorded; "
+                f"callback answers {rec.get('callback')}"
+            )
+            per_output.append(
+                {"task_id": output.task_id, "kind": output.kind, "state": "MISSING", "ok": False}
+            )
             continue
         state = outcome_of(row)
         ok = state in output.fault.expect
@@ -100,8 +117,12 @@ def outcomes(plan: Plan, dsn: str, records: dict[str, dict[str, Any]],
             # The poison rule counts a worker dying mid-job as a crash of the source: accepted
             # only when every crash it counted is a lease lost by a worker the harness killed.
             mine = crashes.get(row["asset_id"], [])
-            by_kill = [c for c in mine if c["cause"] == "lease_expired"
-                       and any(o in (c["detail"] or "") for o in killed_owners)]  # fmt: skip
+            by_kill = [
+                c
+                for c in mine
+                if c["cause"] == "lease_expired"
+                and any(o in (c["detail"] or "") for o in killed_owners)
+            ]
             if mine and len(by_kill) == len(mine):
                 ok, state = True, f"{state} (poison: SIGKILLs)"
             else:
@@ -116,8 +137,10 @@ def outcomes(plan: Plan, dsn: str, records: dict[str, dict[str, Any]],
                 continue
             after = [r for r in rel if r["published_at"].timestamp() > done["t_end"] + 0.5]
             if after:
-                timing.append(f"{output.task_id}: revision(s) {[r['revision'] for r in after]} "
-                              f"released after the {action} returned")  # fmt: skip
+                timing.append(
+                    f"{output.task_id}: revision(s) {[r['revision'] for r in after]} "
+                    f"released after the {action} returned"
+                )
             if action == "cancel" and state in ("PLAYABLE", "ENRICHED"):
                 before = [r for r in rel if r["published_at"].timestamp() <= done["t_end"] + 0.5]
                 if not before:
@@ -132,23 +155,44 @@ def outcomes(plan: Plan, dsn: str, records: dict[str, dict[str, Any]],
         if counts.get(output.task_id, 0) != 1:
             ok, why = False, f"{counts.get(output.task_id)} provider output rows"
         if not ok:
-            wrong.append(f"{output.task_id} ({output.kind}): {state}, expected "
-                         f"{'/'.join(output.fault.expect)}{'; ' + why if why else ''}")  # fmt: skip
-        per_output.append({"task_id": output.task_id, "kind": output.kind, "state": state,
-                           "ok": ok, "why": why, "fetch_status": row["fetch_status"],
-                           "asset_id": str(row["asset_id"]) if row["asset_id"] else None,
-                           "asset_error": row["asset_error"], "fetch_error": row["fetch_error"],
-                           })  # fmt: skip
+            wrong.append(
+                f"{output.task_id} ({output.kind}): {state}, expected "
+                f"{'/'.join(output.fault.expect)}{'; ' + why if why else ''}"
+            )
+        per_output.append(
+            {
+                "task_id": output.task_id,
+                "kind": output.kind,
+                "state": state,
+                "ok": ok,
+                "why": why,
+                "fetch_status": row["fetch_status"],
+                "asset_id": str(row["asset_id"]) if row["asset_id"] else None,
+                "asset_error": row["asset_error"],
+                "fetch_error": row["fetch_error"],
+            }
+        )
     results = [
-        Result("every output recorded (one callback accepted each)", not missing,
-               f"{len(plan.outputs) - len(missing)}/{len(plan.outputs)} recorded", missing),
-        Result("every output in the final state its fault calls for", not wrong,
-               f"{len(plan.outputs) - len(wrong) - len(missing)}/{len(plan.outputs)} as expected",
-               wrong),
-        Result("nothing released after a cancel or delete returned", not timing,
-               f"{sum(1 for r in records.values() if r.get('cancel') or r.get('delete'))} "
-               "cancels and deletes checked", timing),
-    ]  # fmt: skip
+        Result(
+            "every output recorded (one callback accepted each)",
+            not missing,
+            f"{len(plan.outputs) - len(missing)}/{len(plan.outputs)} recorded",
+            missing,
+        ),
+        Result(
+            "every output in the final state its fault calls for",
+            not wrong,
+            f"{len(plan.outputs) - len(wrong) - len(missing)}/{len(plan.outputs)} as expected",
+            wrong,
+        ),
+        Result(
+            "nothing released after a cancel or delete returned",
+            not timing,
+            f"{sum(1 for r in records.values() if r.get('cancel') or r.get('delete'))} "
+            "cancels and deletes checked",
+            timing,
+        ),
+    ]
     return per_output, results
 
 
@@ -200,19 +244,37 @@ def uniqueness(dsn: str) -> list[Result]:
                     AND x.status = 'READY') <> 1)""",
     )
     return [
-        Result("no provider output recorded twice", not two_outputs,
-               f"{len(two_outputs)} duplicated", two_outputs),
-        Result("no provider output has two assets", not two_assets,
-               f"{len(two_assets)} with two or more", two_assets),
-        Result("no asset has two revisions from one publish", not two_revisions,
-               f"{len(two_revisions)} found", two_revisions),
-        Result("no revision was published twice (asset.ready per revision)", not twice,
-               f"{len(twice)} found", twice),
-        Result("released ⇔ READY/SUPERSEDED; the pointer names the one READY revision",
-               not unreleased_ready and not pointer,
-               f"{len(unreleased_ready)} revision/release mismatches, {len(pointer)} pointers",
-               unreleased_ready + pointer),
-    ]  # fmt: skip
+        Result(
+            "no provider output recorded twice",
+            not two_outputs,
+            f"{len(two_outputs)} duplicated",
+            two_outputs,
+        ),
+        Result(
+            "no provider output has two assets",
+            not two_assets,
+            f"{len(two_assets)} with two or more",
+            two_assets,
+        ),
+        Result(
+            "no asset has two revisions from one publish",
+            not two_revisions,
+            f"{len(two_revisions)} found",
+            two_revisions,
+        ),
+        Result(
+            "no revision was published twice (asset.ready per revision)",
+            not twice,
+            f"{len(twice)} found",
+            twice,
+        ),
+        Result(
+            "released ⇔ READY/SUPERSEDED; the pointer names the one READY revision",
+            not unreleased_ready and not pointer,
+            f"{len(unreleased_ready)} revision/release mismatches, {len(pointer)} pointers",
+            unreleased_ready + pointer,
+        ),
+    ]
 
 
 def leftovers(dsn: str) -> list[Result]:
@@ -226,16 +288,27 @@ def leftovers(dsn: str) -> list[Result]:
         dsn, "SELECT kind, status, count(*) AS n FROM jobs WHERE kind <> 'sweep' GROUP BY 1, 2"
     )
     return [
-        Result("no revision left BUILDING once every asset settled", not building,
-               f"{len(building)} found", building),
-        Result("no job left queued, waiting or running (sweep jobs aside)", not live,
-               ", ".join(f"{r['kind']}/{r['status']}: {r['n']}" for r in live) or "none", live),
-    ]  # fmt: skip
+        Result(
+            "no revision left BUILDING once every asset settled",
+            not building,
+            f"{len(building)} found",
+            building,
+        ),
+        Result(
+            "no job left queued, waiting or running (sweep jobs aside)",
+            not live,
+            ", ".join(f"{r['kind']}/{r['status']}: {r['n']}" for r in live) or "none",
+            live,
+        ),
+    ]
 
 
 def expired_leases(dsn: str) -> list[dict[str, Any]]:
-    return sql(dsn, "SELECT id, kind, lease_owner, lease_token, lease_until FROM jobs"
-                    " WHERE status = 'running' AND lease_until < now()")  # fmt: skip
+    return sql(
+        dsn,
+        "SELECT id, kind, lease_owner, lease_token, lease_until FROM jobs"
+        " WHERE status = 'running' AND lease_until < now()",
+    )
 
 
 # -- the store ---------------------------------------------------------------------------------
@@ -281,9 +354,14 @@ def _playlist_uris(text: str) -> list[str]:
     return uris
 
 
-async def _store_checks(config_path: Path, rows: list[dict[str, Any]],
-                        sources: list[dict[str, Any]], now: datetime, sweep_at: datetime,
-                        grace: float) -> list[Result]:  # fmt: skip
+async def _store_checks(
+    config_path: Path,
+    rows: list[dict[str, Any]],
+    sources: list[dict[str, Any]],
+    now: datetime,
+    sweep_at: datetime,
+    grace: float,
+) -> list[Result]:
     from aivedio.config import load_config
     from aivedio.store.objects import open_object_store
 
@@ -362,28 +440,51 @@ async def _store_checks(config_path: Path, rows: list[dict[str, Any]],
         for key, info in sorted(listed.items()):
             if key in needed or any(key.startswith(p) for p in prefixes):
                 continue
-            if info.last_modified is not None and (
-                    sweep_at - info.last_modified).total_seconds() < grace:  # fmt: skip
+            if (
+                info.last_modified is not None
+                and (sweep_at - info.last_modified).total_seconds() < grace
+            ):
                 young += 1
                 continue
             orphans.append(f"{key} ({info.size} bytes, {info.last_modified:%H:%M:%S})")
-        missing_sources = [s["source_object_key"] for s in sources
-                           if s["source_object_key"] in needed
-                           and s["source_object_key"] not in listed]  # fmt: skip
+        missing_sources = [
+            s["source_object_key"]
+            for s in sources
+            if s["source_object_key"] in needed and s["source_object_key"] not in listed
+        ]
     return [
-        Result("every object of a READY revision exists with its recorded size and SHA-256",
-               not bad, f"{checked} objects read and hashed", bad),
-        Result("no published playlist references a missing object", not broken,
-               f"{playlists} playlists parsed", broken),
-        Result("no orphan object left after GC past the grace period", not orphans,
-               f"{len(listed)} objects stored, {len(needed)} referenced, {retained} cancelled "
-               f"sources retained by rule, {young} younger than the grace at the sweep",
-               orphans),
-        Result("every retained source object exists", not missing_sources,
-               f"{len(sources)} sources recorded", missing_sources),
-        Result("no multipart upload left open", not pending,
-               f"{len(pending)} open", [f"{p.key} {p.upload_id}" for p in pending]),
-    ]  # fmt: skip
+        Result(
+            "every object of a READY revision exists with its recorded size and SHA-256",
+            not bad,
+            f"{checked} objects read and hashed",
+            bad,
+        ),
+        Result(
+            "no published playlist references a missing object",
+            not broken,
+            f"{playlists} playlists parsed",
+            broken,
+        ),
+        Result(
+            "no orphan object left after GC past the grace period",
+            not orphans,
+            f"{len(listed)} objects stored, {len(needed)} referenced, {retained} cancelled "
+            f"sources retained by rule, {young} younger than the grace at the sweep",
+            orphans,
+        ),
+        Result(
+            "every retained source object exists",
+            not missing_sources,
+            f"{len(sources)} sources recorded",
+            missing_sources,
+        ),
+        Result(
+            "no multipart upload left open",
+            not pending,
+            f"{len(pending)} open",
+            [f"{p.key} {p.upload_id}" for p in pending],
+        ),
+    ]
 
 
 def store_checks(config_path: Path, dsn: str, sweep_at: datetime, grace: float) -> list[Result]:
@@ -416,9 +517,13 @@ def secrets_in_logs(logs: list[Path], signatures: set[str], secrets: dict[str, s
         for marker in (b"sig=", b"X-Amz-Signature", b"X-Amz-Credential"):
             if marker in data:
                 found.append(f"{log.name}: a signed query string ({marker.decode()})")
-    return Result("no signed URL, token or key in any log line", not found,
-                  f"{len(logs)} log files, {lines} lines, {len(signatures)} URL signatures "
-                  f"and {len(needles)} secrets searched", sorted(set(found)))  # fmt: skip
+    return Result(
+        "no signed URL, token or key in any log line",
+        not found,
+        f"{len(logs)} log files, {lines} lines, {len(signatures)} URL signatures "
+        f"and {len(needles)} secrets searched",
+        sorted(set(found)),
+    )
 
 
 # Deferred outputs of assets not deleted, by status and by their revision's fate: a revision
@@ -448,8 +553,11 @@ def degradation(dsn: str, events: list[dict[str, Any]]) -> tuple[list[dict[str, 
     refused)."""
     on = [e for e in events if e.get("event") == "backlog_pressure_on"]
     signals = sorted({s for e in on for s in e.get("signals", [])})
-    looks = sum(1 for e in events if e.get("event") == "job_deferred"
-                and e.get("error_class") == "backlog_deferred")  # fmt: skip
+    looks = sum(
+        1
+        for e in events
+        if e.get("event") == "job_deferred" and e.get("error_class") == "backlog_deferred"
+    )
     rows = sql(dsn, DEFERRED_OUTPUTS)
     by_status: Counter[str] = Counter()
     released = 0
@@ -458,22 +566,41 @@ def degradation(dsn: str, events: list[dict[str, Any]]) -> tuple[list[dict[str, 
         released += int(row["released"])
     deferred = sum(by_status.values())
     pending = sum(int(r["n"]) for r in rows if r["status"] == "PENDING" and r["live"])
-    poison = sql(dsn, "SELECT count(*) AS n FROM assets WHERE last_error_class = 'poison_media'"
-                      " AND status <> 'DELETED'")  # fmt: skip
+    poison = sql(
+        dsn,
+        "SELECT count(*) AS n FROM assets WHERE last_error_class = 'poison_media'"
+        " AND status <> 'DELETED'",
+    )
     table = [
-        {"what": "backlog pressure turned on (each worker's turns)", "seen": str(len(on)),
-         "detail": f"signals {', '.join(signals) or 'none'} (backlog_pressure_on)"},
-        {"what": "optional outputs deferred", "seen": str(deferred),
-         "detail": ", ".join(f"{status} {n}" for status, n in sorted(by_status.items()))
-                   + f"; {released} released by an enrichment" if deferred else "none"},
-        {"what": "deferral looks (a job put back to wait)", "seen": str(looks),
-         "detail": "job_deferred with error class backlog_deferred"},
-        {"what": "sources quarantined as poison", "seen": str(poison[0]["n"]),
-         "detail": "assets PROCESSING_FAILED or PLAYABLE with poison_media"},
-    ]  # fmt: skip
-    result = Result("no deferred optional output of a live revision left pending", pending == 0,
-                    f"{deferred} deferred, {pending} still PENDING in a building or published"
-                    " revision")  # fmt: skip
+        {
+            "what": "backlog pressure turned on (each worker's turns)",
+            "seen": str(len(on)),
+            "detail": f"signals {', '.join(signals) or 'none'} (backlog_pressure_on)",
+        },
+        {
+            "what": "optional outputs deferred",
+            "seen": str(deferred),
+            "detail": ", ".join(f"{status} {n}" for status, n in sorted(by_status.items()))
+            + f"; {released} released by an enrichment"
+            if deferred
+            else "none",
+        },
+        {
+            "what": "deferral looks (a job put back to wait)",
+            "seen": str(looks),
+            "detail": "job_deferred with error class backlog_deferred",
+        },
+        {
+            "what": "sources quarantined as poison",
+            "seen": str(poison[0]["n"]),
+            "detail": "assets PROCESSING_FAILED or PLAYABLE with poison_media",
+        },
+    ]
+    result = Result(
+        "no deferred optional output of a live revision left pending",
+        pending == 0,
+        f"{deferred} deferred, {pending} still PENDING in a building or published revision",
+    )
     return table, result
 
 

@@ -62,22 +62,41 @@ class Load:
 
     def callback(self, output: Output, event_id: str, *, retry: bool = True) -> Reply:
         url, exp = self.signed_url(output.task_id, output.callback_ttl)
-        described = {"index": 0, "url": url,
-                     "expires_at": datetime.fromtimestamp(exp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                     **self.files[output.fault.source], "content_type": "video/mp4"}  # fmt: skip
-        body = json.dumps({"event_id": event_id, "task_id": output.task_id,
-                           "status": "SUCCEEDED", "outputs": [described]},
-                          separators=(",", ":")).encode()  # fmt: skip
+        described = {
+            "index": 0,
+            "url": url,
+            "expires_at": datetime.fromtimestamp(exp, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            **self.files[output.fault.source],
+            "content_type": "video/mp4",
+        }
+        body = json.dumps(
+            {
+                "event_id": event_id,
+                "task_id": output.task_id,
+                "status": "SUCCEEDED",
+                "outputs": [described],
+            },
+            separators=(",", ":"),
+        ).encode()
         deadline = time.monotonic() + RETRY_SECONDS
         while True:
             timestamp = str(int(time.time()))
-            mac = hmac.new(self.callback_secret.encode(), timestamp.encode() + b"." + body,
-                           hashlib.sha256)  # fmt: skip
-            headers = {"Content-Type": "application/json", "X-Aivedio-Timestamp": timestamp,
-                       "X-Aivedio-Signature": "sha256=" + mac.hexdigest()}  # fmt: skip
+            mac = hmac.new(
+                self.callback_secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256
+            )
+            headers = {
+                "Content-Type": "application/json",
+                "X-Aivedio-Timestamp": timestamp,
+                "X-Aivedio-Signature": "sha256=" + mac.hexdigest(),
+            }
             try:
-                reply = http("POST", f"{self.api_base}/v1/providers/{PROVIDER}/callbacks",
-                             body=body, headers=headers, timeout=30)  # fmt: skip
+                reply = http(
+                    "POST",
+                    f"{self.api_base}/v1/providers/{PROVIDER}/callbacks",
+                    body=body,
+                    headers=headers,
+                    timeout=30,
+                )
             except DemoError:
                 reply = Reply(0, {}, b"connection failed")
             if not retry or reply.status in (202, 409) or 400 <= reply.status < 500:
@@ -89,9 +108,12 @@ class Load:
     # -- the user's and operator's side ----------------------------------------------------------
 
     def asset_of(self, task_id: str) -> Any:
-        rows = sql(self.dsn, "SELECT a.id, a.status FROM assets a JOIN provider_outputs o ON"
-                             " a.source_provider_output_id = o.id WHERE o.provider_task_id = $1",
-                   task_id)  # fmt: skip
+        rows = sql(
+            self.dsn,
+            "SELECT a.id, a.status FROM assets a JOIN provider_outputs o ON"
+            " a.source_provider_output_id = o.id WHERE o.provider_task_id = $1",
+            task_id,
+        )
         return rows[0] if rows else None
 
     def delete(self, asset_id: Any) -> dict[str, Any]:
@@ -99,8 +121,11 @@ class Load:
         t_start = time.time()
         while True:
             try:
-                reply = http("DELETE", f"{self.api_base}/v1/assets/{asset_id}",
-                             headers={"Authorization": f"Bearer {self.api_key}"})  # fmt: skip
+                reply = http(
+                    "DELETE",
+                    f"{self.api_base}/v1/assets/{asset_id}",
+                    headers={"Authorization": f"Bearer {self.api_key}"},
+                )
             except DemoError:
                 reply = Reply(0, {}, b"connection failed")
             if reply.status == 200 or time.monotonic() > deadline:
@@ -119,8 +144,12 @@ class Load:
         while True:
             done = subprocess.run(
                 [AIVEDIO, "cancel", "--provider", PROVIDER, "--task-id", task_id],
-                env=self.env, cwd=ROOT, capture_output=True, text=True, check=False,
-            )  # fmt: skip
+                env=self.env,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if done.returncode == 0 or time.monotonic() > deadline:
                 answer: Any = done.stdout.strip()
                 with contextlib.suppress(ValueError):
@@ -138,8 +167,11 @@ class Load:
     def playback(self, asset_id: Any) -> None:
         """A playback token for a published asset (kept for the log check), and its master."""
         try:
-            reply = http("GET", f"{self.api_base}/v1/videos/{asset_id}/playback",
-                         headers={"Authorization": f"Bearer {self.api_key}"})  # fmt: skip
+            reply = http(
+                "GET",
+                f"{self.api_base}/v1/videos/{asset_id}/playback",
+                headers={"Authorization": f"Bearer {self.api_key}"},
+            )
             if reply.status != 200:
                 return
             answer = reply.json()

@@ -46,7 +46,7 @@ from chaos.stack import (
     out,
     sql,
     stop_all,
-)  # fmt: skip
+)
 
 DATABASE = "aivedio_chaos"
 BUCKET = "aivedio-chaos"
@@ -74,13 +74,23 @@ def toml_str(value: str) -> str:
     return json.dumps(value)
 
 
-def write_config(path: Path, *, dsn: str, api_port: int, sim: dict[str, Any],
-                 callback_secret: str, s3_endpoint: str | None, objects: Path) -> None:  # fmt: skip
+def write_config(
+    path: Path,
+    *,
+    dsn: str,
+    api_port: int,
+    sim: dict[str, Any],
+    callback_secret: str,
+    s3_endpoint: str | None,
+    objects: Path,
+) -> None:
     if s3_endpoint is None:
         storage = f"url = {toml_str('file://' + str(objects))}"
     else:
-        storage = (f'url = "s3://{BUCKET}/chaos"\ns3_endpoint_url = {toml_str(s3_endpoint)}\n'
-                   's3_access_key_id = "chaos"\ns3_secret_access_key = "chaos"')  # fmt: skip
+        storage = (
+            f'url = "s3://{BUCKET}/chaos"\ns3_endpoint_url = {toml_str(s3_endpoint)}\n'
+            's3_access_key_id = "chaos"\ns3_secret_access_key = "chaos"'
+        )
     path.write_text(f"""# Written by scripts/chaos for one run. Secrets come from the environment.
 [database]
 url = {toml_str(dsn)}
@@ -212,14 +222,19 @@ class Run:
         signing_key = os.urandom(32)
         (self.dir / "signing.key").write_text(signing_key.hex())
         (self.dir / "signing.key").chmod(0o600)
-        self.secrets = {"url encryption key": url_key, "playback token secret": playback_secret,
-                        "callback secret": callback_secret,
-                        "provider signing key": signing_key.hex()}  # fmt: skip
+        self.secrets = {
+            "url encryption key": url_key,
+            "playback token secret": playback_secret,
+            "callback secret": callback_secret,
+            "provider signing key": signing_key.hex(),
+        }
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
-        self.env.update(AIVEDIO_URL_ENCRYPTION_KEY=url_key,
-                        AIVEDIO_PLAYBACK_TOKEN_SECRET=playback_secret,
-                        AIVEDIO_CONFIG=str(self.dir / "aivedio.toml"),
-                        AWS_EC2_METADATA_DISABLED="true")  # fmt: skip
+        self.env.update(
+            AIVEDIO_URL_ENCRYPTION_KEY=url_key,
+            AIVEDIO_PLAYBACK_TOKEN_SECRET=playback_secret,
+            AIVEDIO_CONFIG=str(self.dir / "aivedio.toml"),
+            AWS_EC2_METADATA_DISABLED="true",
+        )
 
         # PostgreSQL: a cluster of our own, so it can be restarted.
         if args.server_dsn:
@@ -229,8 +244,10 @@ class Run:
             self.pg = Postgres(self.dir / "pg", free_port())
             self.pg.start()
             server_dsn = self.pg.dsn
-            out(f"  PostgreSQL  127.0.0.1:{self.pg.port}  throwaway cluster in "
-                f"{self.pg.dir.relative_to(ROOT)} ({self.pg.bindir})")  # fmt: skip
+            out(
+                f"  PostgreSQL  127.0.0.1:{self.pg.port}  throwaway cluster in "
+                f"{self.pg.dir.relative_to(ROOT)} ({self.pg.bindir})"
+            )
         sql(server_dsn, f'DROP DATABASE IF EXISTS "{DATABASE}"')
         sql(server_dsn, f'CREATE DATABASE "{DATABASE}"')
         dsn = server_dsn.rsplit("/", 1)[0] + f"/{DATABASE}"
@@ -239,40 +256,79 @@ class Run:
         s3_endpoint = None
         if args.store == "s3":
             moto_port, proxy_port = free_port(), free_port()
-            moto = self.spawn("S3 server (moto)", [sys.executable, "-m", "moto.server", "-H",
-                              "127.0.0.1", "-p", str(moto_port)], "moto.log")  # fmt: skip
-            moto.wait_for(lambda: self.answers(f"http://127.0.0.1:{moto_port}/moto-api/"),
-                          "answer", 30)  # fmt: skip
+            moto = self.spawn(
+                "S3 server (moto)",
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
+                "moto.log",
+            )
+            moto.wait_for(
+                lambda: self.answers(f"http://127.0.0.1:{moto_port}/moto-api/"), "answer", 30
+            )
             import boto3  # type: ignore[import-untyped]
 
-            client = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{moto_port}",
-                                  region_name="us-east-1", aws_access_key_id="chaos",
-                                  aws_secret_access_key="chaos")  # fmt: skip
+            client = boto3.client(
+                "s3",
+                endpoint_url=f"http://127.0.0.1:{moto_port}",
+                region_name="us-east-1",
+                aws_access_key_id="chaos",
+                aws_secret_access_key="chaos",
+            )
             client.create_bucket(Bucket=BUCKET)
             client.close()
-            self.proxy = self.spawn("S3 proxy", [sys.executable, str(Path(__file__).parent /
-                                    "proxy.py"), "--listen-port", str(proxy_port),
-                                    "--target-port", str(moto_port)], "s3-proxy.log")  # fmt: skip
+            self.proxy = self.spawn(
+                "S3 proxy",
+                [
+                    sys.executable,
+                    str(Path(__file__).parent / "proxy.py"),
+                    "--listen-port",
+                    str(proxy_port),
+                    "--target-port",
+                    str(moto_port),
+                ],
+                "s3-proxy.log",
+            )
             self.proxy.wait_for_event("proxy_listening", 15)
             s3_endpoint = f"http://127.0.0.1:{proxy_port}"
-            out(f"  S3          {s3_endpoint} (proxy) -> moto on 127.0.0.1:{moto_port}, "
-                f"bucket {BUCKET}")  # fmt: skip
+            out(
+                f"  S3          {s3_endpoint} (proxy) -> moto on 127.0.0.1:{moto_port}, "
+                f"bucket {BUCKET}"
+            )
 
-        sim = self.spawn("provider (sim)", [
-            sys.executable, str(Path(__file__).parent / "provider.py"),
-            "--plan", str(self.dir / "plan.json"), "--media", str(self.dir / "media"),
-            "--ca-dir", str(self.dir / "ca"), "--signing-key-file", str(self.dir / "signing.key"),
-            "--signatures-out", str(self.dir / "signatures.txt")],
-            "provider.log", stdout=self.dir / "provider.json")  # fmt: skip
+        sim = self.spawn(
+            "provider (sim)",
+            [
+                sys.executable,
+                str(Path(__file__).parent / "provider.py"),
+                "--plan",
+                str(self.dir / "plan.json"),
+                "--media",
+                str(self.dir / "media"),
+                "--ca-dir",
+                str(self.dir / "ca"),
+                "--signing-key-file",
+                str(self.dir / "signing.key"),
+                "--signatures-out",
+                str(self.dir / "signatures.txt"),
+            ],
+            "provider.log",
+            stdout=self.dir / "provider.json",
+        )
         (self.dir / "signatures.txt").write_text("")
-        provider = json.loads(sim.wait_for(
-            lambda: (self.dir / "provider.json").read_text().strip(), "JSON line", 30))  # fmt: skip
+        provider = json.loads(
+            sim.wait_for(lambda: (self.dir / "provider.json").read_text().strip(), "JSON line", 30)
+        )
         out(f"  provider    {provider['base_url']} (simulated, HTTPS, faults per output)")
 
         api_port = free_port()
-        write_config(self.dir / "aivedio.toml", dsn=dsn, api_port=api_port, sim=provider,
-                     callback_secret=callback_secret, s3_endpoint=s3_endpoint,
-                     objects=self.dir / "objects")  # fmt: skip
+        write_config(
+            self.dir / "aivedio.toml",
+            dsn=dsn,
+            api_port=api_port,
+            sim=provider,
+            callback_secret=callback_secret,
+            s3_endpoint=s3_endpoint,
+            objects=self.dir / "objects",
+        )
         self.cli("migrate")
         self.cli("tenants", "create", TENANT)
         key = json.loads(self.cli("keys", "create", "--tenant", TENANT))["key"]
@@ -287,16 +343,33 @@ class Run:
         for worker in self.workers.values():
             worker.wait_for_event("http_listening")
         out(f"  API         {base}  pid {self.api.pid}")
-        out(f"  workers     {args.workers}: " + ", ".join(
-            f"{w.name} pid {w.pid}" for w in self.workers.values()))  # fmt: skip
+        out(
+            f"  workers     {args.workers}: "
+            + ", ".join(f"{w.name} pid {w.pid}" for w in self.workers.values())
+        )
         out(f"  config      {(self.dir / 'aivedio.toml').relative_to(ROOT)}")
         self.sampler.start()
-        return Load(api_base=base, api_key=key, callback_secret=callback_secret,
-                    provider_base=provider["base_url"], signing_key=signing_key,
-                    files=provider["files"], env=self.env, dsn=dsn, t0=0.0)  # fmt: skip
+        return Load(
+            api_base=base,
+            api_key=key,
+            callback_secret=callback_secret,
+            provider_base=provider["base_url"],
+            signing_key=signing_key,
+            files=provider["files"],
+            env=self.env,
+            dsn=dsn,
+            t0=0.0,
+        )
 
-    def spawn(self, name: str, argv: list[str], log: str, *, stdout: Path | None = None,
-              watched: bool = True) -> Proc:  # fmt: skip
+    def spawn(
+        self,
+        name: str,
+        argv: list[str],
+        log: str,
+        *,
+        stdout: Path | None = None,
+        watched: bool = True,
+    ) -> Proc:
         proc = Proc(name, argv, self.logs / log, self.env, stdout=stdout, watched=watched)
         self.procs.append(proc)
         self.children.add(proc)
@@ -305,8 +378,12 @@ class Run:
     def start_worker(self, slot: int) -> Proc:
         self.generation[slot] += 1
         gen = self.generation[slot]
-        proc = self.spawn(f"worker {slot + 1}.{gen}", [AIVEDIO, "worker"],
-                          f"worker-{slot + 1}-{gen}.log", watched=False)  # fmt: skip
+        proc = self.spawn(
+            f"worker {slot + 1}.{gen}",
+            [AIVEDIO, "worker"],
+            f"worker-{slot + 1}-{gen}.log",
+            watched=False,
+        )
         self.workers[slot] = proc
         self.worker_history.append(proc)
         self.sampler.add(proc)
@@ -321,11 +398,13 @@ class Run:
 
     def cli(self, *argv: str, check: bool = True, extra_env: dict[str, str] | None = None) -> str:
         env = {**self.env, **(extra_env or {})}
-        done = subprocess.run([AIVEDIO, *argv], env=env, cwd=ROOT, capture_output=True,
-                              text=True, check=False)  # fmt: skip
+        done = subprocess.run(
+            [AIVEDIO, *argv], env=env, cwd=ROOT, capture_output=True, text=True, check=False
+        )
         if check and done.returncode != 0:
-            raise ChaosError(f"aivedio {' '.join(argv)} failed ({done.returncode}): "
-                             f"{done.stderr.strip()[-500:]}")  # fmt: skip
+            raise ChaosError(
+                f"aivedio {' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[-500:]}"
+            )
         return done.stdout
 
     # -- chaos ----------------------------------------------------------------------------------
@@ -374,8 +453,11 @@ class Run:
                 self.log(f"{worker.name} had crashed before the SIGTERM; draining another")
                 self.drain((slot + 1) % len(self.workers))
                 return
-            self.drain_result = {"worker": worker.name, "exit": code,
-                                 "seconds": round(time.monotonic() - t, 1)}  # fmt: skip
+            self.drain_result = {
+                "worker": worker.name,
+                "exit": code,
+                "seconds": round(time.monotonic() - t, 1),
+            }
             self.log(f"{worker.name} drained: exit {code}", seconds=self.drain_result["seconds"])
 
         threading.Thread(target=wait, daemon=True).start()
@@ -451,28 +533,34 @@ class Run:
                     worker.fate = "refused_start"
                     self.startup_refused.append(refused)
                     new = self.start_worker(slot)
-                    self.log(f"{worker.name} refused to start while PostgreSQL restarted "
-                             f"(exit 1, before the worker ran); started {new.name}")  # fmt: skip
+                    self.log(
+                        f"{worker.name} refused to start while PostgreSQL restarted "
+                        f"(exit 1, before the worker ran); started {new.name}"
+                    )
                     continue
                 worker.fate = "exited"
-                self.unexpected.append(f"{worker.name} exited by itself ({worker.proc.returncode})"
-                                       f" at {time.time() - self.t0:.1f} s")  # fmt: skip
+                self.unexpected.append(
+                    f"{worker.name} exited by itself ({worker.proc.returncode})"
+                    f" at {time.time() - self.t0:.1f} s"
+                )
                 new = self.start_worker(slot)
-                self.log(f"{worker.name} EXITED by itself ({worker.proc.returncode}); "
-                         f"started {new.name}")  # fmt: skip
+                self.log(
+                    f"{worker.name} EXITED by itself ({worker.proc.returncode}); started {new.name}"
+                )
         if self.api is not None and not self.api.alive() and self.api.fate == "running":
             self.api.fate = "exited"
             self.unexpected.append(f"the API exited by itself ({self.api.proc.returncode})")
             self.log("the API EXITED by itself")
-            self.api = self.spawn("API (restarted)", [AIVEDIO, "api"], "api-2.log",
-                                  watched=False)  # fmt: skip
+            self.api = self.spawn("API (restarted)", [AIVEDIO, "api"], "api-2.log", watched=False)
 
     def load_and_chaos(self, load: Load) -> None:
         plan, chaos = self.plan, self.plan.chaos
         schedule: list[tuple[float, str, Any]] = [(at, "kill", slot) for at, slot in chaos.kills]
-        schedule += [(chaos.drain_at, "drain", chaos.drain_slot),
-                     (chaos.pg_restart_at, "pg", None),
-                     (chaos.s3_outage_at, "s3", chaos.s3_outage_seconds)]  # fmt: skip
+        schedule += [
+            (chaos.drain_at, "drain", chaos.drain_slot),
+            (chaos.pg_restart_at, "pg", None),
+            (chaos.s3_outage_at, "s3", chaos.s3_outage_seconds),
+        ]
         schedule.sort(key=lambda item: item[0])
         self.t0 = load.t0 = time.time()
         threads = [threading.Thread(target=load.run, args=(o,), daemon=True) for o in plan.outputs]
@@ -505,16 +593,21 @@ class Run:
             self.watch_processes()
             rows = checks.snapshot(self.dsn)
             live = sql(self.dsn, "SELECT count(*) AS n FROM jobs WHERE kind <> 'sweep'")[0]["n"]
-            done = sum(1 for o in self.plan.outputs if o.task_id in rows
-                       and checks.settled(rows[o.task_id]))  # fmt: skip
+            done = sum(
+                1
+                for o in self.plan.outputs
+                if o.task_id in rows and checks.settled(rows[o.task_id])
+            )
             if done == len(self.plan.outputs) and live == 0:
                 self.log(f"settled: {done} outputs final, no live jobs")
                 return True
             if time.monotonic() - last > 10:
                 last = time.monotonic()
                 states = Counter(checks.outcome_of(r) for r in rows.values())
-                self.log(f"waiting: {done}/{len(self.plan.outputs)} final, {live} live jobs",
-                         states=dict(states))  # fmt: skip
+                self.log(
+                    f"waiting: {done}/{len(self.plan.outputs)} final, {live} live jobs",
+                    states=dict(states),
+                )
             if time.monotonic() > deadline:
                 self.log(f"NOT settled after {timeout:g} s: {done} final, {live} live jobs")
                 return False
@@ -525,11 +618,16 @@ class Run:
         with the same lease token, two maintenance beats apart, is left behind."""
         first = {(r["id"], r["lease_token"]) for r in checks.expired_leases(self.dsn)}
         time.sleep(2.0)
-        second = [r for r in checks.expired_leases(self.dsn)
-                  if (r["id"], r["lease_token"]) in first]  # fmt: skip
-        return Result("no job RUNNING with an expired lease", not second,
-                      f"{len(first)} seen expired, {len(second)} still there "
-                      "2 s later (the reaper runs every 0.5 s)", second)  # fmt: skip
+        second = [
+            r for r in checks.expired_leases(self.dsn) if (r["id"], r["lease_token"]) in first
+        ]
+        return Result(
+            "no job RUNNING with an expired lease",
+            not second,
+            f"{len(first)} seen expired, {len(second)} still there "
+            "2 s later (the reaper runs every 0.5 s)",
+            second,
+        )
 
     def final_sweep(self) -> tuple[Result, datetime, dict[str, Any]]:
         time.sleep(FINAL_GRACE_SECONDS + 1)
@@ -547,12 +645,21 @@ class Run:
                 break
             time.sleep(1)
         counts = report.get("counts", {})
-        self.log("aivedio sweep", outcome=report.get("outcome"),
-                 counts={k: v for k, v in counts.items() if v})  # fmt: skip
+        self.log(
+            "aivedio sweep",
+            outcome=report.get("outcome"),
+            counts={k: v for k, v in counts.items() if v},
+        )
         ok = report.get("outcome") == "swept" and not report.get("errors")
-        return (Result("the final sweep ran every scan", ok,
-                       f"outcome {report.get('outcome')}, errors {report.get('errors') or 0}"),
-                at, report)  # fmt: skip
+        return (
+            Result(
+                "the final sweep ran every scan",
+                ok,
+                f"outcome {report.get('outcome')}, errors {report.get('errors') or 0}",
+            ),
+            at,
+            report,
+        )
 
     def stop_fleet(self) -> Result:
         running = [w for w in self.workers.values() if w.alive()]
@@ -569,8 +676,12 @@ class Run:
                 if code is None:
                     proc.signal(signal.SIGKILL)
                     proc.reap(5)
-        return Result("the API and the workers stop on SIGTERM with exit 0", not bad,
-                      f"{len(running)} stopped", bad)  # fmt: skip
+        return Result(
+            "the API and the workers stop on SIGTERM with exit 0",
+            not bad,
+            f"{len(running)} stopped",
+            bad,
+        )
 
     def stop_rest(self) -> None:
         self.sampler.stop()
@@ -593,10 +704,15 @@ def fault_table(plan: Plan, per_output: list[dict[str, Any]]) -> list[dict[str, 
             continue
         states = Counter(i["state"] for i in items)
         bad = sum(1 for i in items if not i["ok"])
-        rows.append({"fault": kind.name, "n": len(items),
-                     "reached": ", ".join(f"{s} {n}" for s, n in states.most_common()),
-                     "expected": " or ".join(kind.expect),
-                     "result": "ok" if not bad else f"VIOLATION ({bad})"})  # fmt: skip
+        rows.append(
+            {
+                "fault": kind.name,
+                "n": len(items),
+                "reached": ", ".join(f"{s} {n}" for s, n in states.most_common()),
+                "expected": " or ".join(kind.expect),
+                "result": "ok" if not bad else f"VIOLATION ({bad})",
+            }
+        )
     return rows
 
 
@@ -612,8 +728,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     runner = Run(args)
     plan = runner.plan
-    out(f"== aivedio chaos: seed {args.seed}, {args.n} provider outputs, store {args.store}, "
-        f"{args.workers} workers")  # fmt: skip
+    out(
+        f"== aivedio chaos: seed {args.seed}, {args.n} provider outputs, store {args.store}, "
+        f"{args.workers} workers"
+    )
     results: list[Result] = []
     report: dict[str, Any] = {
         "seed": args.seed,
@@ -630,15 +748,22 @@ def run(args: argparse.Namespace) -> int:
         with runner.children:
             load = runner.start()
             out()
-            out(f"== load: {args.n} callbacks over {max(o.send_at for o in plan.outputs):.0f} s; "
+            out(
+                f"== load: {args.n} callbacks over {max(o.send_at for o in plan.outputs):.0f} s; "
                 f"{len(plan.chaos.kills)} worker kills, one drain, one PostgreSQL restart, "
-                f"one S3 outage")  # fmt: skip
+                f"one S3 outage"
+            )
             runner.load_and_chaos(load)
             out()
             out("== waiting for every output to settle")
             settled = runner.settle(args.timeout)
-            results.append(Result("everything settled in time", settled,
-                                  f"within {args.timeout:g} s of the last action"))  # fmt: skip
+            results.append(
+                Result(
+                    "everything settled in time",
+                    settled,
+                    f"within {args.timeout:g} s of the last action",
+                )
+            )
             results.append(runner.lease_check())
             sweep_result, sweep_at, sweep_report = runner.final_sweep()
             results.append(sweep_result)
@@ -653,8 +778,13 @@ def run(args: argparse.Namespace) -> int:
             out()
             out("== stopping the API and the workers (SIGTERM), then checking")
             results.append(runner.stop_fleet())
-            killed = {str(e["owner"]) for w in runner.worker_history if w.fate == "killed"
-                      for e in w.events() if e.get("event") == "worker_starting"}  # fmt: skip
+            killed = {
+                str(e["owner"])
+                for w in runner.worker_history
+                if w.fate == "killed"
+                for e in w.events()
+                if e.get("event") == "worker_starting"
+            }
             per_output, outcome_results = checks.outcomes(plan, runner.dsn, load.records, killed)
             results += outcome_results
             results += checks.uniqueness(runner.dsn)
@@ -663,11 +793,17 @@ def run(args: argparse.Namespace) -> int:
             degraded, degraded_result = checks.degradation(runner.dsn, worker_events)
             results.append(degraded_result)
             report["degradation"] = degraded
-            results += checks.store_checks(runner.dir / "aivedio.toml", runner.dsn, sweep_at,
-                                           FINAL_GRACE_SECONDS)  # fmt: skip
+            results += checks.store_checks(
+                runner.dir / "aivedio.toml", runner.dsn, sweep_at, FINAL_GRACE_SECONDS
+            )
             drain = runner.drain_result
-            results.append(Result("the SIGTERMed worker drained and exited 0",
-                                  drain.get("exit") == 0, json.dumps(drain)))  # fmt: skip
+            results.append(
+                Result(
+                    "the SIGTERMed worker drained and exited 0",
+                    drain.get("exit") == 0,
+                    json.dumps(drain),
+                )
+            )
 
             def exits_near(at: float | None, seconds: float) -> list[str]:
                 if at is None:
@@ -680,32 +816,61 @@ def run(args: argparse.Namespace) -> int:
 
             if runner.pg is not None:
                 near = exits_near(runner.pg_result.get("at"), runner.pg_result.get("seconds", 0))
-                refused = (f"; {len(runner.startup_refused)} worker(s) still starting "
-                           "refused to start (exit 1, restarted)"
-                           if runner.startup_refused else "")  # fmt: skip
-                results.append(Result("PostgreSQL restarted once; the API and workers carried on",
-                                      bool(runner.pg_result.get("ok")) and not near,
-                                      json.dumps(runner.pg_result) + refused, near))  # fmt: skip
+                refused = (
+                    f"; {len(runner.startup_refused)} worker(s) still starting "
+                    "refused to start (exit 1, restarted)"
+                    if runner.startup_refused
+                    else ""
+                )
+                results.append(
+                    Result(
+                        "PostgreSQL restarted once; the API and workers carried on",
+                        bool(runner.pg_result.get("ok")) and not near,
+                        json.dumps(runner.pg_result) + refused,
+                        near,
+                    )
+                )
             if args.store == "s3":
                 near = exits_near(runner.s3_result.get("at"), runner.s3_result.get("seconds", 0))
-                results.append(Result("S3 outage once (proxy); the API and workers carried on",
-                                      bool(runner.s3_result.get("ok")) and not near,
-                                      json.dumps(runner.s3_result), near))  # fmt: skip
-            results.append(Result("no worker or API exited by itself", not runner.unexpected,
-                                  f"{len(runner.worker_history)} worker processes in all"
-                                  + (f"; {len(runner.startup_refused)} refused to start during the"
-                                     " PostgreSQL restart" if runner.startup_refused else ""),
-                                  runner.unexpected))  # fmt: skip
+                results.append(
+                    Result(
+                        "S3 outage once (proxy); the API and workers carried on",
+                        bool(runner.s3_result.get("ok")) and not near,
+                        json.dumps(runner.s3_result),
+                        near,
+                    )
+                )
+            results.append(
+                Result(
+                    "no worker or API exited by itself",
+                    not runner.unexpected,
+                    f"{len(runner.worker_history)} worker processes in all"
+                    + (
+                        f"; {len(runner.startup_refused)} refused to start during the"
+                        " PostgreSQL restart"
+                        if runner.startup_refused
+                        else ""
+                    ),
+                    runner.unexpected,
+                )
+            )
             bound = args.rss_bound_mib * 1024
-            over = [f"{w.name}: {w.peak_rss_kib / 1024:.0f} MiB" for w in runner.worker_history
-                    if w.peak_rss_kib > bound]  # fmt: skip
+            over = [
+                f"{w.name}: {w.peak_rss_kib / 1024:.0f} MiB"
+                for w in runner.worker_history
+                if w.peak_rss_kib > bound
+            ]
             peak = max((w.peak_rss_kib for w in runner.worker_history), default=0)
-            results.append(Result(f"every worker's peak RSS under {args.rss_bound_mib} MiB",
-                                  not over,
-                                  f"highest {peak / 1024:.0f} MiB over "
-                                  f"{len(runner.worker_history)} worker processes; API "
-                                  f"{runner.api.peak_rss_kib / 1024 if runner.api else 0:.0f} MiB",
-                                  over))  # fmt: skip
+            results.append(
+                Result(
+                    f"every worker's peak RSS under {args.rss_bound_mib} MiB",
+                    not over,
+                    f"highest {peak / 1024:.0f} MiB over "
+                    f"{len(runner.worker_history)} worker processes; API "
+                    f"{runner.api.peak_rss_kib / 1024 if runner.api else 0:.0f} MiB",
+                    over,
+                )
+            )
             report["rss_mib"] = {
                 w.name: round(w.peak_rss_kib / 1024) for w in runner.worker_history
             }
@@ -715,8 +880,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         runner.stop_rest()
     # The logs are complete once everything stopped.
-    signatures = set((runner.dir / "signatures.txt").read_text().split()) if (
-        runner.dir / "signatures.txt").exists() else set()  # fmt: skip
+    signatures = (
+        set((runner.dir / "signatures.txt").read_text().split())
+        if (runner.dir / "signatures.txt").exists()
+        else set()
+    )
     if "load" in locals():
         signatures |= load.signatures
         tokens = {f"playback token {i}": t for i, t in enumerate(sorted(load.tokens))}
@@ -736,34 +904,49 @@ def run(args: argparse.Namespace) -> int:
     out()
     out("== chaos")
     kills = sum(1 for w in runner.worker_history if w.fate == "killed")
-    out(f"  workers SIGKILLed and restarted: {kills}; worker processes in all: "
-        f"{len(runner.worker_history)}")  # fmt: skip
+    out(
+        f"  workers SIGKILLed and restarted: {kills}; worker processes in all: "
+        f"{len(runner.worker_history)}"
+    )
     out(f"  drain (SIGTERM): {runner.drain_result or 'not reached'}")
     out(f"  PostgreSQL restart (pg_ctl restart -m fast): {runner.pg_result or 'not reached'}")
     for refused in runner.startup_refused:
         out(f"    a worker still starting refused to start (exit 1; restarted): {refused}")
-    out(f"  S3 'restart' (proxy outage; moto keeps running, its data in memory): "
-        f"{runner.s3_result or 'not reached'}")  # fmt: skip
+    out(
+        f"  S3 'restart' (proxy outage; moto keeps running, its data in memory): "
+        f"{runner.s3_result or 'not reached'}"
+    )
     if report.get("degradation"):
         out()
         out("== degradation under backlog ([backlog] of this run's config)")
         print_table(report["degradation"], ["what", "seen", "detail"])
     out()
     out("== invariants")
-    rows = [{"invariant": r.name, "result": "ok" if r.ok else "VIOLATION", "detail": r.detail}
-            for r in results]  # fmt: skip
+    rows = [
+        {"invariant": r.name, "result": "ok" if r.ok else "VIOLATION", "detail": r.detail}
+        for r in results
+    ]
     print_table(rows, ["invariant", "result", "detail"])
     failed = [r for r in results if not r.ok]
     for result in failed:
         out(f"\n  VIOLATION: {result.name}")
         for offender in result.offenders[:20]:
             out(f"    {offender}")
-    report.update(wall_seconds=round(wall, 1), faults=table, outputs=per_output,
-                  records=load.records if "load" in locals() else {},
-                  chaos={"events": runner.events, "drain": runner.drain_result,
-                         "pg": runner.pg_result, "s3": runner.s3_result, "kills": kills,
-                         "startup_refused": runner.startup_refused},
-                  invariants=[r.to_json() for r in results])  # fmt: skip
+    report.update(
+        wall_seconds=round(wall, 1),
+        faults=table,
+        outputs=per_output,
+        records=load.records if "load" in locals() else {},
+        chaos={
+            "events": runner.events,
+            "drain": runner.drain_result,
+            "pg": runner.pg_result,
+            "s3": runner.s3_result,
+            "kills": kills,
+            "startup_refused": runner.startup_refused,
+        },
+        invariants=[r.to_json() for r in results],
+    )
     path = runner.dir / f"report-{args.seed}-{args.n}.json"
     path.write_text(json.dumps(report, indent=1, default=str))
     out()

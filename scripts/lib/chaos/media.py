@@ -12,14 +12,50 @@ import subprocess
 from pathlib import Path
 
 LAVFI = ["-f", "lavfi", "-i"]
-H264 = [*LAVFI, "testsrc2=size=320x240:rate=24:duration=2", *LAVFI,
-        "sine=frequency=440:duration=2", "-c:v", "libx264", "-preset", "veryfast", "-g", "24",
-        "-pix_fmt", "yuv420p", "-c:a", "aac", "-b:a", "64k", "-shortest",
-        "-movflags", "+faststart"]  # fmt: skip
-HEVC = [*LAVFI, "testsrc2=size=320x240:rate=25:duration=2", *LAVFI,
-        "sine=frequency=660:duration=2", "-c:v", "libx265", "-preset", "ultrafast",
-        "-x265-params", "log-level=error", "-tag:v", "hvc1", "-pix_fmt", "yuv420p",
-        "-c:a", "aac", "-b:a", "64k", "-shortest", "-movflags", "+faststart"]  # fmt: skip
+H264 = [
+    *LAVFI,
+    "testsrc2=size=320x240:rate=24:duration=2",
+    *LAVFI,
+    "sine=frequency=440:duration=2",
+    "-c:v",
+    "libx264",
+    "-preset",
+    "veryfast",
+    "-g",
+    "24",
+    "-pix_fmt",
+    "yuv420p",
+    "-c:a",
+    "aac",
+    "-b:a",
+    "64k",
+    "-shortest",
+    "-movflags",
+    "+faststart",
+]
+HEVC = [
+    *LAVFI,
+    "testsrc2=size=320x240:rate=25:duration=2",
+    *LAVFI,
+    "sine=frequency=660:duration=2",
+    "-c:v",
+    "libx265",
+    "-preset",
+    "ultrafast",
+    "-x265-params",
+    "log-level=error",
+    "-tag:v",
+    "hvc1",
+    "-pix_fmt",
+    "yuv420p",
+    "-c:a",
+    "aac",
+    "-b:a",
+    "64k",
+    "-shortest",
+    "-movflags",
+    "+faststart",
+]
 ERROR_PAGE = b"""<!DOCTYPE html>
 <html><head><title>502 Bad Gateway</title></head>
 <body><h1>502 Bad Gateway</h1><p>upstream render node timed out; please retry</p></body></html>
@@ -30,8 +66,10 @@ SOURCES = ("remux.mp4", "hevc.mp4", "error-page.mp4", "truncated.mp4", "random.m
 def _ffmpeg(argv: list[str], path: Path) -> None:
     done = subprocess.run(
         ["ffmpeg", "-nostdin", "-v", "error", "-y", *argv, str(path)],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"ffmpeg could not make {path}: {done.stderr.strip()}")
 

@@ -80,8 +80,14 @@ def prepare(args: argparse.Namespace) -> tuple[ChaosProvider, dict[str, Any], st
     _ca, server_ctx, pem = make_test_ca(("127.0.0.1",), Path(args.ca_dir))
     record = open(args.signatures_out, "a")  # noqa: SIM115 - open for the process's life
     key = bytes.fromhex(Path(args.signing_key_file).read_text())
-    provider = ChaosProvider(record=record, ssl_context=server_ctx, host="127.0.0.1", port=0,
-                             public_host="127.0.0.1", signing_key=key)  # fmt: skip
+    provider = ChaosProvider(
+        record=record,
+        ssl_context=server_ctx,
+        host="127.0.0.1",
+        port=0,
+        public_host="127.0.0.1",
+        signing_key=key,
+    )
     files: dict[str, dict[str, Any]] = {}
     for entry in plan["outputs"]:
         kind = BY_NAME[entry["kind"]]
@@ -97,8 +103,17 @@ def prepare(args: argparse.Namespace) -> tuple[ChaosProvider, dict[str, Any], st
 async def serve(provider: ChaosProvider, files: dict[str, Any], ca_file: str) -> None:
     await provider.start()
     try:
-        print(json.dumps({"port": provider.port, "base_url": provider.base_url,
-                          "ca_file": ca_file, "files": files}), flush=True)  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "port": provider.port,
+                    "base_url": provider.base_url,
+                    "ca_file": ca_file,
+                    "files": files,
+                }
+            ),
+            flush=True,
+        )
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
                 break

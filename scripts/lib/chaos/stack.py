@@ -54,9 +54,15 @@ class Proc(Child):
     (``Run.watch_processes``)."""
 
     def __init__(
-        self, name: str, argv: list[str], log: Path, env: dict[str, str],
-        *, stdout: Path | None = None, watched: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        name: str,
+        argv: list[str],
+        log: Path,
+        env: dict[str, str],
+        *,
+        stdout: Path | None = None,
+        watched: bool = True,
+    ) -> None:
         super().__init__(name, argv, log, env=env, cwd=ROOT, stdout=stdout, watched=watched)
         self.fate = "running"  # killed | drained | stopped | exited
         self.exit_code: int | None = None
@@ -106,18 +112,41 @@ class Postgres:
             raise ChaosError(f"{' '.join(argv[:2])} failed: {done.stderr.strip()}")
 
     def _ctl(self, action: str) -> None:
-        options = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off"
-                   " -c max_connections=300 -c full_page_writes=off")  # fmt: skip
-        self._run(str(self.bindir / "pg_ctl"), "-D", str(self.dir / "data"), "-l", str(self.log),
-                  "-w", "-t", "60", "-m", "fast", "-o", options, action)  # fmt: skip
+        options = (
+            f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off"
+            " -c max_connections=300 -c full_page_writes=off"
+        )
+        self._run(
+            str(self.bindir / "pg_ctl"),
+            "-D",
+            str(self.dir / "data"),
+            "-l",
+            str(self.log),
+            "-w",
+            "-t",
+            "60",
+            "-m",
+            "fast",
+            "-o",
+            options,
+            action,
+        )
 
     def start(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
         if self.runas:
             shutil.chown(self.dir, "postgres")
-        self._run(str(self.bindir / "initdb"), "-D", str(self.dir / "data"), "-U", "postgres",
-                  "--auth=trust", "-E", "UTF8")  # fmt: skip
+        self._run(
+            str(self.bindir / "initdb"),
+            "-D",
+            str(self.dir / "data"),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+        )
         self._ctl("start")
 
     def restart(self) -> None:
@@ -145,8 +174,14 @@ def sql(dsn: str, query: str, *args: Any, retry_seconds: float = 60.0) -> list[d
     while True:
         try:
             return asyncio.run(run())
-        except (OSError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
-                asyncpg.InterfaceError, InternalClientError, TimeoutError) as exc:  # fmt: skip
+        except (
+            OSError,
+            asyncpg.PostgresConnectionError,
+            asyncpg.CannotConnectNowError,
+            asyncpg.InterfaceError,
+            InternalClientError,
+            TimeoutError,
+        ) as exc:
             if time.monotonic() > deadline:
                 raise ChaosError(f"database unreachable for {retry_seconds:g} s: {exc}") from None
             time.sleep(0.5)

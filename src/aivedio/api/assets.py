@@ -100,23 +100,38 @@ async def get_asset(request: web.Request) -> web.Response:
     if row["current_revision"] is not None and row["status"] != "DELETED":
         files = await published_files(ctx.pool, tenant, asset_id, row["current_revision"])
         outputs = [
-            Output(variant_type=name, path=f["path"], mime_type=f["mime_type"],
-                   size_bytes=f["size_bytes"], width=f["width"], height=f["height"])
+            Output(
+                variant_type=name,
+                path=f["path"],
+                mime_type=f["mime_type"],
+                size_bytes=f["size_bytes"],
+                width=f["width"],
+                height=f["height"],
+            )
             for name, f in sorted(files.items())
-        ]  # fmt: skip
+        ]
     duration = row["duration_us"] / 1e6 if row["duration_us"] is not None else None
     return schema.encode(
         Asset(
-            asset_id=asset_id, state=row["status"], source_type=row["source_type"],
-            current_revision=row["current_revision"], moderation=row["moderation_status"],
-            duration_seconds=duration, width=row["width"], height=row["height"],
-            video_codec=row["video_codec"], audio_codec=row["audio_codec"],
+            asset_id=asset_id,
+            state=row["status"],
+            source_type=row["source_type"],
+            current_revision=row["current_revision"],
+            moderation=row["moderation_status"],
+            duration_seconds=duration,
+            width=row["width"],
+            height=row["height"],
+            video_codec=row["video_codec"],
+            audio_codec=row["audio_codec"],
             source_size_bytes=row["source_size_bytes"],
             generation_task_id=row["generation_task_id"],
-            error_class=row["last_error_class"], error_detail=row["last_error_detail"],
-            created_at=row["created_at"], updated_at=row["updated_at"], outputs=outputs,
+            error_class=row["last_error_class"],
+            error_detail=row["last_error_detail"],
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            outputs=outputs,
         )
-    )  # fmt: skip
+    )
 
 
 @routes.delete("/v1/assets/{asset_id}")
@@ -154,18 +169,25 @@ async def get_task(request: web.Request) -> web.Response:
         )
     return schema.encode(
         GenerationTask(
-            generation_task_id=task_id, provider=task["provider"],
-            provider_task_id=task["provider_task_id"], status=task["provider_status"],
-            output_asset_id=task["output_asset_id"], created_at=task["created_at"],
+            generation_task_id=task_id,
+            provider=task["provider"],
+            provider_task_id=task["provider_task_id"],
+            status=task["provider_status"],
+            output_asset_id=task["output_asset_id"],
+            created_at=task["created_at"],
             updated_at=task["updated_at"],
             outputs=[
-                TaskOutput(index=o["output_index"], provider_output_id=o["id"],
-                           fetch_status=o["fetch_status"], asset_id=o["asset_id"],
-                           error_class=o["last_error_class"])
+                TaskOutput(
+                    index=o["output_index"],
+                    provider_output_id=o["id"],
+                    fetch_status=o["fetch_status"],
+                    asset_id=o["asset_id"],
+                    error_class=o["last_error_class"],
+                )
                 for o in outputs
             ],
         )
-    )  # fmt: skip
+    )
 
 
 def _paths() -> dict[str, Any]:
@@ -192,25 +214,36 @@ def _paths() -> dict[str, Any]:
     }
     return {
         "/v1/assets/{asset_id}": {
-            "get": {"summary": "An asset: state, media summary, published outputs",
-                    "description": "A deleted asset answers with its state, DELETED.",
-                    "operationId": "getAsset", "tags": ["assets"], "parameters": [asset],
-                    "responses": schema.responses(
-                        {"200": {**schema.ok_json(Asset), "links": of_asset}}, 404, 503)},
-            "delete": {"summary": "Delete an asset: playback closes at once",
-                       "operationId": "deleteAsset", "tags": ["assets"], "parameters": [asset],
-                       "responses": schema.responses({"200": schema.ok_json(Deleted)},
-                                                     404, 503)},
+            "get": {
+                "summary": "An asset: state, media summary, published outputs",
+                "description": "A deleted asset answers with its state, DELETED.",
+                "operationId": "getAsset",
+                "tags": ["assets"],
+                "parameters": [asset],
+                "responses": schema.responses(
+                    {"200": {**schema.ok_json(Asset), "links": of_asset}}, 404, 503
+                ),
+            },
+            "delete": {
+                "summary": "Delete an asset: playback closes at once",
+                "operationId": "deleteAsset",
+                "tags": ["assets"],
+                "parameters": [asset],
+                "responses": schema.responses({"200": schema.ok_json(Deleted)}, 404, 503),
+            },
         },
         "/v1/generation-tasks/{task_id}": {
-            "get": {"summary": "A generation task and its outputs",
-                    "operationId": "getGenerationTask", "tags": ["assets"],
-                    "parameters": [schema.path_param("task_id", "the generation task id")],
-                    "responses": schema.responses(
-                        {"200": {**schema.ok_json(GenerationTask), "links": of_task}},
-                        404, 503)},
+            "get": {
+                "summary": "A generation task and its outputs",
+                "operationId": "getGenerationTask",
+                "tags": ["assets"],
+                "parameters": [schema.path_param("task_id", "the generation task id")],
+                "responses": schema.responses(
+                    {"200": {**schema.ok_json(GenerationTask), "links": of_task}}, 404, 503
+                ),
+            },
         },
-    }  # fmt: skip
+    }
 
 
 PATHS = _paths()

@@ -31,8 +31,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return await handler(request)
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        return problem(401, "an API key is required: Authorization: Bearer av_…",
-                       headers=CHALLENGE)  # fmt: skip
+        return problem(401, "an API key is required: Authorization: Bearer av_…", headers=CHALLENGE)
     tenant = await tenant_for_key(context(request).pool, key.strip())
     if tenant is None:
         return problem(401, "the API key is unknown or revoked", headers=CHALLENGE)

@@ -165,10 +165,16 @@ def stage_event(scope: Scope, row: StageRow) -> StageEvent:
     else:
         output, task = row.provider_output_id, row.generation_task_id
     return StageEvent(
-        event_id=row.id, asset_id=scope.asset_id, entity=cast(EntityName, row.entity),
-        state=row.state, phase=phase, at=row.at, provider_output_id=output,
-        generation_task_id=task, error_class=row.error_class if with_error else None,
-    )  # fmt: skip
+        event_id=row.id,
+        asset_id=scope.asset_id,
+        entity=cast(EntityName, row.entity),
+        state=row.state,
+        phase=phase,
+        at=row.at,
+        provider_output_id=output,
+        generation_task_id=task,
+        error_class=row.error_class if with_error else None,
+    )
 
 
 def frame(event: StageEvent) -> bytes:

@@ -260,13 +260,21 @@ PATHS: dict[str, Any] = {
             "security": [],
             "parameters": [
                 schema.path_param("asset_id", "the video (asset) id"),
-                {"name": "token", "in": "query", "required": True,
-                 "schema": {"type": "string"},
-                 "description": "playback token from GET /v1/videos/{video_id}/playback"},
+                {
+                    "name": "token",
+                    "in": "query",
+                    "required": True,
+                    "schema": {"type": "string"},
+                    "description": "playback token from GET /v1/videos/{video_id}/playback",
+                },
             ],
             "responses": schema.responses(
-                {"200": {"description": "the player page",
-                         "content": {"text/html": {"schema": {"type": "string"}}}}},
+                {
+                    "200": {
+                        "description": "the player page",
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    }
+                },
                 403,
                 404,
                 503,
@@ -281,23 +289,45 @@ PATHS: dict[str, Any] = {
             "tags": ["playback"],
             "security": [],
             "parameters": [
-                {"name": "name", "in": "path", "required": True,
-                 "description": "the file name", "schema": {"type": "string", "enum": [
-                     "watch.js", "watch.css", "hls.min.js", "hls.worker.js",
-                     "hls.js-LICENSE.txt"]}},
-                {"name": "v", "in": "query", "required": False,
-                 "schema": {"type": "string"},
-                 "description": "the content version the page links (cacheable for a year)"},
+                {
+                    "name": "name",
+                    "in": "path",
+                    "required": True,
+                    "description": "the file name",
+                    "schema": {
+                        "type": "string",
+                        "enum": [
+                            "watch.js",
+                            "watch.css",
+                            "hls.min.js",
+                            "hls.worker.js",
+                            "hls.js-LICENSE.txt",
+                        ],
+                    },
+                },
+                {
+                    "name": "v",
+                    "in": "query",
+                    "required": False,
+                    "schema": {"type": "string"},
+                    "description": "the content version the page links (cacheable for a year)",
+                },
             ],
             "responses": schema.responses(
-                {"200": {"description": "the file",
-                         "content": {"text/javascript": {"schema": {"type": "string"}},
-                                     "text/css": {"schema": {"type": "string"}},
-                                     "text/plain": {"schema": {"type": "string"}}}},
-                 "304": {"description": "not modified (If-None-Match)"}},
+                {
+                    "200": {
+                        "description": "the file",
+                        "content": {
+                            "text/javascript": {"schema": {"type": "string"}},
+                            "text/css": {"schema": {"type": "string"}},
+                            "text/plain": {"schema": {"type": "string"}},
+                        },
+                    },
+                    "304": {"description": "not modified (If-None-Match)"},
+                },
                 404,
             ),
         }
     },
-}  # fmt: skip
+}
 SCHEMAS: tuple[type, ...] = ()

@@ -142,8 +142,11 @@ class VideoStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     upload: UploadSummary | None = None
 
 
-_SESSION_STATE = {uploads.AWAITING: "AWAITING_UPLOAD", uploads.FAILED: "UPLOAD_FAILED",
-                  uploads.EXPIRED: "UPLOAD_EXPIRED"}  # fmt: skip
+_SESSION_STATE = {
+    uploads.AWAITING: "AWAITING_UPLOAD",
+    uploads.FAILED: "UPLOAD_FAILED",
+    uploads.EXPIRED: "UPLOAD_EXPIRED",
+}
 
 
 def upload_state(session: uploads.UploadSession) -> str:

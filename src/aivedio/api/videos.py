@@ -150,8 +150,9 @@ def _video_id(request: web.Request) -> uuid.UUID:
 
 
 async def _session(request: web.Request) -> UploadSession:
-    session = await uploads.load_session(context(request).pool, tenant_of(request),
-                                         _video_id(request))  # fmt: skip
+    session = await uploads.load_session(
+        context(request).pool, tenant_of(request), _video_id(request)
+    )
     if session is None:
         raise ApiError(404, "no such video")
     return session
@@ -160,11 +161,17 @@ async def _session(request: web.Request) -> UploadSession:
 def _refuse_ended(session: UploadSession) -> None:
     """410 for an expired session, 422 for a failed one (its reason again)."""
     if session.expired():
-        raise ApiError(410, f"the upload session expired at {session.expires_at.isoformat()}; "
-                       "create a new video", code="upload_expired")  # fmt: skip
+        raise ApiError(
+            410,
+            f"the upload session expired at {session.expires_at.isoformat()}; create a new video",
+            code="upload_expired",
+        )
     if session.status == uploads.FAILED:
-        raise ApiError(422, f"the upload failed: {session.error_detail}; create a new video",
-                       code=session.error_class or "upload_failed")  # fmt: skip
+        raise ApiError(
+            422,
+            f"the upload failed: {session.error_detail}; create a new video",
+            code=session.error_class or "upload_failed",
+        )
 
 
 async def _update(hasher: Any, chunk: bytes) -> None:
@@ -190,8 +197,12 @@ async def create_video(request: web.Request) -> web.Response:
     if body.size_bytes > limit:
         # A field over its schema's maximum (openapi.py states the limit there), like any
         # other: 422 naming it. 413 would say this small body is too large.
-        raise ApiError(422, f"size_bytes {body.size_bytes} is over this API's limit of "
-                       f"{limit} bytes", "too_large", field="$.size_bytes")  # fmt: skip
+        raise ApiError(
+            422,
+            f"size_bytes {body.size_bytes} is over this API's limit of {limit} bytes",
+            "too_large",
+            field="$.size_bytes",
+        )
     tenant_id = tenant_of(request)
     video_id = uuid.uuid4()
     sha256 = body.sha256.lower()
@@ -201,23 +212,35 @@ async def create_video(request: web.Request) -> web.Response:
         ttl = min(ttl, MAX_PRESIGN_SECONDS)  # the session ends when its URLs do
     expires_at = datetime.now(UTC) + timedelta(seconds=ttl)
     common: dict[str, Any] = {
-        "video_id": video_id, "tenant_id": tenant_id, "content_type": body.content_type,
-        "filename": body.filename, "size_bytes": body.size_bytes, "sha256": sha256,
+        "video_id": video_id,
+        "tenant_id": tenant_id,
+        "content_type": body.content_type,
+        "filename": body.filename,
+        "size_bytes": body.size_bytes,
+        "sha256": sha256,
         "expires_at": expires_at,
-    }  # fmt: skip
+    }
     if isinstance(store, PresigningStore):
         instructions = await _presigned(ctx, store, common, math.ceil(ttl))
     else:
         await uploads.create_session(ctx.pool, method=uploads.API_PUT, **common)
         instructions = UploadInstructions(
-            method="PUT", credentials="api_key", expires_at=expires_at,
+            method="PUT",
+            credentials="api_key",
+            expires_at=expires_at,
             url=f"{ctx.base_url()}/v1/videos/{video_id}/upload",
             headers={"Content-Type": "application/octet-stream"},
-        )  # fmt: skip
-    log.info("upload_session_created", video_id=str(video_id), tenant_id=tenant_id,
-             size_bytes=body.size_bytes, method=instructions.method)  # fmt: skip
-    created = VideoCreated(video_id=video_id, state="AWAITING_UPLOAD", expires_at=expires_at,
-                           upload=instructions)  # fmt: skip
+        )
+    log.info(
+        "upload_session_created",
+        video_id=str(video_id),
+        tenant_id=tenant_id,
+        size_bytes=body.size_bytes,
+        method=instructions.method,
+    )
+    created = VideoCreated(
+        video_id=video_id, state="AWAITING_UPLOAD", expires_at=expires_at, upload=instructions
+    )
     return schema.encode(created, 201, headers={"Location": _status_path(video_id)})
 
 
@@ -248,12 +271,21 @@ async def _presigned(
     key = uploads.source_key(common["tenant_id"], video_id)
     part_size = ctx.config.api.upload_part_size_bytes
     if size <= part_size:
-        put = await store.presign_put(key, expires_seconds=seconds, content_length=size,
-                                      content_type=common["content_type"],
-                                      sha256_hex=common["sha256"])  # fmt: skip
+        put = await store.presign_put(
+            key,
+            expires_seconds=seconds,
+            content_length=size,
+            content_type=common["content_type"],
+            sha256_hex=common["sha256"],
+        )
         await uploads.create_session(ctx.pool, method=uploads.S3_PUT, object_key=key, **common)
-        return UploadInstructions(method="PUT", credentials="none", url=put.url,
-                                  headers=put.headers, expires_at=common["expires_at"])  # fmt: skip
+        return UploadInstructions(
+            method="PUT",
+            credentials="none",
+            url=put.url,
+            headers=put.headers,
+            expires_at=common["expires_at"],
+        )
     # S3 allows 10,000 parts: past that the parts grow (in whole MiB).
     part_size = max(part_size, math.ceil(size / MAX_PARTS / MIB) * MIB)
     count = math.ceil(size / part_size)
@@ -262,19 +294,30 @@ async def _presigned(
         parts = []
         for number in range(1, count + 1):
             length = min(part_size, size - (number - 1) * part_size)
-            url = await store.presign_part(key, upload_id, number, expires_seconds=seconds,
-                                           content_length=length)  # fmt: skip
+            url = await store.presign_part(
+                key, upload_id, number, expires_seconds=seconds, content_length=length
+            )
             parts.append(UploadPart(number, url, length))
-        await uploads.create_session(ctx.pool, method=uploads.S3_MULTIPART, object_key=key,
-                                     multipart_upload_id=upload_id, part_size_bytes=part_size,
-                                     **common)  # fmt: skip
+        await uploads.create_session(
+            ctx.pool,
+            method=uploads.S3_MULTIPART,
+            object_key=key,
+            multipart_upload_id=upload_id,
+            part_size_bytes=part_size,
+            **common,
+        )
     except BaseException:
         with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_TIMEOUT_SECONDS):
             await ctx.store.abort_multipart_upload(key, upload_id)
         raise
-    return UploadInstructions(method="MULTIPART", credentials="none", upload_id=upload_id,
-                              part_size=part_size, parts=parts,
-                              expires_at=common["expires_at"])  # fmt: skip
+    return UploadInstructions(
+        method="MULTIPART",
+        credentials="none",
+        upload_id=upload_id,
+        part_size=part_size,
+        parts=parts,
+        expires_at=common["expires_at"],
+    )
 
 
 # -- PUT /v1/videos/{id}/upload (the local store) ----------------------------------------------
@@ -305,8 +348,11 @@ async def upload_video(request: web.Request) -> web.Response:
     ctx = context(request)
     session = await _session(request)
     if session.method != uploads.API_PUT:
-        raise ApiError(409, "this video uploads to its presigned URL(s), not to the API: "
-                       "use the `upload` instructions of POST /v1/videos")  # fmt: skip
+        raise ApiError(
+            409,
+            "this video uploads to its presigned URL(s), not to the API: "
+            "use the `upload` instructions of POST /v1/videos",
+        )
     if session.status == uploads.COMPLETED:
         raise ApiError(409, "the upload is already completed", code="upload_completed")
     _refuse_ended(session)
@@ -328,17 +374,23 @@ async def upload_video(request: web.Request) -> web.Response:
             async for chunk in _arriving(request, idle_seconds):
                 received += len(chunk)
                 if received > declared:
-                    await _refused(ctx, session, "size_mismatch",
-                                   f"more bytes than the declared {declared}")  # fmt: skip
+                    await _refused(
+                        ctx, session, "size_mismatch", f"more bytes than the declared {declared}"
+                    )
                 await _update(hasher, chunk)
                 await up.write(chunk)
             if received != declared:
-                await _refused(ctx, session, "size_mismatch",
-                               f"received {received} bytes, declared {declared}")  # fmt: skip
+                await _refused(
+                    ctx, session, "size_mismatch", f"received {received} bytes, declared {declared}"
+                )
             digest = hasher.hexdigest()
             if digest != session.declared_sha256:
-                await _refused(ctx, session, "checksum_mismatch", f"the body's SHA-256 is "
-                               f"{digest}, declared {session.declared_sha256}")  # fmt: skip
+                await _refused(
+                    ctx,
+                    session,
+                    "checksum_mismatch",
+                    f"the body's SHA-256 is {digest}, declared {session.declared_sha256}",
+                )
             await up.complete()
     except (
         ConnectionError,
@@ -347,8 +399,9 @@ async def upload_video(request: web.Request) -> web.Response:
     ) as exc:
         raise ApiError(400, f"the request body ended early: {type(exc).__name__}") from None
     try:
-        replaced = await uploads.record_received(ctx.pool, session.id, key=key, size=received,
-                                                 sha256=digest)  # fmt: skip
+        replaced = await uploads.record_received(
+            ctx.pool, session.id, key=key, size=received, sha256=digest
+        )
     except StaleStateError:
         await ctx.store.delete(key)  # the session ended while the bytes streamed in
         _refuse_ended(await _session(request))
@@ -359,8 +412,11 @@ async def upload_video(request: web.Request) -> web.Response:
     if replaced is not None:
         await ctx.store.delete(replaced)
     log.info("upload_received", video_id=str(session.id), bytes=received)
-    return schema.encode(UploadReceived(video_id=session.id, state="AWAITING_UPLOAD",
-                                        size_bytes=received, sha256=digest))  # fmt: skip
+    return schema.encode(
+        UploadReceived(
+            video_id=session.id, state="AWAITING_UPLOAD", size_bytes=received, sha256=digest
+        )
+    )
 
 
 async def _refused(
@@ -386,16 +442,18 @@ async def complete_video(request: web.Request) -> web.Response:
     key, info = await _uploaded_object(ctx, session, body)
     sha256 = await _verify(ctx, session, key, info)
     probe = probe_spec(session.id, session.tenant_id)
-    done = await uploads.complete_session(ctx.pool, ctx.queue, session, key=key, size=info.size,
-                                          sha256=sha256, probe=probe)  # fmt: skip
+    done = await uploads.complete_session(
+        ctx.pool, ctx.queue, session, key=key, size=info.size, sha256=sha256, probe=probe
+    )
     now = await _session(request)
     if not done:
         if now.status == uploads.COMPLETED:
             return await _accepted(ctx, now)
         _refuse_ended(now)
         raise ApiError(409, "another upload arrived while completing: complete again")
-    log.info("upload_completed", video_id=str(session.id), tenant_id=session.tenant_id,
-             bytes=info.size)  # fmt: skip
+    log.info(
+        "upload_completed", video_id=str(session.id), tenant_id=session.tenant_id, bytes=info.size
+    )
     return await _accepted(ctx, now)
 
 
@@ -425,9 +483,13 @@ async def _uploaded_object(
                 raise ApiError(409, nothing, code="not_uploaded")
             got = sum(p.size or 0 for p in parts)
             if got != session.declared_size_bytes:
-                raise ApiError(409, f"the parts received so far hold {got} bytes of the declared "
-                               f"{session.declared_size_bytes}: upload the missing parts, then "
-                               "complete", code="incomplete_upload")  # fmt: skip
+                raise ApiError(
+                    409,
+                    f"the parts received so far hold {got} bytes of the declared "
+                    f"{session.declared_size_bytes}: upload the missing parts, then "
+                    "complete",
+                    code="incomplete_upload",
+                )
         info = await store.complete_multipart(key, upload_id, parts)
     except NotFoundError:
         # No such upload any more: a concurrent complete assembled it, or it is gone.
@@ -437,8 +499,9 @@ async def _uploaded_object(
                 409, "the multipart upload no longer exists", code="not_uploaded"
             ) from None
     except ObjectStoreError as exc:
-        raise ApiError(422, f"the store refused the parts: {redact_text(exc.detail)}",
-                       code="invalid_parts") from None  # fmt: skip
+        raise ApiError(
+            422, f"the store refused the parts: {redact_text(exc.detail)}", code="invalid_parts"
+        ) from None
     return key, info
 
 
@@ -480,9 +543,13 @@ async def _verify(ctx: ApiContext, session: UploadSession, key: str, info: Objec
                 await aclose()
         digest = hasher.hexdigest()
     if digest != session.declared_sha256:
-        await _fail(ctx, session, key, "checksum_mismatch",
-                    f"the uploaded object's SHA-256 is {digest}, declared "
-                    f"{session.declared_sha256}")  # fmt: skip
+        await _fail(
+            ctx,
+            session,
+            key,
+            "checksum_mismatch",
+            f"the uploaded object's SHA-256 is {digest}, declared {session.declared_sha256}",
+        )
     return digest
 
 
@@ -499,10 +566,13 @@ async def _fail(
 
 async def _accepted(ctx: ApiContext, session: UploadSession) -> web.Response:
     state = await ctx.pool.fetchval("SELECT status FROM assets WHERE id = $1", session.id)
-    accepted = VideoAccepted(video_id=session.id, state=str(state or "QUARANTINED"),
-                             size_bytes=session.received_size_bytes or session.declared_size_bytes,
-                             sha256=session.received_sha256 or session.declared_sha256,
-                             status_url=_status_path(session.id))  # fmt: skip
+    accepted = VideoAccepted(
+        video_id=session.id,
+        state=str(state or "QUARANTINED"),
+        size_bytes=session.received_size_bytes or session.declared_size_bytes,
+        sha256=session.received_sha256 or session.declared_sha256,
+        status_url=_status_path(session.id),
+    )
     return schema.encode(accepted, 202, headers={"Location": _status_path(session.id)})
 
 
@@ -524,41 +594,67 @@ async def video_status(request: web.Request) -> web.Response:
     timeline = _session_timeline(session) if session is not None else []
     summary = _summary(session) if session is not None else None
     if session is not None and session.status != uploads.COMPLETED:
-        return schema.encode(VideoStatus(
-            video_id=video_id, state=upload_state(session), timeline=timeline, upload=summary,
-            error_class=session.error_class, error_detail=session.error_detail))  # fmt: skip
+        return schema.encode(
+            VideoStatus(
+                video_id=video_id,
+                state=upload_state(session),
+                timeline=timeline,
+                upload=summary,
+                error_class=session.error_class,
+                error_detail=session.error_detail,
+            )
+        )
     status = await asset_status(ctx.pool, video_id)
     if status is None:
         raise ApiError(404, "no such video")
     entries = [msgspec.convert(entry, TimelineEntry) for entry in status["timeline"]]
     timeline = sorted([*timeline, *entries], key=lambda entry: entry.at)
     detail = status["error_detail"]
-    return schema.encode(VideoStatus(
-        video_id=video_id, state=status["state"], timeline=timeline,
-        published_revision=status["current_revision"], moderation=status["moderation"],
-        error_class=status["error_class"], upload=summary,
-        error_detail=redact_text(detail) if detail else None))  # fmt: skip
+    return schema.encode(
+        VideoStatus(
+            video_id=video_id,
+            state=status["state"],
+            timeline=timeline,
+            published_revision=status["current_revision"],
+            moderation=status["moderation"],
+            error_class=status["error_class"],
+            upload=summary,
+            error_detail=redact_text(detail) if detail else None,
+        )
+    )
 
 
 def _summary(session: UploadSession) -> UploadSummary:
-    return UploadSummary(size_bytes=session.declared_size_bytes, sha256=session.declared_sha256,
-                         content_type=session.content_type, expires_at=session.expires_at,
-                         filename=session.filename,
-                         received_bytes=session.received_size_bytes)  # fmt: skip
+    return UploadSummary(
+        size_bytes=session.declared_size_bytes,
+        sha256=session.declared_sha256,
+        content_type=session.content_type,
+        expires_at=session.expires_at,
+        filename=session.filename,
+        received_bytes=session.received_size_bytes,
+    )
 
 
 def _session_timeline(session: UploadSession) -> list[TimelineEntry]:
     entries = [TimelineEntry(at=session.created_at, stage="upload", event="session_created")]
     if session.uploaded_at is not None:
-        entries.append(TimelineEntry(at=session.uploaded_at, stage="upload", event="received",
-                                     bytes=session.received_size_bytes))  # fmt: skip
+        entries.append(
+            TimelineEntry(
+                at=session.uploaded_at,
+                stage="upload",
+                event="received",
+                bytes=session.received_size_bytes,
+            )
+        )
     ended = session.ended_at
     if session.status == uploads.COMPLETED and session.completed_at is not None:
         entries.append(TimelineEntry(at=session.completed_at, stage="upload", event="completed"))
     elif session.status == uploads.FAILED and ended is not None:
-        entries.append(TimelineEntry(at=ended, stage="upload", event="failed",
-                                     error_class=session.error_class))  # fmt: skip
+        entries.append(
+            TimelineEntry(at=ended, stage="upload", event="failed", error_class=session.error_class)
+        )
     elif session.expired():
-        entries.append(TimelineEntry(at=ended or session.expires_at, stage="upload",
-                                     event="expired"))  # fmt: skip
+        entries.append(
+            TimelineEntry(at=ended or session.expires_at, stage="upload", event="expired")
+        )
     return entries

@@ -84,8 +84,10 @@ def active_signals(
 ) -> frozenset[str]:
     """The signals on after this reading: on at the threshold, off below ``clear_ratio`` of
     it, unchanged in between. A threshold of 0 turns its signal off."""
-    values = {MEDIA_OLDEST: (media_oldest_seconds, cfg.media_oldest_job_seconds),
-              NEAR_EXPIRY: (float(near_expiry), float(cfg.near_expiry_outputs))}  # fmt: skip
+    values = {
+        MEDIA_OLDEST: (media_oldest_seconds, cfg.media_oldest_job_seconds),
+        NEAR_EXPIRY: (float(near_expiry), float(cfg.near_expiry_outputs)),
+    }
     active = set()
     for name, (value, threshold) in values.items():
         if threshold <= 0:
@@ -147,8 +149,12 @@ class BacklogMonitor:
         self.reading = Reading(oldest, near, active, self.clock())
         if active != previous.active:
             event = "backlog_pressure_on" if active else "backlog_pressure_off"
-            log.warning(event, signals=sorted(active), media_oldest_seconds=round(oldest, 1),
-                        outputs_near_expiry=near)  # fmt: skip
+            log.warning(
+                event,
+                signals=sorted(active),
+                media_oldest_seconds=round(oldest, 1),
+                outputs_near_expiry=near,
+            )
         self._export()
         return self.reading
 

@@ -100,8 +100,10 @@ async def split_failed(pool: Any, asset_id: uuid.UUID, revision: int) -> bool:
     by the single pass instead (``ChunkStage._fall_back``)."""
     status = await pool.fetchval(
         "SELECT status FROM media_pieces WHERE asset_id = $1 AND revision = $2 AND piece = $3",
-        asset_id, revision, SPLIT_PIECE,
-    )  # fmt: skip
+        asset_id,
+        revision,
+        SPLIT_PIECE,
+    )
     return bool(status == "FAILED")
 
 
@@ -113,23 +115,42 @@ def _key(kind: str, asset_id: uuid.UUID, revision: int, plan: Plan, piece: str) 
     return f"{kind}:{asset_id}:{revision}:{piece}:v{plan.pipeline_version}"
 
 
-def _spec(kind: str, asset_id: uuid.UUID, tenant_id: int, revision: int, plan: Plan,
-          piece: str, timeout: float, *, later: float = 0.0) -> JobSpec:  # fmt: skip
+def _spec(
+    kind: str,
+    asset_id: uuid.UUID,
+    tenant_id: int,
+    revision: int,
+    plan: Plan,
+    piece: str,
+    timeout: float,
+    *,
+    later: float = 0.0,
+) -> JobSpec:
     """``later``: a chunk is due as many seconds after the default as it lies into the
     video, so a short video enqueued meanwhile is not queued behind a long one's tail."""
     return JobSpec(
-        kind=kind, lane=LANE, tenant_id=tenant_id,
+        kind=kind,
+        lane=LANE,
+        tenant_id=tenant_id,
         idempotency_key=_key(kind, asset_id, revision, plan, piece),
         payload={"asset_id": str(asset_id), "revision": revision, "piece": piece},
-        priority=PIECE_PRIORITY, timeout_seconds=timeout, max_attempts=MAX_ATTEMPTS,
+        priority=PIECE_PRIORITY,
+        timeout_seconds=timeout,
+        max_attempts=MAX_ATTEMPTS,
         start_later_seconds=later,
-    )  # fmt: skip
+    )
 
 
 def start(
-    asset_id: uuid.UUID, tenant_id: int, revision: int, plan: Plan, per_run: float,
-    per_second: float, *, when: str,
-) -> tuple[Part, list[JobSpec]]:  # fmt: skip
+    asset_id: uuid.UUID,
+    tenant_id: int,
+    revision: int,
+    plan: Plan,
+    per_run: float,
+    per_second: float,
+    *,
+    when: str,
+) -> tuple[Part, list[JobSpec]]:
     """For the statement that creates a chunked revision: its first pieces (the split, and
     the audio, which needs no chunk), written when ``when`` holds, and their jobs."""
     pieces = [SPLIT_PIECE] + ([AUDIO_PIECE] if plan.audio != "none" else [])
@@ -140,8 +161,18 @@ def start(
         (asset_id, revision, pieces),
     )
     whole = _timeout(plan, plan.duration_seconds, per_run, per_second)
-    return part, [_spec(SPLIT_KIND if p == SPLIT_PIECE else ENCODE_KIND, asset_id, tenant_id,
-                        revision, plan, p, whole) for p in pieces]  # fmt: skip
+    return part, [
+        _spec(
+            SPLIT_KIND if p == SPLIT_PIECE else ENCODE_KIND,
+            asset_id,
+            tenant_id,
+            revision,
+            plan,
+            p,
+            whole,
+        )
+        for p in pieces
+    ]
 
 
 class ChunkStage:
@@ -173,8 +204,10 @@ class ChunkStage:
     async def _piece(self, asset_id: uuid.UUID, revision: int, piece: str) -> asyncpg.Record:
         row: asyncpg.Record | None = await self.s.pool.fetchrow(
             "SELECT * FROM media_pieces WHERE asset_id = $1 AND revision = $2 AND piece = $3",
-            asset_id, revision, piece,
-        )  # fmt: skip
+            asset_id,
+            revision,
+            piece,
+        )
         if row is None:
             raise TransientError(f"piece {piece} of {asset_id}/{revision} is not recorded yet")
         return row
@@ -186,8 +219,9 @@ class ChunkStage:
         run.assume_valid(summary, sniff=None if source_present else MP4)
         return run
 
-    async def _source_run(self, root: Path, asset: asyncpg.Record,
-                          summary: MediaSummary) -> MediaRun:  # fmt: skip
+    async def _source_run(
+        self, root: Path, asset: asyncpg.Record, summary: MediaSummary
+    ) -> MediaRun:
         await media_objects.download_source(self.s.store, asset, root / "source.bin")
         return self._run(root, summary, source_present=True)
 
@@ -218,22 +252,27 @@ class ChunkStage:
                 with contextlib.suppress(Exception):
                     await self.s.store.delete(key)
 
-    async def _fail_outputs(self, asset_id: uuid.UUID, revision: int, plan: Plan,
-                            piece: str, detail: str) -> None:  # fmt: skip
+    async def _fail_outputs(
+        self, asset_id: uuid.UUID, revision: int, plan: Plan, piece: str, detail: str
+    ) -> None:
         """A piece out of retries: the outputs made from pieces can no longer be made."""
         with anyio.CancelScope(shield=True):
             async with self.s.pool.acquire() as conn:
                 with contextlib.suppress(StaleStateError):
-                    await transition(conn, Entity.PIECE, (asset_id, revision, piece),
-                                     expected="PENDING", new="FAILED",
-                                     values={"detail": detail[:1000]})  # fmt: skip
+                    await transition(
+                        conn,
+                        Entity.PIECE,
+                        (asset_id, revision, piece),
+                        expected="PENDING",
+                        new="FAILED",
+                        values={"detail": detail[:1000]},
+                    )
             if await split_failed(self.s.pool, asset_id, revision):
                 return  # the single pass makes the chunk outputs now, not the pieces
             for output in chunk_outputs(plan):
                 await self.stage._mark_failed(asset_id, revision, output, f"{piece}: {detail}")
 
-    async def _fall_back(self, asset_id: uuid.UUID, revision: int, plan: Plan,
-                         detail: str) -> None:  # fmt: skip
+    async def _fall_back(self, asset_id: uuid.UUID, revision: int, plan: Plan, detail: str) -> None:
         """The split out of retries (a source the segment muxer cannot cut as planned): the
         chunk outputs are made by the single pass, from the source, by render jobs of their
         own, enqueued in the transaction that marks the split FAILED. Nothing was made from
@@ -246,21 +285,33 @@ class ChunkStage:
             summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
             async with self.s.pool.acquire() as conn, conn.transaction():
                 try:
-                    await transition(conn, Entity.PIECE, (asset_id, revision, SPLIT_PIECE),
-                                     expected="PENDING", new="FAILED",
-                                     values={"detail": detail[:1000]})  # fmt: skip
+                    await transition(
+                        conn,
+                        Entity.PIECE,
+                        (asset_id, revision, SPLIT_PIECE),
+                        expected="PENDING",
+                        new="FAILED",
+                        values={"detail": detail[:1000]},
+                    )
                 except StaleStateError:
                     return  # done meanwhile by another attempt, or already fallen back
                 pending = await conn.fetch(
                     "SELECT variant_type FROM asset_variants WHERE asset_id = $1"
                     " AND revision = $2 AND status = 'PENDING' AND variant_type = ANY($3::text[])",
-                    asset_id, revision, chunk_outputs(plan),
-                )  # fmt: skip
+                    asset_id,
+                    revision,
+                    chunk_outputs(plan),
+                )
                 outputs = [row["variant_type"] for row in pending]
                 specs = self.stage.render_specs(asset, revision, plan, summary, outputs)
                 await self.s.queue.enqueue(conn, specs)
-            log.warning("chunked_split_failed_single_pass", asset_id=str(asset_id),
-                        revision=revision, outputs=outputs, detail=detail[:300])  # fmt: skip
+            log.warning(
+                "chunked_split_failed_single_pass",
+                asset_id=str(asset_id),
+                revision=revision,
+                outputs=outputs,
+                detail=detail[:300],
+            )
 
     async def _guarded(self, job: Job, body: Any) -> dict[str, Any]:
         """Run a job body; when the queue will not retry its failure, fail the outputs."""
@@ -293,8 +344,9 @@ class ChunkStage:
     # -- split -----------------------------------------------------------------------------
 
     async def split(self, job: Job) -> dict[str, Any]:
-        async def body(asset_id: uuid.UUID, revision: int, piece: str,
-                       plan: Plan) -> dict[str, Any]:  # fmt: skip
+        async def body(
+            asset_id: uuid.UUID, revision: int, piece: str, plan: Plan
+        ) -> dict[str, Any]:
             if (await self._piece(asset_id, revision, SPLIT_PIECE))["status"] != "PENDING":
                 return {"outcome": "already_done"}
             asset = await self.stage._asset(asset_id)
@@ -317,19 +369,35 @@ class ChunkStage:
                 await _lock_revision(conn, asset_id, revision)
                 try:
                     await transition(
-                        conn, Entity.PIECE, (asset_id, revision, SPLIT_PIECE),
-                        expected="PENDING", new="DONE",
-                        values={"object_key": f"{work}/chunks/{attempt}/", "size_bytes": total,
-                                "sha256": manifest},
-                    )  # fmt: skip
+                        conn,
+                        Entity.PIECE,
+                        (asset_id, revision, SPLIT_PIECE),
+                        expected="PENDING",
+                        new="DONE",
+                        values={
+                            "object_key": f"{work}/chunks/{attempt}/",
+                            "size_bytes": total,
+                            "sha256": manifest,
+                        },
+                    )
                 except StaleStateError:
                     made_keys = [key for key, _, _ in made]
                     await self._discard(*made_keys)
                     return {"outcome": "already_done"}
                 rows: list[tuple[Any, ...]] = []
                 for index, (key, digest, size) in enumerate(made):
-                    rows.append((asset_id, revision, chunk_piece(index), "DONE", key, size,
-                                 digest, plan.chunking.frames[index]))  # fmt: skip
+                    rows.append(
+                        (
+                            asset_id,
+                            revision,
+                            chunk_piece(index),
+                            "DONE",
+                            key,
+                            size,
+                            digest,
+                            plan.chunking.frames[index],
+                        )
+                    )
                     span = plan.chunking.chunk_seconds
                     for rung in rungs:
                         name = video_piece(rung, index)
@@ -341,8 +409,18 @@ class ChunkStage:
                             self.s.config.media.process_timeout_per_media_second,
                         )
                         later = plan.chunking.starts[index] - plan.chunking.origin
-                        specs.append(_spec(ENCODE_KIND, asset_id, asset["tenant_id"], revision,
-                                           plan, name, timeout, later=later))  # fmt: skip
+                        specs.append(
+                            _spec(
+                                ENCODE_KIND,
+                                asset_id,
+                                asset["tenant_id"],
+                                revision,
+                                plan,
+                                name,
+                                timeout,
+                                later=later,
+                            )
+                        )
                 await conn.executemany(
                     "INSERT INTO media_pieces (asset_id, revision, piece, status, object_key,"
                     " size_bytes, sha256, frames) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
@@ -360,8 +438,15 @@ class ChunkStage:
                 ]
                 if followers:
                     await self.s.queue.hold(followers, specs[0].timeout_seconds, conn)
-            log.info("chunks_split", asset_id=str(asset_id), revision=revision,
-                     chunks=len(made), pieces=len(specs), bytes=total, job_id=job.id)  # fmt: skip
+            log.info(
+                "chunks_split",
+                asset_id=str(asset_id),
+                revision=revision,
+                chunks=len(made),
+                pieces=len(specs),
+                bytes=total,
+                job_id=job.id,
+            )
             return {"outcome": "split", "chunks": len(made), "pieces": len(specs)}
 
         return await self._guarded(job, body)
@@ -369,8 +454,9 @@ class ChunkStage:
     # -- encode ----------------------------------------------------------------------------
 
     async def encode(self, job: Job, metrics: WorkerMetrics | None = None) -> dict[str, Any]:
-        async def body(asset_id: uuid.UUID, revision: int, piece: str,
-                       plan: Plan) -> dict[str, Any]:  # fmt: skip
+        async def body(
+            asset_id: uuid.UUID, revision: int, piece: str, plan: Plan
+        ) -> dict[str, Any]:
             if (await self._piece(asset_id, revision, piece))["status"] != "PENDING":
                 return {"outcome": "already_done"}
             asset = await self.stage._asset(asset_id)
@@ -397,9 +483,14 @@ class ChunkStage:
                         siblings = await self._siblings(asset_id, revision, plan, rung, index)
                         if job.attempts <= 1:
                             held = await self.s.queue.hold(siblings, job.timeout_seconds)
-                            rungs += [r for r in steps.encoded_rungs
-                                      if _key(ENCODE_KIND, asset_id, revision, plan,
-                                              video_piece(r, index)) in held]  # fmt: skip
+                            rungs += [
+                                r
+                                for r in steps.encoded_rungs
+                                if _key(
+                                    ENCODE_KIND, asset_id, revision, plan, video_piece(r, index)
+                                )
+                                in held
+                            ]
                         else:
                             # A retry encodes its own piece alone; siblings an attempt of
                             # this job held before it died do their own, now.
@@ -412,10 +503,13 @@ class ChunkStage:
                             key = f"{work}/pieces/{r.name}/{index:04d}.{attempt}.mp4"
                             made.append((video_piece(r, index), path, frames, key))
                         span = steps._span(index)
-                    uploaded = [(name, frames, key, *await self._upload(key, path))
-                                for name, path, frames, key in made]  # fmt: skip
-                return await self._commit_pieces(asset, revision, plan, job, piece, uploaded,
-                                                 run, span, metrics)  # fmt: skip
+                    uploaded = [
+                        (name, frames, key, *await self._upload(key, path))
+                        for name, path, frames, key in made
+                    ]
+                return await self._commit_pieces(
+                    asset, revision, plan, job, piece, uploaded, run, span, metrics
+                )
             finally:
                 # Done: the held jobs find their pieces done. Failed: they do their own.
                 if held:
@@ -428,33 +522,50 @@ class ChunkStage:
         return await self._guarded(job, body)
 
     async def _commit_pieces(
-        self, asset: asyncpg.Record, revision: int, plan: Plan, job: Job, piece: str,
-        uploaded: list[tuple[str, int | None, str, str, int]], run: MediaRun, span: float,
+        self,
+        asset: asyncpg.Record,
+        revision: int,
+        plan: Plan,
+        job: Job,
+        piece: str,
+        uploaded: list[tuple[str, int | None, str, str, int]],
+        run: MediaRun,
+        span: float,
         metrics: WorkerMetrics | None,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """Record each uploaded piece DONE (a piece found done already keeps its object and
         ours is deleted); the commit that leaves nothing pending enqueues the assembly."""
         asset_id: uuid.UUID = asset["id"]
         if metrics is not None and run.report is not None:
-            metrics.media_processed(plan.path, plan.mode, sum(
-                p.wall_seconds for p in run.report.processes), span)  # fmt: skip
+            metrics.media_processed(
+                plan.path, plan.mode, sum(p.wall_seconds for p in run.report.processes), span
+            )
         async with self.s.pool.acquire() as conn, conn.transaction():
             await _lock_revision(conn, asset_id, revision)
             stale: list[str] = []
             for name, count, key, digest, size in uploaded:
                 try:
                     await transition(
-                        conn, Entity.PIECE, (asset_id, revision, name), expected="PENDING",
-                        new="DONE", values={"object_key": key, "size_bytes": size,
-                                            "sha256": digest, "frames": count},
-                    )  # fmt: skip
+                        conn,
+                        Entity.PIECE,
+                        (asset_id, revision, name),
+                        expected="PENDING",
+                        new="DONE",
+                        values={
+                            "object_key": key,
+                            "size_bytes": size,
+                            "sha256": digest,
+                            "frames": count,
+                        },
+                    )
                 except StaleStateError:
                     stale.append(key)
             pending = await conn.fetchval(
                 "SELECT count(*) FROM media_pieces WHERE asset_id = $1 AND revision = $2"
                 " AND status <> 'DONE'",
-                asset_id, revision,
-            )  # fmt: skip
+                asset_id,
+                revision,
+            )
             if pending == 0 and len(stale) < len(uploaded):
                 timeout = _timeout(
                     plan,
@@ -463,21 +574,36 @@ class ChunkStage:
                     self.s.config.media.process_timeout_per_media_second,
                 )
                 await self.s.queue.enqueue_one(
-                    conn, _spec(ASSEMBLE_KIND, asset_id, asset["tenant_id"], revision,
-                                plan, "all", timeout),
-                )  # fmt: skip
+                    conn,
+                    _spec(
+                        ASSEMBLE_KIND, asset_id, asset["tenant_id"], revision, plan, "all", timeout
+                    ),
+                )
         await self._discard(*stale)
         if len(stale) == len(uploaded):
             return {"outcome": "already_done"}
         pieces = [name for name, *_ in uploaded]
-        log.info("piece_done", asset_id=str(asset_id), revision=revision, piece=piece,
-                 pieces=pieces, frames=uploaded[0][1], remaining=pending,
-                 job_id=job.id)  # fmt: skip
-        return {"outcome": "encoded", "piece": piece, "frames": uploaded[0][1],
-                "pieces": pieces, "remaining": pending}  # fmt: skip
+        log.info(
+            "piece_done",
+            asset_id=str(asset_id),
+            revision=revision,
+            piece=piece,
+            pieces=pieces,
+            frames=uploaded[0][1],
+            remaining=pending,
+            job_id=job.id,
+        )
+        return {
+            "outcome": "encoded",
+            "piece": piece,
+            "frames": uploaded[0][1],
+            "pieces": pieces,
+            "remaining": pending,
+        }
 
-    async def _siblings(self, asset_id: uuid.UUID, revision: int, plan: Plan, rung: Rung,
-                        index: int) -> list[str]:  # fmt: skip
+    async def _siblings(
+        self, asset_id: uuid.UUID, revision: int, plan: Plan, rung: Rung, index: int
+    ) -> list[str]:
         """The job keys of the same chunk's other renditions still pending. A first attempt
         holds back those not running yet (for as long as it may take: they come back by
         themselves if it dies) and encodes them from its one decode of the chunk."""
@@ -485,19 +611,23 @@ class ChunkStage:
         rows = await self.s.pool.fetch(
             "SELECT piece FROM media_pieces WHERE asset_id = $1 AND revision = $2"
             " AND status = 'PENDING' AND piece = ANY($3::text[])",
-            asset_id, revision, names,
-        )  # fmt: skip
+            asset_id,
+            revision,
+            names,
+        )
         return [_key(ENCODE_KIND, asset_id, revision, plan, row["piece"]) for row in rows]
 
     # -- assemble --------------------------------------------------------------------------
 
     async def assemble(self, job: Job) -> dict[str, Any]:
-        async def body(asset_id: uuid.UUID, revision: int, piece: str,
-                       plan: Plan) -> dict[str, Any]:  # fmt: skip
+        async def body(
+            asset_id: uuid.UUID, revision: int, piece: str, plan: Plan
+        ) -> dict[str, Any]:
             rows = await self.s.pool.fetch(
                 "SELECT * FROM media_pieces WHERE asset_id = $1 AND revision = $2",
-                asset_id, revision,
-            )  # fmt: skip
+                asset_id,
+                revision,
+            )
             pieces = {row["piece"]: row for row in rows}
             missing = sorted(name for name, row in pieces.items() if row["status"] != "DONE")
             if missing or SPLIT_PIECE not in pieces:
@@ -505,8 +635,10 @@ class ChunkStage:
             variants = await self.s.pool.fetch(
                 "SELECT variant_type FROM asset_variants WHERE asset_id = $1 AND revision = $2"
                 " AND status = 'PENDING' AND variant_type = ANY($3::text[])",
-                asset_id, revision, chunk_outputs(plan),
-            )  # fmt: skip
+                asset_id,
+                revision,
+                chunk_outputs(plan),
+            )
             nodes = [row["variant_type"] for row in variants]
             if not nodes:
                 return {"outcome": "already_done"}
@@ -534,8 +666,9 @@ class ChunkStage:
                     await steps.join(rung, joined)
 
                 async def record_now(record: OutputRecord) -> None:
-                    await media_objects.upload_and_verify(self.s.store, prefix, root / "out",
-                                                          record)  # fmt: skip
+                    await media_objects.upload_and_verify(
+                        self.s.store, prefix, root / "out", record
+                    )
                     if await media_objects.record_variant(
                         self.s.pool, asset_id, revision, record, prefix
                     ):
@@ -545,8 +678,14 @@ class ChunkStage:
                 run.on_done = record_now
                 report = await run.package_encoded(plan, nodes)
             failed = {n.name: n for n in report.failed()}
-            log.info("chunks_assembled", asset_id=str(asset_id), revision=revision,
-                     done=done, failed=sorted(failed), job_id=job.id)  # fmt: skip
+            log.info(
+                "chunks_assembled",
+                asset_id=str(asset_id),
+                revision=revision,
+                done=done,
+                failed=sorted(failed),
+                job_id=job.id,
+            )
             await self.stage._check_revision(asset_id, revision)
             if failed:
                 first = failed[sorted(failed)[0]]
@@ -562,8 +701,9 @@ class ChunkStage:
 async def _lock_revision(conn: Any, asset_id: uuid.UUID, revision: int) -> None:
     await conn.execute(
         "SELECT 1 FROM asset_revisions WHERE asset_id = $1 AND revision = $2 FOR UPDATE",
-        asset_id, revision,
-    )  # fmt: skip
+        asset_id,
+        revision,
+    )
 
 
 async def _read_digest(store: Any, key: str) -> tuple[str, int]:

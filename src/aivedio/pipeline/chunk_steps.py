@@ -28,9 +28,13 @@ AUDIO_ONLY = EncodeJob(rungs=(), proxy=False, poster=False, sprite=False, pcm=Fa
 
 class ChunkSteps:
     def __init__(
-        self, ffmpeg: RunFfmpeg, ffprobe: RunFfprobe, media: MediaConfig, plan: Plan,
+        self,
+        ffmpeg: RunFfmpeg,
+        ffprobe: RunFfprobe,
+        media: MediaConfig,
+        plan: Plan,
         layout: Layout,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if plan.chunking is None:
             raise ValueError("the plan takes the single-pass path")
         self.ffmpeg = ffmpeg
@@ -63,9 +67,17 @@ class ChunkSteps:
     async def count_packets(self, sniff: Sniff, path: Path) -> int:
         text = await self.ffprobe(
             "count_packets",
-            [*input_args(sniff, path), "-select_streams", "v:0", "-count_packets",
-             "-show_entries", "stream=nb_read_packets", "-of", "csv=p=0"],
-        )  # fmt: skip
+            [
+                *input_args(sniff, path),
+                "-select_streams",
+                "v:0",
+                "-count_packets",
+                "-show_entries",
+                "stream=nb_read_packets",
+                "-of",
+                "csv=p=0",
+            ],
+        )
         try:
             return int(text.strip().splitlines()[0].strip(","))
         except (ValueError, IndexError):
@@ -74,8 +86,9 @@ class ChunkSteps:
     async def split(self, sniff: Sniff, source: Path) -> list[Path]:
         """Cut the source's video into the planned chunks by stream copy."""
         self.chunk_dir.mkdir(parents=True, exist_ok=True)
-        args = split_args(sniff, source, self.chunking, self.plan.video_map, self.media,
-                          self.chunk_dir)  # fmt: skip
+        args = split_args(
+            sniff, source, self.chunking, self.plan.video_map, self.media, self.chunk_dir
+        )
         await self.ffmpeg("split", args, self.plan.duration_seconds)
         made = sorted(self.chunk_dir.glob("chunk_*.nut"))
         if len(made) != self.chunking.count:
@@ -83,8 +96,10 @@ class ChunkSteps:
         for index, path in enumerate(made):
             packets = await self.count_packets(NUT, path)
             if packets != self.chunking.frames[index]:
-                raise RenderError(f"split: chunk {index} has {packets} packets, "
-                                  f"{self.chunking.frames[index]} planned")  # fmt: skip
+                raise RenderError(
+                    f"split: chunk {index} has {packets} packets, "
+                    f"{self.chunking.frames[index]} planned"
+                )
         return made
 
     async def encode(self, rung: Rung, index: int, chunk: Path) -> tuple[Path, int]:
@@ -121,17 +136,24 @@ class ChunkSteps:
         priming at chunk boundaries)."""
         self.layout.work.mkdir(parents=True, exist_ok=True)
         args = encode_args(
-            self.plan, AUDIO_ONLY, self.media, sniff, source, self.layout,
-            audio_channels=summary.audio_channels, audio_rate=summary.audio_sample_rate,
-        )  # fmt: skip
+            self.plan,
+            AUDIO_ONLY,
+            self.media,
+            sniff,
+            source,
+            self.layout,
+            audio_channels=summary.audio_channels,
+            audio_rate=summary.audio_sample_rate,
+        )
         await self.ffmpeg("audio", args, self.plan.duration_seconds)
         return self.layout.audio
 
     async def join(self, rung: Rung, pieces: list[tuple[Path, int]]) -> Path:
         """One rendition's pieces joined in order into the rung video the packaging reads."""
         if len(pieces) != self.chunking.count:
-            raise RenderError(f"join[{rung.name}]: {len(pieces)} pieces, "
-                              f"{self.chunking.count} chunks")  # fmt: skip
+            raise RenderError(
+                f"join[{rung.name}]: {len(pieces)} pieces, {self.chunking.count} chunks"
+            )
         listing = self.layout.work / f"concat_{rung.name}.txt"
         listing.write_text(concat_list(pieces, self.plan.frame_rate))
         output = self.layout.rung_video(rung)

@@ -134,21 +134,35 @@ def make_chunking(
         return None
     origin = min(times)
     keys = clean_keyframes(packets)
-    starts = choose_splits(keys, origin=origin, end=end, chunk_seconds=chunk_seconds,
-                           segment_seconds=segment_seconds, allowed=allowed)  # fmt: skip
+    starts = choose_splits(
+        keys,
+        origin=origin,
+        end=end,
+        chunk_seconds=chunk_seconds,
+        segment_seconds=segment_seconds,
+        allowed=allowed,
+    )
     if len(starts) < 2:
         return None
     bounds = [*starts[1:], math.inf]
-    frames = [sum(1 for t in times if lo - 1e-6 <= t < hi - 1e-6)
-              for lo, hi in zip(starts, bounds, strict=True)]  # fmt: skip
+    frames = [
+        sum(1 for t in times if lo - 1e-6 <= t < hi - 1e-6)
+        for lo, hi in zip(starts, bounds, strict=True)
+    ]
 
     def snap(time: float) -> float:
         return origin + round((time - origin) * rate) / rate
 
     grid_end = snap(end)
-    return Chunking(starts=starts, end=end, origin=origin, frames=frames,
-                    grid_starts=[snap(s) for s in starts], grid_end=grid_end,
-                    chunk_seconds=chunk_seconds)  # fmt: skip
+    return Chunking(
+        starts=starts,
+        end=end,
+        origin=origin,
+        frames=frames,
+        grid_starts=[snap(s) for s in starts],
+        grid_end=grid_end,
+        chunk_seconds=chunk_seconds,
+    )
 
 
 # -- argv ----------------------------------------------------------------------------------
@@ -159,17 +173,33 @@ def chunk_name(index: int) -> str:
 
 
 def split_args(
-    sniff: Sniff, source: Path, chunking: Chunking, video_map: str, media: MediaConfig,
+    sniff: Sniff,
+    source: Path,
+    chunking: Chunking,
+    video_map: str,
+    media: MediaConfig,
     directory: Path,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """Stream-copy the source's video into one NUT file per chunk (timestamps kept)."""
     times = ",".join(f"{t - SPLIT_EPSILON:.6f}" for t in chunking.starts[1:])
     return [
         *input_args(sniff, source, max_streams=media.max_streams),
-        "-map", video_map, "-c", "copy", "-avoid_negative_ts", "disabled",
-        "-f", "segment", "-segment_format", "nut", "-segment_times", times,
-        "-reset_timestamps", "0", str(directory / "chunk_%04d.nut"),
-    ]  # fmt: skip
+        "-map",
+        video_map,
+        "-c",
+        "copy",
+        "-avoid_negative_ts",
+        "disabled",
+        "-f",
+        "segment",
+        "-segment_format",
+        "nut",
+        "-segment_times",
+        times,
+        "-reset_timestamps",
+        "0",
+        str(directory / "chunk_%04d.nut"),
+    ]
 
 
 def forced_keyframes(
@@ -215,8 +245,23 @@ def concat_list(pieces: Sequence[tuple[Path, int]], rate: float) -> str:
 def concat_args(list_file: Path, output: Path, *, origin: float) -> list[str]:
     """Join one rendition's pieces by stream copy, starting where the source did."""
     return [
-        "-protocol_whitelist", "file", "-format_whitelist", CONCAT_FORMATS,
-        "-f", "concat", "-safe", "0", "-i", f"file:{list_file.resolve()}",
-        "-map", "0:v:0", "-c", "copy", "-output_ts_offset", f"{origin:.6f}",
-        "-f", "mp4", str(output),
-    ]  # fmt: skip
+        "-protocol_whitelist",
+        "file",
+        "-format_whitelist",
+        CONCAT_FORMATS,
+        "-f",
+        "concat",
+        "-safe",
+        "0",
+        "-i",
+        f"file:{list_file.resolve()}",
+        "-map",
+        "0:v:0",
+        "-c",
+        "copy",
+        "-output_ts_offset",
+        f"{origin:.6f}",
+        "-f",
+        "mp4",
+        str(output),
+    ]

@@ -69,9 +69,14 @@ class MediaRun:
     """One source through the DAG in a scratch directory. Not reusable."""
 
     def __init__(
-        self, sandbox: Sandbox, source: Path, root: Path, *, on_done: OnDone | None = None,
+        self,
+        sandbox: Sandbox,
+        source: Path,
+        root: Path,
+        *,
+        on_done: OnDone | None = None,
         parallel: int = 1,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``on_done(record)`` runs as each output is verified (the worker uploads and
         records it then, so the required set is published without waiting for the rest);
         if it raises, that output counts as failed. ``parallel``: ffmpeg processes at once
@@ -95,10 +100,16 @@ class MediaRun:
         self._sniff = sniff or sniff_file(self.source)
         self._summary = summary
         self.report = Report(
-            verdict=Verdict(verdict="valid", error_class=None, reasons=[],
-                            container=self._sniff.kind, media=summary,
-                            decode_check="skipped", network_isolated=None)
-        )  # fmt: skip
+            verdict=Verdict(
+                verdict="valid",
+                error_class=None,
+                reasons=[],
+                container=self._sniff.kind,
+                media=summary,
+                decode_check="skipped",
+                network_isolated=None,
+            )
+        )
 
     async def inspect(
         self, *, declared: Declared | None = None, tolerance: ToleranceConfig | None = None
@@ -147,9 +158,14 @@ class MediaRun:
             source_keys, start, packets, earliest = (
                 await self._source_keyframes(summary) if needs_cuts else (None, None, None, None)
             )
-            plan = make_plan(summary, self.media, source_keyframes=source_keys,
-                             stream_start=start, video_packets=packets,
-                             source_earliest=earliest)  # fmt: skip
+            plan = make_plan(
+                summary,
+                self.media,
+                source_keyframes=source_keys,
+                stream_start=start,
+                video_packets=packets,
+                source_earliest=earliest,
+            )
         report.plan = plan
         if plan_only:
             wants = []
@@ -208,8 +224,13 @@ class MediaRun:
         if audio is not None and _one_scan(summary):
             # One scan of every stream (ffprobe demuxes them all either way), split here: a
             # process fewer than a scan per stream, for the audio lines the split skips.
-            args = _packet_args(self._sniff, self.source, stream=None, indexed=True,
-                                max_streams=self.media.max_streams)  # fmt: skip
+            args = _packet_args(
+                self._sniff,
+                self.source,
+                stream=None,
+                indexed=True,
+                max_streams=self.media.max_streams,
+            )
             text = await self._ffprobe_csv("keyframe_scan", args)
             parts = keyframes.by_stream(text, {video: None, audio: AUDIO_HEAD_PACKETS})
             packets = keyframes.parse_packets(parts[video])
@@ -217,19 +238,28 @@ class MediaRun:
         else:
             # Other tracks (up to max_streams), audio of unknown or high packet rate, or
             # just too many packets: the other lines are never printed, a scan per stream.
-            args = _packet_args(self._sniff, self.source, stream=str(video),
-                                max_streams=self.media.max_streams)  # fmt: skip
+            args = _packet_args(
+                self._sniff, self.source, stream=str(video), max_streams=self.media.max_streams
+            )
             packets = keyframes.parse_packets(await self._ffprobe_csv("keyframe_scan", args))
             if audio is not None:
-                args = _packet_args(self._sniff, self.source, stream=str(audio),
-                                    first=AUDIO_HEAD_PACKETS,
-                                    max_streams=self.media.max_streams)  # fmt: skip
+                args = _packet_args(
+                    self._sniff,
+                    self.source,
+                    stream=str(audio),
+                    first=AUDIO_HEAD_PACKETS,
+                    max_streams=self.media.max_streams,
+                )
                 heads = keyframes.parse_packets(await self._ffprobe_csv("audio_start_scan", args))
         starts = [p.pts for p in heads if p.pts is not None]
         audio_start = min(starts) if starts else None
         times = keyframes.keyframe_pts(packets)
-        stamps = [value for packet in (*packets[:HEAD_PACKETS], *heads)
-                  for value in (packet.pts, packet.dts) if value is not None]  # fmt: skip
+        stamps = [
+            value
+            for packet in (*packets[:HEAD_PACKETS], *heads)
+            for value in (packet.pts, packet.dts)
+            if value is not None
+        ]
         self.report.steps["keyframe_scan"] = time.monotonic() - started
         return times, audio_start, packets, min(stamps, default=None)
 
@@ -254,8 +284,9 @@ class MediaRun:
         if has_audio and encoded and self.layout.audio.exists():
             inputs.append((None, self.layout.audio, None))
         for sniff, path, stream in inputs:
-            args = _packet_args(sniff, path, stream=stream, first=HEAD_PACKETS,
-                                max_streams=self.media.max_streams)  # fmt: skip
+            args = _packet_args(
+                sniff, path, stream=stream, first=HEAD_PACKETS, max_streams=self.media.max_streams
+            )
             for packet in keyframes.parse_packets(await self._ffprobe_csv("ts_scan", args)):
                 for value in (packet.pts, packet.dts):
                     if value is not None:
@@ -382,9 +413,12 @@ class MediaRun:
         assert self.report is not None
         error_class = exc.error_class if isinstance(exc, AivedioError) else "render_failed"
         self.report.nodes[node] = NodeOutcome(
-            name=node, status="failed", seconds=0.0, error_class=error_class,
+            name=node,
+            status="failed",
+            seconds=0.0,
+            error_class=error_class,
             detail=str(exc)[:500],
-        )  # fmt: skip
+        )
 
     async def _run_group(
         self, nodes: list[str], plan: Plan, summary: MediaSummary, *, encoded: bool = False
@@ -397,27 +431,47 @@ class MediaRun:
         started = time.monotonic()
         job = encode_job(plan, wants, has_audio=has_audio)
         if encoded:
-            job = EncodeJob(rungs=(), proxy=False, poster=False, sprite=False, pcm=False,
-                            audio=False)  # fmt: skip
+            job = EncodeJob(
+                rungs=(), proxy=False, poster=False, sprite=False, pcm=False, audio=False
+            )
         if not job.empty:
             args = encode_args(
-                plan, job, self.media, self._sniff, self.source, self.layout,
-                audio_channels=summary.audio_channels, audio_rate=summary.audio_sample_rate,
-            )  # fmt: skip
+                plan,
+                job,
+                self.media,
+                self._sniff,
+                self.source,
+                self.layout,
+                audio_channels=summary.audio_channels,
+                audio_rate=summary.audio_sample_rate,
+            )
             await self._ffmpeg(f"encode[{','.join(sorted(wants))}]", args, plan.duration_seconds)
         elif job.audio:
-            audio_only = EncodeJob(rungs=(), proxy=False, poster=False, sprite=False,
-                                   pcm=False, audio=True)  # fmt: skip
+            audio_only = EncodeJob(
+                rungs=(), proxy=False, poster=False, sprite=False, pcm=False, audio=True
+            )
             args = encode_args(
-                plan, audio_only, self.media, self._sniff, self.source, self.layout,
-                audio_channels=summary.audio_channels, audio_rate=summary.audio_sample_rate,
-            )  # fmt: skip
+                plan,
+                audio_only,
+                self.media,
+                self._sniff,
+                self.source,
+                self.layout,
+                audio_channels=summary.audio_channels,
+                audio_rate=summary.audio_sample_rate,
+            )
             await self._ffmpeg("audio", args, plan.duration_seconds)
         offset = await self._hls_offset(plan, has_audio) if "hls" in wants else 0.0
         runs = package_args(
-            plan, wants, self.media, self._sniff, self.source, self.layout,
-            has_audio=has_audio, hls_offset=offset,
-        )  # fmt: skip
+            plan,
+            wants,
+            self.media,
+            self._sniff,
+            self.source,
+            self.layout,
+            has_audio=has_audio,
+            hls_offset=offset,
+        )
         named = ["package"] if runs else []
         if "poster" in wants and not job.poster:  # no encode pass makes it: one frame by seek
             runs.append(poster_seek_args(plan, self.media, self._sniff, self.source, self.layout))
@@ -436,9 +490,10 @@ class MediaRun:
                     continue
             self.report.outputs[node] = record
             self.report.nodes[node] = NodeOutcome(
-                name=node, status="done",
+                name=node,
+                status="done",
                 seconds=round(shared / len(nodes) + time.monotonic() - node_started, 4),
-            )  # fmt: skip
+            )
 
     # -- finalize and verify ---------------------------------------------------------------
 
@@ -448,31 +503,55 @@ class MediaRun:
         required = node in plan.required
         if node == "playback":
             require_faststart(layout.playback)
-            return await self._record(node, "playback.mp4", [layout.playback], required,
-                                      width=top.width, height=top.height, codec="h264")  # fmt: skip
+            return await self._record(
+                node,
+                "playback.mp4",
+                [layout.playback],
+                required,
+                width=top.width,
+                height=top.height,
+                codec="h264",
+            )
         if node == "poster":
             require_jpeg(layout.poster)
             return await self._record(node, "poster.jpg", [layout.poster], required)
         if node == "proxy":
             require_faststart(layout.proxy)
             assert plan.proxy is not None
-            return await self._record(node, "proxy.mp4", [layout.proxy], required,
-                                      width=plan.proxy.width, height=plan.proxy.height,
-                                      codec="h264")  # fmt: skip
+            return await self._record(
+                node,
+                "proxy.mp4",
+                [layout.proxy],
+                required,
+                width=plan.proxy.width,
+                height=plan.proxy.height,
+                codec="h264",
+            )
         if node == "hls":
             renditions = [
-                hls.Rendition(name=r.name, width=r.width, height=r.height,
-                              frame_rate=summary.frame_rate if r.copy else plan.frame_rate,
-                              has_audio=summary.audio_codec is not None)
+                hls.Rendition(
+                    name=r.name,
+                    width=r.width,
+                    height=r.height,
+                    frame_rate=summary.frame_rate if r.copy else plan.frame_rate,
+                    has_audio=summary.audio_codec is not None,
+                )
                 for r in plan.rungs
-            ]  # fmt: skip
+            ]
             files: list[Path] = []
             for rendition in renditions:
                 files += hls.files_of(layout.hls, rendition.name)
             master = layout.hls / "master.m3u8"
             master.write_text(hls.master_playlist(layout.hls, renditions))
-            return await self._record(node, "hls/master.m3u8", [master, *files], required,
-                                      width=top.width, height=top.height, codec="h264")  # fmt: skip
+            return await self._record(
+                node,
+                "hls/master.m3u8",
+                [master, *files],
+                required,
+                width=top.width,
+                height=top.height,
+                codec="h264",
+            )
         if node == "sprite":
             return await self._finalize_sprite(plan, summary, required)
         if node == "waveform":
@@ -501,10 +580,17 @@ class MediaRun:
         thumb_w = width // self.media.sprite_columns
         thumb_h = height // self.media.sprite_rows
         vtt = layout.sprites / "thumbnails.vtt"
-        vtt.write_text(thumbnails.webvtt_index(sheet_layout, thumb_width=thumb_w,
-                                               thumb_height=thumb_h))  # fmt: skip
-        return await self._record("sprite", "sprites/thumbnails.vtt", [vtt, *sheets], required,
-                                  width=thumb_w, height=thumb_h)  # fmt: skip
+        vtt.write_text(
+            thumbnails.webvtt_index(sheet_layout, thumb_width=thumb_w, thumb_height=thumb_h)
+        )
+        return await self._record(
+            "sprite",
+            "sprites/thumbnails.vtt",
+            [vtt, *sheets],
+            required,
+            width=thumb_w,
+            height=thumb_h,
+        )
 
     async def _finalize_waveform(
         self, plan: Plan, summary: MediaSummary, required: bool
@@ -548,8 +634,15 @@ class MediaRun:
     ) -> OutputRecord:
         out = self.layout.out
         files = await anyio.to_thread.run_sync(lambda: [describe(p, out) for p in paths])
-        record = OutputRecord(variant_type=node, primary=primary, files=files, required=required,
-                              width=width, height=height, codec=codec)  # fmt: skip
+        record = OutputRecord(
+            variant_type=node,
+            primary=primary,
+            files=files,
+            required=required,
+            width=width,
+            height=height,
+            codec=codec,
+        )
         if node in ("playback", "proxy") and self.report and self.report.plan:
             seconds = max(self.report.plan.duration_seconds, 0.001)
             record.bitrate = int(record.primary_file().size * 8 / seconds)
@@ -574,9 +667,14 @@ class _ProgressLog:
             done = int(block.get("out_time_us", "0")) / 1e6
         except ValueError:
             done = 0.0
-        log.info("render_progress", step=self.step, media_seconds=round(done, 2),
-                 of_seconds=round(self.duration, 2), speed=block.get("speed"),
-                 elapsed_seconds=round(now - self.started, 1))  # fmt: skip
+        log.info(
+            "render_progress",
+            step=self.step,
+            media_seconds=round(done, 2),
+            of_seconds=round(self.duration, 2),
+            speed=block.get("speed"),
+            elapsed_seconds=round(now - self.started, 1),
+        )
 
 
 def _one_scan(summary: MediaSummary) -> bool:

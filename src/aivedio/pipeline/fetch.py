@@ -406,9 +406,11 @@ class FetchStage:
             try:
                 if new == "OUTPUT_LOST":
                     await records.mark_lost(
-                        self.s.pool, output, f"url expired after: {error.detail}",
+                        self.s.pool,
+                        output,
+                        f"url expired after: {error.detail}",
                         ledger=self.s.config.ledger,
-                    )  # fmt: skip
+                    )
                 elif output.fetch_status != new:
                     await records.move(self.s.pool, output, new, error=error)
             except (StaleStateError, LeaseLostError):
@@ -438,43 +440,66 @@ class FetchStage:
         job_now = records.current_job.get()
         # The probe's job in the same statement (a crash after it on the fetch job's last
         # attempt must not leave the asset without one), made only with the asset.
-        probe = self.s.queue.enqueuing([probe_spec(asset_id, output.tenant_id)], name="probe",
-                                       when="EXISTS (SELECT 1 FROM asset)")  # fmt: skip
+        probe = self.s.queue.enqueuing(
+            [probe_spec(asset_id, output.tenant_id)],
+            name="probe",
+            when="EXISTS (SELECT 1 FROM asset)",
+        )
         assert probe is not None
         try:
             # One statement, fenced by the lease: it writes nothing unless the move to
             # STORED wins its compare-and-set (every other write reads ``stored``).
             async with self.s.pool.acquire() as conn:
-                got = await write_fenced(conn, job_now, {
-                    # Serialise with a cancel of the task (it locks the task row first):
-                    # either the cancel sees this asset, or the probe sees it cancelled.
-                    "task": Part("SELECT 1 FROM generation_tasks WHERE id = $1 FOR SHARE",
-                                 (output.generation_task_id,)),
-                    "stored": transition_part(
-                        Entity.PROVIDER_OUTPUT, (output.id,), expected=output.fetch_status,
-                        new="STORED", version=output.version,
-                        values={"last_error_class": None, "last_error_detail": None},
-                    ),
-                    "asset": Part(
-                        "INSERT INTO assets (id, tenant_id, source_type,"
-                        " source_provider_output_id, status, source_object_key,"
-                        " source_size_bytes, source_sha256)"
-                        " SELECT $1::uuid, $2::bigint, 'PROVIDER_OUTPUT', $3::uuid,"
-                        " 'QUARANTINED', $4::text, $5::bigint, $6::text"
-                        " WHERE EXISTS (SELECT 1 FROM stored)"
-                        " ON CONFLICT (source_provider_output_id) DO NOTHING RETURNING id",
-                        (asset_id, output.tenant_id, output.id, key, info.size, result.sha256),
-                        value="id",
-                    ),
-                    "attempt": records.end_attempt_part(attempt_id, "stored", None, result, key,
-                                                        when="EXISTS (SELECT 1 FROM stored)"),
-                    **probe.parts,
-                }, "recording the stored output")  # fmt: skip
+                got = await write_fenced(
+                    conn,
+                    job_now,
+                    {
+                        # Serialise with a cancel of the task (it locks the task row first):
+                        # either the cancel sees this asset, or the probe sees it cancelled.
+                        "task": Part(
+                            "SELECT 1 FROM generation_tasks WHERE id = $1 FOR SHARE",
+                            (output.generation_task_id,),
+                        ),
+                        "stored": transition_part(
+                            Entity.PROVIDER_OUTPUT,
+                            (output.id,),
+                            expected=output.fetch_status,
+                            new="STORED",
+                            version=output.version,
+                            values={"last_error_class": None, "last_error_detail": None},
+                        ),
+                        "asset": Part(
+                            "INSERT INTO assets (id, tenant_id, source_type,"
+                            " source_provider_output_id, status, source_object_key,"
+                            " source_size_bytes, source_sha256)"
+                            " SELECT $1::uuid, $2::bigint, 'PROVIDER_OUTPUT', $3::uuid,"
+                            " 'QUARANTINED', $4::text, $5::bigint, $6::text"
+                            " WHERE EXISTS (SELECT 1 FROM stored)"
+                            " ON CONFLICT (source_provider_output_id) DO NOTHING RETURNING id",
+                            (asset_id, output.tenant_id, output.id, key, info.size, result.sha256),
+                            value="id",
+                        ),
+                        "attempt": records.end_attempt_part(
+                            attempt_id,
+                            "stored",
+                            None,
+                            result,
+                            key,
+                            when="EXISTS (SELECT 1 FROM stored)",
+                        ),
+                        **probe.parts,
+                    },
+                    "recording the stored output",
+                )
                 probe.made(got)
                 if got["stored"] is None:
-                    raise stale(Entity.PROVIDER_OUTPUT, (output.id,),
-                                expected=output.fetch_status, new="STORED",
-                                version=output.version)  # fmt: skip
+                    raise stale(
+                        Entity.PROVIDER_OUTPUT,
+                        (output.id,),
+                        expected=output.fetch_status,
+                        new="STORED",
+                        version=output.version,
+                    )
                 if got["asset"] is None:
                     # STORED is final and its asset is made with it, so a move that won
                     # finds none: should one exist anyway, it gets its probe here.

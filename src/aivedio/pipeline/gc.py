@@ -169,13 +169,18 @@ class OrphanCollector:
         await self._collect(report, now, "assets/", "orphan_objects", self._asset_verdicts)
 
     async def collect_quarantine(self, report: SweepReport, now: datetime) -> None:
-        await self._collect(report, now, "quarantine/", "quarantine_orphans",
-                            self._quarantine_verdicts)  # fmt: skip
+        await self._collect(
+            report, now, "quarantine/", "quarantine_orphans", self._quarantine_verdicts
+        )
 
     async def _collect(
-        self, report: SweepReport, now: datetime, prefix: str, scan: str,
+        self,
+        report: SweepReport,
+        now: datetime,
+        prefix: str,
+        scan: str,
         verdicts: Callable[[SweepReport, list[str], datetime], Awaitable[dict[str, str | None]]],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """List ``prefix``; objects past the grace period are checked against the database
         in batches (one query each) and deleted when nothing references them."""
         cutoff = now - timedelta(seconds=self.cfg.orphan_grace_seconds)
@@ -224,8 +229,10 @@ class OrphanCollector:
         for asset, exc in roots.unreadable.items():  # its keys are kept
             self.rows.skip("orphan_objects", asset, exc, on_skip=report.skip)
         # Kept, and counted: after a database restore these are what reconciliation needs.
-        report.bump("orphan_objects_unattributed", sum(
-            1 for name in names if asset_of(name) not in roots.known))  # fmt: skip
+        report.bump(
+            "orphan_objects_unattributed",
+            sum(1 for name in names if asset_of(name) not in roots.known),
+        )
         found: dict[str, str | None] = {}
         for name in names:
             with report.isolate(self.rows, "orphan_objects", name):
@@ -235,7 +242,8 @@ class OrphanCollector:
     async def _quarantine_verdicts(
         self, _report: SweepReport, names: list[str], now: datetime
     ) -> dict[str, str | None]:
-        rows = await self.pool.fetch(QUARANTINE_REFERENCES, names, now,
-                                     sorted(TERMINAL_OUTPUT_STATES))  # fmt: skip
+        rows = await self.pool.fetch(
+            QUARANTINE_REFERENCES, names, now, sorted(TERMINAL_OUTPUT_STATES)
+        )
         kept = {r["k"] for r in rows}
         return {name: None if name in kept else "no_database_record" for name in names}

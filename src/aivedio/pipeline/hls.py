@@ -77,8 +77,9 @@ def measure(directory: Path, playlist: MediaPlaylist) -> tuple[int, int]:
     if len(sized) >= 2 and sized[-1][1] < longest / 2:
         (bits_a, secs_a), (bits_b, secs_b) = sized[-2], sized[-1]
         sized = [*sized[:-2], (bits_a + bits_b, secs_a + secs_b)]
-    peak = max(((bits + init_bits) / seconds for bits, seconds in sized if seconds > 0),
-               default=0.0)  # fmt: skip
+    peak = max(
+        ((bits + init_bits) / seconds for bits, seconds in sized if seconds > 0), default=0.0
+    )
     average = total_bits / total_seconds if total_seconds else 0.0
     return max(math.ceil(peak), 1), max(math.ceil(average), 1)
 

@@ -164,28 +164,44 @@ def check_descriptor(d: OutputDescriptor, now: datetime) -> None:
 
 
 async def _record_new_task(
-    conn: Connection, queue: Queue, cipher: UrlCipher, tenant_id: int, d: OutputDescriptor,
-    expires_at: datetime, ledger: LedgerConfig, fetch_spec: Callable[[uuid.UUID], JobSpec],
-) -> Recorded | None:  # fmt: skip
+    conn: Connection,
+    queue: Queue,
+    cipher: UrlCipher,
+    tenant_id: int,
+    d: OutputDescriptor,
+    expires_at: datetime,
+    ledger: LedgerConfig,
+    fetch_spec: Callable[[uuid.UUID], JobSpec],
+) -> Recorded | None:
     """The task SUCCEEDED, its generation charge, the output and its fetch job: one
     statement, every part of it written only when the task's insert was (None: the task
     exists, nothing was written)."""
     task_id, output_id = uuid.uuid4(), uuid.uuid4()
     inserted = "EXISTS (SELECT 1 FROM task)"
     charge = generation_charge_part(
-        ledger, tenant_id=tenant_id, provider=d.provider, provider_task_id=d.provider_task_id,
-        generation_task_id=task_id, when=inserted,
-    )  # fmt: skip
-    fetch = queue.enqueuing([fetch_spec(output_id)], name="fetch",
-                            when="EXISTS (SELECT 1 FROM output)")  # fmt: skip
+        ledger,
+        tenant_id=tenant_id,
+        provider=d.provider,
+        provider_task_id=d.provider_task_id,
+        generation_task_id=task_id,
+        when=inserted,
+    )
+    fetch = queue.enqueuing(
+        [fetch_spec(output_id)], name="fetch", when="EXISTS (SELECT 1 FROM output)"
+    )
     assert fetch is not None
-    got = await write_together(conn, {
-        "task": Part(INSERT_TASK, (task_id, tenant_id, d.provider, d.provider_task_id),
-                     value="id"),
-        "charge": charge,
-        "output": _output_part(output_id, tenant_id, task_id, d, expires_at, cipher, inserted),
-        **fetch.parts,
-    }, "recording the provider output")  # fmt: skip
+    got = await write_together(
+        conn,
+        {
+            "task": Part(
+                INSERT_TASK, (task_id, tenant_id, d.provider, d.provider_task_id), value="id"
+            ),
+            "charge": charge,
+            "output": _output_part(output_id, tenant_id, task_id, d, expires_at, cipher, inserted),
+            **fetch.parts,
+        },
+        "recording the provider output",
+    )
     made = fetch.made(got).get(fetch.keys[0])
     if got["task"] is None:
         return None
@@ -195,9 +211,13 @@ async def _record_new_task(
         log_generation_charge(charge)
     job_id, _lane = made
     return Recorded(
-        generation_task_id=task_id, provider_output_id=output_id, fetch_job_id=job_id,
-        output_created=True, job_created=True, fetch_status="FETCH_PENDING",
-    )  # fmt: skip
+        generation_task_id=task_id,
+        provider_output_id=output_id,
+        fetch_job_id=job_id,
+        output_created=True,
+        job_created=True,
+        fetch_status="FETCH_PENDING",
+    )
 
 
 async def _succeed_task(conn: Connection, tenant_id: int, d: OutputDescriptor) -> uuid.UUID:
@@ -298,9 +318,14 @@ INSERT_TASK = (
 
 
 def _output_part(
-    output_id: uuid.UUID, tenant_id: int, task_id: uuid.UUID, d: OutputDescriptor,
-    expires_at: datetime, cipher: UrlCipher, when: str,
-) -> Part:  # fmt: skip
+    output_id: uuid.UUID,
+    tenant_id: int,
+    task_id: uuid.UUID,
+    d: OutputDescriptor,
+    expires_at: datetime,
+    cipher: UrlCipher,
+    when: str,
+) -> Part:
     """The output's insert (FETCH_PENDING, its URL encrypted and bound to its id), when
     ``when`` holds; answers the id, or None when the output's key exists."""
     blob, key_id = cipher.encrypt(d.url, bound_to=str(output_id))
@@ -312,12 +337,24 @@ def _output_part(
         " SELECT $1::uuid, $2::bigint, $3::uuid, $4::text, $5::text, $6::smallint, $7::int,"
         " $8::bytea, $9::text, $10::timestamptz, $11::bigint, $12::text, $13::text,"
         f" $14::text, 'FETCH_PENDING' WHERE {when} ON CONFLICT DO NOTHING RETURNING id",
-        (output_id, tenant_id, task_id, d.provider, d.provider_task_id, d.output_index,
-         d.output_revision, blob, key_id, expires_at, d.size,
-         "sha256" if d.sha256 else None, d.sha256.lower() if d.sha256 else None,
-         d.content_type),
+        (
+            output_id,
+            tenant_id,
+            task_id,
+            d.provider,
+            d.provider_task_id,
+            d.output_index,
+            d.output_revision,
+            blob,
+            key_id,
+            expires_at,
+            d.size,
+            "sha256" if d.sha256 else None,
+            d.sha256.lower() if d.sha256 else None,
+            d.content_type,
+        ),
         value="id",
-    )  # fmt: skip
+    )
 
 
 def _decrypts_to(cipher: UrlCipher, row: Any, url: str) -> bool:
@@ -350,10 +387,11 @@ async def receive(
     parts = {
         "known": Part(
             "SELECT tenant_id FROM generation_tasks WHERE provider = $1 AND provider_task_id = $2",
-            (provider, provider_task_id), value="tenant_id",
+            (provider, provider_task_id),
+            value="tenant_id",
         ),
         "named": Part("SELECT id FROM tenants WHERE name = $1", (named,), value="id"),
-    }  # fmt: skip
+    }
     if event_id is not None:
         parts["receipt"] = receipt_part(provider, event_id)
     got = await write_together(conn, parts, "recording a callback")

@@ -110,8 +110,13 @@ def _inconclusive(report: SweepReport, row: Any, exc: AivedioError) -> bool:
     error is the caller's to raise."""
     if not _no_verdict(exc):
         return False
-    log.warning("integrity_audit_inconclusive", asset_id=str(row["id"]), revision=row["revision"],
-                error_class=exc.error_class, detail=exc.detail)  # fmt: skip
+    log.warning(
+        "integrity_audit_inconclusive",
+        asset_id=str(row["id"]),
+        revision=row["revision"],
+        error_class=exc.error_class,
+        detail=exc.detail,
+    )
     report.bump("revisions_inconclusive")
     return True
 
@@ -120,9 +125,15 @@ class IntegrityAudit:
     """Audits a sample of published revisions; alerts and rebuilds the ones found broken."""
 
     def __init__(
-        self, cfg: SweeperConfig, *, pool: Pool, store: ObjectStore, queue: Queue,
-        pipeline_version: int, rows: RowGuard | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: SweeperConfig,
+        *,
+        pool: Pool,
+        store: ObjectStore,
+        queue: Queue,
+        pipeline_version: int,
+        rows: RowGuard | None = None,
+    ) -> None:
         self.cfg = cfg
         self.pool = pool
         self.store = store
@@ -198,9 +209,12 @@ class IntegrityAudit:
         return [{"key": key, "problem": problem} for key, problem in problems.items()]
 
     async def _audit_hls(
-        self, master: str, digests: dict[str, str | None], found: dict[str, int | None],
+        self,
+        master: str,
+        digests: dict[str, str | None],
+        found: dict[str, int | None],
         problems: dict[str, str],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Every playlist reachable from ``master`` read, every URI in it present (the
         files the records did not list looked up a playlist at a time)."""
         queue, seen = [master], {master}
@@ -255,8 +269,13 @@ class IntegrityAudit:
         source = (
             await self.store.head(row["source_object_key"]) if row["source_object_key"] else None
         )
-        log.error("integrity_failed", asset_id=str(asset_id), revision=revision,
-                  problems=problems[:20], count=len(problems))  # fmt: skip
+        log.error(
+            "integrity_failed",
+            asset_id=str(asset_id),
+            revision=revision,
+            problems=problems[:20],
+            count=len(problems),
+        )
         source_ok = source is not None and source.size == row["source_size_bytes"]
         rebuild = self.cfg.rebuild_on_integrity_failure and source_ok
         async with self.pool.acquire() as conn, conn.transaction():
@@ -265,8 +284,9 @@ class IntegrityAudit:
             )
             if current != revision:
                 action = "skipped_superseded"
-            elif (previous := await conn.fetchval(ALERTED, asset_id, INTEGRITY_EVENT,
-                                                  str(revision))) is not None:  # fmt: skip
+            elif (
+                previous := await conn.fetchval(ALERTED, asset_id, INTEGRITY_EVENT, str(revision))
+            ) is not None:
                 action, data["rebuild_job_id"] = "already_alerted", previous
             elif report.dry_run:
                 action = "would_alert" + ("_and_rebuild" if rebuild else "")
@@ -280,16 +300,28 @@ class IntegrityAudit:
                 await self._alert(conn, row, problems, job_id, source_ok)
         detail = f"revision {revision}: {len(problems)} problem(s)"
         detail += "" if source_ok else "; the source is missing, no rebuild"
-        report.add("integrity", Finding(subject=str(asset_id), detail=detail, action=action,
-                                        data=data))  # fmt: skip
+        report.add(
+            "integrity", Finding(subject=str(asset_id), detail=detail, action=action, data=data)
+        )
 
     async def _alert(
-        self, conn: Connection, row: Any, problems: list[dict[str, str]], job_id: int | None,
+        self,
+        conn: Connection,
+        row: Any,
+        problems: list[dict[str, str]],
+        job_id: int | None,
         source_ok: bool,
-    ) -> None:  # fmt: skip
+    ) -> None:
         await outbox.emit(
-            conn, INTEGRITY_EVENT, tenant_id=row["tenant_id"], aggregate_id=row["id"],
-            payload={"asset_id": str(row["id"]), "revision": row["revision"],
-                     "problems": problems[:50], "source_present": source_ok,
-                     "rebuild_job_id": str(job_id) if job_id is not None else None},
-        )  # fmt: skip
+            conn,
+            INTEGRITY_EVENT,
+            tenant_id=row["tenant_id"],
+            aggregate_id=row["id"],
+            payload={
+                "asset_id": str(row["id"]),
+                "revision": row["revision"],
+                "problems": problems[:50],
+                "source_present": source_ok,
+                "rebuild_job_id": str(job_id) if job_id is not None else None,
+            },
+        )

@@ -60,9 +60,12 @@ async def cancel_task(
             raise NotFoundError(f"no generation task {provider}/{provider_task_id}")
         if task["provider_status"] != "CANCELLED":
             await transition(
-                conn, Entity.GENERATION_TASK, (task["id"],),
-                expected=task["provider_status"], new="CANCELLED",
-            )  # fmt: skip
+                conn,
+                Entity.GENERATION_TASK,
+                (task["id"],),
+                expected=task["provider_status"],
+                new="CANCELLED",
+            )
         await conn.execute(
             "UPDATE generation_tasks SET cancel_version = cancel_version + 1 WHERE id = $1",
             task["id"],
@@ -85,8 +88,12 @@ async def cancel_task(
             if asset["status"] in ("QUARANTINED", "PROBING", "PROCESSING"):
                 await _retire(conn, asset["id"], asset, "cancelled", error_class="cancelled")
                 retired.append(str(asset["id"]))
-    log.info("task_cancelled", provider=provider, provider_task_id=provider_task_id,
-             retired_assets=retired)  # fmt: skip
+    log.info(
+        "task_cancelled",
+        provider=provider,
+        provider_task_id=provider_task_id,
+        retired_assets=retired,
+    )
     return {"task_id": str(task["id"]), "retired_assets": retired}
 
 
@@ -105,14 +112,20 @@ async def _retire(
     conn: Any, asset_id: uuid.UUID, row: Any, reason: str, *, error_class: str | None
 ) -> None:
     if row["status"] not in LIVE_ASSET_STATES and row["status"] not in (
-        "REJECTED", "PROCESSING_FAILED", "INVALID_MEDIA",
-    ):  # fmt: skip
+        "REJECTED",
+        "PROCESSING_FAILED",
+        "INVALID_MEDIA",
+    ):
         return
     try:
         await transition(
-            conn, Entity.ASSET, (asset_id,), expected=row["status"], new="DELETED",
+            conn,
+            Entity.ASSET,
+            (asset_id,),
+            expected=row["status"],
+            new="DELETED",
             values={"last_error_class": error_class, "last_error_detail": reason},
-        )  # fmt: skip
+        )
     except StaleStateError:
         return
     await conn.execute(
@@ -124,12 +137,20 @@ async def _retire(
         asset_id,
     )
     for revision in building:
-        await transition(conn, Entity.REVISION, (asset_id, revision["revision"]),
-                         expected="BUILDING", new="ABANDONED")  # fmt: skip
+        await transition(
+            conn,
+            Entity.REVISION,
+            (asset_id, revision["revision"]),
+            expected="BUILDING",
+            new="ABANDONED",
+        )
     await outbox.emit(
-        conn, "asset.deleted", tenant_id=row["tenant_id"], aggregate_id=asset_id,
+        conn,
+        "asset.deleted",
+        tenant_id=row["tenant_id"],
+        aggregate_id=asset_id,
         payload={"asset_id": str(asset_id), "reason": reason},
-    )  # fmt: skip
+    )
 
 
 async def retire_if_cancelled(pool: Pool, asset_id: uuid.UUID, *, retain_days: float) -> bool:

@@ -35,8 +35,9 @@ async def download_source(store: ObjectStore, asset: asyncpg.Record, target: Pat
             f"quarantined source {key}: sha256 {digest} != recorded {asset['source_sha256']}"
         )
     if asset["source_size_bytes"] is not None and size != asset["source_size_bytes"]:
-        raise ChecksumMismatchError(f"quarantined source {key}: {size} bytes, recorded "
-                                    f"{asset['source_size_bytes']}")  # fmt: skip
+        raise ChecksumMismatchError(
+            f"quarantined source {key}: {size} bytes, recorded {asset['source_size_bytes']}"
+        )
 
 
 async def download(store: ObjectStore, key: str, target: Path) -> tuple[str, int]:
@@ -49,11 +50,18 @@ async def upload_and_verify(
 ) -> None:
     """Write every file under the revision prefix, then read each back: size and SHA-256
     must match what was made before the output may count as done (``store_files``)."""
-    await store.store_files([
-        LocalFile(key=f"{prefix}/{file.path}", path=str(out / file.path), size=file.size,
-                  sha256=file.sha256, content_type=file.mime)
-        for file in record.files
-    ])  # fmt: skip
+    await store.store_files(
+        [
+            LocalFile(
+                key=f"{prefix}/{file.path}",
+                path=str(out / file.path),
+                size=file.size,
+                sha256=file.sha256,
+                content_type=file.mime,
+            )
+            for file in record.files
+        ]
+    )
 
 
 async def record_variant(
@@ -84,15 +92,27 @@ async def record_variants(
             "  codec, bitrate, extra)"
             " WHERE v.asset_id = $1 AND v.revision = $2 AND v.variant_type = u.variant_type"
             " AND v.status = 'PENDING' RETURNING v.variant_type",
-            asset_id, revision,
-            [r.variant_type for r, _ in rows], [f"{prefix}/{p.path}" for _, p in rows],
-            [p.mime for _, p in rows], [p.size for _, p in rows], [p.sha256 for _, p in rows],
-            [r.width for r, _ in rows], [r.height for r, _ in rows], [r.codec for r, _ in rows],
+            asset_id,
+            revision,
+            [r.variant_type for r, _ in rows],
+            [f"{prefix}/{p.path}" for _, p in rows],
+            [p.mime for _, p in rows],
+            [p.size for _, p in rows],
+            [p.sha256 for _, p in rows],
+            [r.width for r, _ in rows],
+            [r.height for r, _ in rows],
+            [r.codec for r, _ in rows],
             [r.bitrate for r, _ in rows],
-            [{"files": [msgspec.to_builtins(f) for f in r.files], "total_bytes": r.size,
-              "required": r.required} for r, _ in rows],
+            [
+                {
+                    "files": [msgspec.to_builtins(f) for f in r.files],
+                    "total_bytes": r.size,
+                    "required": r.required,
+                }
+                for r, _ in rows
+            ],
             now,
-        )  # fmt: skip
+        )
     return {row["variant_type"] for row in moved}
 
 

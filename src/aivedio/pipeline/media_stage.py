@@ -158,8 +158,9 @@ class MediaStage:
             async with self.s.pool.acquire() as conn:
                 # Another delivery of this job may have moved it first: PROBING either way.
                 with contextlib.suppress(StaleStateError):
-                    await transition(conn, Entity.ASSET, (asset_id,), expected="QUARANTINED",
-                                     new="PROBING")  # fmt: skip
+                    await transition(
+                        conn, Entity.ASSET, (asset_id,), expected="QUARANTINED", new="PROBING"
+                    )
         try:
             await self._refuse_poison(job, asset_id, hooks, known=asset["media_crashes"])
             return await self._probe(job, asset, hooks)
@@ -176,15 +177,25 @@ class MediaStage:
         async with self.s.pool.acquire() as conn, conn.transaction():
             try:
                 await transition(
-                    conn, Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING_FAILED",
-                    values={"last_error_class": exc.error_class,
-                            "last_error_detail": exc.detail[:1000]},
-                )  # fmt: skip
+                    conn,
+                    Entity.ASSET,
+                    (asset_id,),
+                    expected="PROBING",
+                    new="PROCESSING_FAILED",
+                    values={
+                        "last_error_class": exc.error_class,
+                        "last_error_detail": exc.detail[:1000],
+                    },
+                )
             except StaleStateError:
                 return
             await self._compensate(conn, asset_id, f"probe_failed:{exc.error_class}")
-        log.error("probe_failed", asset_id=str(asset_id), error_class=exc.error_class,
-                  detail=exc.detail[:300])  # fmt: skip
+        log.error(
+            "probe_failed",
+            asset_id=str(asset_id),
+            error_class=exc.error_class,
+            detail=exc.detail[:300],
+        )
 
     async def _probe(self, job: Job, asset: asyncpg.Record, hooks: Hooks) -> dict[str, Any]:
         asset_id: uuid.UUID = asset["id"]
@@ -215,8 +226,9 @@ class MediaStage:
         building = await self.s.pool.fetchval(
             "SELECT revision FROM asset_revisions WHERE asset_id = $1 AND status = 'BUILDING'"
             " AND revision > coalesce($2, 0) AND enriches IS NULL",
-            asset_id, asset["current_revision"],
-        )  # fmt: skip
+            asset_id,
+            asset["current_revision"],
+        )
         if building is not None:
             return {"outcome": "already_building", "revision": building}
         await self._refuse_poison(job, asset_id, hooks)
@@ -228,14 +240,20 @@ class MediaStage:
                 report = await run.run(plan_only=True)
             verdict = verdict_json(report.verdict)
             if not report.verdict.valid or report.plan is None:
-                log.warning("reprocess_source_invalid", asset_id=str(asset_id),
-                            reasons=verdict["reasons"])  # fmt: skip
+                log.warning(
+                    "reprocess_source_invalid", asset_id=str(asset_id), reasons=verdict["reasons"]
+                )
                 return {"outcome": "invalid_media", "reasons": verdict["reasons"]}
             assert report.verdict.media is not None
             return await self._start_revision(
-                asset, report.verdict.media, report.plan, verdict, job,
-                self.s.config.media.pipeline_version, reprocess=True,
-            )  # fmt: skip
+                asset,
+                report.verdict.media,
+                report.plan,
+                verdict,
+                job,
+                self.s.config.media.pipeline_version,
+                reprocess=True,
+            )
 
     async def _compensate(self, conn: Any, asset_id: uuid.UUID, reason: str) -> None:
         """The platform failed after the provider succeeded: the ledger's compensation (by
@@ -248,10 +266,14 @@ class MediaStage:
         if row is None:
             return  # an upload: no provider charge to compensate
         await ledger.record_compensation(
-            conn, cfg=self.s.config.ledger, tenant_id=row["tenant_id"],
-            provider=row["provider"], provider_task_id=row["provider_task_id"],
-            reason=reason, asset_id=asset_id,
-        )  # fmt: skip
+            conn,
+            cfg=self.s.config.ledger,
+            tenant_id=row["tenant_id"],
+            provider=row["provider"],
+            provider_task_id=row["provider_task_id"],
+            reason=reason,
+            asset_id=asset_id,
+        )
 
     async def _invalid(self, asset_id: uuid.UUID, verdict: dict[str, Any]) -> dict[str, Any]:
         detail = ", ".join(verdict["reasons"]) + (
@@ -260,17 +282,30 @@ class MediaStage:
         async with self.s.pool.acquire() as conn, conn.transaction():
             tenant_id = await conn.fetchval("SELECT tenant_id FROM assets WHERE id = $1", asset_id)
             await outbox.emit(
-                conn, "asset.invalid", tenant_id=tenant_id, aggregate_id=asset_id,
+                conn,
+                "asset.invalid",
+                tenant_id=tenant_id,
+                aggregate_id=asset_id,
                 payload={"asset_id": str(asset_id), "reasons": verdict["reasons"]},
-            )  # fmt: skip
+            )
             await transition(
-                conn, Entity.ASSET, (asset_id,), expected="PROBING", new="INVALID_MEDIA",
-                values={"probe": verdict, "last_error_class": "invalid_media",
-                        "last_error_detail": detail[:1000]},
-            )  # fmt: skip
+                conn,
+                Entity.ASSET,
+                (asset_id,),
+                expected="PROBING",
+                new="INVALID_MEDIA",
+                values={
+                    "probe": verdict,
+                    "last_error_class": "invalid_media",
+                    "last_error_detail": detail[:1000],
+                },
+            )
         log.warning("asset_invalid_media", asset_id=str(asset_id), reasons=verdict["reasons"])
-        return {"outcome": "invalid_media", "reasons": verdict["reasons"],
-                "network_isolated": verdict["network_isolated"]}  # fmt: skip
+        return {
+            "outcome": "invalid_media",
+            "reasons": verdict["reasons"],
+            "network_isolated": verdict["network_isolated"],
+        }
 
     async def _start_revision(
         self,
@@ -291,10 +326,13 @@ class MediaStage:
         # enrichment may have taken the next number while its source was probed.
         revision = int(asset["next_revision"])
         if reprocess:
-            revision = int(await self.s.pool.fetchval(
-                "SELECT coalesce(max(revision), 0) + 1 FROM asset_revisions WHERE asset_id = $1",
-                asset_id,
-            ))  # fmt: skip
+            revision = int(
+                await self.s.pool.fetchval(
+                    "SELECT coalesce(max(revision), 0) + 1 FROM asset_revisions"
+                    " WHERE asset_id = $1",
+                    asset_id,
+                )
+            )
         prefix = keys.revision_prefix(tenant_id, asset_id, revision)
         outputs = plan.outputs
         parts: dict[str, Part] = {}
@@ -307,16 +345,24 @@ class MediaStage:
             )
         else:
             parts["asset"] = transition_part(
-                Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING",
+                Entity.ASSET,
+                (asset_id,),
+                expected="PROBING",
+                new="PROCESSING",
                 values={
-                    "probe": verdict, "media_type": "video",
+                    "probe": verdict,
+                    "media_type": "video",
                     "duration_us": int(summary.duration_seconds * 1_000_000),
-                    "width": summary.display_width, "height": summary.display_height,
-                    "video_codec": summary.video_codec, "audio_codec": summary.audio_codec,
-                    "frame_rate_num": num, "frame_rate_den": den,
-                    "last_error_class": None, "last_error_detail": None,
+                    "width": summary.display_width,
+                    "height": summary.display_height,
+                    "video_codec": summary.video_codec,
+                    "audio_codec": summary.audio_codec,
+                    "frame_rate_num": num,
+                    "frame_rate_den": den,
+                    "last_error_class": None,
+                    "last_error_detail": None,
                 },
-            )  # fmt: skip
+            )
         # Everything below is written only when the asset's move (``asset``) won: this is one
         # statement, with no transaction to roll back.
         won = "EXISTS (SELECT 1 FROM asset)"
@@ -326,27 +372,47 @@ class MediaStage:
             " cancel_version_at_start) SELECT $1::uuid, $2::int, $3::int, 'BUILDING',"
             " $4::text[], $5::text[], $6::jsonb, $7::bigint, $8::bigint"
             f" WHERE {won} RETURNING 1",
-            (asset_id, revision, pipeline_version, plan.required, plan.optional,
-             msgspec.to_builtins(plan), asset["delete_version"], asset["cancel_version"]),
-        )  # fmt: skip
+            (
+                asset_id,
+                revision,
+                pipeline_version,
+                plan.required,
+                plan.optional,
+                msgspec.to_builtins(plan),
+                asset["delete_version"],
+                asset["cancel_version"],
+            ),
+        )
         parts["outputs"] = Part(
             "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
             " mime_type, size_bytes, checksum_alg, checksum, status) SELECT"
             " gen_random_uuid(), $1, $2, o.variant_type, o.object_key, o.mime_type, 0,"
             " 'sha256', '', 'PENDING' FROM unnest($3::text[], $4::text[], $5::text[])"
             f" AS o(variant_type, object_key, mime_type) WHERE {won} RETURNING 1",
-            (asset_id, revision, outputs, [f"{prefix}/{_primary(o, plan)}" for o in outputs],
-             [MIME.get(Path(_primary(o, plan)).suffix, "application/octet-stream")
-              for o in outputs]),
-        )  # fmt: skip
+            (
+                asset_id,
+                revision,
+                outputs,
+                [f"{prefix}/{_primary(o, plan)}" for o in outputs],
+                [
+                    MIME.get(Path(_primary(o, plan)).suffix, "application/octet-stream")
+                    for o in outputs
+                ],
+            ),
+        )
         specs: list[JobSpec] = []
         by_chunks = chunk_stage.chunk_outputs(plan)
         if by_chunks:
             media = self.s.config.media
             parts["pieces"], chunk_specs = chunk_stage.start(
-                asset_id, tenant_id, revision, plan, media.process_timeout_seconds,
-                media.process_timeout_per_media_second, when=won,
-            )  # fmt: skip
+                asset_id,
+                tenant_id,
+                revision,
+                plan,
+                media.process_timeout_seconds,
+                media.process_timeout_per_media_second,
+                when=won,
+            )
             specs += chunk_specs
         # One render job, for the first output the chunk jobs do not make: its first run
         # renders every pending output in one DAG run. An output it fails gets a job of its
@@ -368,11 +434,22 @@ class MediaStage:
             raise StaleStateError(f"asset {asset_id} disappeared")
         if not got["asset"]:
             raise stale(Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING")
-        log.info("revision_building", asset_id=str(asset_id), revision=revision,
-                 mode=plan.mode, path=plan.path, outputs=plan.outputs, job_id=job.id)  # fmt: skip
-        return {"outcome": "processing", "revision": revision, "plan": plan.mode,
-                "path": plan.path,
-                "network_isolated": verdict["network_isolated"]}  # fmt: skip
+        log.info(
+            "revision_building",
+            asset_id=str(asset_id),
+            revision=revision,
+            mode=plan.mode,
+            path=plan.path,
+            outputs=plan.outputs,
+            job_id=job.id,
+        )
+        return {
+            "outcome": "processing",
+            "revision": revision,
+            "plan": plan.mode,
+            "path": plan.path,
+            "network_isolated": verdict["network_isolated"],
+        }
 
     # -- render ----------------------------------------------------------------------------
 
@@ -423,8 +500,7 @@ class MediaStage:
                     raise
                 except AivedioError as exc:
                     handled = True  # under the lock, as the run's own failures are
-                    await self._give_up_if_last(job, exc, asset_id, revision, variant_type,
-                                                state)  # fmt: skip
+                    await self._give_up_if_last(job, exc, asset_id, revision, variant_type, state)
                     raise
         except DeferredError:
             raise
@@ -436,9 +512,14 @@ class MediaStage:
             raise
 
     async def _give_up_if_last(
-        self, job: Job, exc: AivedioError, asset_id: uuid.UUID, revision: int,
-        variant_type: str, state: Mapping[str, Any],
-    ) -> None:  # fmt: skip
+        self,
+        job: Job,
+        exc: AivedioError,
+        asset_id: uuid.UUID,
+        revision: int,
+        variant_type: str,
+        state: Mapping[str, Any],
+    ) -> None:
         """The queue makes the same decision from the same rule; when it will not retry, the
         output is FAILED now rather than PENDING forever, and every other pending output gets
         a job of its own (the outputs put off together wait on one job: this one)."""
@@ -449,16 +530,25 @@ class MediaStage:
             await self._spawn_rest(asset_id, revision, state, variant_type)
 
     async def _render_locked(
-        self, job: Job, asset: asyncpg.Record, revision: int, variant_type: str,
-        state: Mapping[str, Any], hooks: Hooks, *, deferring: bool,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        job: Job,
+        asset: asyncpg.Record,
+        revision: int,
+        variant_type: str,
+        state: Mapping[str, Any],
+        hooks: Hooks,
+        *,
+        deferring: bool,
+    ) -> dict[str, Any]:
         asset_id: uuid.UUID = asset["id"]
         rows = await self.s.pool.fetch(
             "SELECT variant_type, deferred_at IS NOT NULL AND deferred_at < now()"
             " - make_interval(secs => $3) AS overdue FROM asset_variants WHERE asset_id = $1"
             " AND revision = $2 AND status = 'PENDING'",
-            asset_id, revision, self.s.config.backlog.defer_max_seconds,
-        )  # fmt: skip
+            asset_id,
+            revision,
+            self.s.config.backlog.defer_max_seconds,
+        )
         plan = msgspec.convert(state["plan"], Plan)
         by_chunks = set(chunk_stage.chunk_outputs(plan))  # the assembly makes these
         if by_chunks and await chunk_stage.split_failed(self.s.pool, asset_id, revision):
@@ -475,15 +565,17 @@ class MediaStage:
         # every other pending output gets a job of its own (idempotent if it has one).
         group = pending if job.attempts <= 1 else [variant_type]
         if job.attempts > 1:
-            await self._spawn(asset, revision, plan, summary,
-                              [n for n in pending if n != variant_type])  # fmt: skip
+            await self._spawn(
+                asset, revision, plan, summary, [n for n in pending if n != variant_type]
+            )
         put_off: list[str] = []
         required = set(state["required_outputs"])
         if deferring:
             # Under pressure: the required set only; optional outputs wait for enrichment.
             overdue = {row["variant_type"] for row in rows if row["overdue"]}
-            put_off = [n for n in group if n not in required and n not in overdue
-                       and n != variant_type]  # fmt: skip
+            put_off = [
+                n for n in group if n not in required and n not in overdue and n != variant_type
+            ]
             group = [n for n in group if n not in put_off]
             await self._defer_outputs(asset_id, revision, put_off, hooks)
         prefix = keys.revision_prefix(asset["tenant_id"], asset_id, revision)
@@ -509,8 +601,7 @@ class MediaStage:
                     if record.variant_type == "playback":
                         # Playback alone opens no gate (moderation reads it: no verdict
                         # exists before it), so it asks for moderation without a look.
-                        await self._ask_moderation(asset_id, revision, asset["tenant_id"],
-                                                   asked)  # fmt: skip
+                        await self._ask_moderation(asset_id, revision, asset["tenant_id"], asked)
                     else:
                         await self._check_revision(asset_id, revision, asked, hooks.here(job))
 
@@ -536,53 +627,89 @@ class MediaStage:
                         if ran:
                             raise
                         # The run's own error is the one to report; these are made again.
-                        log.warning("outputs_not_recorded", asset_id=str(asset_id),
-                                    revision=revision, outputs=[r.variant_type for r in later],
-                                    error=exc.detail)  # fmt: skip
+                        log.warning(
+                            "outputs_not_recorded",
+                            asset_id=str(asset_id),
+                            revision=revision,
+                            outputs=[r.variant_type for r in later],
+                            error=exc.detail,
+                        )
                         recorded = set()
                 done += [r.variant_type for r in later if r.variant_type in recorded]
         if hooks.metrics is not None:
-            hooks.metrics.media_processed(plan.path, plan.mode, sum(
-                p.wall_seconds for p in report.processes), plan.duration_seconds)  # fmt: skip
+            hooks.metrics.media_processed(
+                plan.path,
+                plan.mode,
+                sum(p.wall_seconds for p in report.processes),
+                plan.duration_seconds,
+            )
         failed = {n.name: n for n in report.failed()}
-        log.info("render_done", asset_id=str(asset_id), revision=revision, group=group,
-                 done=done, failed=sorted(failed), deferred=put_off, job_id=job.id)  # fmt: skip
+        log.info(
+            "render_done",
+            asset_id=str(asset_id),
+            revision=revision,
+            group=group,
+            done=done,
+            failed=sorted(failed),
+            deferred=put_off,
+            job_id=job.id,
+        )
         await self._check_revision(asset_id, revision, asked, hooks.here(job))
         # Each output of this run that failed gets a job (retried alone); the ones put off
         # share one, whose first run renders every pending output together: under a long
         # backlog one job per revision looks at the pressure again, not one per output.
-        await self._spawn(asset, revision, plan, summary,
-                          [n for n in [*failed, *put_off[:1]] if n != variant_type])  # fmt: skip
+        await self._spawn(
+            asset,
+            revision,
+            plan,
+            summary,
+            [n for n in [*failed, *put_off[:1]] if n != variant_type],
+        )
         if variant_type in failed:
             outcome = failed[variant_type]
             detail = outcome.detail or f"{variant_type} failed"
             if outcome.error_class == ResourceExhaustedError.error_class:
                 raise ResourceExhaustedError(detail)
             raise RenderError(detail)
-        result: dict[str, Any] = {"outcome": "rendered", "done": done, "failed": sorted(failed),
-                                  "network_isolated": self.s.sandbox.network_isolated}  # fmt: skip
+        result: dict[str, Any] = {
+            "outcome": "rendered",
+            "done": done,
+            "failed": sorted(failed),
+            "network_isolated": self.s.sandbox.network_isolated,
+        }
         if put_off:
             result["deferred"] = put_off
         return result
 
     async def _spawn(
-        self, asset: asyncpg.Record, revision: int, plan: Plan, summary: MediaSummary,
+        self,
+        asset: asyncpg.Record,
+        revision: int,
+        plan: Plan,
+        summary: MediaSummary,
         outputs: Sequence[str],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """A render job of its own for each of ``outputs`` (same key as ever: idempotent)."""
         if not outputs:
             return
         async with self.s.pool.acquire() as conn:
-            await self.s.queue.enqueue(conn, self.render_specs(asset, revision, plan, summary,
-                                                               outputs))  # fmt: skip
+            await self.s.queue.enqueue(
+                conn, self.render_specs(asset, revision, plan, summary, outputs)
+            )
 
     def render_specs(
-        self, asset: asyncpg.Record, revision: int, plan: Plan, summary: MediaSummary,
+        self,
+        asset: asyncpg.Record,
+        revision: int,
+        plan: Plan,
+        summary: MediaSummary,
         outputs: Sequence[str],
-    ) -> list[JobSpec]:  # fmt: skip
+    ) -> list[JobSpec]:
         timeout = _render_timeout(self.s.config, summary)
-        return [_render_spec(asset["id"], asset["tenant_id"], revision, o, plan, timeout)
-                for o in outputs]  # fmt: skip
+        return [
+            _render_spec(asset["id"], asset["tenant_id"], revision, o, plan, timeout)
+            for o in outputs
+        ]
 
     async def _spawn_rest(
         self, asset_id: uuid.UUID, revision: int, state: Mapping[str, Any], done_with: str
@@ -592,8 +719,9 @@ class MediaStage:
         rows = await self.s.pool.fetch(
             "SELECT variant_type FROM asset_variants WHERE asset_id = $1 AND revision = $2"
             " AND status = 'PENDING'",
-            asset_id, revision,
-        )  # fmt: skip
+            asset_id,
+            revision,
+        )
         plan = msgspec.convert(state["plan"], Plan)
         skip = {done_with}
         if not await chunk_stage.split_failed(self.s.pool, asset_id, revision):
@@ -638,16 +766,23 @@ class MediaStage:
             "UPDATE asset_variants SET deferred_at = now() WHERE asset_id = $1"
             " AND revision = $2 AND variant_type = ANY($3::text[]) AND status = 'PENDING'"
             " AND deferred_at IS NULL RETURNING variant_type",
-            asset_id, revision, list(names),
-        )  # fmt: skip
+            asset_id,
+            revision,
+            list(names),
+        )
         newly = sorted(r["variant_type"] for r in rows)
         if not newly:
             return
         if hooks.metrics is not None:
             for name in newly:
                 hooks.metrics.outputs_deferred.labels(name).inc()
-        log.info("outputs_deferred", asset_id=str(asset_id), revision=revision, outputs=newly,
-                 reason=hooks.backlog.reading.describe() if hooks.backlog else "")  # fmt: skip
+        log.info(
+            "outputs_deferred",
+            asset_id=str(asset_id),
+            revision=revision,
+            outputs=newly,
+            reason=hooks.backlog.reading.describe() if hooks.backlog else "",
+        )
 
     # -- poison media ------------------------------------------------------------------------
 
@@ -673,15 +808,25 @@ class MediaStage:
         crashed = [p for p in processes if p.returncode in CRASH_SIGNALS]
         if not crashed:
             return
-        detail = "; ".join(f"{p.step}: {p.tool} killed by signal {-p.returncode}"
-                           for p in crashed[:5])  # fmt: skip
+        detail = "; ".join(
+            f"{p.step}: {p.tool} killed by signal {-p.returncode}" for p in crashed[:5]
+        )
         await self.s.pool.execute(
             "INSERT INTO media_crashes (job_id, lease_token, asset_id, kind, cause, detail)"
             " VALUES ($1, $2, $3, $4, 'decoder_crashed', $5) ON CONFLICT DO NOTHING",
-            job.id, job.lease_token, asset_id, job.kind, detail[:1000],
-        )  # fmt: skip
-        log.error("media_decoder_crashed", asset_id=str(asset_id), job_id=job.id,
-                  kind=job.kind, detail=detail)  # fmt: skip
+            job.id,
+            job.lease_token,
+            asset_id,
+            job.kind,
+            detail[:1000],
+        )
+        log.error(
+            "media_decoder_crashed",
+            asset_id=str(asset_id),
+            job_id=job.id,
+            kind=job.kind,
+            detail=detail,
+        )
         await self._refuse_poison(job, asset_id, hooks)
 
     async def _refuse_poison(
@@ -701,8 +846,10 @@ class MediaStage:
         if len(crashes) < limit:
             return
         listed = ", ".join(f"{c['cause']} in {c['kind']} job {c['job_id']}" for c in crashes[:6])
-        detail = (f"poison media: the source crashed its media jobs {len(crashes)} times "
-                  f"({listed}); quarantined, not retried; the source is kept")  # fmt: skip
+        detail = (
+            f"poison media: the source crashed its media jobs {len(crashes)} times "
+            f"({listed}); quarantined, not retried; the source is kept"
+        )
         with anyio.CancelScope(shield=True):
             await self._quarantine(asset_id, detail, job, hooks)
         raise PoisonMediaError(detail)
@@ -711,8 +858,10 @@ class MediaStage:
         """No more media work on this source: PENDING outputs FAILED, a building revision
         without its required set FAILED, an unpublished asset PROCESSING_FAILED (unless a
         revision with a complete required set can still be published). Idempotent."""
-        values = {"last_error_class": PoisonMediaError.error_class,
-                  "last_error_detail": detail[:1000]}  # fmt: skip
+        values = {
+            "last_error_class": PoisonMediaError.error_class,
+            "last_error_detail": detail[:1000],
+        }
         async with self.s.pool.acquire() as conn, conn.transaction():
             asset = await conn.fetchrow(
                 "SELECT status, last_error_class FROM assets WHERE id = $1 FOR UPDATE", asset_id
@@ -722,8 +871,9 @@ class MediaStage:
             failed = await conn.fetch(
                 "UPDATE asset_variants SET status = 'FAILED', extra = $2, completed_at = now()"
                 " WHERE asset_id = $1 AND status = 'PENDING' RETURNING revision, variant_type",
-                asset_id, {"error": detail[:1000]},
-            )  # fmt: skip
+                asset_id,
+                {"error": detail[:1000]},
+            )
             failed_revisions: set[int] = set()
             publishable = False
             for rev in await conn.fetch(
@@ -737,18 +887,30 @@ class MediaStage:
                 if rev["complete"]:
                     publishable = True
                     continue
-                await transition(conn, Entity.REVISION, (asset_id, rev["revision"]),
-                                 expected="BUILDING", new="FAILED")  # fmt: skip
+                await transition(
+                    conn,
+                    Entity.REVISION,
+                    (asset_id, rev["revision"]),
+                    expected="BUILDING",
+                    new="FAILED",
+                )
                 failed_revisions.add(rev["revision"])
             status = asset["status"]
             ended = False
             if status in ("QUARANTINED", "PROBING", "PROCESSING") and not publishable:
                 if status == "QUARANTINED":
-                    await transition(conn, Entity.ASSET, (asset_id,), expected=status,
-                                     new="PROBING")  # fmt: skip
+                    await transition(
+                        conn, Entity.ASSET, (asset_id,), expected=status, new="PROBING"
+                    )
                     status = "PROBING"
-                await transition(conn, Entity.ASSET, (asset_id,), expected=status,
-                                 new="PROCESSING_FAILED", values=values)  # fmt: skip
+                await transition(
+                    conn,
+                    Entity.ASSET,
+                    (asset_id,),
+                    expected=status,
+                    new="PROCESSING_FAILED",
+                    values=values,
+                )
                 await self._compensate(conn, asset_id, "poison_media")
                 ended = True
             elif asset["last_error_class"] != PoisonMediaError.error_class:
@@ -757,15 +919,24 @@ class MediaStage:
                 await conn.execute(
                     "UPDATE assets SET last_error_class = $2, last_error_detail = $3,"
                     " updated_at = now() WHERE id = $1",
-                    asset_id, values["last_error_class"], values["last_error_detail"],
-                )  # fmt: skip
+                    asset_id,
+                    values["last_error_class"],
+                    values["last_error_detail"],
+                )
         if not (ended or failed or failed_revisions):
             return
         if hooks.metrics is not None:
             hooks.metrics.poison_quarantined.labels(job.kind).inc()
-        log.error("poison_media_quarantined", asset_id=str(asset_id), job_id=job.id,
-                  kind=job.kind, asset_failed=ended, outputs_failed=len(failed),
-                  revisions_failed=sorted(failed_revisions), detail=detail)  # fmt: skip
+        log.error(
+            "poison_media_quarantined",
+            asset_id=str(asset_id),
+            job_id=job.id,
+            kind=job.kind,
+            asset_failed=ended,
+            outputs_failed=len(failed),
+            revisions_failed=sorted(failed_revisions),
+            detail=detail,
+        )
         # What is left (a complete required set, a published revision's finished outputs)
         # goes on by the usual rule: moderation and publish, or enrichment.
         for revision in sorted({r["revision"] for r in failed} - failed_revisions):
@@ -781,11 +952,17 @@ class MediaStage:
                 "UPDATE asset_variants SET status = 'FAILED', extra = $3, completed_at = now()"
                 " WHERE asset_id = $1 AND revision = $2 AND status = 'PENDING'"
                 " RETURNING variant_type",
-                asset_id, revision, {"error": "stopped: the asset was deleted or cancelled"},
-            )  # fmt: skip
+                asset_id,
+                revision,
+                {"error": "stopped: the asset was deleted or cancelled"},
+            )
         if stopped:
-            log.info("outputs_stopped", asset_id=str(asset_id), revision=revision,
-                     outputs=sorted(r["variant_type"] for r in stopped))  # fmt: skip
+            log.info(
+                "outputs_stopped",
+                asset_id=str(asset_id),
+                revision=revision,
+                outputs=sorted(r["variant_type"] for r in stopped),
+            )
 
     async def _mark_failed(
         self, asset_id: uuid.UUID, revision: int, variant_type: str, detail: str
@@ -796,16 +973,27 @@ class MediaStage:
                 "UPDATE asset_variants SET status = 'FAILED', extra = $4, completed_at = now()"
                 " WHERE asset_id = $1 AND revision = $2 AND variant_type = $3"
                 " AND status = 'PENDING'",
-                asset_id, revision, variant_type, {"error": detail[:1000]},
-            )  # fmt: skip
-        log.error("variant_failed", asset_id=str(asset_id), revision=revision,
-                  variant_type=variant_type, detail=detail[:300])  # fmt: skip
+                asset_id,
+                revision,
+                variant_type,
+                {"error": detail[:1000]},
+            )
+        log.error(
+            "variant_failed",
+            asset_id=str(asset_id),
+            revision=revision,
+            variant_type=variant_type,
+            detail=detail[:300],
+        )
         await self._check_revision(asset_id, revision)
 
     async def _check_revision(
-        self, asset_id: uuid.UUID, revision: int, asked: set[str] | None = None,
+        self,
+        asset_id: uuid.UUID,
+        revision: int,
+        asked: set[str] | None = None,
         here: Here | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """After an output is recorded or failed: a FAILED required output fails a building
         revision and its asset; a complete required set goes to moderation (then publish);
         a published revision whose outputs are all done goes to enrichment. ``asked``: the
@@ -828,28 +1016,40 @@ class MediaStage:
         status = {r["variant_type"]: r["status"] for r in rows}
         if revision_status == "READY":
             if all(value != "PENDING" for value in status.values()):
-                await enrich_now_or_later(self.s.pool, self.s.queue, asset_id, revision,
-                                          tenant_id, here)  # fmt: skip
+                await enrich_now_or_later(
+                    self.s.pool, self.s.queue, asset_id, revision, tenant_id, here
+                )
             return
         if revision_status != "BUILDING":
             return
         if any(status.get(name) == "FAILED" for name in required):
             async with self.s.pool.acquire() as conn, conn.transaction():
                 try:
-                    await transition(conn, Entity.REVISION, (asset_id, revision),
-                                     expected="BUILDING", new="FAILED")  # fmt: skip
+                    await transition(
+                        conn,
+                        Entity.REVISION,
+                        (asset_id, revision),
+                        expected="BUILDING",
+                        new="FAILED",
+                    )
                     asset = await conn.fetchrow(
                         "SELECT status, tenant_id, source_provider_output_id FROM assets"
-                        " WHERE id = $1", asset_id,
-                    )  # fmt: skip
+                        " WHERE id = $1",
+                        asset_id,
+                    )
                     # A failed rebuild of a published asset leaves the published revision.
                     if asset is not None and asset["status"] == "PROCESSING":
                         await transition(
-                            conn, Entity.ASSET, (asset_id,), expected="PROCESSING",
+                            conn,
+                            Entity.ASSET,
+                            (asset_id,),
+                            expected="PROCESSING",
                             new="PROCESSING_FAILED",
-                            values={"last_error_class": "render_failed",
-                                    "last_error_detail": "a required output failed"},
-                        )  # fmt: skip
+                            values={
+                                "last_error_class": "render_failed",
+                                "last_error_detail": "a required output failed",
+                            },
+                        )
                         await self._compensate(conn, asset_id, "processing_failed")
                 except StaleStateError:
                     return
@@ -913,8 +1113,10 @@ class MediaStage:
                 " m.status AS mine_status, m.deferred_at AS mine_deferred_at"
                 " FROM assets a LEFT JOIN asset_variants m ON m.asset_id = a.id"
                 " AND m.revision = $2 AND m.variant_type = $3 WHERE a.id = $1",
-                asset_id, revision, output,
-            )  # fmt: skip
+                asset_id,
+                revision,
+                output,
+            )
         if row is None or row["revision_row"] is None:
             return row, None
         # As JSON: the revision's columns read here are JSON-typed (no timestamps).
@@ -927,8 +1129,9 @@ class MediaStage:
         with map_db_errors("loading the revision"):
             row: asyncpg.Record | None = await self.s.pool.fetchrow(
                 "SELECT * FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
-                asset_id, revision,
-            )  # fmt: skip
+                asset_id,
+                revision,
+            )
         return row
 
     @asynccontextmanager
@@ -953,30 +1156,41 @@ ASSET_COLUMNS = (
 
 def _will_retry(exc: AivedioError, job: Job) -> bool:
     """The queue's own decision for this failure (scheduling.decide_retry, one rule)."""
-    return decide_retry(retry_class=exc.retry, attempts=job.attempts,
-                        max_attempts=job.max_attempts, base_seconds=1.0,
-                        max_seconds=1.0).retry  # fmt: skip
+    return decide_retry(
+        retry_class=exc.retry,
+        attempts=job.attempts,
+        max_attempts=job.max_attempts,
+        base_seconds=1.0,
+        max_seconds=1.0,
+    ).retry
 
 
 def _render_spec(
     asset_id: uuid.UUID, tenant_id: int, revision: int, output: str, plan: Plan, timeout: float
 ) -> JobSpec:
     return JobSpec(
-        kind=RENDER_KIND, lane=LANE, tenant_id=tenant_id,
+        kind=RENDER_KIND,
+        lane=LANE,
+        tenant_id=tenant_id,
         idempotency_key=f"render:{asset_id}:{revision}:{output}:v{plan.pipeline_version}",
         payload={"asset_id": str(asset_id), "revision": revision, "variant_type": output},
-        priority=10 if output in plan.required else 0, timeout_seconds=timeout, max_attempts=4,
-    )  # fmt: skip
+        priority=10 if output in plan.required else 0,
+        timeout_seconds=timeout,
+        max_attempts=4,
+    )
 
 
 def probe_spec(asset_id: uuid.UUID, tenant_id: int) -> JobSpec:
     """The probe job for an asset: one per asset and probe version (seed §11.9.1)."""
     return JobSpec(
-        kind=PROBE_KIND, lane=LANE, tenant_id=tenant_id,
+        kind=PROBE_KIND,
+        lane=LANE,
+        tenant_id=tenant_id,
         idempotency_key=f"probe:{asset_id}:v{PROBE_VERSION}",
         payload={"asset_id": str(asset_id)},
-        timeout_seconds=PROBE_TIMEOUT_SECONDS, max_attempts=PROBE_MAX_ATTEMPTS,
-    )  # fmt: skip
+        timeout_seconds=PROBE_TIMEOUT_SECONDS,
+        max_attempts=PROBE_MAX_ATTEMPTS,
+    )
 
 
 def _primary(output: str, plan: Plan) -> str:
@@ -1011,8 +1225,9 @@ async def open_media_stage(
         await sandbox.check()
         locks = SessionLocks(config.database)
         stack.push_async_callback(locks.aclose)
-        services = MediaServices(config=config, pool=pool, queue=queue, store=store,
-                                 sandbox=sandbox, locks=locks)  # fmt: skip
+        services = MediaServices(
+            config=config, pool=pool, queue=queue, store=store, sandbox=sandbox, locks=locks
+        )
         yield MediaStage(services)
 
 
@@ -1050,10 +1265,14 @@ def reprocess_spec(asset_id: uuid.UUID, tenant_id: int, pipeline_version: int) -
     """One reprocess per asset and pipeline version at a time (a later request after it
     finished gets a fresh key from the request time)."""
     return JobSpec(
-        kind=REPROCESS_KIND, lane=LANE, tenant_id=tenant_id,
+        kind=REPROCESS_KIND,
+        lane=LANE,
+        tenant_id=tenant_id,
         idempotency_key=f"reprocess:{asset_id}:v{pipeline_version}:{uuid.uuid4().hex[:8]}",
-        payload={"asset_id": str(asset_id)}, timeout_seconds=900, max_attempts=4,
-    )  # fmt: skip
+        payload={"asset_id": str(asset_id)},
+        timeout_seconds=900,
+        max_attempts=4,
+    )
 
 
 def _chunks(ctx: JobContext) -> chunk_stage.ChunkStage:
@@ -1073,18 +1292,28 @@ async def handle_chunk_assemble(ctx: JobContext, job: Job) -> dict[str, Any] | N
 
 
 def register(registry: Registry) -> None:
-    for kind, handler in ((chunk_stage.SPLIT_KIND, handle_chunk_split),
-                          (chunk_stage.ENCODE_KIND, handle_chunk_encode),
-                          (chunk_stage.ASSEMBLE_KIND, handle_chunk_assemble)):  # fmt: skip
-        registry.register(JobKind(kind, LANE, handler, timeout_seconds=3 * 3600,
-                                  max_attempts=chunk_stage.MAX_ATTEMPTS))  # fmt: skip
+    for kind, handler in (
+        (chunk_stage.SPLIT_KIND, handle_chunk_split),
+        (chunk_stage.ENCODE_KIND, handle_chunk_encode),
+        (chunk_stage.ASSEMBLE_KIND, handle_chunk_assemble),
+    ):
+        registry.register(
+            JobKind(
+                kind, LANE, handler, timeout_seconds=3 * 3600, max_attempts=chunk_stage.MAX_ATTEMPTS
+            )
+        )
     registry.register(
         JobKind(REPROCESS_KIND, LANE, handle_reprocess, timeout_seconds=900, max_attempts=4)
     )
     registry.register(
-        JobKind(PROBE_KIND, LANE, handle_probe, timeout_seconds=PROBE_TIMEOUT_SECONDS,
-                max_attempts=PROBE_MAX_ATTEMPTS)
-    )  # fmt: skip
+        JobKind(
+            PROBE_KIND,
+            LANE,
+            handle_probe,
+            timeout_seconds=PROBE_TIMEOUT_SECONDS,
+            max_attempts=PROBE_MAX_ATTEMPTS,
+        )
+    )
     registry.register(
         JobKind(RENDER_KIND, LANE, handle_render, timeout_seconds=3 * 3600, max_attempts=4)
     )

@@ -150,12 +150,15 @@ class HttpModerator:
                 "media": request.media,
                 "provider_labels": request.provider_labels,
                 "frames": [
-                    {"kind": f.kind, "seconds": round(f.seconds, 3),
-                     "jpeg_base64": base64.b64encode(f.jpeg).decode()}
+                    {
+                        "kind": f.kind,
+                        "seconds": round(f.seconds, 3),
+                        "jpeg_base64": base64.b64encode(f.jpeg).decode(),
+                    }
                     for f in request.frames
                 ],
             }
-        )  # fmt: skip
+        )
         headers = {"Content-Type": "application/json"}
         if self.config.auth_header:
             headers["Authorization"] = self.config.auth_header
@@ -191,8 +194,11 @@ class HttpModerator:
             ) from exc
         if decision.decision not in DECISIONS:
             raise ModeratorUnavailableError(f"moderator decision {decision.decision!r} unknown")
-        return Decision(decision=decision.decision, reasons=decision.reasons,
-                        version=decision.version or self.version)  # fmt: skip
+        return Decision(
+            decision=decision.decision,
+            reasons=decision.reasons,
+            version=decision.version or self.version,
+        )
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -231,20 +237,39 @@ async def sample_frames(
     middle = max(duration / 2, 0.0)
     seconds = {"first": 0.0, "middle": middle, "last": max(duration - 1, 0.0)}
     inputs = [
-        "-ss", "0", *input_args(MP4, video),
-        "-ss", f"{middle:.3f}", *input_args(MP4, video),
-        "-sseof", "-1", *input_args(MP4, video),
-    ]  # fmt: skip
+        "-ss",
+        "0",
+        *input_args(MP4, video),
+        "-ss",
+        f"{middle:.3f}",
+        *input_args(MP4, video),
+        "-sseof",
+        "-1",
+        *input_args(MP4, video),
+    ]
     # trim: a still's branch ends at its frame. Without it the graph goes on decoding that
     # opening (and scaling the first's) to the end: twice the CPU on a long video.
     still = f"trim=end_frame=1,{scale}"
     graph = [f"[1:v]{still}[middle]", f"[2:v]{scale}[last]"]
     stills = ["-q:v", "4", "-update", "1"]
     outputs = [
-        "-map", "[first]", "-frames:v", "1", *stills, str(scratch / "first.jpg"),
-        "-map", "[middle]", "-frames:v", "1", *stills, str(scratch / "middle.jpg"),
-        "-map", "[last]", *stills, str(scratch / "last.jpg"),
-    ]  # fmt: skip
+        "-map",
+        "[first]",
+        "-frames:v",
+        "1",
+        *stills,
+        str(scratch / "first.jpg"),
+        "-map",
+        "[middle]",
+        "-frames:v",
+        "1",
+        *stills,
+        str(scratch / "middle.jpg"),
+        "-map",
+        "[last]",
+        *stills,
+        str(scratch / "last.jpg"),
+    ]
     if config.max_scene_frames:
         select = f"select='gt(scene,{config.scene_threshold})'"
         graph[:0] = [
@@ -252,15 +277,25 @@ async def sample_frames(
             f"[whole]{still}[first]",
             f"[scenes]{select},metadata=mode=print:file={SCENE_TIMES},{scale}[scene]",
         ]
-        outputs += ["-map", "[scene]", "-fps_mode", "passthrough",
-                    "-frames:v", str(config.max_scene_frames), "-q:v", "4",
-                    str(scratch / "scene_%03d.jpg")]  # fmt: skip
+        outputs += [
+            "-map",
+            "[scene]",
+            "-fps_mode",
+            "passthrough",
+            "-frames:v",
+            str(config.max_scene_frames),
+            "-q:v",
+            "4",
+            str(scratch / "scene_%03d.jpg"),
+        ]
     else:
         graph[:0] = [f"[0:v]{still}[first]"]
     result = await sandbox.run(
-        "ffmpeg", [*inputs, "-filter_complex", ";".join(graph), *outputs], cwd=scratch,
+        "ffmpeg",
+        [*inputs, "-filter_complex", ";".join(graph), *outputs],
+        cwd=scratch,
         deadline_seconds=sandbox.media.process_timeout_seconds + duration,
-    )  # fmt: skip
+    )
     if not result.ok:
         result.raise_if_exhausted()
         raise ModeratorUnavailableError(f"frame sampling failed: {result.error_detail()}")
@@ -342,29 +377,49 @@ class ModerationStage:
                 video = scratch / "playback.mp4"
                 await self.store.download_file(row["playback_key"], str(video))
                 frames = await sample_frames(
-                    self.sandbox, video, float(media.get("duration_seconds") or 0.0),
-                    self.config, scratch,
-                )  # fmt: skip
+                    self.sandbox,
+                    video,
+                    float(media.get("duration_seconds") or 0.0),
+                    self.config,
+                    scratch,
+                )
             decision = await self.moderator.check(
-                Request(asset_id=asset_id, revision=revision, media=media,
-                        provider_labels=labels, frames=frames)
-            )  # fmt: skip
+                Request(
+                    asset_id=asset_id,
+                    revision=revision,
+                    media=media,
+                    provider_labels=labels,
+                    frames=frames,
+                )
+            )
         except ModeratorUnavailableError as exc:
             # Fail-closed: nothing is published; ask again later without spending attempts.
-            log.warning("moderation_unavailable", asset_id=str(asset_id), revision=revision,
-                        detail=exc.detail)  # fmt: skip
+            log.warning(
+                "moderation_unavailable",
+                asset_id=str(asset_id),
+                revision=revision,
+                detail=exc.detail,
+            )
             raise DeferredError(
                 f"moderation unavailable: {exc.detail}",
                 retry_after_seconds=self.config.unavailable_retry_seconds,
             ) from exc
         await self.record(asset_id, revision, row["tenant_id"], decision, here)
-        return {"outcome": decision.decision, "reasons": decision.reasons,
-                "frames": len(frames), "version": decision.version}  # fmt: skip
+        return {
+            "outcome": decision.decision,
+            "reasons": decision.reasons,
+            "frames": len(frames),
+            "version": decision.version,
+        }
 
     async def record(
-        self, asset_id: uuid.UUID, revision: int, tenant_id: int, decision: Decision,
+        self,
+        asset_id: uuid.UUID,
+        revision: int,
+        tenant_id: int,
+        decision: Decision,
         here: Here | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         await VerdictRecorder(self.config, self.pool, self.queue).record(
             asset_id, revision, tenant_id, decision, here
         )
@@ -379,9 +434,13 @@ class VerdictRecorder:
     queue: Queue
 
     async def record(
-        self, asset_id: uuid.UUID, revision: int, tenant_id: int, decision: Decision,
+        self,
+        asset_id: uuid.UUID,
+        revision: int,
+        tenant_id: int,
+        decision: Decision,
         here: Here | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Store the verdict with the revision and act on it, in one transaction (one
         statement unless it rejects). ``here``: an allow that opens the last gate publishes
         in that job; without it (an operator's verdict) a publish job is enqueued."""
@@ -399,9 +458,13 @@ class VerdictRecorder:
                 "  AND moderation_verdict IS DISTINCT FROM 'reject' RETURNING 1)"
                 " UPDATE assets SET moderation_status = $6, updated_at = now()"
                 " WHERE id = $1 AND EXISTS (SELECT 1 FROM verdict) RETURNING 1",
-                asset_id, revision, decision.decision, decision.version, reasons,
+                asset_id,
+                revision,
+                decision.decision,
+                decision.version,
+                reasons,
                 status[decision.decision],
-            )  # fmt: skip
+            )
             if updated is None:
                 return
             if decision.decision == "reject":
@@ -410,47 +473,72 @@ class VerdictRecorder:
             # After our commit (see publish_when_ready): publish if the required set is
             # complete too; otherwise the render that completes it publishes.
             await publish_when_ready(self.pool, self.queue, asset_id, revision, here)
-        log.info("moderation_verdict", asset_id=str(asset_id), revision=revision,
-                 decision=decision.decision, reasons=reasons, version=decision.version)  # fmt: skip
+        log.info(
+            "moderation_verdict",
+            asset_id=str(asset_id),
+            revision=revision,
+            decision=decision.decision,
+            reasons=reasons,
+            version=decision.version,
+        )
 
     async def _reject(
         self, conn: Any, asset_id: uuid.UUID, revision: int, tenant_id: int, reasons: list[str]
     ) -> None:
         retain = datetime.now(UTC) + timedelta(days=self.config.reject_retention_days)
         try:
-            await transition(conn, Entity.REVISION, (asset_id, revision), expected="BUILDING",
-                             new="FAILED")  # fmt: skip
+            await transition(
+                conn, Entity.REVISION, (asset_id, revision), expected="BUILDING", new="FAILED"
+            )
             status = await conn.fetchval("SELECT status FROM assets WHERE id = $1", asset_id)
             if status != "PROCESSING":
                 # A rebuild of a published asset: the published revision keeps serving; the
                 # decision about the asset itself is an operator's (logged at error level).
-                log.error("rebuild_rejected", asset_id=str(asset_id), revision=revision,
-                          reasons=reasons)  # fmt: skip
+                log.error(
+                    "rebuild_rejected", asset_id=str(asset_id), revision=revision, reasons=reasons
+                )
                 return
             await transition(
-                conn, Entity.ASSET, (asset_id,), expected="PROCESSING", new="REJECTED",
-                values={"last_error_class": "moderation_rejected",
-                        "last_error_detail": ", ".join(reasons)[:1000]},
-            )  # fmt: skip
+                conn,
+                Entity.ASSET,
+                (asset_id,),
+                expected="PROCESSING",
+                new="REJECTED",
+                values={
+                    "last_error_class": "moderation_rejected",
+                    "last_error_detail": ", ".join(reasons)[:1000],
+                },
+            )
         except StaleStateError:
             return
         await conn.execute(
             "UPDATE assets SET source_retain_until = $2 WHERE id = $1", asset_id, retain
         )
         await outbox.emit(
-            conn, "asset.rejected", tenant_id=tenant_id, aggregate_id=asset_id,
-            payload={"asset_id": str(asset_id), "revision": revision, "reasons": reasons,
-                     "source_retained_until": retain.isoformat()},
-        )  # fmt: skip
+            conn,
+            "asset.rejected",
+            tenant_id=tenant_id,
+            aggregate_id=asset_id,
+            payload={
+                "asset_id": str(asset_id),
+                "revision": revision,
+                "reasons": reasons,
+                "source_retained_until": retain.isoformat(),
+            },
+        )
 
 
 def moderate_spec(asset_id: uuid.UUID, revision: int, tenant_id: int) -> JobSpec:
     return JobSpec(
-        kind=KIND, lane=LANE, tenant_id=tenant_id,
+        kind=KIND,
+        lane=LANE,
+        tenant_id=tenant_id,
         idempotency_key=f"moderate:{asset_id}:{revision}",
         payload={"asset_id": str(asset_id), "revision": revision},
-        priority=20, timeout_seconds=600, max_attempts=8,
-    )  # fmt: skip
+        priority=20,
+        timeout_seconds=600,
+        max_attempts=8,
+    )
 
 
 @asynccontextmanager
@@ -460,8 +548,9 @@ async def open_moderation_stage(
     """The stage with its moderator; refuses to start without a configured backend."""
     moderator = make_moderator(config.moderation)
     try:
-        yield ModerationStage(config.moderation, pool, queue, store, Sandbox(config.media),
-                              moderator)  # fmt: skip
+        yield ModerationStage(
+            config.moderation, pool, queue, store, Sandbox(config.media), moderator
+        )
     finally:
         await moderator.aclose()
 

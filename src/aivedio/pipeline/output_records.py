@@ -133,14 +133,26 @@ async def _move_fenced(
     ``also`` (parts that read ``move``, so they write only when it won); the answers, the
     new version under ``move``."""
     key = (output.id,)
-    move = transition_part(Entity.PROVIDER_OUTPUT, key, expected=output.fetch_status, new=new,
-                           version=output.version, values=values)  # fmt: skip
+    move = transition_part(
+        Entity.PROVIDER_OUTPUT,
+        key,
+        expected=output.fetch_status,
+        new=new,
+        version=output.version,
+        values=values,
+    )
     async with pool.acquire() as conn:
-        got = await write_fenced(conn, current_job.get(), {"move": move, **also},
-                                 "moving a provider output")  # fmt: skip
+        got = await write_fenced(
+            conn, current_job.get(), {"move": move, **also}, "moving a provider output"
+        )
     if got["move"] is None:
-        raise stale(Entity.PROVIDER_OUTPUT, key, expected=output.fetch_status, new=new,
-                    version=output.version)  # fmt: skip
+        raise stale(
+            Entity.PROVIDER_OUTPUT,
+            key,
+            expected=output.fetch_status,
+            new=new,
+            version=output.version,
+        )
     return got
 
 

@@ -148,8 +148,11 @@ def output_frame_rate(s: MediaSummary) -> tuple[float, str]:
     """The constant rate transcoded rungs use: the source's, or its average if VFR, capped."""
     rate = s.frame_rate if s.variable_frame_rate or s.real_frame_rate <= 0 else s.real_frame_rate
     rate = min(rate or 30.0, MAX_OUTPUT_FPS)
-    for exact, expr in ((24000 / 1001, "24000/1001"), (30000 / 1001, "30000/1001"),
-                        (60000 / 1001, "60000/1001")):  # fmt: skip
+    for exact, expr in (
+        (24000 / 1001, "24000/1001"),
+        (30000 / 1001, "30000/1001"),
+        (60000 / 1001, "60000/1001"),
+    ):
         if abs(rate - exact) < 0.005:
             return exact, expr
     if s.variable_frame_rate:
@@ -180,25 +183,45 @@ def make_plan(
     rungs: list[Rung] = []
     if mode == "remux":
         rungs.append(
-            Rung(name=f"{short}p", width=s.display_width, height=s.display_height, copy=True,
-                 crf=0, maxrate_kbps=0, bufsize_kbps=0)
-        )  # fmt: skip
+            Rung(
+                name=f"{short}p",
+                width=s.display_width,
+                height=s.display_height,
+                copy=True,
+                crf=0,
+                maxrate_kbps=0,
+                bufsize_kbps=0,
+            )
+        )
     for config in ladder:
         if config.height > short or (mode == "remux" and config.height >= short):
             continue
         width, height = _size_for(config.height, s)
         rungs.append(
-            Rung(name=f"{config.height}p", width=width, height=height, copy=False,
-                 crf=config.crf, maxrate_kbps=config.maxrate_kbps, bufsize_kbps=config.bufsize_kbps)
-        )  # fmt: skip
+            Rung(
+                name=f"{config.height}p",
+                width=width,
+                height=height,
+                copy=False,
+                crf=config.crf,
+                maxrate_kbps=config.maxrate_kbps,
+                bufsize_kbps=config.bufsize_kbps,
+            )
+        )
     if not rungs:  # smaller than every rung: one rung at the source's own size
         smallest = ladder[-1]
         width, height = _size_for(_even(short - 1 if short % 2 else short), s)
         rungs.append(
-            Rung(name=f"{min(width, height)}p", width=width, height=height, copy=False,
-                 crf=smallest.crf, maxrate_kbps=smallest.maxrate_kbps,
-                 bufsize_kbps=smallest.bufsize_kbps)
-        )  # fmt: skip
+            Rung(
+                name=f"{min(width, height)}p",
+                width=width,
+                height=height,
+                copy=False,
+                crf=smallest.crf,
+                maxrate_kbps=smallest.maxrate_kbps,
+                bufsize_kbps=smallest.bufsize_kbps,
+            )
+        )
     rate, rate_expr = output_frame_rate(s)
     cut_points: list[float] | None = None
     if mode == "remux":
@@ -209,8 +232,15 @@ def make_plan(
         )
     proxy_short = min(media.proxy_height, short - short % 2)
     pw, ph = _size_for(proxy_short, s)
-    proxy = Rung(name=f"proxy{proxy_short}p", width=pw, height=ph, copy=False,
-                 crf=media.proxy_crf, maxrate_kbps=0, bufsize_kbps=0)  # fmt: skip
+    proxy = Rung(
+        name=f"proxy{proxy_short}p",
+        width=pw,
+        height=ph,
+        copy=False,
+        crf=media.proxy_crf,
+        maxrate_kbps=0,
+        bufsize_kbps=0,
+    )
     required = list(media.required_outputs)
     optional = list(media.optional_outputs)
     if outputs is not None:
@@ -230,10 +260,13 @@ def make_plan(
     encodes = any(not rung.copy for rung in rungs)
     if video_packets and encodes and 0 < media.chunk_threshold_seconds < duration:
         chunking = make_chunking(
-            video_packets, end=max(p.pts or 0.0 for p in video_packets) + 1.0 / rate,
-            rate=rate, chunk_seconds=media.chunk_seconds,
-            segment_seconds=media.segment_seconds, allowed=cut_points,
-        )  # fmt: skip
+            video_packets,
+            end=max(p.pts or 0.0 for p in video_packets) + 1.0 / rate,
+            rate=rate,
+            chunk_seconds=media.chunk_seconds,
+            segment_seconds=media.segment_seconds,
+            allowed=cut_points,
+        )
     return Plan(
         mode=mode,
         transcode_reasons=reasons,

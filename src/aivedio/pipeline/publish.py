@@ -65,11 +65,15 @@ def publish_spec(
 ) -> JobSpec:
     mode = "enrich" if enrich else "publish"
     return JobSpec(
-        kind=KIND, lane=LANE, tenant_id=tenant_id,
+        kind=KIND,
+        lane=LANE,
+        tenant_id=tenant_id,
         idempotency_key=f"{mode}:{asset_id}:{revision}",
         payload={"asset_id": str(asset_id), "revision": revision, "mode": mode},
-        priority=30, timeout_seconds=300, max_attempts=8,
-    )  # fmt: skip
+        priority=30,
+        timeout_seconds=300,
+        max_attempts=8,
+    )
 
 
 @dataclass(frozen=True)
@@ -95,17 +99,27 @@ class Here:
         except (AivedioError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
             # Not this job's failure: the publish job retries it by its own rules.
             error_class = exc.error_class if isinstance(exc, AivedioError) else "database"
-            log.info("publish_left_to_its_job", asset_id=str(asset_id), revision=revision,
-                     enrich=enrich, job_id=self.job.id, error_class=error_class,
-                     detail=str(exc)[:300])  # fmt: skip
+            log.info(
+                "publish_left_to_its_job",
+                asset_id=str(asset_id),
+                revision=revision,
+                enrich=enrich,
+                job_id=self.job.id,
+                error_class=error_class,
+                detail=str(exc)[:300],
+            )
             return False
         return True
 
 
 async def enrich_now_or_later(
-    pool: Pool, queue: Queue, asset_id: uuid.UUID, revision: int, tenant_id: int,
+    pool: Pool,
+    queue: Queue,
+    asset_id: uuid.UUID,
+    revision: int,
+    tenant_id: int,
     here: Here | None,
-) -> None:  # fmt: skip
+) -> None:
     """Revision ``revision`` is published and all its outputs are done: its enrichment, here
     or by a job."""
     if here is not None and await here.run(asset_id, revision, enrich=True):
@@ -206,8 +220,13 @@ class PublishStage:
                 present.add(name)
                 continue
             key, size = missing[0]
-            log.warning("publish_object_missing", key=key, variant=name,
-                        expected_size=size, found=found.get(key))  # fmt: skip
+            log.warning(
+                "publish_object_missing",
+                key=key,
+                variant=name,
+                expected_size=size,
+                found=found.get(key),
+            )
         return present, found
 
     async def _checklist(
@@ -256,8 +275,14 @@ class PublishStage:
             if asset["current_revision"] == revision_no and all(
                 v["status"] != "PENDING" for v in variants
             ):
-                await enrich_now_or_later(self.pool, self.queue, asset_id, revision_no,
-                                          asset["tenant_id"], Here(self, job))  # fmt: skip
+                await enrich_now_or_later(
+                    self.pool,
+                    self.queue,
+                    asset_id,
+                    revision_no,
+                    asset["tenant_id"],
+                    Here(self, job),
+                )
             return {"outcome": "already_published", "revision": revision_no}
         if revision["status"] != "BUILDING":
             return {"outcome": f"revision_{revision['status'].lower()}"}
@@ -278,13 +303,18 @@ class PublishStage:
         # revision started with (else not publishable) and the pointer it replaces.
         checks = {
             "fresh": require(
-                "(SELECT delete_version = $1 AND cancel_version = $2 FROM lock)", GONE,
+                "(SELECT delete_version = $1 AND cancel_version = $2 FROM lock)",
+                GONE,
                 "deleted or cancelled while publishing",
                 (revision["delete_version_at_start"], revision["cancel_version_at_start"]),
             ),
-            "pointer": require("(SELECT current_revision IS NOT DISTINCT FROM $1::int FROM lock)",
-                               MOVED, "the current revision moved", (previous,)),
-        }  # fmt: skip
+            "pointer": require(
+                "(SELECT current_revision IS NOT DISTINCT FROM $1::int FROM lock)",
+                MOVED,
+                "the current revision moved",
+                (previous,),
+            ),
+        }
         try:
             await self._release(job, asset, checks, previous, revision_no, outputs, enriched)
         except NotPublishable as exc:  # undone; the job itself is fine
@@ -293,15 +323,21 @@ class PublishStage:
         except PointerMoved:
             mine = await self.pool.fetchval(
                 "SELECT status FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
-                asset_id, revision_no,
-            )  # fmt: skip
+                asset_id,
+                revision_no,
+            )
             if mine in ("READY", "SUPERSEDED"):
                 # Another delivery published this very revision meanwhile (the job that
                 # opened the last gate and a publish job, both seeing both gates open).
                 return {"outcome": "already_published", "revision": revision_no}
             raise  # another revision was published meanwhile: the retry decides afresh
-        log.info("asset_published", asset_id=str(asset_id), revision=revision_no,
-                 outputs=outputs, state="ENRICHED" if enriched else "PLAYABLE")  # fmt: skip
+        log.info(
+            "asset_published",
+            asset_id=str(asset_id),
+            revision=revision_no,
+            outputs=outputs,
+            state="ENRICHED" if enriched else "PLAYABLE",
+        )
         if not complete:
             # Outputs still rendering are released later by an enrichment revision. The
             # render that finishes the last one enqueues it; checked here too, after our
@@ -310,19 +346,38 @@ class PublishStage:
             pending = await self.pool.fetchval(
                 "SELECT count(*) FROM asset_variants WHERE asset_id = $1 AND revision = $2"
                 " AND status = 'PENDING'",
-                asset_id, revision_no,
-            )  # fmt: skip
+                asset_id,
+                revision_no,
+            )
             if pending == 0:
-                await enrich_now_or_later(self.pool, self.queue, asset_id, revision_no,
-                                          asset["tenant_id"], Here(self, job))  # fmt: skip
-        return {"outcome": "published", "revision": revision_no, "outputs": outputs,
-                "enriched": enriched}  # fmt: skip
+                await enrich_now_or_later(
+                    self.pool,
+                    self.queue,
+                    asset_id,
+                    revision_no,
+                    asset["tenant_id"],
+                    Here(self, job),
+                )
+        return {
+            "outcome": "published",
+            "revision": revision_no,
+            "outputs": outputs,
+            "enriched": enriched,
+        }
 
     async def _release(
-        self, job: Job, asset: asyncpg.Record, checks: dict[str, Part], previous: int | None,
-        revision_no: int, outputs: list[str], enriched: bool, *, enriches: int | None = None,
+        self,
+        job: Job,
+        asset: asyncpg.Record,
+        checks: dict[str, Part],
+        previous: int | None,
+        revision_no: int,
+        outputs: list[str],
+        enriched: bool,
+        *,
+        enriches: int | None = None,
         copy: dict[str, Part] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Lock the task and the asset, check ``checks`` against the locked row, and release:
         the revision READY with the outputs it publishes, the pointer switched, the previous
         revision SUPERSEDED, the release row, the task's link, ``asset.ready`` and the
@@ -341,16 +396,29 @@ class PublishStage:
         # locks them: no deadlock with it).
         checked = f"EXISTS (SELECT 1 FROM {list(head)[-1]})"
         parts["ready"] = transition_part(
-            Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY",
+            Entity.REVISION,
+            (asset_id, revision_no),
+            expected="BUILDING",
+            new="READY",
             values={"published_at": _now(), "published_outputs": outputs},
             when=None if copy else checked,
-        )  # fmt: skip
-        later = self._switch(parts, asset_id, asset["status"], previous, revision_no, enriched,
-                             when=None if copy else checked)  # fmt: skip
+        )
+        later = self._switch(
+            parts,
+            asset_id,
+            asset["status"],
+            previous,
+            revision_no,
+            enriched,
+            when=None if copy else checked,
+        )
         payload: dict[str, Any] = {
-            "asset_id": str(asset_id), "revision": revision_no, "previous_revision": previous,
-            "outputs": outputs, "state": "ENRICHED" if enriched else "PLAYABLE",
-        }  # fmt: skip
+            "asset_id": str(asset_id),
+            "revision": revision_no,
+            "previous_revision": previous,
+            "outputs": outputs,
+            "state": "ENRICHED" if enriched else "PLAYABLE",
+        }
         if enriches is not None:
             payload["enriches"] = enriches
         parts["release"] = Part(RECORD_RELEASE, (asset_id, revision_no, previous, outputs))
@@ -361,9 +429,12 @@ class PublishStage:
         charge = None
         if enriches is None:  # an enrichment republishes what was charged
             charge = ledger.processing_charge_part(
-                self.config.ledger, tenant_id=asset["tenant_id"], asset_id=asset_id,
-                revision=revision_no, media_seconds=(asset["duration_us"] or 0) / 1e6,
-            )  # fmt: skip
+                self.config.ledger,
+                tenant_id=asset["tenant_id"],
+                asset_id=asset_id,
+                revision=revision_no,
+                media_seconds=(asset["duration_us"] or 0) / 1e6,
+            )
         if charge is not None:
             parts["charge"] = charge
         won = "(SELECT count(*) FROM ready) = 1"
@@ -385,8 +456,9 @@ class PublishStage:
                             await write_together(conn, {**head, **copy}, "recording the revision")
                         got = await write_together(conn, parts, "recording the release")
                         if later:
-                            await transition(conn, Entity.ASSET, (asset_id,),
-                                             expected="PLAYABLE", new="ENRICHED")  # fmt: skip
+                            await transition(
+                                conn, Entity.ASSET, (asset_id,), expected="PLAYABLE", new="ENRICHED"
+                            )
         except DatabaseError as exc:
             if getattr(exc.__cause__, "sqlstate", None) == UNIQUE_VIOLATION and copy:
                 # A revision took the enrichment's number since the load (a rebuild that
@@ -397,8 +469,9 @@ class PublishStage:
             if code in errors:
                 raise errors[code](str(getattr(exc.__cause__, "message", exc))) from exc
             if code == STALE:
-                raise stale(Entity.REVISION, (asset_id, revision_no), expected="BUILDING",
-                            new="READY") from exc  # fmt: skip
+                raise stale(
+                    Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY"
+                ) from exc
             if code is not None:
                 raise Unmet(code) from exc
             raise
@@ -406,9 +479,16 @@ class PublishStage:
             ledger.log_processing_charge(charge)
 
     def _switch(
-        self, parts: dict[str, Part], asset_id: uuid.UUID, status: str, previous: int | None,
-        revision_no: int, enriched: bool, *, when: str | None,
-    ) -> bool:  # fmt: skip
+        self,
+        parts: dict[str, Part],
+        asset_id: uuid.UUID,
+        status: str,
+        previous: int | None,
+        revision_no: int,
+        enriched: bool,
+        *,
+        when: str | None,
+    ) -> bool:
         """The parts that move the pointer and the asset's state (``asset``) and supersede
         the previous revision (``previous``); whether PLAYABLE → ENRICHED follows after.
 
@@ -420,12 +500,24 @@ class PublishStage:
         pointer = {"current_revision": revision_no}
         later = False
         if status == "PROCESSING":
-            parts["asset"] = transition_part(Entity.ASSET, (asset_id,), expected="PROCESSING",
-                                             new="PLAYABLE", values=pointer, when=when)  # fmt: skip
+            parts["asset"] = transition_part(
+                Entity.ASSET,
+                (asset_id,),
+                expected="PROCESSING",
+                new="PLAYABLE",
+                values=pointer,
+                when=when,
+            )
             later = enriched
         elif enriched and status == "PLAYABLE":
-            parts["asset"] = transition_part(Entity.ASSET, (asset_id,), expected="PLAYABLE",
-                                             new="ENRICHED", values=pointer, when=when)  # fmt: skip
+            parts["asset"] = transition_part(
+                Entity.ASSET,
+                (asset_id,),
+                expected="PLAYABLE",
+                new="ENRICHED",
+                values=pointer,
+                when=when,
+            )
         else:
             parts["asset"] = Part(
                 "UPDATE assets SET current_revision = $2, updated_at = now()"
@@ -434,20 +526,26 @@ class PublishStage:
                 (asset_id, revision_no, previous),
             )
         if previous is not None:
-            parts["previous"] = transition_part(Entity.REVISION, (asset_id, previous),
-                                                expected="READY", new="SUPERSEDED",
-                                                when=when)  # fmt: skip
+            parts["previous"] = transition_part(
+                Entity.REVISION, (asset_id, previous), expected="READY", new="SUPERSEDED", when=when
+            )
         return later
 
     async def _abandon(self, asset_id: uuid.UUID, revision_no: int, reason: str) -> None:
         async with self.pool.acquire() as conn:
             try:
-                await transition(conn, Entity.REVISION, (asset_id, revision_no),
-                                 expected="BUILDING", new="ABANDONED")  # fmt: skip
+                await transition(
+                    conn,
+                    Entity.REVISION,
+                    (asset_id, revision_no),
+                    expected="BUILDING",
+                    new="ABANDONED",
+                )
             except StaleStateError:
                 return
-        log.warning("revision_abandoned", asset_id=str(asset_id), revision=revision_no,
-                    reason=reason)  # fmt: skip
+        log.warning(
+            "revision_abandoned", asset_id=str(asset_id), revision=revision_no, reason=reason
+        )
 
     # -- enrichment ----------------------------------------------------------------------------
 
@@ -477,36 +575,61 @@ class PublishStage:
         checks = {
             "current": require(
                 "(SELECT current_revision = $1 AND status IN ('PLAYABLE', 'ENRICHED') FROM lock)",
-                NOT_CURRENT, "not the current revision", (base_no,)),
-            "not_deleted": require("(SELECT delete_version = $1 FROM lock)", DELETED,
-                                   "deleted", (base["delete_version_at_start"],)),
-            "not_cancelled": require("(SELECT cancel_version = $1 FROM lock)", CANCELLED,
-                                     "cancelled", (base["cancel_version_at_start"],)),
+                NOT_CURRENT,
+                "not the current revision",
+                (base_no,),
+            ),
+            "not_deleted": require(
+                "(SELECT delete_version = $1 FROM lock)",
+                DELETED,
+                "deleted",
+                (base["delete_version_at_start"],),
+            ),
+            "not_cancelled": require(
+                "(SELECT cancel_version = $1 FROM lock)",
+                CANCELLED,
+                "cancelled",
+                (base["cancel_version_at_start"],),
+            ),
             # A rebuild (reprocess, integrity repair) will replace this revision: an
             # enrichment now would only be superseded, or move the pointer past it.
             "no_rebuild": require(
                 "NOT EXISTS (SELECT 1 FROM asset_revisions WHERE asset_id = $1"
                 " AND revision > $2 AND status = 'BUILDING' AND enriches IS NULL)",
-                REBUILDING, "a rebuild is under way", (asset_id, base_no)),
-        }  # fmt: skip
+                REBUILDING,
+                "a rebuild is under way",
+                (asset_id, base_no),
+            ),
+        }
         # The copy reads the last check, so it waits for the lock and the checks.
         checked = " AND EXISTS (SELECT 1 FROM no_rebuild)"
         copy = {
             "revision": Part(COPY_REVISION.format(when=checked), (asset_id, new_no, base_no)),
-            "outputs": Part(COPY_OUTPUTS.format(when=checked),
-                            (asset_id, new_no, base_no, outputs)),
-        }  # fmt: skip
-        outcomes = {NOT_CURRENT: "not_current", DELETED: "deleted", CANCELLED: "cancelled",
-                    REBUILDING: "superseded_by_rebuild"}  # fmt: skip
+            "outputs": Part(
+                COPY_OUTPUTS.format(when=checked), (asset_id, new_no, base_no, outputs)
+            ),
+        }
+        outcomes = {
+            NOT_CURRENT: "not_current",
+            DELETED: "deleted",
+            CANCELLED: "cancelled",
+            REBUILDING: "superseded_by_rebuild",
+        }
         try:
-            await self._release(job, asset, checks, base_no, new_no, outputs, enriched,
-                                enriches=base_no, copy=copy)  # fmt: skip
+            await self._release(
+                job, asset, checks, base_no, new_no, outputs, enriched, enriches=base_no, copy=copy
+            )
         except Unmet as exc:
             if exc.code in outcomes:
                 return {"outcome": outcomes[exc.code]}
             raise
-        log.info("asset_enriched", asset_id=str(asset_id), revision=new_no, base=base_no,
-                 added=sorted(extra))  # fmt: skip
+        log.info(
+            "asset_enriched",
+            asset_id=str(asset_id),
+            revision=new_no,
+            base=base_no,
+            added=sorted(extra),
+        )
         return {"outcome": "enriched", "revision": new_no, "added": sorted(extra)}
 
     # -- helpers -------------------------------------------------------------------------------

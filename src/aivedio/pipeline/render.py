@@ -194,9 +194,13 @@ def encode_args(
         top = plan.top
         branches.append(("po", f"select='eq(n\\,{frame})',scale={top.width}:{top.height},setsar=1"))
     if job.sprite:
-        chain = sprite_filter(interval=plan.sprite_interval, width=plan.sprite_width,
-                              height=plan.sprite_height, columns=media.sprite_columns,
-                              rows=media.sprite_rows)  # fmt: skip
+        chain = sprite_filter(
+            interval=plan.sprite_interval,
+            width=plan.sprite_width,
+            height=plan.sprite_height,
+            columns=media.sprite_columns,
+            rows=media.sprite_rows,
+        )
         branches.append(("sp", chain))
     graph: list[str] = []
     if branches:
@@ -268,9 +272,15 @@ def pieces_args(
     if len(rungs) == 1:
         rung, output = rungs[0]
         return [
-            *input_args(NUT, chunk), "-map", "0:v:0", "-vf", f"{timing},{scale(rung)}",
-            *_x264(rung, media, keys, gop=gop), *tail, str(output),
-        ]  # fmt: skip
+            *input_args(NUT, chunk),
+            "-map",
+            "0:v:0",
+            "-vf",
+            f"{timing},{scale(rung)}",
+            *_x264(rung, media, keys, gop=gop),
+            *tail,
+            str(output),
+        ]
     branches = "".join(f"[s{i}]" for i in range(len(rungs)))
     graph = [f"[0:v:0]{timing},split={len(rungs)}{branches}"]
     graph += [f"[s{i}]{scale(rung)}[o{i}]" for i, (rung, _) in enumerate(rungs)]
@@ -317,12 +327,36 @@ def package_args(
         # Remux: video and audio both come from the source itself.
         inputs = source_in if top.copy else [*video_input(top), *audio_in]
         maps = [*video_map(top.copy), *audio_map(not top.copy)]
-        runs.append([*inputs, *maps, "-c", "copy", "-movflags", "+faststart",
-                     "-f", "mp4", str(layout.playback)])  # fmt: skip
+        runs.append(
+            [
+                *inputs,
+                *maps,
+                "-c",
+                "copy",
+                "-movflags",
+                "+faststart",
+                "-f",
+                "mp4",
+                str(layout.playback),
+            ]
+        )
     if "proxy" in wants:
         inputs = [*input_args(MP4, layout.proxy_video), *audio_in]
-        runs.append([*inputs, "-map", "0:v:0", *audio_map(True), "-c", "copy",
-                     "-movflags", "+faststart", "-f", "mp4", str(layout.proxy)])  # fmt: skip
+        runs.append(
+            [
+                *inputs,
+                "-map",
+                "0:v:0",
+                *audio_map(True),
+                "-c",
+                "copy",
+                "-movflags",
+                "+faststart",
+                "-f",
+                "mp4",
+                str(layout.proxy),
+            ]
+        )
     if "hls" in wants:
         for rung in plan.rungs:
             directory = layout.hls_rung(rung)
@@ -331,15 +365,31 @@ def package_args(
             else:
                 inputs = [*video_input(rung), *audio_in]
                 maps = ["-map", "0:v:0", *audio_map(True)]
-            runs.append([
-                *inputs, *maps, "-c", "copy", "-output_ts_offset", f"{hls_offset:.6f}",
-                "-f", "hls", "-hls_time", f"{plan.segment_seconds:g}",
-                "-hls_playlist_type", "vod", "-hls_segment_type", "fmp4",
-                "-hls_flags", "independent_segments",
-                "-hls_fmp4_init_filename", "init.mp4",
-                "-hls_segment_filename", str(directory / "seg_%05d.m4s"),
-                str(directory / "index.m3u8"),
-            ])  # fmt: skip
+            runs.append(
+                [
+                    *inputs,
+                    *maps,
+                    "-c",
+                    "copy",
+                    "-output_ts_offset",
+                    f"{hls_offset:.6f}",
+                    "-f",
+                    "hls",
+                    "-hls_time",
+                    f"{plan.segment_seconds:g}",
+                    "-hls_playlist_type",
+                    "vod",
+                    "-hls_segment_type",
+                    "fmp4",
+                    "-hls_flags",
+                    "independent_segments",
+                    "-hls_fmp4_init_filename",
+                    "init.mp4",
+                    "-hls_segment_filename",
+                    str(directory / "seg_%05d.m4s"),
+                    str(directory / "index.m3u8"),
+                ]
+            )
     return runs
 
 

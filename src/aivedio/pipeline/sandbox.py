@@ -242,8 +242,11 @@ class Sandbox:
         Scratch left by this host's dead processes is removed first."""
         removed = await anyio.to_thread.run_sync(self.reclaim_scratch)
         if removed:
-            log.warning("scratch_reclaimed", directories=len(removed),
-                        detail="left by processes of this host that died")  # fmt: skip
+            log.warning(
+                "scratch_reclaimed",
+                directories=len(removed),
+                detail="left by processes of this host that died",
+            )
         for tool in self._tools:
             self._tool_path(tool)
         self._limit_prefix()
@@ -338,17 +341,21 @@ class Sandbox:
         isolation = await self.isolation_prefix()
         argv = [*self._limit_prefix(), *isolation, binary, *head, *args]
         result = RunResult(
-            tool=tool, args=list(args), returncode=-1, wall_seconds=0.0,
+            tool=tool,
+            args=list(args),
+            returncode=-1,
+            wall_seconds=0.0,
             network_isolated=bool(isolation),
-        )  # fmt: skip
+        )
         started = result.started_at = time.monotonic()
         # Each pipe is read by a callback as its bytes arrive: no reader task per pipe.
         stderr = _StderrTail()
         stdout: _Progress | _Capture = (
             _Progress(result, on_progress) if tool == "ffmpeg" else _Capture(capture_stdout)
         )
-        process = await spawn(argv, cwd=str(cwd), env={"LC_ALL": "C"},
-                              on_stdout=stdout.feed, on_stderr=stderr.feed)  # fmt: skip
+        process = await spawn(
+            argv, cwd=str(cwd), env={"LC_ALL": "C"}, on_stdout=stdout.feed, on_stderr=stderr.feed
+        )
         try:
             if isinstance(stdout, _Capture):
                 stdout.started(process)

@@ -149,11 +149,17 @@ def _close(pipes: Sequence[_Sink | None]) -> None:
             pipe.transport.close()
 
 
-async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
-                stdout: Any = subprocess.PIPE, stderr: Any = subprocess.PIPE,
-                start_new_session: bool = True,
-                on_stdout: Callable[[bytes], None] | None = None,
-                on_stderr: Callable[[bytes], None] | None = None) -> Spawned:  # fmt: skip
+async def spawn(
+    argv: Sequence[str],
+    *,
+    cwd: str,
+    env: Mapping[str, str],
+    stdout: Any = subprocess.PIPE,
+    stderr: Any = subprocess.PIPE,
+    start_new_session: bool = True,
+    on_stdout: Callable[[bytes], None] | None = None,
+    on_stderr: Callable[[bytes], None] | None = None,
+) -> Spawned:
     """Start ``argv`` (never a shell) with stdin from /dev/null; OSError if it cannot start.
     A piped output goes to its ``on_…`` callback as it arrives."""
     ours: list[socket.socket | None] = []
@@ -168,10 +174,14 @@ async def spawn(argv: Sequence[str], *, cwd: str, env: Mapping[str, str],
                 ours.append(None)
                 theirs.append(target)
         popen = subprocess.Popen(  # noqa: ASYNC220 - vfork: the loop waits only for the exec
-            list(argv), stdin=subprocess.DEVNULL, stderr=_child_end(theirs[1]),
-            stdout=_child_end(theirs[0]), cwd=cwd, env=dict(env),
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stderr=_child_end(theirs[1]),
+            stdout=_child_end(theirs[0]),
+            cwd=cwd,
+            env=dict(env),
             start_new_session=start_new_session,
-        )  # fmt: skip
+        )
     except BaseException:
         for end in ours:
             if end is not None:

@@ -164,10 +164,18 @@ class Finding(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 class SweepReport(msgspec.Struct, kw_only=True):
     SCANS: ClassVar[tuple[str, ...]] = (
-        "reaped_jobs", "fetching_stale", "near_expiry", "tasks_without_output",
-        "orphaned_watches", "stale_uploads", "expired_uploads", "stuck_assets", "integrity",
-        "orphan_objects", "quarantine_orphans",
-    )  # fmt: skip
+        "reaped_jobs",
+        "fetching_stale",
+        "near_expiry",
+        "tasks_without_output",
+        "orphaned_watches",
+        "stale_uploads",
+        "expired_uploads",
+        "stuck_assets",
+        "integrity",
+        "orphan_objects",
+        "quarantine_orphans",
+    )
 
     outcome: str = "swept"  # or "another_sweeper_running"
     dry_run: bool = False
@@ -262,8 +270,10 @@ class StalledWork:
     async def fetching(self, report: SweepReport, now: datetime) -> None:
         stale = await self.pool.fetch(FETCHING_STALE, now)
         if report.dry_run:
-            expired = [(r["id"], r["lane"], r["kind"], "queued") for r in
-                       await self.pool.fetch(EXPIRED_LEASES, now)]  # fmt: skip
+            expired = [
+                (r["id"], r["lane"], r["kind"], "queued")
+                for r in await self.pool.fetch(EXPIRED_LEASES, now)
+            ]
         else:
             expired = await self.queue.reap()
         outcome = {job_id: result for job_id, _lane, _kind, result in expired}
@@ -429,8 +439,10 @@ class StalledWork:
 
     async def stuck(self, report: SweepReport, now: datetime) -> None:
         cutoff = now - timedelta(seconds=self.cfg.processing_budget_seconds)
-        for row in [*await self.pool.fetch(STUCK_ASSETS, cutoff),
-                    *await self.pool.fetch(STUCK_REBUILDS, cutoff)]:  # fmt: skip
+        for row in [
+            *await self.pool.fetch(STUCK_ASSETS, cutoff),
+            *await self.pool.fetch(STUCK_REBUILDS, cutoff),
+        ]:
             with report.isolate(self.rows, "stuck_assets", row["id"]):
                 await self._stuck_asset(report, row)
         for row in await self.pool.fetch(STUCK_ENRICHMENT, cutoff):
@@ -504,13 +516,18 @@ class StalledWork:
         only the revision fails: the asset keeps serving its current revision."""
         revision = await self.pool.fetchrow(LATEST_REVISION, asset_id)
         if revision is None or revision["status"] != "BUILDING":
-            detail = "no building revision" if revision is None else (
-                f"revision {revision['revision']} is {revision['status']}")  # fmt: skip
+            detail = (
+                "no building revision"
+                if revision is None
+                else (f"revision {revision['revision']} is {revision['status']}")
+            )
             await self._fail(report, asset_id, status, None, detail)
             return report.act("processing_failed"), detail
         number = revision["revision"]
-        states = {r["variant_type"]: r["status"] for r in
-                  await self.pool.fetch(VARIANT_STATES, asset_id, number)}  # fmt: skip
+        states = {
+            r["variant_type"]: r["status"]
+            for r in await self.pool.fetch(VARIANT_STATES, asset_id, number)
+        }
         pending = [name for name, state in states.items() if state == "PENDING"]
         failed = await self._fail_pending(report, asset_id, number, pending)
         states.update(dict.fromkeys(failed, "FAILED"))
@@ -522,9 +539,13 @@ class StalledWork:
         verdict = revision["moderation_verdict"]
         if verdict == "review":  # waiting for a person is not stuck
             return "reported", f"revision {number}: awaiting a moderator's review"
-        spec = (moderate_spec(asset_id, number, tenant_id) if verdict is None
-                else publish_spec(asset_id, number, tenant_id) if verdict == "allow"
-                else None)  # fmt: skip
+        spec = (
+            moderate_spec(asset_id, number, tenant_id)
+            if verdict is None
+            else publish_spec(asset_id, number, tenant_id)
+            if verdict == "allow"
+            else None
+        )
         created, previous = (False, None) if spec is None else await self._enqueue(report, spec)
         if created and spec is not None:
             outputs = f", outputs {failed} failed" if failed else ""
@@ -540,14 +561,22 @@ class StalledWork:
     ) -> list[str]:
         if report.dry_run:
             return pending
-        rows = await self.pool.fetch(FAIL_PENDING_VARIANTS, asset_id, revision,
-                                     {"error": "stuck: no render job left (sweeper)"})  # fmt: skip
+        rows = await self.pool.fetch(
+            FAIL_PENDING_VARIANTS,
+            asset_id,
+            revision,
+            {"error": "stuck: no render job left (sweeper)"},
+        )
         return sorted(r["variant_type"] for r in rows)
 
     async def _fail(
-        self, report: SweepReport, asset_id: uuid.UUID, status: str, revision: int | None,
+        self,
+        report: SweepReport,
+        asset_id: uuid.UUID,
+        status: str,
+        revision: int | None,
         detail: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """The revision FAILED; an unpublished asset PROCESSING_FAILED ('stuck'); in one
         transaction, each step a CAS."""
         if report.dry_run:
@@ -555,11 +584,18 @@ class StalledWork:
         values = {"last_error_class": "stuck", "last_error_detail": detail[:1000]}
         async with self.pool.acquire() as conn, conn.transaction():
             if revision is not None:
-                await transition(conn, Entity.REVISION, (asset_id, revision),
-                                 expected="BUILDING", new="FAILED")  # fmt: skip
+                await transition(
+                    conn, Entity.REVISION, (asset_id, revision), expected="BUILDING", new="FAILED"
+                )
             if status == "QUARANTINED":
                 await transition(conn, Entity.ASSET, (asset_id,), expected=status, new="PROBING")
                 status = "PROBING"
             if status in ("PROBING", "PROCESSING"):
-                await transition(conn, Entity.ASSET, (asset_id,), expected=status,
-                                 new="PROCESSING_FAILED", values=values)  # fmt: skip
+                await transition(
+                    conn,
+                    Entity.ASSET,
+                    (asset_id,),
+                    expected=status,
+                    new="PROCESSING_FAILED",
+                    values=values,
+                )

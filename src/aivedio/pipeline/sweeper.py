@@ -54,10 +54,21 @@ from aivedio.sweeper_config import SweeperConfig, validate_sweeper
 # The public names; INTEGRITY_EVENT, ROOT_REVISIONS, Finding, SweepReport, playlist_uris and
 # resolve_uri are defined by the scan modules and re-exported for the modules importing them here.
 __all__ = [
-    "INTEGRITY_EVENT", "KIND", "LANE", "ROOT_REVISIONS", "Finding", "SweepReport", "Sweeper",
-    "handle", "open_sweeper", "playlist_uris", "register", "resolve_uri", "seed_periodic_sweep",
+    "INTEGRITY_EVENT",
+    "KIND",
+    "LANE",
+    "ROOT_REVISIONS",
+    "Finding",
+    "SweepReport",
+    "Sweeper",
+    "handle",
+    "open_sweeper",
+    "playlist_uris",
+    "register",
+    "resolve_uri",
+    "seed_periodic_sweep",
     "sweep_spec",
-]  # fmt: skip
+]
 
 log = get_logger("aivedio.sweeper")
 
@@ -72,10 +83,13 @@ def sweep_spec(now: datetime, interval_seconds: float, *, following: bool) -> Jo
     """The sweep job of ``now``'s time bucket, or (``following``) of the next one."""
     bucket = math.floor(now.timestamp() / interval_seconds) + (1 if following else 0)
     return JobSpec(
-        kind=KIND, lane=LANE, idempotency_key=f"sweep:{interval_seconds:g}:{bucket}",
+        kind=KIND,
+        lane=LANE,
+        idempotency_key=f"sweep:{interval_seconds:g}:{bucket}",
         payload={"not_before": bucket * interval_seconds},
-        timeout_seconds=SWEEP_TIMEOUT_SECONDS, max_attempts=SWEEP_MAX_ATTEMPTS,
-    )  # fmt: skip
+        timeout_seconds=SWEEP_TIMEOUT_SECONDS,
+        max_attempts=SWEEP_MAX_ATTEMPTS,
+    )
 
 
 def _utcnow() -> datetime:
@@ -87,11 +101,17 @@ def _utcnow() -> datetime:
 
 class Sweeper:
     def __init__(
-        self, cfg: SweeperConfig, *, pool: Pool, store: ObjectStore, queue: Queue,
-        database: DatabaseConfig, pipeline_version: int,
+        self,
+        cfg: SweeperConfig,
+        *,
+        pool: Pool,
+        store: ObjectStore,
+        queue: Queue,
+        database: DatabaseConfig,
+        pipeline_version: int,
         clock: Callable[[], datetime] = _utcnow,
         metrics: WorkerMetrics | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cfg = cfg
         self.pool = pool
         self.store = store
@@ -141,14 +161,17 @@ class Sweeper:
     async def _scans(self, report: SweepReport) -> None:
         stalled, gc = self.stalled, self.gc
         scans = (
-            ("fetching_stale", stalled.fetching), ("near_expiry", stalled.near_expiry),
+            ("fetching_stale", stalled.fetching),
+            ("near_expiry", stalled.near_expiry),
             ("tasks_without_output", stalled.tasks_without_output),
             ("orphaned_watches", stalled.orphaned_watches),
             ("stale_uploads", stalled.stale_uploads),
-            ("expired_uploads", stalled.expired_uploads), ("stuck_assets", stalled.stuck),
-            ("integrity", self.integrity.audit), ("orphan_objects", gc.collect_assets),
+            ("expired_uploads", stalled.expired_uploads),
+            ("stuck_assets", stalled.stuck),
+            ("integrity", self.integrity.audit),
+            ("orphan_objects", gc.collect_assets),
             ("quarantine_orphans", gc.collect_quarantine),
-        )  # fmt: skip
+        )
         for name, scan in scans:
             try:
                 with map_db_errors(f"sweeping {name}"):
@@ -187,8 +210,12 @@ class Sweeper:
             with map_db_errors("enqueueing the next sweep"):
                 nxt = await self.queue.enqueue_one(conn, following)
         report = await self.sweep(dry_run=False)
-        return {"outcome": report.outcome, "next_job_id": nxt.job_id, "counts": report.counts,
-                "errors": [e.subject for e in report.errors]}  # fmt: skip
+        return {
+            "outcome": report.outcome,
+            "next_job_id": nxt.job_id,
+            "counts": report.counts,
+            "errors": [e.subject for e in report.errors],
+        }
 
 
 async def seed_periodic_sweep(pool: Pool, queue: Queue, cfg: SweeperConfig) -> Enqueued:
@@ -208,10 +235,14 @@ def sweeper_config_of(config: Config) -> SweeperConfig:
 
 @asynccontextmanager
 async def open_sweeper(
-    config: Config, pool: Pool, store: ObjectStore | None = None, *,
-    sweeper: SweeperConfig | None = None, clock: Callable[[], datetime] = _utcnow,
+    config: Config,
+    pool: Pool,
+    store: ObjectStore | None = None,
+    *,
+    sweeper: SweeperConfig | None = None,
+    clock: Callable[[], datetime] = _utcnow,
     metrics: WorkerMetrics | None = None,
-) -> AsyncIterator[Sweeper]:  # fmt: skip
+) -> AsyncIterator[Sweeper]:
     cfg = sweeper or sweeper_config_of(config)
     validate_sweeper(cfg)
     async with AsyncExitStack() as stack:
@@ -238,5 +269,12 @@ async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
 
 
 def register(registry: Registry) -> None:
-    registry.register(JobKind(KIND, LANE, handle, timeout_seconds=SWEEP_TIMEOUT_SECONDS,
-                              max_attempts=SWEEP_MAX_ATTEMPTS))  # fmt: skip
+    registry.register(
+        JobKind(
+            KIND,
+            LANE,
+            handle,
+            timeout_seconds=SWEEP_TIMEOUT_SECONDS,
+            max_attempts=SWEEP_MAX_ATTEMPTS,
+        )
+    )

@@ -105,10 +105,14 @@ def _ignored(probe: ProbeOutput, used: set[int]) -> list[IgnoredStream]:
         else:
             why = "not_rendered"
         ignored.append(
-            IgnoredStream(index=stream.index, codec_type=stream.codec_type or "unknown",
-                          codec_name=stream.codec_name, why=why,
-                          language=stream.tags.get("language", ""))
-        )  # fmt: skip
+            IgnoredStream(
+                index=stream.index,
+                codec_type=stream.codec_type or "unknown",
+                codec_name=stream.codec_name,
+                why=why,
+                language=stream.tags.get("language", ""),
+            )
+        )
     return ignored
 
 

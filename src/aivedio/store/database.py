@@ -128,8 +128,13 @@ async def until_database_answers(
             delay = backoff_seconds(attempt, 0.2, 2.0)
             if time.monotonic() + delay > deadline:
                 raise
-            log.warning("database_unavailable_retrying", step=what, attempt=attempt,
-                        delay_seconds=round(delay, 3), error=exc.detail)  # fmt: skip
+            log.warning(
+                "database_unavailable_retrying",
+                step=what,
+                attempt=attempt,
+                delay_seconds=round(delay, 3),
+                error=exc.detail,
+            )
             await anyio.sleep(delay)
 
 
@@ -192,9 +197,12 @@ async def _keep_session(_conn: Connection) -> None:
 
 @asynccontextmanager
 async def open_pool(
-    config: DatabaseConfig, *, min_size: int | None = None, max_size: int | None = None,
+    config: DatabaseConfig,
+    *,
+    min_size: int | None = None,
+    max_size: int | None = None,
     wait_seconds: float = 0.0,
-) -> AsyncIterator[Pool]:  # fmt: skip
+) -> AsyncIterator[Pool]:
     """A pool; ``wait_seconds``: wait that long for a database that is not there yet
     (``until_database_answers``), as a daemon's start-up does."""
 

@@ -260,8 +260,17 @@ def generation_charge_part(
     ``log_generation_charge`` once it returned a row."""
     amount, policy, detail = generation_price(cfg, provider, duration_seconds)
     key = generation_key(provider, provider_task_id)
-    args = (key, tenant_id, provider, provider_task_id, generation_task_id, amount,
-            cfg.currency, policy, _json(detail))  # fmt: skip
+    args = (
+        key,
+        tenant_id,
+        provider,
+        provider_task_id,
+        generation_task_id,
+        amount,
+        cfg.currency,
+        policy,
+        _json(detail),
+    )
     return Part(INSERT_GENERATION_CHARGE.format(when=when), args)
 
 

@@ -49,10 +49,22 @@ from aivedio.store.objects import (
 
 # The ``operation`` label's values.
 OPERATIONS = (
-    "head", "sizes", "get", "get_bytes", "download_file", "put_bytes", "store_files",
-    "delete", "list", "start_upload", "write", "complete_upload", "abort_upload",
-    "list_multipart_uploads", "abort_multipart_upload",
-)  # fmt: skip
+    "head",
+    "sizes",
+    "get",
+    "get_bytes",
+    "download_file",
+    "put_bytes",
+    "store_files",
+    "delete",
+    "list",
+    "start_upload",
+    "write",
+    "complete_upload",
+    "abort_upload",
+    "list_multipart_uploads",
+    "abort_multipart_upload",
+)
 # The ``outcome`` label's values besides the error classes.
 OK = "ok"
 CANCELLED = "cancelled"

@@ -428,8 +428,11 @@ class S3ObjectStore(ObjectStoreConveniences):
         sha256_hex: str | None = None,
     ) -> PresignedRequest:
         validate_key(key)
-        params: dict[str, Any] = {"Key": self._full_key(key), "ContentLength": content_length,
-                                  "ContentType": content_type}  # fmt: skip
+        params: dict[str, Any] = {
+            "Key": self._full_key(key),
+            "ContentLength": content_length,
+            "ContentType": content_type,
+        }
         headers = {"Content-Type": content_type, "Content-Length": str(content_length)}
         if sha256_hex is not None:
             checksum = base64.b64encode(bytes.fromhex(sha256_hex)).decode("ascii")
@@ -459,8 +462,11 @@ class S3ObjectStore(ObjectStoreConveniences):
         validate_key(key)
         if not 1 <= part_number <= MAX_PARTS:
             raise ValueError(f"part_number must be 1..{MAX_PARTS}")
-        params: dict[str, Any] = {"Key": self._full_key(key), "UploadId": upload_id,
-                                  "PartNumber": part_number}  # fmt: skip
+        params: dict[str, Any] = {
+            "Key": self._full_key(key),
+            "UploadId": upload_id,
+            "PartNumber": part_number,
+        }
         if content_length is not None:
             params["ContentLength"] = content_length
         return await self._presign("upload_part", params, expires_seconds)
@@ -475,8 +481,13 @@ class S3ObjectStore(ObjectStoreConveniences):
                     Bucket=self.bucket, Key=self._full_key(key), UploadId=upload_id, **marker
                 )
             for part in page.get("Parts", []):
-                found.append(UploadedPart(int(part["PartNumber"]), _etag(part.get("ETag")) or "",
-                                          int(part.get("Size", 0))))  # fmt: skip
+                found.append(
+                    UploadedPart(
+                        int(part["PartNumber"]),
+                        _etag(part.get("ETag")) or "",
+                        int(part.get("Size", 0)),
+                    )
+                )
             if not page.get("IsTruncated"):
                 return sorted(found, key=lambda p: p.part_number)
             marker = {"PartNumberMarker": int(page["NextPartNumberMarker"])}
@@ -485,13 +496,17 @@ class S3ObjectStore(ObjectStoreConveniences):
         self, key: str, upload_id: str, parts: builtins.list[UploadedPart]
     ) -> ObjectInfo:
         validate_key(key)
-        listed = [{"PartNumber": p.part_number, "ETag": f'"{p.etag.strip(chr(34))}"'}
-                  for p in sorted(parts, key=lambda p: p.part_number)]  # fmt: skip
+        listed = [
+            {"PartNumber": p.part_number, "ETag": f'"{p.etag.strip(chr(34))}"'}
+            for p in sorted(parts, key=lambda p: p.part_number)
+        ]
         with map_s3_errors(f"completing the multipart upload of {key!r}"):
             await self._client.complete_multipart_upload(
-                Bucket=self.bucket, Key=self._full_key(key), UploadId=upload_id,
+                Bucket=self.bucket,
+                Key=self._full_key(key),
+                UploadId=upload_id,
                 MultipartUpload={"Parts": listed},
-            )  # fmt: skip
+            )
         info = await self.head(key)
         if info is None:
             raise TransientError(f"completed the upload of {key!r} but cannot see it yet")

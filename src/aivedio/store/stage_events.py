@@ -80,8 +80,7 @@ async def scope_of(pool: Pool, tenant_id: int, asset_id: uuid.UUID) -> Scope | N
         row = await pool.fetchrow(SCOPE_SQL, asset_id, tenant_id)
     if row is None:
         return None
-    return Scope(tenant_id, row["id"], row["source_provider_output_id"],
-                 row["generation_task_id"])  # fmt: skip
+    return Scope(tenant_id, row["id"], row["source_provider_output_id"], row["generation_task_id"])
 
 
 async def read_after(
@@ -94,13 +93,25 @@ async def read_after(
             if not await conn.fetchval(TRY_KEYS_SQL, STAGE_LOCK_SPACE, list(scope.keys)):
                 return None
             # A statement of its own, so its snapshot is taken after the keys are held.
-            rows = await conn.fetch(READ_SQL, scope.tenant_id, after_id, scope.asset_id,
-                                    scope.provider_output_id, scope.generation_task_id,
-                                    limit)  # fmt: skip
+            rows = await conn.fetch(
+                READ_SQL,
+                scope.tenant_id,
+                after_id,
+                scope.asset_id,
+                scope.provider_output_id,
+                scope.generation_task_id,
+                limit,
+            )
     return [
-        StageRow(id=r["id"], entity=r["entity"], state=r["state"], asset_id=r["asset_id"],
-                 provider_output_id=r["provider_output_id"],
-                 generation_task_id=r["generation_task_id"], error_class=r["error_class"],
-                 at=r["at"])
+        StageRow(
+            id=r["id"],
+            entity=r["entity"],
+            state=r["state"],
+            asset_id=r["asset_id"],
+            provider_output_id=r["provider_output_id"],
+            generation_task_id=r["generation_task_id"],
+            error_class=r["error_class"],
+            at=r["at"],
+        )
         for r in rows
-    ]  # fmt: skip
+    ]

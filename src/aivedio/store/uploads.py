@@ -126,9 +126,18 @@ async def create_session(
             " part_size_bytes, expires_at)"
             f" VALUES ($1, $2, '{AWAITING}', $3, $4, $5, $6, $7, $8, $9, $10, $11)"
             f" RETURNING {COLUMNS}",
-            video_id, tenant_id, method, content_type, filename, size_bytes, sha256,
-            object_key, multipart_upload_id, part_size_bytes, expires_at,
-        )  # fmt: skip
+            video_id,
+            tenant_id,
+            method,
+            content_type,
+            filename,
+            size_bytes,
+            sha256,
+            object_key,
+            multipart_upload_id,
+            part_size_bytes,
+            expires_at,
+        )
     assert row is not None
     return _session(row)
 
@@ -164,8 +173,11 @@ async def record_received(
                 "UPDATE upload_sessions SET object_key = $2, received_size_bytes = $3,"
                 " received_sha256 = $4, uploaded_at = now(), error_class = NULL,"
                 " error_detail = NULL, updated_at = now() WHERE id = $1",
-                video_id, key, size, sha256,
-            )  # fmt: skip
+                video_id,
+                key,
+                size,
+                sha256,
+            )
     old: str | None = previous["object_key"]
     return old if old != key else None
 
@@ -177,8 +189,10 @@ async def note_refused(pool: Pool, video_id: uuid.UUID, error_class: str, detail
         await pool.execute(
             "UPDATE upload_sessions SET error_class = $2, error_detail = $3, updated_at = now()"
             f" WHERE id = $1 AND status = '{AWAITING}'",
-            video_id, error_class, detail,
-        )  # fmt: skip
+            video_id,
+            error_class,
+            detail,
+        )
 
 
 async def fail_session(pool: Pool, video_id: uuid.UUID, error_class: str, detail: str) -> bool:
@@ -188,8 +202,10 @@ async def fail_session(pool: Pool, video_id: uuid.UUID, error_class: str, detail
             f"UPDATE upload_sessions SET status = '{FAILED}', error_class = $2,"
             " error_detail = $3, ended_at = now(), updated_at = now()"
             f" WHERE id = $1 AND status = '{AWAITING}' RETURNING id",
-            video_id, error_class, detail,
-        )  # fmt: skip
+            video_id,
+            error_class,
+            detail,
+        )
     return done is not None
 
 
@@ -227,8 +243,12 @@ async def complete_session(
                 " error_class = NULL, error_detail = NULL, updated_at = now()"
                 f" WHERE id = $1 AND tenant_id = $2 AND status = '{AWAITING}'"
                 " AND expires_at > now() AND object_key IS NOT DISTINCT FROM $3 RETURNING id",
-                session.id, session.tenant_id, key, size, sha256,
-            )  # fmt: skip
+                session.id,
+                session.tenant_id,
+                key,
+                size,
+                sha256,
+            )
             if won is None:
                 return False
             await conn.execute(
@@ -236,8 +256,12 @@ async def complete_session(
                 " status, source_object_key, source_size_bytes, source_sha256)"
                 " VALUES ($1, $2, 'UPLOAD', NULL, 'QUARANTINED', $3, $4, $5)"
                 " ON CONFLICT (id) DO NOTHING",
-                session.id, session.tenant_id, key, size, sha256,
-            )  # fmt: skip
+                session.id,
+                session.tenant_id,
+                key,
+                size,
+                sha256,
+            )
             await queue.enqueue_one(conn, probe)
     return True
 
@@ -369,6 +393,12 @@ def _reaped(
     deleted: list[str] | None = None,
     aborted: list[str] | None = None,
 ) -> ReapedUpload:
-    return ReapedUpload(video_id=session.id, tenant_id=session.tenant_id, status=status,
-                        expires_at=session.expires_at, action=action,
-                        deleted_objects=deleted or [], aborted_uploads=aborted or [])  # fmt: skip
+    return ReapedUpload(
+        video_id=session.id,
+        tenant_id=session.tenant_id,
+        status=status,
+        expires_at=session.expires_at,
+        action=action,
+        deleted_objects=deleted or [],
+        aborted_uploads=aborted or [],
+    )
