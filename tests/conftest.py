@@ -17,10 +17,10 @@ import msgspec
 import pytest
 
 from aivedio import log_bridge
-from aivedio.config import Config, LaneConfig, load_config
+from aivedio.config.load import Config, LaneConfig, load_config
 from aivedio.store import migrations
 from aivedio.store.database import Pool, open_pool
-from tests.s3_server import moto_endpoint  # noqa: F401 - a fixture shared by the S3 tests
+from tests.support.s3_server import moto_endpoint  # noqa: F401 - a fixture shared by the S3 tests
 
 TEST_KEY = base64.b64encode(b"k" * 32).decode()
 SERVER_DSN = os.environ.get("AIVEDIO_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -19,10 +19,10 @@ if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
 
 import anyio
 
-from aivedio.config import NetConfig, StorageConfig
+from aivedio.config.load import NetConfig, StorageConfig
 from aivedio.memory import tune_allocator
 from aivedio.pipeline.services import make_fetcher
-from aivedio.store.objects import open_object_store
+from aivedio.store.objects.base import open_object_store
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:

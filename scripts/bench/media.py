@@ -46,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from aivedio.media_config import MediaConfig
+from aivedio.config.media import MediaConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from smoke import positive, verdict

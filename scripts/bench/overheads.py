@@ -41,8 +41,8 @@ from pathlib import Path
 import anyio
 import asyncpg
 
-from aivedio.media_config import MediaConfig
-from aivedio.pipeline.sandbox import Sandbox
+from aivedio.config.media import MediaConfig
+from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from smoke import positive, verdict

@@ -50,16 +50,17 @@ import anyio
 import asyncpg
 
 from aivedio import logs
-from aivedio.config import load_config
-from aivedio.pipeline.kinds import default_registry
+from aivedio.config.load import load_config
 from aivedio.pipeline.media_stage import open_media_stage, probe_spec
 from aivedio.pipeline.moderation import open_moderation_stage
 from aivedio.pipeline.publish import PublishStage
-from aivedio.store import keys, migrations
+from aivedio.store import migrations
 from aivedio.store.database import open_pool
-from aivedio.store.objects import open_object_store
+from aivedio.store.objects import keys
+from aivedio.store.objects.base import open_object_store
 from aivedio.store.queue import Queue
-from aivedio.worker import Worker
+from aivedio.worker.daemon import Worker
+from aivedio.worker.kinds import default_registry
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from smoke import verdict

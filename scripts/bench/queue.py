@@ -49,11 +49,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from aivedio.config import DatabaseConfig
-from aivedio.pipeline.kinds import default_registry
+from aivedio.config.load import DatabaseConfig
 from aivedio.store import migrations
 from aivedio.store.database import open_pool
 from aivedio.store.queue import Queue
+from aivedio.worker.kinds import default_registry
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "lib"))

@@ -1,3 +1,3 @@
-from aivedio.cli import main
+from aivedio.cli.main import main
 
 raise SystemExit(main())

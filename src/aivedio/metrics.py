@@ -1,6 +1,6 @@
 """Prometheus metrics of one worker process, in its own registry (no global state).
 
-Degradation under backlog (``pipeline/backlog.py``), in both the worker's and the API's:
+Degradation under backlog (``pipeline/upkeep/backlog.py``), in both the worker's and the API's:
 ``aivedio_backlog_pressure{signal}`` (1 while on; ``signal`` is ``media_oldest_job``,
 ``outputs_near_expiry`` or ``any``), ``aivedio_media_oldest_job_age_seconds`` and
 ``aivedio_outputs_near_expiry`` (the readings). The worker adds
@@ -25,7 +25,7 @@ its fact is known:
   continued with a 206, ``range``, or started over from byte 0, ``restart``);
 * object store: ``aivedio_object_store_requests_total{operation,outcome}`` (``ok`` or the
   error class) and ``aivedio_object_store_bytes_total{direction}`` (``upload``,
-  ``download``), recorded by ``store/metered.py`` around the store the worker opens;
+  ``download``), recorded by ``store/objects/metered.py`` around the store the worker opens;
 * ``aivedio_jobs_running_oldest_age_seconds{kind}``: this worker's running jobs, read at
   scrape time;
 * real-time factor: ``aivedio_media_processing_seconds_total{path,mode}`` (ffmpeg wall
@@ -122,7 +122,7 @@ class SupervisionMetrics:
 
 
 class StoreMetrics:
-    """Object store calls through the seam (``store/metered.py`` records them)."""
+    """Object store calls through the seam (``store/objects/metered.py`` records them)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from aivedio.api.tokens import TokenSigner
-from tests.e2e.processes import WorkerProcess, write_config
 from tests.e2e.test_api_process import SECRET, aivedio, env_for
+from tests.support.processes import WorkerProcess, write_config
 
 WINDOW_CHARS = 12  # the shortest piece of a secret that counts as leaked
 

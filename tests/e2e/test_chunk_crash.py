@@ -20,15 +20,15 @@ import anyio
 import msgspec
 import pytest
 
-from aivedio.config import Config
+from aivedio.config.load import Config
 from aivedio.pipeline import chunk_stage
-from aivedio.pipeline.plan import Plan
-from aivedio.store import keys
+from aivedio.pipeline.media.plan import Plan
 from aivedio.store.database import Pool
-from tests.e2e.processes import WorkerProcess
-from tests.hls_check import check_hls
-from tests.media_fixtures import counted_av, read_counters
-from tests.pipeline_rig import Rig, make_rig
+from aivedio.store.objects import keys
+from tests.support.hls_check import check_hls
+from tests.support.media_fixtures import counted_av, read_counters
+from tests.support.pipeline_rig import Rig, make_rig
+from tests.support.processes import WorkerProcess
 
 pytestmark = pytest.mark.anyio
 

@@ -12,18 +12,18 @@ import anyio
 import boto3
 import pytest
 
-from aivedio.config import load_config
+from aivedio.config.load import load_config
 from aivedio.pipeline.intake import OutputDescriptor, record_provider_output
-from aivedio.pipeline.kinds import default_registry
 from aivedio.pipeline.services import url_cipher
 from aivedio.sim.provider import Faults, open_simulated_provider
 from aivedio.sim.tls import make_test_ca
 from aivedio.store.database import Pool
 from aivedio.store.queue import Queue
+from aivedio.worker.kinds import default_registry
 from tests.conftest import TEST_KEY
-from tests.dns_server import dns_server
-from tests.e2e.processes import WorkerProcess
-from tests.s3_server import BUCKET
+from tests.support.dns_server import dns_server
+from tests.support.processes import WorkerProcess
+from tests.support.s3_server import BUCKET
 
 pytestmark = pytest.mark.anyio
 

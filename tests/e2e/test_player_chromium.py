@@ -1,11 +1,12 @@
 """The player page in a real browser, and its refusals over HTTP.
 
-A real clip goes through the real pipeline (tests/api_rig.py), the API serves it on loopback,
-and Debian's chromium (headless, driven over the DevTools protocol: tests/e2e/chromium.py)
-opens the watch URL from GET /v1/videos/{id}/playback. The test waits until the video has
-played past 2 s, checks that hls.js played the master playlist through the gateway, that the
-sprite thumbnails and the waveform loaded, and keeps a screenshot as a test artifact
-(``$AIVEDIO_TEST_ARTIFACTS`` or ``var/test-artifacts/``, ``player-currentTime.png``).
+A real clip goes through the real pipeline (tests/support/api_rig.py), the API serves it on
+loopback, and Debian's chromium (headless, driven over the DevTools protocol:
+tests/support/chromium.py) opens the watch URL from GET /v1/videos/{id}/playback. The test
+waits until the video has played past 2 s, checks that hls.js played the master playlist
+through the gateway, that the sprite thumbnails and the waveform loaded, and keeps a screenshot
+as a test artifact (``$AIVEDIO_TEST_ARTIFACTS`` or ``var/test-artifacts/``,
+``player-currentTime.png``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ from multidict import CIMultiDict
 
 from aivedio.api import player
 from aivedio.api.tokens import TokenSigner
-from aivedio.config import Config
+from aivedio.config.load import Config
 from aivedio.store.database import Pool
-from tests.api_rig import TOKEN_KEY, Api, open_api
-from tests.e2e import chromium
-from tests.media_fixtures import h264_720p
+from tests.support import chromium
+from tests.support.api_rig import TOKEN_KEY, Api, open_api
+from tests.support.media_fixtures import h264_720p
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 

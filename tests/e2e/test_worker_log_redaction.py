@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import TEST_KEY
-from tests.e2e.processes import write_config
+from tests.support.processes import write_config
 
 KEY = "av_live_5e1f00d2_Qm9vbS1oZWFkZXItc2VjcmV0LXBhcnQtb2YtdGhlLWtleQ"
 

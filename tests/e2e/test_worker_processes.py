@@ -10,10 +10,10 @@ from pathlib import Path
 import anyio
 import pytest
 
-from aivedio.pipeline.kinds import default_registry
 from aivedio.store.database import Pool
 from aivedio.store.queue import Queue
-from tests.e2e.processes import WorkerProcess, journal_counts, write_config
+from aivedio.worker.kinds import default_registry
+from tests.support.processes import WorkerProcess, journal_counts, write_config
 
 pytestmark = pytest.mark.anyio
 

@@ -313,7 +313,7 @@ def test_credential_headers_lose_their_whole_value(text: str, expected: str) -> 
 @pytest.mark.parametrize(
     "text",
     [
-        "aivedio.pipeline.standard_webhooks.WebhookVerificationError",
+        "aivedio.providers.standard_webhooks.WebhookVerificationError",
         'File "/work/.venv/lib/python3.11/site-packages/aiohttp/web_protocol.py", line 446',
         "https://cdn.example.com/videos/clip.mp4",
         "av_log: invalid data found when processing input",

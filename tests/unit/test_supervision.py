@@ -21,7 +21,7 @@ from aivedio.supervision import (
     known_failure,
     supervise,
 )
-from tests.fault_rig import FAILURES
+from tests.support.fault_rig import FAILURES
 
 pytestmark = pytest.mark.anyio
 

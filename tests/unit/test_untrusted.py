@@ -12,12 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aivedio.errors import InvalidResponseError, MalformedInputError
-from aivedio.pipeline.providers import (
+from aivedio.providers.base import parse_time
+from aivedio.providers.seam import (
     MAX_OUTPUT_BYTES,
     ProviderOutput,
     check_reported,
 )
-from aivedio.providers.base import parse_time
 from aivedio.untrusted import (
     API_BOUNDS,
     Bounds,

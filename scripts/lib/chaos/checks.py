@@ -362,8 +362,8 @@ async def _store_checks(
     sweep_at: datetime,
     grace: float,
 ) -> list[Result]:
-    from aivedio.config import load_config
-    from aivedio.store.objects import open_object_store
+    from aivedio.config.load import load_config
+    from aivedio.store.objects.base import open_object_store
 
     config = load_config(config_path, environ={}, require_secrets=False)
     async with open_object_store(config.storage) as store:

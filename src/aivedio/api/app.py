@@ -32,7 +32,7 @@ from aivedio.api import (
 from aivedio.api.auth import auth_middleware
 from aivedio.api.context import CONTEXT, ApiContext
 from aivedio.api.problems import Handler, error_middleware
-from aivedio.api_config import listen_base_url, require_public_base_url
+from aivedio.config.api import listen_base_url, require_public_base_url
 from aivedio.http_server import make_runner
 from aivedio.logs import get_logger
 

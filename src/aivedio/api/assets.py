@@ -20,7 +20,7 @@ from aivedio.api.context import context
 from aivedio.api.ids import path_uuid
 from aivedio.api.problems import ApiError
 from aivedio.api.published import published_files
-from aivedio.pipeline.lifecycle import delete_asset
+from aivedio.pipeline.upkeep.lifecycle import delete_asset
 from aivedio.store.database import map_db_errors
 
 routes = web.RouteTableDef()

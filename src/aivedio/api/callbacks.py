@@ -4,7 +4,7 @@ Vendor adapters verify by their own scheme (``vendor_callbacks.py``: Standard We
 fal's ED25519, MiniMax's challenge, unsigned hints confirmed by a task read). A generic
 provider's callback is ours, below.
 
-Verified before anything is parsed or recorded (``pipeline/callbacks.py``): the body is read
+Verified before anything is parsed or recorded (``providers/hmac_callbacks.py``): the body is read
 whole (``api/bodies.py``: every piece, however it arrives, within
 ``[api] body_read_timeout_seconds``, else 408) up to ``[api] max_callback_bytes`` (413 past
 it), ``X-Aivedio-Signature: sha256=<hex>`` must
@@ -39,10 +39,10 @@ from aivedio.api.context import ApiContext, context
 from aivedio.api.problems import ApiError
 from aivedio.errors import MalformedInputError, PolicyBlockedError
 from aivedio.logs import get_logger
-from aivedio.pipeline.callbacks import CallbackRejected, verify_signature
 from aivedio.pipeline.intake import Received, receive, record_task_outputs
-from aivedio.pipeline.providers import MAX_OUTPUT_BYTES, ProviderOutput, ProviderTask
 from aivedio.providers import GENERIC_CALLBACK_SCHEME, callback_scheme
+from aivedio.providers.hmac_callbacks import CallbackRejected, verify_signature
+from aivedio.providers.seam import MAX_OUTPUT_BYTES, ProviderOutput, ProviderTask
 from aivedio.states import Entity, allowed
 from aivedio.store.database import Connection, map_db_errors
 from aivedio.store.records import transition

@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from aivedio.api.tokens import TokenSigner
-from aivedio.config import Config
+from aivedio.config.load import Config
 from aivedio.crypto import UrlCipher
 from aivedio.errors import ConfigError
 from aivedio.metrics import ApiMetrics
-from aivedio.pipeline.backlog import BacklogMonitor
-from aivedio.pipeline.registry import Registry
+from aivedio.pipeline.jobs import Registry
+from aivedio.pipeline.upkeep.backlog import BacklogMonitor
 from aivedio.store.database import Pool
-from aivedio.store.objects import ObjectStore
+from aivedio.store.objects.base import ObjectStore
 from aivedio.store.queue import Queue
 from aivedio.supervision import Conditions
 

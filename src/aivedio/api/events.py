@@ -97,7 +97,7 @@ Phase = Literal[
 EntityName = Literal["generation_task", "provider_output", "asset"]
 
 # What a person is told for each state, and whether the row's error class goes with it: the
-# one place a status becomes a phase. tests/unit/test_api_events.py checks it covers every
+# one place a status becomes a phase. tests/unit/api/test_events.py checks it covers every
 # state in aivedio.states, so a new state cannot be streamed without a phase.
 PHASES: Mapping[Entity, Mapping[str, tuple[Phase, bool]]] = {
     Entity.GENERATION_TASK: {

@@ -8,7 +8,7 @@ released (``published.py``): a deleted asset stops playing at once.
 
 HTTP details a player and a CDN rely on: single byte ranges (``206``, ``416`` with
 ``Content-Range: bytes */size``), ``HEAD``, ``ETag``/``If-None-Match``, content types from
-the one MIME table (``pipeline/media_outputs.py``), and caching that never outlives the
+the one MIME table (``pipeline/ffmpeg/outputs.py``), and caching that never outlives the
 token: published objects are immutable, so they are cacheable with ``immutable`` for the
 token's remaining lifetime (URLs are revision- and token-scoped, so nothing stale can be
 served). With ``[api] media_redirect`` and an S3 store, the answer is a redirect to a
@@ -29,8 +29,8 @@ from aivedio.api import schema
 from aivedio.api.context import context
 from aivedio.api.problems import ApiError
 from aivedio.api.published import servable_prefix
-from aivedio.pipeline.media_outputs import MIME
-from aivedio.store.objects import InvalidKeyError, PresigningStore, validate_key
+from aivedio.pipeline.ffmpeg.outputs import MIME
+from aivedio.store.objects.base import InvalidKeyError, PresigningStore, validate_key
 
 routes = web.RouteTableDef()
 

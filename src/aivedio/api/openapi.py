@@ -25,7 +25,7 @@ from aiohttp import web
 from aivedio import __version__, untrusted
 from aivedio.api import rate_limits, schema
 from aivedio.api.context import context
-from aivedio.api_config import ApiConfig
+from aivedio.config.api import ApiConfig
 
 routes = web.RouteTableDef()
 

@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from aivedio.store.database import Pool, map_db_errors
-from aivedio.store.keys import revision_prefix
+from aivedio.store.objects.keys import revision_prefix
 
 SERVABLE_STATES = ("PLAYABLE", "ENRICHED")
 

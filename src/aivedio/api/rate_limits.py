@@ -53,7 +53,7 @@ from aiohttp.typedefs import Middleware
 from aivedio.api.auth import API_KEY, TENANT, needs_key
 from aivedio.api.problems import ApiError, Handler
 from aivedio.api.token_buckets import Rate, RateLimiter, Verdict
-from aivedio.api_config import RateLimitConfig, RateLimitsConfig
+from aivedio.config.api import RateLimitConfig, RateLimitsConfig
 from aivedio.logs import get_logger
 from aivedio.metrics import ApiMetrics
 

@@ -22,7 +22,7 @@ import uuid
 import msgspec
 
 from aivedio.errors import AivedioError, Retry
-from aivedio.store.keys import revision_prefix
+from aivedio.store.objects.keys import revision_prefix
 
 _CONTEXT = b"aivedio-playback-v1."
 

@@ -37,16 +37,15 @@ from aivedio import untrusted
 from aivedio.api import schema
 from aivedio.api.context import ApiContext
 from aivedio.api.problems import ApiError
-from aivedio.config import ProviderConfig
+from aivedio.config.load import ProviderConfig
 from aivedio.errors import AivedioError, ConfigError, MalformedInputError, PolicyBlockedError
 from aivedio.logs import get_logger
-from aivedio.pipeline import fal_webhooks, standard_webhooks
-from aivedio.pipeline.callbacks import CallbackRejected
 from aivedio.pipeline.intake import Received, receive, record_task_outputs
 from aivedio.pipeline.poller import can_poll, register_watch
-from aivedio.pipeline.providers import ProviderTask, check_reported
-from aivedio.providers import VENDORS
+from aivedio.providers import VENDORS, fal_webhooks, standard_webhooks
 from aivedio.providers.base import CallbackHint
+from aivedio.providers.hmac_callbacks import CallbackRejected
+from aivedio.providers.seam import ProviderTask, check_reported
 from aivedio.store.database import Connection
 
 log = get_logger("aivedio.api.callbacks")

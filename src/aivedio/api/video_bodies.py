@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from aivedio.store import uploads
-from aivedio.store.s3_upload import MAX_PARTS
+from aivedio.store.objects.s3_upload import MAX_PARTS
 from aivedio.untrusted import whole
 
 ContentType = Literal["video/mp4", "video/quicktime", "video/webm", "video/x-matroska"]

@@ -23,7 +23,7 @@ source to the pipeline, ``GET /v1/videos/{id}/status`` shows where it is.
   missing one. Ids that are not UUIDs are missing videos too (404).
 * **Backlog pressure refuses new sessions** (seed 004: when the transcode backlog grows,
   limit new uploads first): ``POST /v1/videos`` answers 503 ``overloaded`` with
-  ``Retry-After`` while ``pipeline/backlog.py`` says so (a reading cached per check interval,
+  ``Retry-After`` while ``pipeline/upkeep/backlog.py`` says so (a reading cached per check interval,
   so a burst of refused clients costs the database one query). Sessions already open still
   upload and complete; provider callbacks are never refused.
 * **Expired sessions** (``api.upload_session_ttl_seconds``; presigned URLs expire with the
@@ -66,12 +66,12 @@ from aivedio.api.video_bodies import (
     upload_state,
 )
 from aivedio.api.video_paths import PATHS as PATHS  # this module's routes, described
-from aivedio.asset_status import asset_status
 from aivedio.errors import MalformedInputError, NotFoundError, StaleStateError
 from aivedio.logs import get_logger, redact_text
 from aivedio.pipeline.media_stage import probe_spec
 from aivedio.store import uploads
-from aivedio.store.objects import (
+from aivedio.store.asset_status import asset_status
+from aivedio.store.objects.base import (
     ABORT_TIMEOUT_SECONDS,
     MAX_PRESIGN_SECONDS,
     MIB,
@@ -80,7 +80,7 @@ from aivedio.store.objects import (
     PresigningStore,
     UploadedPart,
 )
-from aivedio.store.s3_upload import MAX_PARTS
+from aivedio.store.objects.s3_upload import MAX_PARTS
 from aivedio.store.uploads import UploadSession
 
 log = get_logger("aivedio.api")

@@ -54,14 +54,14 @@ from aivedio.errors import (
 from aivedio.logs import get_logger
 from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline import media_objects
-from aivedio.pipeline.chunks import CHUNK_OUTPUTS, chunk_name
-from aivedio.pipeline.dag import MediaRun
-from aivedio.pipeline.media_outputs import OutputRecord
-from aivedio.pipeline.plan import Plan, Rung
-from aivedio.pipeline.sniff import MP4
-from aivedio.pipeline.validate import MediaSummary
+from aivedio.pipeline.ffmpeg.media_run import MediaRun
+from aivedio.pipeline.ffmpeg.outputs import OutputRecord
+from aivedio.pipeline.media.chunks import CHUNK_OUTPUTS, chunk_name
+from aivedio.pipeline.media.plan import Plan, Rung
+from aivedio.pipeline.media.sniff import MP4
+from aivedio.pipeline.media.validate import MediaSummary
 from aivedio.states import Entity
-from aivedio.store import keys
+from aivedio.store.objects import keys
 from aivedio.store.queue import Job, JobSpec
 from aivedio.store.records import transition
 from aivedio.store.together import Part

@@ -38,7 +38,7 @@ import anyio
 import asyncpg
 import msgspec
 
-from aivedio.config import Config
+from aivedio.config.load import Config
 from aivedio.crypto import UrlCipher
 from aivedio.errors import (
     AivedioError,
@@ -63,15 +63,15 @@ from aivedio.metrics import NO_STATUS, WorkerMetrics
 from aivedio.net.fetch import Fetcher, FetchResult
 from aivedio.net.limits import CircuitBreaker, HostLimiter
 from aivedio.pipeline import output_records as records
+from aivedio.pipeline.jobs import JobContext, JobKind, Registry
 from aivedio.pipeline.media_stage import probe_spec
 from aivedio.pipeline.output_records import OutputRow
-from aivedio.pipeline.providers import ProviderAdapter
-from aivedio.pipeline.registry import JobContext, JobKind, Registry
+from aivedio.providers.seam import ProviderAdapter
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
-from aivedio.store import keys
 from aivedio.store.database import Pool
-from aivedio.store.objects import ABORT_TIMEOUT_SECONDS, ObjectInfo, ObjectStore, Upload
+from aivedio.store.objects import keys
+from aivedio.store.objects.base import ABORT_TIMEOUT_SECONDS, ObjectInfo, ObjectStore, Upload
 from aivedio.store.queue import Job, Queue, fenced, write_fenced
 from aivedio.store.records import stale, transition, transition_part
 from aivedio.store.together import Part

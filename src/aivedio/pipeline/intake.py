@@ -23,18 +23,18 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from aivedio.config import Config
+from aivedio.config.ledger import LedgerConfig
+from aivedio.config.load import Config
 from aivedio.crypto import UrlCipher
 from aivedio.errors import ConfigError, NotFoundError, PolicyBlockedError, TransientError
-from aivedio.ledger_config import LedgerConfig
-from aivedio.pipeline.callbacks import receipt_part
-from aivedio.pipeline.providers import (
+from aivedio.pipeline.jobs import Registry
+from aivedio.providers.hmac_callbacks import receipt_part
+from aivedio.providers.seam import (
     ProviderOutput,
     ProviderTask,
     check_output,
     check_reported,
 )
-from aivedio.pipeline.registry import Registry
 from aivedio.states import TERMINAL_OUTPUT_STATES, Entity
 from aivedio.store.database import Connection, map_db_errors
 from aivedio.store.ledger import generation_charge_part, log_generation_charge

@@ -19,11 +19,11 @@ import asyncpg
 import msgspec
 
 from aivedio.errors import ChecksumMismatchError
-from aivedio.pipeline.media_outputs import OutputRecord
+from aivedio.pipeline.ffmpeg.outputs import OutputRecord
 from aivedio.states import Entity
-from aivedio.store import keys
 from aivedio.store.database import Pool, map_db_errors
-from aivedio.store.objects import LocalFile, ObjectStore
+from aivedio.store.objects import keys
+from aivedio.store.objects.base import LocalFile, ObjectStore
 from aivedio.store.records import check_transition
 
 

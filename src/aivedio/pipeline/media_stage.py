@@ -22,7 +22,7 @@ becomes FAILED: a required one fails the revision (PROCESSING_FAILED); an option
 blocks the required set. When every required variant has succeeded the revision's required
 set is complete and the publish stage takes over.
 
-Under backlog pressure (``pipeline/backlog.py``) a render makes the required set only: the
+Under backlog pressure (``pipeline/upkeep/backlog.py``) a render makes the required set only: the
 optional outputs stay PENDING with ``deferred_at`` set, and one render job for them defers
 itself (``DeferredError``, attempt refunded, error class ``backlog_deferred``) until the
 pressure is gone or they have waited ``defer_max_seconds``, then renders them in one DAG run;
@@ -56,7 +56,7 @@ import anyio
 import asyncpg
 import msgspec
 
-from aivedio.config import Config
+from aivedio.config.load import Config
 from aivedio.errors import (
     AivedioError,
     DeferredError,
@@ -70,22 +70,23 @@ from aivedio.errors import (
 from aivedio.logs import get_logger
 from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline import chunk_stage, media_objects
-from aivedio.pipeline.backlog import DEFERRED_CLASS, BacklogMonitor
-from aivedio.pipeline.dag import MediaRun
-from aivedio.pipeline.inspect import verdict_json
-from aivedio.pipeline.lifecycle import retire_if_cancelled
-from aivedio.pipeline.media_outputs import MIME, PRIMARY, OutputRecord
+from aivedio.pipeline.ffmpeg.media_run import MediaRun
+from aivedio.pipeline.ffmpeg.outputs import MIME, PRIMARY, OutputRecord
+from aivedio.pipeline.ffmpeg.sandbox import CRASH_SIGNALS, Sandbox
+from aivedio.pipeline.ffmpeg.verdict import verdict_json
+from aivedio.pipeline.jobs import JobContext, JobKind, Registry
+from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media.validate import MediaSummary
 from aivedio.pipeline.moderation import moderate_spec
-from aivedio.pipeline.plan import Plan
 from aivedio.pipeline.publish import Here, PublishStage, enrich_now_or_later, publish_when_ready
-from aivedio.pipeline.registry import JobContext, JobKind, Registry
-from aivedio.pipeline.sandbox import CRASH_SIGNALS, Sandbox
-from aivedio.pipeline.validate import MediaSummary
+from aivedio.pipeline.upkeep.backlog import DEFERRED_CLASS, BacklogMonitor
+from aivedio.pipeline.upkeep.lifecycle import retire_if_cancelled
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
-from aivedio.store import keys, ledger, outbox
+from aivedio.store import ledger, outbox
 from aivedio.store.database import Pool, map_db_errors
-from aivedio.store.objects import ObjectStore, open_object_store
+from aivedio.store.objects import keys
+from aivedio.store.objects.base import ObjectStore, open_object_store
 from aivedio.store.queue import Job, JobSpec, Queue
 from aivedio.store.records import stale, transition, transition_part
 from aivedio.store.session_locks import SessionLocks

@@ -30,7 +30,8 @@ import anyio
 import msgspec
 
 from aivedio import untrusted
-from aivedio.config import Config
+from aivedio.config.load import Config
+from aivedio.config.moderation import ModerationConfig, require_moderation
 from aivedio.errors import (
     AivedioError,
     ConfigError,
@@ -41,15 +42,14 @@ from aivedio.errors import (
     TransientError,
 )
 from aivedio.logs import get_logger
-from aivedio.moderation_config import ModerationConfig, require_moderation
+from aivedio.pipeline.ffmpeg.sandbox import Sandbox
+from aivedio.pipeline.jobs import JobContext, JobKind, Registry
+from aivedio.pipeline.media.sniff import MP4, input_args
 from aivedio.pipeline.publish import Here, PublishStage, publish_when_ready
-from aivedio.pipeline.registry import JobContext, JobKind, Registry
-from aivedio.pipeline.sandbox import Sandbox
-from aivedio.pipeline.sniff import MP4, input_args
 from aivedio.states import Entity
 from aivedio.store import outbox
 from aivedio.store.database import Pool
-from aivedio.store.objects import ObjectStore
+from aivedio.store.objects.base import ObjectStore
 from aivedio.store.queue import Job, JobSpec, Queue
 from aivedio.store.records import transition
 

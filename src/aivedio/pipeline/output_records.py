@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 import msgspec
 
+from aivedio.config.ledger import LedgerConfig
 from aivedio.errors import AivedioError, NotFoundError, StaleStateError
-from aivedio.ledger_config import LedgerConfig
 from aivedio.logs import get_logger
 from aivedio.states import Entity
 from aivedio.store.database import Pool, map_db_errors

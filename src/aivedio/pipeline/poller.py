@@ -37,7 +37,7 @@ from typing import Any
 
 import msgspec
 
-from aivedio.config import Config
+from aivedio.config.load import Config
 from aivedio.errors import (
     AivedioError,
     DeferredError,
@@ -48,9 +48,9 @@ from aivedio.errors import (
 )
 from aivedio.logs import get_logger
 from aivedio.pipeline.intake import record_task_outputs
-from aivedio.pipeline.providers import ProviderAdapter, ProviderTask, check_reported
-from aivedio.pipeline.registry import JobContext, JobKind, Registry
+from aivedio.pipeline.jobs import JobContext, JobKind, Registry
 from aivedio.providers import check_task_id
+from aivedio.providers.seam import ProviderAdapter, ProviderTask, check_reported
 from aivedio.states import Entity, allowed
 from aivedio.store.database import Connection, map_db_errors
 from aivedio.store.queue import Job, Queue
@@ -402,7 +402,7 @@ async def _succeeded(services: Any, watch: Any, task: ProviderTask) -> dict[str,
 def _registry() -> Registry:
     # The kinds module imports this one: the registry that knows the fetch kind is built on
     # first use, once per process.
-    from aivedio.pipeline.kinds import default_registry
+    from aivedio.worker.kinds import default_registry
 
     return default_registry()
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import asyncpg
 
-from aivedio.config import Config
+from aivedio.config.load import Config
 from aivedio.errors import (
     AivedioError,
     DatabaseError,
@@ -42,12 +42,12 @@ from aivedio.errors import (
     TransientError,
 )
 from aivedio.logs import get_logger
+from aivedio.pipeline.jobs import JobContext, JobKind, Registry
 from aivedio.pipeline.media_objects import recorded_files
-from aivedio.pipeline.registry import JobContext, JobKind, Registry
 from aivedio.states import Entity
 from aivedio.store import ledger, outbox
 from aivedio.store.database import Pool
-from aivedio.store.objects import ObjectStore
+from aivedio.store.objects.base import ObjectStore
 from aivedio.store.queue import Job, JobSpec, Queue, fenced, write_fenced
 from aivedio.store.records import stale, transition, transition_part
 from aivedio.store.together import Part, require, unmet, write_together

@@ -6,16 +6,16 @@ import ssl
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 
-from aivedio.config import Config, NetConfig, ProviderConfig
+from aivedio.config.load import Config, NetConfig, ProviderConfig
 from aivedio.crypto import UrlCipher
 from aivedio.net.fetch import Fetcher, FetchLimits
 from aivedio.net.limits import HostLimiter
 from aivedio.net.policy import FetchPolicy
 from aivedio.pipeline.fetch import FetchServices, FetchStage
-from aivedio.pipeline.providers import ProviderAdapter
 from aivedio.providers import build_adapter
+from aivedio.providers.seam import ProviderAdapter
 from aivedio.store.database import Pool
-from aivedio.store.objects import ObjectStore, open_object_store
+from aivedio.store.objects.base import ObjectStore, open_object_store
 from aivedio.store.queue import Queue
 
 

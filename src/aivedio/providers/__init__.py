@@ -1,4 +1,4 @@
-"""Vendor adapters behind the ``ProviderAdapter`` seam (``pipeline/providers.py``).
+"""Vendor adapters behind the ``ProviderAdapter`` seam (``providers/seam.py``).
 
 ``[providers.NAME] adapter`` picks one; ``generic`` is the path-configured adapter for
 providers of our own making. docs/providers.md tabulates what each supports and assumes.
@@ -6,9 +6,8 @@ providers of our own making. docs/providers.md tabulates what each supports and 
 
 from __future__ import annotations
 
-from aivedio.config import ProviderConfig
+from aivedio.config.load import ProviderConfig
 from aivedio.net.fetch import Fetcher
-from aivedio.pipeline.providers import GenericAdapter, ProviderAdapter
 from aivedio.providers.base import VendorAdapter, path_segment
 from aivedio.providers.fal import FalAdapter
 from aivedio.providers.kling import KlingAdapter
@@ -17,6 +16,7 @@ from aivedio.providers.minimax import MiniMaxAdapter
 from aivedio.providers.openai import OpenAIAdapter
 from aivedio.providers.replicate import ReplicateAdapter
 from aivedio.providers.runway import RunwayAdapter
+from aivedio.providers.seam import GenericAdapter, ProviderAdapter
 from aivedio.providers.veo_gemini import VeoGeminiAdapter
 from aivedio.providers.veo_vertex import VeoVertexAdapter
 

@@ -29,7 +29,7 @@ from urllib.parse import urlencode, urlsplit
 import msgspec
 
 from aivedio import untrusted
-from aivedio.config import ProviderConfig
+from aivedio.config.load import ProviderConfig
 from aivedio.errors import (
     AivedioError,
     ConfigError,
@@ -38,12 +38,12 @@ from aivedio.errors import (
     OutputLostError,
 )
 from aivedio.net.fetch import Fetcher
-from aivedio.pipeline.providers import (
+from aivedio.providers.seam import (
     ProviderOutput,
     ProviderTask,
     RefreshedUrl,
 )
-from aivedio.pipeline.providers import (
+from aivedio.providers.seam import (
     path_segment as path_segment,  # re-exported: the adapters import it from here
 )
 

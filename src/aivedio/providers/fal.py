@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from aivedio.config import ProviderConfig
+from aivedio.config.load import ProviderConfig
 from aivedio.errors import AivedioError, InvalidResponseError
-from aivedio.pipeline.providers import ProviderOutput, ProviderTask
 from aivedio.providers.base import CallbackHint, VendorAdapter, decode_object, path_segment, text
+from aivedio.providers.seam import ProviderOutput, ProviderTask
 
 
 class FalAdapter(VendorAdapter):

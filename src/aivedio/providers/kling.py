@@ -18,9 +18,8 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from aivedio.config import ProviderConfig
+from aivedio.config.load import ProviderConfig
 from aivedio.errors import InvalidResponseError
-from aivedio.pipeline.providers import ProviderOutput, ProviderTask
 from aivedio.providers.base import (
     CallbackHint,
     VendorAdapter,
@@ -29,6 +28,7 @@ from aivedio.providers.base import (
     path_segment,
     text,
 )
+from aivedio.providers.seam import ProviderOutput, ProviderTask
 
 TOKEN_SECONDS = 1800
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from aivedio.config import ProviderConfig
+from aivedio.config.load import ProviderConfig
 from aivedio.errors import InvalidResponseError
-from aivedio.pipeline.providers import ProviderOutput, ProviderTask
 from aivedio.providers.base import CallbackHint, VendorAdapter, decode_object, text
+from aivedio.providers.seam import ProviderOutput, ProviderTask
 
 
 class MiniMaxAdapter(VendorAdapter):

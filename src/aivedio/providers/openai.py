@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from aivedio.config import ProviderConfig
+from aivedio.config.load import ProviderConfig
 from aivedio.errors import InvalidResponseError
-from aivedio.pipeline.providers import ProviderOutput, ProviderTask
 from aivedio.providers.base import (
     CallbackHint,
     VendorAdapter,
@@ -25,6 +24,7 @@ from aivedio.providers.base import (
     path_segment,
     text,
 )
+from aivedio.providers.seam import ProviderOutput, ProviderTask
 
 EVENT_STATUS = {"video.completed": "SUCCEEDED", "video.failed": "FAILED"}
 

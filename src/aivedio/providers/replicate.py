@@ -12,9 +12,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, ClassVar
 
-from aivedio.config import ProviderConfig
+from aivedio.config.load import ProviderConfig
 from aivedio.errors import InvalidResponseError
-from aivedio.pipeline.providers import ProviderOutput, ProviderTask
 from aivedio.providers.base import (
     CallbackHint,
     VendorAdapter,
@@ -23,6 +22,7 @@ from aivedio.providers.base import (
     path_segment,
     text,
 )
+from aivedio.providers.seam import ProviderOutput, ProviderTask
 
 LIFETIME = timedelta(hours=1)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import ClassVar
 
 from aivedio.errors import InvalidResponseError
-from aivedio.pipeline.providers import ProviderOutput, ProviderTask
 from aivedio.providers.base import VendorAdapter, path_segment, text
+from aivedio.providers.seam import ProviderOutput, ProviderTask
 
 API_VERSION = "2024-11-06"
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Any
 
 from aivedio.errors import InvalidResponseError
-from aivedio.pipeline.providers import ProviderOutput, ProviderTask
 from aivedio.providers.base import VendorAdapter, origin, text
 from aivedio.providers.operations import operation_path, operation_status
+from aivedio.providers.seam import ProviderOutput, ProviderTask
 
 
 class VeoGeminiAdapter(VendorAdapter):

@@ -16,9 +16,9 @@ from typing import Any
 from urllib.parse import quote
 
 from aivedio.errors import InvalidResponseError
-from aivedio.pipeline.providers import ProviderOutput, ProviderTask
 from aivedio.providers.base import VendorAdapter, origin, text
 from aivedio.providers.operations import operation_path, operation_status
+from aivedio.providers.seam import ProviderOutput, ProviderTask
 
 GCS_BASE_URL = "https://storage.googleapis.com"
 

@@ -17,7 +17,7 @@ import anyio
 import asyncpg
 import msgspec
 
-from aivedio.config import DatabaseConfig
+from aivedio.config.load import DatabaseConfig
 from aivedio.errors import DatabaseError, InvalidValueError
 from aivedio.logs import get_logger
 from aivedio.scheduling import backoff_seconds

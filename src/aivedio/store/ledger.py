@@ -34,8 +34,8 @@ from typing import Any
 
 import msgspec
 
+from aivedio.config.ledger import LedgerConfig
 from aivedio.errors import PolicyBlockedError
-from aivedio.ledger_config import LedgerConfig
 from aivedio.logs import get_logger
 from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.together import Part

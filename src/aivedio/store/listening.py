@@ -24,7 +24,7 @@ from typing import NoReturn
 
 import anyio
 
-from aivedio.config import DatabaseConfig
+from aivedio.config.load import DatabaseConfig
 from aivedio.errors import DatabaseError
 from aivedio.store.database import map_db_errors, open_connection
 from aivedio.supervision import Loop, supervise

@@ -2,7 +2,7 @@
 
 ``emit`` takes the caller's connection, so an event exists exactly when the change it
 announces committed (and its NOTIFY, sent by a trigger, is heard only then). The relay
-(``pipeline/outbox_relay.py``) does the delivering through ``OutboxStore``; the rules its
+(``pipeline/upkeep/outbox_relay.py``) does the delivering through ``OutboxStore``; the rules its
 statements keep are these.
 
 * **Endpoints from config, deliveries made lazily.** A webhook is a name in the config. The
@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from aivedio.outbox_config import EVENT_TYPES
+from aivedio.config.outbox import EVENT_TYPES
 from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.together import Part
 from aivedio.supervision import RowGuard, error_class

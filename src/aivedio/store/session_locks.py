@@ -29,7 +29,7 @@ from contextlib import asynccontextmanager
 import anyio
 import asyncpg
 
-from aivedio.config import DatabaseConfig
+from aivedio.config.load import DatabaseConfig
 from aivedio.errors import AivedioError, TransientError
 from aivedio.logs import get_logger
 from aivedio.store.database import Connection, connect, map_db_errors

@@ -29,9 +29,9 @@ import msgspec
 
 from aivedio.errors import StaleStateError
 from aivedio.logs import get_logger
-from aivedio.store import keys
 from aivedio.store.database import Pool, map_db_errors, row_dict
-from aivedio.store.objects import ObjectStore
+from aivedio.store.objects import keys
+from aivedio.store.objects.base import ObjectStore
 from aivedio.store.queue import JobSpec, Queue
 from aivedio.supervision import RowGuard, Skipped
 

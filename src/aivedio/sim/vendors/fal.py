@@ -12,7 +12,7 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from aivedio.pipeline import fal_webhooks
+from aivedio.providers import fal_webhooks
 from aivedio.sim.provider import CONTENT_TYPE
 from aivedio.sim.vendors.base import SimTask, VendorSim
 

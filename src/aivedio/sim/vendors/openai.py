@@ -9,7 +9,7 @@ import time
 import msgspec
 from aiohttp import web
 
-from aivedio.pipeline import standard_webhooks
+from aivedio.providers import standard_webhooks
 from aivedio.sim.provider import _error
 from aivedio.sim.vendors.base import SimTask, VendorSim
 

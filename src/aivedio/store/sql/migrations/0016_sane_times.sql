@@ -6,7 +6,7 @@
 -- values now (untrusted.py), and this makes the schema refuse them too, so no path (a
 -- future one, a script, psql) can store one: a CHECK constraint on every timestamptz column,
 -- named <table>_<column>_sane. A migration that adds a timestamptz column adds its own
--- (tests/integration/test_migrations_and_records.py checks that every one has it).
+-- (tests/integration/store/test_migrations_and_records.py checks that every one has it).
 --
 -- A database that already holds such a row is repaired rather than left unable to upgrade:
 -- each time below the range (-infinity included) becomes 1970-01-01 (for an expiry: long

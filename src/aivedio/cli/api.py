@@ -1,0 +1,130 @@
+"""``aivedio api`` (the HTTP API process) and ``aivedio keys create|revoke``.
+
+``aivedio api`` refuses to start without a playback token secret or with pending
+migrations, serves on ``[api] host:port``, and on SIGTERM or SIGINT turns /readyz to 503,
+lets in-flight requests finish (bounded), ends event streams and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+
+import anyio
+import msgspec
+
+from aivedio.config.api import require_api_secret
+from aivedio.config.load import Config
+from aivedio.errors import ConfigError
+from aivedio.logs import get_logger
+from aivedio.store import migrations
+from aivedio.store.database import map_db_errors, open_connection, open_pool
+
+EXIT_OK = 0
+log = get_logger("aivedio.api")
+
+
+def cmd_api(config: Config, args: argparse.Namespace) -> int:
+    from aivedio.api.app import run_app
+    from aivedio.api.context import ApiContext
+    from aivedio.api.tokens import TokenSigner
+    from aivedio.pipeline.services import url_cipher
+    from aivedio.store.objects.base import open_object_store
+    from aivedio.store.queue import Queue
+    from aivedio.worker.kinds import default_registry
+
+    if args.port is not None:
+        config = msgspec.structs.replace(
+            config, api=msgspec.structs.replace(config.api, port=args.port)
+        )
+    signer = TokenSigner(require_api_secret(config.api))
+
+    async def main() -> int:
+        async with open_pool(config.database, max_size=config.api.pool_max_size) as pool:
+            with map_db_errors("checking migrations"):
+                async with pool.acquire() as conn:
+                    pending = await migrations.pending(conn)
+            if pending:
+                raise ConfigError(
+                    "database schema is not current (pending: "
+                    + ", ".join(m.name for m in pending)
+                    + "); run `aivedio migrate` first"
+                )
+            async with open_object_store(config.storage) as store:
+                ctx = ApiContext(
+                    config=config,
+                    pool=pool,
+                    store=store,
+                    queue=Queue(
+                        pool, default_start_within_seconds=config.queue.default_start_within_seconds
+                    ),
+                    registry=default_registry(),
+                    cipher=url_cipher(config),
+                    signer=signer,
+                )
+                async with anyio.create_task_group() as tg:
+                    await tg.start(run_app, ctx, config.api.host, config.api.port)
+                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for signum in signals:
+                            log.info("api_draining", signal=signal.Signals(signum).name)
+                            ctx.draining = True
+                            tg.cancel_scope.cancel()
+                            break
+        log.info("api_stopped")
+        return EXIT_OK
+
+    return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
+
+
+def cmd_keys_create(config: Config, args: argparse.Namespace) -> int:
+    from aivedio.store.api_keys import create_key
+    from aivedio.store.tenants import tenant_id_by_name
+
+    async def main() -> int:
+        async with open_connection(config.database) as conn:
+            tenant_id = await tenant_id_by_name(conn, args.tenant)
+            created = await create_key(conn, tenant_id, environment="test" if args.test else "live")
+        print(
+            json.dumps(
+                {
+                    "id": str(created.id),
+                    "tenant": args.tenant,
+                    "prefix": created.prefix,
+                    "key": created.key,
+                    "note": "the key is shown only now; it is stored hashed",
+                }
+            )
+        )
+        return EXIT_OK
+
+    return anyio.run(main, backend="asyncio")
+
+
+def cmd_keys_revoke(config: Config, args: argparse.Namespace) -> int:
+    from aivedio.store.api_keys import revoke_key
+
+    async def main() -> int:
+        async with open_connection(config.database) as conn:
+            revoked_now = await revoke_key(conn, args.key_id)
+        print(json.dumps({"key": args.key_id, "revoked": True, "revoked_now": revoked_now}))
+        return EXIT_OK
+
+    return anyio.run(main, backend="asyncio")
+
+
+def add_parsers(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    api = sub.add_parser("api", parents=[common], help="run the HTTP API")
+    api.add_argument("--port", type=int, help="override [api] port (0: any free port)")
+    api.set_defaults(fn=cmd_api)
+    keys = sub.add_parser("keys", help="API keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", parents=[common], help="create a key (shown once)")
+    create.add_argument("--tenant", required=True, help="the tenant's name")
+    create.add_argument("--test", action="store_true", help="an av_test_ key")
+    create.set_defaults(fn=cmd_keys_create, needs_secret=False)
+    revoke = keys_sub.add_parser("revoke", parents=[common], help="revoke a key at once")
+    revoke.add_argument("key_id", help="the key's id or prefix")
+    revoke.set_defaults(fn=cmd_keys_revoke, needs_secret=False)

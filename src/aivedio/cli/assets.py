@@ -1,0 +1,147 @@
+"""``aivedio assets list`` and ``aivedio assets show ID``: what an operator asks on call.
+
+``list`` prints one JSON object per asset (newest first): status, current revision, the
+last error. ``show`` prints the asset, each revision (status, plan mode, required and
+optional outputs) and each variant (status, object key, size, checksum, error, and when
+it was deferred under backlog pressure); then the asset's media crashes (poison media).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+import anyio
+
+from aivedio.config.load import Config
+from aivedio.store.database import map_db_errors, open_pool
+
+EXIT_OK, EXIT_USAGE, EXIT_NOT_FOUND = 0, 2, 3
+
+
+def _plain(row: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in dict(row.items()).items():
+        if isinstance(value, uuid.UUID):
+            value = str(value)
+        elif isinstance(value, datetime):
+            value = value.isoformat()
+        out[key] = value
+    return out
+
+
+def _text(document: dict[str, Any]) -> str:
+    a = document
+    lines = [
+        f"asset {a['id']}: {a['status']}, {a['width']}x{a['height']} {a['video_codec']}"
+        + (f", {a['last_error_class']}: {a['last_error_detail']}" if a["last_error_class"] else "")
+    ]
+    for r in a["revisions"]:
+        lines.append(
+            f"  revision {r['revision']}: {r['status']}, plan {r['mode']}, "
+            f"required {', '.join(r['required_outputs'])}"
+        )
+        for v in r["variants"]:
+            where = v["object_key"].rsplit("/rev/", 1)[-1]
+            size = v["total_bytes"] or 0
+            error = f"  {v['error']}" if v["error"] else ""
+            if v.get("deferred_at"):
+                error += f"  (deferred under backlog since {v['deferred_at']})"
+            lines.append(
+                f"    {v['variant_type']:<10} {v['status']:<10} {size:>10} bytes  {where}{error}"
+            )
+    for c in a.get("crashes", []):
+        lines.append(
+            f"  crash: {c['cause']} in {c['kind']} job {c['job_id']} at "
+            f"{c['created_at']}: {c['detail']}"
+        )
+    return "\n".join(lines)
+
+
+def cmd_assets_list(config: Config, args: argparse.Namespace) -> int:
+    async def main() -> int:
+        async with open_pool(config.database, min_size=1, max_size=1) as pool:
+            with map_db_errors("listing assets"):
+                rows = await pool.fetch(
+                    "SELECT id, tenant_id, source_type, status, current_revision, width, height,"
+                    " duration_us, video_codec, last_error_class, last_error_detail, created_at"
+                    " FROM assets WHERE ($1::text IS NULL OR status = $1)"
+                    " ORDER BY created_at DESC LIMIT $2",
+                    args.status,
+                    args.limit,
+                )
+        for row in rows:
+            print(json.dumps(_plain(row)))
+        return EXIT_OK
+
+    return anyio.run(main, backend="asyncio")
+
+
+def cmd_assets_show(config: Config, args: argparse.Namespace) -> int:
+    try:
+        asset_id = uuid.UUID(args.asset_id)
+    except ValueError:
+        print(f"aivedio: {args.asset_id!r} is not an asset id (a UUID)")
+        return EXIT_USAGE
+
+    async def main() -> int:
+        async with open_pool(config.database, min_size=1, max_size=1) as pool:
+            with map_db_errors("reading the asset"):
+                asset = await pool.fetchrow(
+                    "SELECT id, tenant_id, source_type, status, current_revision,"
+                    " source_object_key, source_size_bytes, source_sha256, width, height,"
+                    " duration_us, video_codec, audio_codec, moderation_status,"
+                    " last_error_class, last_error_detail, probe->'reasons' AS reasons,"
+                    " created_at, updated_at FROM assets WHERE id = $1",
+                    asset_id,
+                )
+                if asset is None:
+                    print(f"aivedio: no asset {asset_id}")
+                    return EXIT_NOT_FOUND
+                revisions = await pool.fetch(
+                    "SELECT revision, pipeline_version, status, required_outputs,"
+                    " optional_outputs, plan->>'mode' AS mode, created_at, published_at"
+                    " FROM asset_revisions WHERE asset_id = $1 ORDER BY revision",
+                    asset_id,
+                )
+                variants = await pool.fetch(
+                    "SELECT revision, variant_type, status, object_key, mime_type, size_bytes,"
+                    " checksum, width, height, codec, bitrate, extra->>'error' AS error,"
+                    " extra->'total_bytes' AS total_bytes, deferred_at FROM asset_variants"
+                    " WHERE asset_id = $1 ORDER BY revision, variant_type",
+                    asset_id,
+                )
+                crashes = await pool.fetch(
+                    "SELECT job_id, kind, cause, detail, created_at FROM media_crashes"
+                    " WHERE asset_id = $1 ORDER BY created_at, job_id",
+                    asset_id,
+                )
+        document = _plain(asset)
+        document["crashes"] = [_plain(c) for c in crashes]
+        document["revisions"] = [_plain(r) for r in revisions]
+        for revision in document["revisions"]:
+            revision["variants"] = [
+                _plain(v) for v in variants if v["revision"] == revision["revision"]
+            ]
+        print(_text(document) if args.text else json.dumps(document))
+        return EXIT_OK
+
+    return anyio.run(main, backend="asyncio")
+
+
+def add_parsers(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    assets = sub.add_parser("assets", help="assets, their revisions and outputs")
+    assets_sub = assets.add_subparsers(dest="assets_command", required=True)
+    listing = assets_sub.add_parser("list", parents=[common], help="assets, newest first")
+    listing.add_argument("--status", help="e.g. PROCESSING, INVALID_MEDIA, PROCESSING_FAILED")
+    listing.add_argument("--limit", type=int, default=50)
+    listing.set_defaults(fn=cmd_assets_list, needs_secret=False)
+    show = assets_sub.add_parser("show", parents=[common], help="one asset in full")
+    show.add_argument("asset_id")
+    show.add_argument("--text", action="store_true", help="a few lines for people, not JSON")
+    show.set_defaults(fn=cmd_assets_show, needs_secret=False)

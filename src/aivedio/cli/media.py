@@ -1,0 +1,140 @@
+"""``aivedio probe FILE`` and ``aivedio process FILE --out DIR``: the media stage locally.
+
+``probe`` prints one JSON verdict (``verdict``, ``error_class``, ``reasons``, the media
+summary) and exits 0 when valid, 5 when invalid. ``process`` runs the whole DAG without a
+database or an object store and writes the revision's files under DIR exactly as they
+would sit under ``assets/{tenant}/{asset}/rev/{n}/``, then prints a JSON summary: the plan,
+every output with its checksums, the time per node and step, and each ffmpeg process's
+wall time, CPU time and peak RSS. Exit 0 when every required output was made, 5 when the
+source is invalid, 4 when a required output failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import anyio
+
+from aivedio.config.load import Config
+from aivedio.config.media import OUTPUT_TYPES
+from aivedio.pipeline.ffmpeg.media_run import MediaRun
+from aivedio.pipeline.ffmpeg.sandbox import Sandbox
+from aivedio.pipeline.ffmpeg.verdict import inspect_file, verdict_json
+from aivedio.pipeline.media.validate import Declared
+
+EXIT_OK, EXIT_USAGE, EXIT_FAILED, EXIT_INVALID = 0, 2, 4, 5
+
+
+def _declared(args: argparse.Namespace) -> Declared | None:
+    width = height = None
+    if args.expect_resolution:
+        try:
+            w, h = args.expect_resolution.lower().split("x")
+            width, height = int(w), int(h)
+        except ValueError:
+            raise SystemExit(
+                f"aivedio: --expect-resolution must look like 1280x720, "
+                f"not {args.expect_resolution!r}"
+            ) from None
+    if args.expect_duration is None and width is None:
+        return None
+    return Declared(duration_seconds=args.expect_duration, width=width, height=height)
+
+
+def _source(args: argparse.Namespace) -> Path | None:
+    path = Path(args.file)
+    if not path.is_file():
+        print(f"aivedio: {args.file}: no such file", file=sys.stderr)
+        return None
+    return path
+
+
+def cmd_probe(config: Config, args: argparse.Namespace) -> int:
+    path = _source(args)
+    if path is None:
+        return EXIT_USAGE
+    tolerance = config.media.tolerances.get(args.provider) if args.provider else None
+
+    async def main() -> int:
+        verdict, _ = await inspect_file(
+            Sandbox(config.media), path, declared=_declared(args), tolerance=tolerance
+        )
+        print(json.dumps(verdict_json(verdict)))
+        return EXIT_OK if verdict.valid else EXIT_INVALID
+
+    return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
+
+
+def cmd_process(config: Config, args: argparse.Namespace) -> int:
+    path = _source(args)
+    if path is None:
+        return EXIT_USAGE
+    out = Path(args.out).resolve()
+    if out.exists() and not out.is_dir():
+        print(f"aivedio: --out {out} is a file, not a directory", file=sys.stderr)
+        return EXIT_USAGE
+    if out.exists() and any(out.iterdir()):
+        print(f"aivedio: --out {out} is not empty; outputs are never overwritten", file=sys.stderr)
+        return EXIT_USAGE
+    tolerance = config.media.tolerances.get(args.provider) if args.provider else None
+    wants = [w.strip() for w in args.only.split(",") if w.strip()] if args.only else None
+    unknown = sorted(set(wants or []) - set(OUTPUT_TYPES))
+    if unknown or wants == []:
+        print(
+            f"aivedio: --only: unknown output(s) {unknown or args.only!r}; known: "
+            f"{', '.join(OUTPUT_TYPES)}",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+
+    async def main() -> int:
+        sandbox = Sandbox(config.media)
+        with sandbox.scratch() as root:
+            run = MediaRun(sandbox, path, root, parallel=_media_slots(config))
+            report = await run.run(wants=wants, declared=_declared(args), tolerance=tolerance)
+            if report.verdict.valid:
+                files = [f.path for r in report.outputs.values() for f in r.files]
+                await anyio.to_thread.run_sync(_move, run.layout.out, out, files)
+        summary = report.to_json()
+        summary["out"] = str(out)
+        print(json.dumps(summary))
+        if not report.verdict.valid:
+            return EXIT_INVALID
+        return EXIT_OK if report.required_done else EXIT_FAILED
+
+    return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
+
+
+def _move(source: Path, target: Path, files: list[str]) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for name in files:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(source / name, target / name)
+
+
+def add_parsers(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    for name, fn, text in (
+        ("probe", cmd_probe, "sniff, probe, validate and decode-check one file; JSON verdict"),
+        ("process", cmd_process, "run the whole media DAG on one file, no database needed"),
+    ):
+        parser = sub.add_parser(name, parents=[common], help=text)
+        parser.add_argument("file")
+        parser.add_argument("--provider", help="apply [media.tolerances.PROVIDER]")
+        parser.add_argument("--expect-duration", type=float, help="declared duration (s)")
+        parser.add_argument("--expect-resolution", help="declared WxH, e.g. 1280x720")
+        if name == "process":
+            parser.add_argument("--out", required=True, help="directory for the outputs")
+            parser.add_argument("--only", help="comma-separated outputs (default: all)")
+        parser.set_defaults(fn=fn, needs_secret=False)
+
+
+def _media_slots(config: Config) -> int:
+    """The media lane's slots: as many local ffmpeg processes as a worker would run."""
+    lane = config.worker.lanes.get("media")
+    return lane.slots if lane is not None and lane.slots > 0 else 1

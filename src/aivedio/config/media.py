@@ -1,0 +1,197 @@
+"""The [media] section: sandbox limits, validation rules, the ladder and the output sets.
+
+Kept apart from ``config/load.py`` because it is large and only the media stage reads it; the
+loader in ``config/load.py`` decodes it like every other section and calls ``validate_media``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from aivedio.errors import ConfigError
+
+# Every output the media stage knows how to make. Required and optional sets are subsets.
+OUTPUT_TYPES = ("playback", "poster", "hls", "proxy", "sprite", "waveform", "keyframes")
+
+
+class RungConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One rung of the ladder: a height, a quality target and the rate caps around it."""
+
+    height: int
+    crf: int = 23
+    maxrate_kbps: int = 5000
+    bufsize_kbps: int = 10000
+
+
+def _default_ladder() -> list[RungConfig]:
+    return [
+        RungConfig(height=1080, crf=23, maxrate_kbps=6000, bufsize_kbps=12000),
+        RungConfig(height=720, crf=23, maxrate_kbps=3500, bufsize_kbps=7000),
+        RungConfig(height=480, crf=24, maxrate_kbps=1500, bufsize_kbps=3000),
+        RungConfig(height=360, crf=25, maxrate_kbps=800, bufsize_kbps=1600),
+    ]
+
+
+class ToleranceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How far a provider's output may stray from what the generation request declared."""
+
+    duration_seconds: float = 1.0
+    duration_ratio: float = 0.1
+    # Relative difference of width/height allowed against the declared resolution.
+    resolution_ratio: float = 0.0
+    aspect_ratio: float = 0.02
+
+
+class MediaConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pipeline_version: int = 1
+    ffmpeg: str = "ffmpeg"
+    ffprobe: str = "ffprobe"
+    # Scratch directories are made under this one (empty: the system temp dir).
+    scratch_dir: str = ""
+    # "auto": a network namespace when the platform allows, recorded either way;
+    # "required": refuse to run ffmpeg without one; "off": never try.
+    network_isolation: str = "auto"
+    # rlimits for every ffmpeg/ffprobe process.
+    address_space_mib: int = 6144
+    cpu_seconds: int = 3600
+    file_size_mib: int = 16384
+    open_files: int = 256
+    processes: int = 4096
+    # Wall-clock deadlines: a fixed part plus a multiple of the media's duration.
+    probe_timeout_seconds: float = 30.0
+    process_timeout_seconds: float = 120.0
+    process_timeout_per_media_second: float = 20.0
+    threads: int = 0  # 0: ffmpeg decides
+    # Parser limits passed to ffprobe and ffmpeg. ``max_streams`` is the one cap on streams:
+    # a file with more is refused (``too_many_streams``); up to it, the streams no output
+    # uses are ignored and listed in the verdict.
+    max_pixels: int = 4096 * 4096
+    max_streams: int = 32
+    # Validation rules (seed 002 §11.7.5). The minimums refuse a picture or a clip too small
+    # to render (a 1x1 or 4000x2 video, a single frame): each side of the coded and of the
+    # displayed size, and the file's and the video track's own duration.
+    min_width: int = 16
+    min_height: int = 16
+    max_width: int = 4096
+    max_height: int = 4096
+    min_duration_seconds: float = 0.1
+    max_duration_seconds: float = 3600.0
+    max_frame_rate: float = 120.0
+    allowed_video_codecs: list[str] = msgspec.field(
+        default_factory=lambda: ["h264", "hevc", "vp9", "av1", "vp8", "mpeg4", "prores"]
+    )
+    allowed_audio_codecs: list[str] = msgspec.field(
+        default_factory=lambda: ["aac", "mp3", "opus", "vorbis", "ac3", "eac3", "flac", "pcm_s16le"]
+    )
+    # none | sampled (head, middle and tail) | full
+    decode_check: str = "sampled"
+    decode_sample_seconds: float = 1.0
+    tolerances: dict[str, ToleranceConfig] = msgspec.field(default_factory=dict)
+    # Plan and outputs.
+    ladder: list[RungConfig] = msgspec.field(default_factory=_default_ladder)
+    segment_seconds: float = 4.0
+    # Sources longer than this are split at keyframes and encoded as (chunk, rendition)
+    # jobs any worker can take (0: never); a chunk is a whole number of segments.
+    chunk_threshold_seconds: float = 60.0
+    chunk_seconds: float = 20.0
+    x264_preset: str = "veryfast"
+    audio_bitrate_kbps: int = 128
+    proxy_height: int = 540
+    proxy_gop_frames: int = 12
+    proxy_crf: int = 28
+    poster_at_ratio: float = 0.1
+    poster_max_seconds: float = 2.0
+    sprite_interval_seconds: float = 1.0
+    sprite_width: int = 160
+    sprite_columns: int = 10
+    sprite_rows: int = 10
+    waveform_sample_rate: int = 11025
+    waveform_zooms: list[int] = msgspec.field(default_factory=lambda: [64, 512])
+    required_outputs: list[str] = msgspec.field(default_factory=lambda: ["playback", "poster"])
+    optional_outputs: list[str] = msgspec.field(
+        default_factory=lambda: ["hls", "proxy", "sprite", "waveform", "keyframes"]
+    )
+
+
+def validate_media(media: MediaConfig) -> None:
+    """Semantic checks on [media]; each error names its key."""
+    if media.network_isolation not in {"auto", "required", "off"}:
+        raise ConfigError("config error: media.network_isolation: one of auto, required, off")
+    if media.decode_check not in {"none", "sampled", "full"}:
+        raise ConfigError("config error: media.decode_check: one of none, sampled, full")
+    for name in ("required_outputs", "optional_outputs"):
+        for output in getattr(media, name):
+            if output not in OUTPUT_TYPES:
+                raise ConfigError(
+                    f"config error: media.{name}: unknown output {output!r}; "
+                    f"known: {', '.join(OUTPUT_TYPES)}"
+                )
+    both = set(media.required_outputs) & set(media.optional_outputs)
+    if both:
+        raise ConfigError(
+            f"config error: media.optional_outputs: {sorted(both)} also required; pick one"
+        )
+    if "playback" not in media.required_outputs:
+        raise ConfigError("config error: media.required_outputs: must include playback")
+    if not media.ladder:
+        raise ConfigError("config error: media.ladder: at least one rung is needed")
+    heights = [rung.height for rung in media.ladder]
+    if len(set(heights)) != len(heights):
+        raise ConfigError("config error: media.ladder: two rungs with the same height")
+    for index, rung in enumerate(media.ladder):
+        where = f"media.ladder[{index}]"
+        if rung.height < 2 or rung.height % 2:
+            raise ConfigError(f"config error: {where}.height: must be an even number >= 2")
+        if not 0 <= rung.crf <= 51:
+            raise ConfigError(f"config error: {where}.crf: must be 0..51")
+        if rung.maxrate_kbps <= 0 or rung.bufsize_kbps <= 0:
+            raise ConfigError(f"config error: {where}: maxrate_kbps and bufsize_kbps > 0")
+    for name in (
+        "address_space_mib",
+        "cpu_seconds",
+        "file_size_mib",
+        "open_files",
+        "processes",
+        "probe_timeout_seconds",
+        "process_timeout_seconds",
+        "max_pixels",
+        "max_streams",
+        "min_width",
+        "min_height",
+        "max_width",
+        "max_height",
+        "max_duration_seconds",
+        "segment_seconds",
+        "proxy_height",
+        "proxy_gop_frames",
+        "sprite_interval_seconds",
+        "sprite_width",
+        "sprite_columns",
+        "sprite_rows",
+        "waveform_sample_rate",
+        "decode_sample_seconds",
+        "pipeline_version",
+    ):
+        if getattr(media, name) <= 0:
+            raise ConfigError(f"config error: media.{name}: must be positive")
+    for side in ("width", "height"):
+        if getattr(media, f"min_{side}") > getattr(media, f"max_{side}"):
+            raise ConfigError(f"config error: media.min_{side}: above media.max_{side}")
+    if not 0 <= media.min_duration_seconds <= media.max_duration_seconds:
+        raise ConfigError(
+            "config error: media.min_duration_seconds: 0 (off) up to max_duration_seconds"
+        )
+    if media.chunk_threshold_seconds < 0:
+        raise ConfigError("config error: media.chunk_threshold_seconds: 0 (off) or more")
+    steps = media.chunk_seconds / media.segment_seconds
+    if media.chunk_seconds <= 0 or steps < 1 or abs(steps - round(steps)) > 1e-9:
+        raise ConfigError(
+            "config error: media.chunk_seconds: a whole multiple of media.segment_seconds"
+            f" ({media.segment_seconds:g})"
+        )
+    if media.proxy_height % 2 or media.sprite_width % 2:
+        raise ConfigError("config error: media.proxy_height/sprite_width: must be even")
+    if not media.waveform_zooms or any(z <= 0 for z in media.waveform_zooms):
+        raise ConfigError("config error: media.waveform_zooms: positive samples per pixel")
+    if not 0.0 <= media.poster_at_ratio < 1.0:
+        raise ConfigError("config error: media.poster_at_ratio: must be in [0, 1)")

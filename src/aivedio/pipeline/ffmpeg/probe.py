@@ -1,0 +1,164 @@
+"""ffprobe, run in the sandbox on a sniffed file, decoded into typed structs.
+
+ffprobe prints most numbers as strings (``"duration": "10.000000"``); decoding with
+``strict=False`` turns them into numbers, and anything it cannot turn into our types is an
+invalid file, not a crash. The raw JSON is never trusted further than these structs.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from aivedio.config.media import MediaConfig
+from aivedio.errors import InvalidMediaError
+from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox
+from aivedio.pipeline.media.sniff import Sniff, input_args
+
+
+class SideData(msgspec.Struct, kw_only=True):
+    side_data_type: str = ""
+    rotation: float | None = None
+
+
+class Disposition(msgspec.Struct, kw_only=True):
+    attached_pic: int = 0
+    default: int = 0
+
+
+class Stream(msgspec.Struct, kw_only=True):
+    index: int
+    codec_type: str = ""
+    codec_name: str = ""
+    profile: str = ""
+    level: int | None = None
+    pix_fmt: str = ""
+    width: int = 0
+    height: int = 0
+    sample_aspect_ratio: str = ""
+    r_frame_rate: str = ""
+    avg_frame_rate: str = ""
+    time_base: str = ""
+    start_time: float | None = None
+    duration: float | None = None
+    bit_rate: int | None = None
+    nb_frames: int | None = None
+    sample_rate: int | None = None
+    channels: int | None = None
+    channel_layout: str = ""
+    field_order: str = ""
+    color_transfer: str = ""
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
+    side_data_list: list[SideData] = msgspec.field(default_factory=list)
+    disposition: Disposition = msgspec.field(default_factory=Disposition)
+
+
+class Format(msgspec.Struct, kw_only=True):
+    format_name: str = ""
+    nb_streams: int = 0
+    start_time: float | None = None
+    duration: float | None = None
+    size: int | None = None
+    bit_rate: int | None = None
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class ProbeOutput(msgspec.Struct, kw_only=True):
+    streams: list[Stream] = msgspec.field(default_factory=list)
+    format: Format = msgspec.field(default_factory=Format)
+
+
+# Text ffprobe prints when one of our parser limits stopped it: a verdict, not a resource
+# problem (ffmpeg reports both as ENOMEM, "Cannot allocate memory").
+_LIMIT_REASONS = (
+    (re.compile(r"exceeds max_streams"), "too_many_streams"),
+    (re.compile(r"exceeds specified max pixel count|max_pixels"), "too_many_pixels"),
+    (re.compile(r"moov atom not found"), "moov_missing"),
+    (re.compile(r"Invalid data found when processing input"), "unparseable"),
+)
+
+
+def parse_rate(text: str) -> Fraction | None:
+    """``"30000/1001"`` → Fraction; ``"0/0"`` and junk → None."""
+    num, _, den = text.partition("/")
+    try:
+        value = Fraction(int(num), int(den or "1"))
+    except (ValueError, ZeroDivisionError):
+        return None
+    return value if value > 0 else None
+
+
+def rotation_of(stream: Stream) -> int:
+    """Display rotation in degrees clockwise, normalised to 0, 90, 180 or 270."""
+    degrees: float | None = None
+    for side in stream.side_data_list:
+        if side.rotation is not None:
+            degrees = -side.rotation  # the display matrix is counter-clockwise
+    if degrees is None and "rotate" in stream.tags:
+        try:
+            degrees = float(stream.tags["rotate"])
+        except ValueError:
+            degrees = None
+    if degrees is None or not math.isfinite(degrees):
+        return 0  # a tag like "nan" or "inf" says nothing about the display
+    return round(degrees / 90.0) % 4 * 90
+
+
+def probe_args(media: MediaConfig, sniff: Sniff, path: Path) -> list[str]:
+    return [
+        *input_args(sniff, path, max_streams=media.max_streams, max_pixels=media.max_pixels),
+        "-print_format",
+        "json",
+        "-show_format",
+        "-show_streams",
+    ]
+
+
+def limit_reason(result: RunResult) -> str | None:
+    """The reason code when a parser limit (or a crash) stopped the tool: a verdict."""
+    if result.crashed:
+        return "decoder_crashed"
+    for line in result.stderr_tail:
+        for pattern, reason in _LIMIT_REASONS:
+            if pattern.search(line):
+                return reason
+    return None
+
+
+async def run_ffprobe(
+    sandbox: Sandbox, sniff: Sniff, path: Path, *, cwd: Path, record: list[RunResult] | None = None
+) -> tuple[ProbeOutput, RunResult]:
+    """Probe; raise InvalidMediaError (with a reason) or ResourceExhaustedError on failure."""
+    result = await sandbox.run(
+        "ffprobe",
+        probe_args(sandbox.media, sniff, path),
+        cwd=cwd,
+        deadline_seconds=sandbox.media.probe_timeout_seconds,
+        capture_stdout=True,
+        record=record,
+    )
+    reason = limit_reason(result)
+    if not result.ok:
+        if reason is None:
+            result.raise_if_exhausted()
+        raise invalid(reason or "probe_failed", result.error_detail())
+    try:
+        output = msgspec.json.decode(result.stdout, type=ProbeOutput, strict=False)
+    except msgspec.DecodeError as exc:
+        raise invalid("probe_unreadable", f"ffprobe output did not decode: {exc}") from None
+    return output, result
+
+
+def invalid(reason: str, detail: str = "", reasons: list[str] | None = None) -> InvalidMediaError:
+    return InvalidMediaError(
+        f"{reason}: {detail}" if detail else reason, reasons=reasons or [reason]
+    )
+
+
+def to_builtins(output: ProbeOutput) -> Any:
+    return msgspec.to_builtins(output)

@@ -1,0 +1,155 @@
+"""The whole verdict on one file: sniff, probe, validate, decode check.
+
+``inspect_file`` is what the probe job and ``aivedio probe`` both run. Deterministic
+failures raise nothing here: they come back as an ``invalid`` verdict with reason codes
+(never retried); running out of time or memory raises ``ResourceExhaustedError`` (its own
+class, retried a few times); a broken installation raises ``ConfigError``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from aivedio.config.media import MediaConfig, ToleranceConfig
+from aivedio.errors import InvalidMediaError
+from aivedio.pipeline.ffmpeg.probe import ProbeOutput, invalid, limit_reason, run_ffprobe
+from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
+from aivedio.pipeline.media.sniff import Sniff, input_args, sniff_file
+from aivedio.pipeline.media.validate import Declared, MediaSummary, validate
+
+
+class Verdict(msgspec.Struct, kw_only=True, omit_defaults=False):
+    verdict: str  # "valid" | "invalid"
+    error_class: str | None
+    reasons: list[str]
+    container: str
+    media: MediaSummary | None
+    decode_check: str  # none | sampled | full | skipped
+    network_isolated: bool | None
+    detail: str | None = None
+
+    @property
+    def valid(self) -> bool:
+        return self.verdict == "valid"
+
+
+def decode_args(media: MediaConfig, sniff: Sniff, path: Path, summary: MediaSummary) -> list[str]:
+    """ffmpeg arguments for the decode check: ``-xerror`` or a tail-corrupted file exits 0."""
+
+    def source() -> list[str]:
+        return input_args(sniff, path, max_streams=media.max_streams, max_pixels=media.max_pixels)
+
+    # By absolute index: the stream validated is the stream decoded (a cover picture may
+    # come first and be "v:0").
+    video, audio = summary.video_stream_index, summary.audio_stream_index
+    if media.decode_check == "full":
+        full_maps = ["-map", f"0:{video}", *(["-map", f"0:{audio}"] if audio is not None else [])]
+        return ["-xerror", *source(), *full_maps, "-f", "null", "-"]
+    span = media.decode_sample_seconds
+    duration = summary.duration_seconds
+    starts = sorted({0.0, max(duration / 2 - span / 2, 0.0), max(duration - span, 0.0)})
+    args = ["-xerror"]
+    maps: list[str] = []
+    for index, start in enumerate(starts):
+        args += ["-ss", f"{start:.3f}", "-t", f"{span:.3f}", *source()]
+        maps += ["-map", f"{index}:{video}"]
+        if audio is not None:
+            maps += ["-map", f"{index}:{audio}"]
+    return [*args, *maps, "-f", "null", "-"]
+
+
+async def decode_check(
+    sandbox: Sandbox,
+    sniff: Sniff,
+    path: Path,
+    summary: MediaSummary,
+    *,
+    cwd: Path,
+    record: list[RunResult] | None = None,
+) -> RunResult:
+    result = await sandbox.run(
+        "ffmpeg",
+        decode_args(sandbox.media, sniff, path, summary),
+        cwd=cwd,
+        deadline_seconds=media_deadline(sandbox.media, summary.duration_seconds),
+        record=record,
+    )
+    if not result.ok:
+        reason = limit_reason(result)
+        if reason is None:
+            result.raise_if_exhausted()
+        raise invalid(reason or "decode_failed", result.error_detail())
+    return result
+
+
+async def inspect_file(
+    sandbox: Sandbox,
+    path: Path,
+    *,
+    declared: Declared | None = None,
+    tolerance: ToleranceConfig | None = None,
+    record: list[RunResult] | None = None,
+) -> tuple[Verdict, ProbeOutput | None]:
+    """Sniff, probe, validate and decode-check ``path``; see the module docstring."""
+    media = sandbox.media
+    sniff = sniff_file(path)
+    if not sniff.accepted:
+        assert sniff.reason is not None
+        return _invalid(sniff.kind, [sniff.reason], None, "skipped", None), None
+    isolated = bool(await sandbox.isolation_prefix())
+    with sandbox.scratch() as scratch:
+        try:
+            probe, _ = await run_ffprobe(sandbox, sniff, path, cwd=scratch, record=record)
+        except InvalidMediaError as exc:
+            return _invalid(sniff.kind, exc.reasons, None, "skipped", isolated, exc.detail), None
+        summary, reasons = validate(probe, media, declared=declared, tolerance=tolerance)
+        if reasons or summary is None:
+            return _invalid(sniff.kind, reasons, summary, "skipped", isolated), probe
+        if media.decode_check != "none":
+            try:
+                await decode_check(sandbox, sniff, path, summary, cwd=scratch, record=record)
+            except InvalidMediaError as exc:
+                verdict = _invalid(
+                    sniff.kind, exc.reasons, summary, media.decode_check, isolated, exc.detail
+                )
+                return verdict, probe
+    return (
+        Verdict(
+            verdict="valid",
+            error_class=None,
+            reasons=[],
+            container=sniff.kind,
+            media=summary,
+            decode_check=media.decode_check,
+            network_isolated=isolated,
+        ),
+        probe,
+    )
+
+
+def _invalid(
+    container: str,
+    reasons: list[str],
+    summary: MediaSummary | None,
+    decode: str,
+    isolated: bool | None,
+    detail: str | None = None,
+) -> Verdict:
+    return Verdict(
+        verdict="invalid",
+        error_class=InvalidMediaError.error_class,
+        reasons=reasons,
+        container=container,
+        media=summary,
+        decode_check=decode,
+        network_isolated=isolated,
+        detail=detail,
+    )
+
+
+def verdict_json(verdict: Verdict) -> dict[str, Any]:
+    out: dict[str, Any] = msgspec.to_builtins(verdict)
+    return out

@@ -1,0 +1,451 @@
+"""ffmpeg argument lists for the plan's passes. Pure: paths in, argv out.
+
+* ``encode_args``: ONE decode of the source feeding every transcoded rung, the editor proxy,
+  the poster, the sprite sheets and the waveform's PCM through a single ``split`` filter
+  graph (about half the CPU of one decode per output, see docs/benchmarks.md). Video-only
+  intermediates go to ``work/``; audio is encoded (or copied) once.
+* ``package_args``: copy-only muxing of intermediates (or, when remuxing, of the source's own
+  streams) into the playback MP4 (``+faststart``), the proxy MP4 and one fMP4 HLS rendition
+  per rung. No decode, no encode.
+* ``poster_seek_args``: a poster by input seek, when no encode pass runs (remux).
+* ``merge_runs``: those runs as one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aivedio.config.media import MediaConfig
+from aivedio.pipeline.media.chunks import NUT, Chunking, forced_keyframes, timing_filter
+from aivedio.pipeline.media.plan import Plan, Rung
+from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
+from aivedio.pipeline.media.thumbnails import sprite_filter
+
+AUDIO_MAX_RATE = 48000
+KEYFRAME_EPSILON = 0.0005  # force a key on the frame AT the cut, never the one after
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where things live in a job's scratch directory (``out/`` mirrors the object keys)."""
+
+    root: Path
+    # Made once: every path of a render's argv and checks is under one of the two.
+    work: Path = field(init=False, repr=False)
+    out: Path = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "work", self.root / "work")
+        object.__setattr__(self, "out", self.root / "out")
+
+    def rung_video(self, rung: Rung) -> Path:
+        return self.work / f"rung_{rung.name}.mp4"
+
+    @property
+    def proxy_video(self) -> Path:
+        return self.work / "proxy_video.mp4"
+
+    @property
+    def audio(self) -> Path:
+        return self.work / "audio.m4a"
+
+    @property
+    def pcm(self) -> Path:
+        return self.work / "waveform.pcm"
+
+    @property
+    def playback(self) -> Path:
+        return self.out / "playback.mp4"
+
+    @property
+    def proxy(self) -> Path:
+        return self.out / "proxy.mp4"
+
+    @property
+    def poster(self) -> Path:
+        return self.out / "poster.jpg"
+
+    @property
+    def sprites(self) -> Path:
+        return self.out / "sprites"
+
+    @property
+    def waveform(self) -> Path:
+        return self.out / "waveform"
+
+    @property
+    def hls(self) -> Path:
+        return self.out / "hls"
+
+    def hls_rung(self, rung: Rung) -> Path:
+        return self.hls / rung.name
+
+    @property
+    def keyframes(self) -> Path:
+        return self.out / "keyframes.json"
+
+    def make_dirs(self, plan: Plan | None = None, wants: Collection[str] | None = None) -> None:
+        """The directories the argv of this module writes into for ``wants`` (every output
+        when None; ``work/``, the processes' cwd, always): the builders stay pure. A probe
+        wants nothing and gets ``work/`` alone: each directory made and removed again costs
+        the worker a tenth of a millisecond on ext4."""
+        paths = [self.work]
+        if wants is None or wants:
+            paths.append(self.out)
+        if wants is None or "sprite" in wants:
+            paths.append(self.sprites)
+        if wants is None or "waveform" in wants:
+            paths.append(self.waveform)
+        if plan is not None and (wants is None or "hls" in wants):
+            paths += [self.hls_rung(rung) for rung in plan.rungs]
+        for path in paths:
+            path.mkdir(parents=True, exist_ok=True)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodeJob:
+    """What one encode pass produces (the flags say which branches the graph has)."""
+
+    rungs: tuple[Rung, ...]
+    proxy: bool
+    poster: bool
+    sprite: bool
+    pcm: bool
+    audio: bool
+
+    @property
+    def empty(self) -> bool:
+        return not (self.rungs or self.proxy or self.poster or self.sprite or self.pcm)
+
+
+def encode_job(plan: Plan, wants: set[str], *, has_audio: bool) -> EncodeJob:
+    """The branches an encode pass needs to serve ``wants``."""
+    rungs: list[Rung] = []
+    if "hls" in wants:
+        rungs = [r for r in plan.rungs if not r.copy]
+    if "playback" in wants and not plan.top.copy and plan.top not in rungs:
+        rungs.insert(0, plan.top)
+    needs_audio_file = plan.mode == "transcode" and ("playback" in wants or "hls" in wants)
+    return EncodeJob(
+        rungs=tuple(rungs),
+        proxy="proxy" in wants,
+        poster="poster" in wants and plan.mode == "transcode",
+        sprite="sprite" in wants,
+        pcm="waveform" in wants and has_audio,
+        audio=has_audio and (needs_audio_file or "proxy" in wants or "hls" in wants),
+    )
+
+
+def _x264(rung: Rung, media: MediaConfig, keyframes: list[str], *, gop: int) -> list[str]:
+    args = ["-c:v", "libx264", "-preset", media.x264_preset, "-crf", str(rung.crf)]
+    if rung.maxrate_kbps:
+        args += ["-maxrate", f"{rung.maxrate_kbps}k", "-bufsize", f"{rung.bufsize_kbps}k"]
+    args += ["-profile:v", "high", "-pix_fmt", "yuv420p", "-g", str(gop), "-sc_threshold", "0"]
+    if media.threads:
+        args += ["-threads", str(media.threads)]
+    return args + keyframes
+
+
+def _forced_keyframes(plan: Plan) -> list[str]:
+    if plan.mode == "remux" and plan.cut_points is not None:
+        if not plan.cut_points:
+            return []
+        times = ",".join(f"{max(t - KEYFRAME_EPSILON, 0.0):.6f}" for t in plan.cut_points)
+        return ["-force_key_frames", times]
+    return ["-force_key_frames", f"expr:gte(t,n_forced*{plan.segment_seconds:g})"]
+
+
+def _audio_encode(media: MediaConfig, channels: int | None, rate: int | None) -> list[str]:
+    args = ["-c:a", "aac", "-profile:a", "aac_low", "-b:a", f"{media.audio_bitrate_kbps}k"]
+    if channels is None or channels > 2:
+        args += ["-ac", "2"]
+    if rate is None or rate > AUDIO_MAX_RATE:
+        args += ["-ar", str(AUDIO_MAX_RATE)]
+    return args
+
+
+def encode_args(
+    plan: Plan,
+    job: EncodeJob,
+    media: MediaConfig,
+    sniff: Sniff,
+    source: Path,
+    layout: Layout,
+    *,
+    audio_channels: int | None,
+    audio_rate: int | None,
+) -> list[str]:
+    """One ffmpeg invocation: decode once, split, encode every branch of ``job``."""
+    args = input_args(sniff, source, max_streams=media.max_streams, max_pixels=media.max_pixels)
+    pre = []
+    if plan.mode == "transcode":
+        pre.append(f"fps={plan.frame_rate_expr}")
+    branches: list[tuple[str, str]] = []  # (label, chain after split)
+    for index, rung in enumerate(job.rungs):
+        chain = f"scale={rung.width}:{rung.height}:flags=bicubic,format=yuv420p,setsar=1"
+        branches.append((f"r{index}", chain))
+    if job.proxy and plan.proxy is not None:
+        p = plan.proxy
+        branches.append(("px", f"scale={p.width}:{p.height}:flags=bicubic,format=yuv420p,setsar=1"))
+    if job.poster:
+        frame = max(int(plan.poster_seconds * plan.frame_rate), 0)
+        top = plan.top
+        branches.append(("po", f"select='eq(n\\,{frame})',scale={top.width}:{top.height},setsar=1"))
+    if job.sprite:
+        chain = sprite_filter(
+            interval=plan.sprite_interval,
+            width=plan.sprite_width,
+            height=plan.sprite_height,
+            columns=media.sprite_columns,
+            rows=media.sprite_rows,
+        )
+        branches.append(("sp", chain))
+    graph: list[str] = []
+    if branches:
+        head = ",".join([*pre, f"split={len(branches)}"]) if len(branches) > 1 or pre else "null"
+        if len(branches) == 1 and pre:
+            head = ",".join(pre)
+        outs = "".join(f"[s_{label}]" for label, _ in branches)
+        graph.append(f"[{plan.video_map}]{head}{outs}")
+        graph += [f"[s_{label}]{chain}[o_{label}]" for label, chain in branches]
+    if job.pcm:
+        rate = plan.waveform_sample_rate
+        graph.append(
+            f"[{plan.audio_map}]aresample={rate},aformat=sample_fmts=s16:channel_layouts=mono"
+            "[o_wave]"
+        )
+    if graph:
+        args += ["-filter_complex", ";".join(graph)]
+    # Remux: the copied rung's cut points decide, so lower rungs may have no keyframe but
+    # the forced ones (a GOP longer than the media); transcode: a generous cap.
+    gop = 1_000_000 if plan.mode == "remux" else max(plan.gop_frames * 10, 250)
+    keys = _forced_keyframes(plan)
+    for index, rung in enumerate(job.rungs):
+        args += ["-map", f"[o_r{index}]", *_x264(rung, media, keys, gop=gop), "-an"]
+        args += ["-f", "mp4", str(layout.rung_video(rung))]
+    if job.proxy and plan.proxy is not None:
+        gop_p = str(media.proxy_gop_frames)
+        args += ["-map", "[o_px]", *_x264(plan.proxy, media, [], gop=media.proxy_gop_frames)]
+        args += ["-keyint_min", gop_p, "-bf", "0", "-an", "-f", "mp4", str(layout.proxy_video)]
+    if job.poster:
+        args += ["-map", "[o_po]", "-frames:v", "1", "-q:v", "2", "-update", "1"]
+        args += ["-f", "image2", str(layout.poster)]
+    if job.sprite:
+        args += ["-map", "[o_sp]", "-q:v", "5", "-f", "image2"]
+        args += [str(layout.sprites / "sprite_%03d.jpg")]
+    if job.pcm:
+        args += ["-map", "[o_wave]", "-f", "s16le", str(layout.pcm)]
+    if job.audio:
+        args += ["-map", plan.audio_map, "-vn"]
+        if plan.audio == "copy":
+            args += ["-c:a", "copy"]
+        else:
+            args += _audio_encode(media, audio_channels, audio_rate)
+        args += ["-f", "mp4", str(layout.audio)]
+    return args
+
+
+def pieces_args(
+    plan: Plan,
+    chunking: Chunking,
+    index: int,
+    rungs: list[tuple[Rung, Path]],
+    media: MediaConfig,
+    chunk: Path,
+) -> list[str]:
+    """Several renditions of one chunk from one decode: the chunk's frames re-timed once,
+    then split, each branch scaled and encoded as its own ``(chunk, rendition)`` encode
+    would be (the same frames into the same x264 settings)."""
+    timing = timing_filter(chunking, index, plan.frame_rate_expr)
+    gop = 1_000_000 if plan.mode == "remux" else max(plan.gop_frames * 10, 250)
+    cuts = plan.cut_points if plan.mode == "remux" else None
+    keys = forced_keyframes(chunking, index, segment_seconds=plan.segment_seconds, cut_points=cuts)
+
+    def scale(rung: Rung) -> str:
+        return f"scale={rung.width}:{rung.height}:flags=bicubic,format=yuv420p,setsar=1"
+
+    # passthrough: the timing filter made exactly the frames wanted, at the chunk's own
+    # times; a filter_complex output would otherwise be filled with copies from time 0.
+    tail = ["-fps_mode", "passthrough", "-an", "-f", "mp4"]
+    if len(rungs) == 1:
+        rung, output = rungs[0]
+        return [
+            *input_args(NUT, chunk),
+            "-map",
+            "0:v:0",
+            "-vf",
+            f"{timing},{scale(rung)}",
+            *_x264(rung, media, keys, gop=gop),
+            *tail,
+            str(output),
+        ]
+    branches = "".join(f"[s{i}]" for i in range(len(rungs)))
+    graph = [f"[0:v:0]{timing},split={len(rungs)}{branches}"]
+    graph += [f"[s{i}]{scale(rung)}[o{i}]" for i, (rung, _) in enumerate(rungs)]
+    args = [*input_args(NUT, chunk), "-filter_complex", ";".join(graph)]
+    for i, (rung, output) in enumerate(rungs):
+        args += ["-map", f"[o{i}]", *_x264(rung, media, keys, gop=gop), *tail, str(output)]
+    return args
+
+
+def package_args(
+    plan: Plan,
+    wants: set[str],
+    media: MediaConfig,
+    sniff: Sniff,
+    source: Path,
+    layout: Layout,
+    *,
+    has_audio: bool,
+    hls_offset: float = 0.0,
+) -> list[list[str]]:
+    """Copy-only muxing runs: playback, proxy and one per HLS rendition.
+
+    ``hls_offset`` shifts every rendition by the same amount, enough that no timestamp is
+    negative: otherwise the muxer shifts each rendition by its own earliest DTS (B-frame
+    delay, AAC priming), and a copied rung and an encoded one drift apart by milliseconds.
+    """
+    source_in = input_args(sniff, source, max_streams=media.max_streams)
+    runs: list[list[str]] = []
+    audio_in = input_args(MP4, layout.audio) if has_audio else []
+
+    def video_input(rung: Rung) -> list[str]:
+        return source_in if rung.copy else input_args(MP4, layout.rung_video(rung))
+
+    def audio_map(video_only_input: bool) -> list[str]:
+        if not has_audio:
+            return []
+        return ["-map", "1:a:0"] if video_only_input else ["-map", plan.audio_map]
+
+    def video_map(from_source: bool) -> list[str]:
+        return ["-map", plan.video_map if from_source else "0:v:0"]
+
+    if "playback" in wants:
+        top = plan.top
+        # Remux: video and audio both come from the source itself.
+        inputs = source_in if top.copy else [*video_input(top), *audio_in]
+        maps = [*video_map(top.copy), *audio_map(not top.copy)]
+        runs.append(
+            [
+                *inputs,
+                *maps,
+                "-c",
+                "copy",
+                "-movflags",
+                "+faststart",
+                "-f",
+                "mp4",
+                str(layout.playback),
+            ]
+        )
+    if "proxy" in wants:
+        inputs = [*input_args(MP4, layout.proxy_video), *audio_in]
+        runs.append(
+            [
+                *inputs,
+                "-map",
+                "0:v:0",
+                *audio_map(True),
+                "-c",
+                "copy",
+                "-movflags",
+                "+faststart",
+                "-f",
+                "mp4",
+                str(layout.proxy),
+            ]
+        )
+    if "hls" in wants:
+        for rung in plan.rungs:
+            directory = layout.hls_rung(rung)
+            if rung.copy:
+                inputs, maps = source_in, [*video_map(True), *audio_map(False)]
+            else:
+                inputs = [*video_input(rung), *audio_in]
+                maps = ["-map", "0:v:0", *audio_map(True)]
+            runs.append(
+                [
+                    *inputs,
+                    *maps,
+                    "-c",
+                    "copy",
+                    "-output_ts_offset",
+                    f"{hls_offset:.6f}",
+                    "-f",
+                    "hls",
+                    "-hls_time",
+                    f"{plan.segment_seconds:g}",
+                    "-hls_playlist_type",
+                    "vod",
+                    "-hls_segment_type",
+                    "fmp4",
+                    "-hls_flags",
+                    "independent_segments",
+                    "-hls_fmp4_init_filename",
+                    "init.mp4",
+                    "-hls_segment_filename",
+                    str(directory / "seg_%05d.m4s"),
+                    str(directory / "index.m3u8"),
+                ]
+            )
+    return runs
+
+
+def merge_runs(runs: list[list[str]]) -> list[str]:
+    """Several runs of ``package_args`` (and ``poster_seek_args``) as one ffmpeg: each
+    distinct input opened once (the source a remux packages twice, the audio file every
+    rendition muxes; the poster's seeked opening is an input of its own), every output with
+    its own options, its ``-map`` renumbered to the merged inputs. Copying and one seeked
+    frame are cheap; starting a process per output was most of what they cost."""
+    inputs: list[list[str]] = []
+    outputs: list[str] = []
+    for run in runs:
+        if "-i" not in run:
+            raise ValueError("a package run without an input")
+        end = max(i for i, arg in enumerate(run) if arg == "-i") + 2
+        numbers: list[int] = []
+        start = 0
+        for i in range(end):
+            if run[i] == "-i":
+                group = run[start : i + 2]
+                if group not in inputs:
+                    inputs.append(group)
+                numbers.append(inputs.index(group))
+                start = i + 2
+        tail = run[end:]
+        if "-map" not in tail:
+            raise ValueError("a package run without -map would take streams of every input")
+        # What ffmpeg takes from "the first input" by default (global metadata, chapters)
+        # is named, so each output keeps its own run's first input's.
+        outputs += ["-map_metadata", str(numbers[0]), "-map_chapters", str(numbers[0])]
+        for i, arg in enumerate(tail):
+            if i and tail[i - 1] == "-map":
+                number, sep, rest = arg.partition(":")
+                if not (sep and number.isdigit() and int(number) < len(numbers)):
+                    raise ValueError(f"cannot renumber the map {arg!r}")
+                arg = f"{numbers[int(number)]}:{rest}"
+            outputs.append(arg)
+    return [*(arg for group in inputs for arg in group), *outputs]
+
+
+def poster_seek_args(
+    plan: Plan, media: MediaConfig, sniff: Sniff, source: Path, layout: Layout
+) -> list[str]:
+    return [
+        "-ss",
+        f"{plan.poster_seconds:.3f}",
+        *input_args(sniff, source, max_streams=media.max_streams, max_pixels=media.max_pixels),
+        "-map",
+        plan.video_map,
+        "-frames:v",
+        "1",
+        "-q:v",
+        "2",
+        "-update",
+        "1",
+        "-f",
+        "image2",
+        str(layout.poster),
+    ]

@@ -1,0 +1,395 @@
+"""The multipart upload of the S3 object store (``S3Upload``, made by ``S3ObjectStore``).
+
+Choices, and the failure each prevents:
+
+* **Multipart with bounded concurrency and memory.** ``write`` fills a buffer; each full
+  part (``part_size_bytes``) waits for one of ``parts_in_flight`` slots before it is handed
+  to a part task. A slow store therefore blocks the writer, and memory stays within about
+  ``part_size_bytes x (parts_in_flight + 1)`` instead of growing with the object.
+* **One copy a byte, into reused buffers.** Written chunks are copied once, into one of at
+  most ``parts_in_flight + 1`` part-sized buffers that are reused for the whole upload (a
+  buffer goes back to the pool once its part is acknowledged). A fresh 8 MiB buffer per
+  part costs a page fault per 4 KiB page (glibc serves it with mmap, see
+  ``aivedio.memory``): measured at about 10 ms of CPU a part on the benchmark machine,
+  which the store, sharing the cores, then lacks.
+* **The part is sent from its buffer.** ``_PartBody`` hands it to botocore as a file-like
+  object (so botocore neither wraps it in ``BytesIO``, two more copies, nor refuses it) and
+  to aiohttp as an async iterable of ``memoryview`` slices, written to the socket without
+  a copy. A ``bytes`` or ``bytearray`` body would be copied again by aiohttp (a slice of
+  a ``bytearray`` copies; on Python < 3.12.9 the request headers are joined with the first
+  body write). Being file-like, the part is sent with ``Expect: 100-continue``, as boto3
+  sends its parts: the store can refuse it before the 8 MiB are on the wire.
+* **Structured concurrency.** Part uploads run in a task group owned by the upload. That
+  group lives in a "driver" task started in the store's own task group, so it is nested in
+  the store's lifetime and never in the caller's cancel scopes: a failing part cannot cancel
+  unrelated work of the caller, and no part task outlives the store (no bare
+  ``create_task``).
+* **First failure wins.** A failing part cancels its siblings (task-group semantics), the
+  driver aborts the multipart upload (shielded) and the writer's next ``write`` or
+  ``complete`` raises that failure. No pending upload is left to be billed.
+* **Every part carries its SHA-256** (``ChecksumSHA256``), so S3 rejects a part corrupted
+  on the way; when the store echoes a checksum that differs from ours (stores that compute
+  instead of verifying) we raise ``ChecksumMismatchError`` too. Objects smaller than one
+  part go through a single ``PutObject`` with the same checksum.
+* **Shielded, bounded control requests.** ``CreateMultipartUpload``, the final
+  ``PutObject``/``CompleteMultipartUpload`` and ``AbortMultipartUpload`` run shielded from
+  cancellation with a deadline: a cancellation in the middle would leave an upload whose id
+  we never learnt (unabortable until a reaper runs) or an object in an unknown state.
+* **Lazy multipart creation.** Nothing is sent until a full part exists, so an abandoned
+  small upload costs no request, and small objects cost one request.
+
+This module does not import ``s3_objects`` at run time (that module imports this one): the
+upload reaches the client, the task group and the error translation through its store.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskGroup, TaskStatus
+
+from aivedio.errors import AivedioError, ChecksumMismatchError, TooLargeError, TransientError
+from aivedio.logs import get_logger
+from aivedio.store.objects.base import ABORT_TIMEOUT_SECONDS, ObjectInfo, UploadContextMixin
+from aivedio.transfer_cpu import measuring
+
+if TYPE_CHECKING:
+    from aivedio.store.objects.s3 import S3ObjectStore
+
+log = get_logger("aivedio.store.objects.base")
+
+MAX_PARTS = 10_000  # S3's maximum part number
+# Deadline of a shielded control request (create, final put/complete); past it we give up.
+CONTROL_REQUEST_TIMEOUT_SECONDS = 120.0
+CHECKSUM_ALGORITHM = "SHA256"
+
+
+SEND_PIECE_BYTES = 1024 * 1024  # a part goes to aiohttp in slices of this size
+
+
+class _PartBody:
+    """A part's bytes, read in place from its buffer (see the module docstring).
+
+    botocore takes it as a file-like blob (``read``; ``__len__`` is its Content-Length;
+    ``seek`` rewinds it before a retry); aiohttp sends it as an async iterable. ``read``
+    copies, as a file's would, and exists for botocore, which does not call it for a part
+    whose checksum we supply and whose payload is not signed.
+    """
+
+    def __init__(self, buffer: bytearray, size: int) -> None:
+        self._view = memoryview(buffer)[:size]
+        self._position = 0
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._view) if size < 0 else min(len(self._view), self._position + size)
+        data = bytes(self._view[self._position : end])
+        self._position = max(self._position, end)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._position, 2: len(self._view)}[whence]
+        self._position = max(0, base + offset)
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def __aiter__(self) -> AsyncIterator[memoryview]:
+        return self._pieces()
+
+    async def _pieces(self) -> AsyncIterator[memoryview]:
+        for start in range(0, len(self._view), SEND_PIECE_BYTES):
+            yield self._view[start : start + SEND_PIECE_BYTES]
+
+
+def sha256_b64(data: bytes | bytearray | memoryview) -> str:
+    return base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
+
+
+def _etag(value: Any) -> str | None:
+    return str(value).strip('"') if value else None
+
+
+class S3Upload(UploadContextMixin):
+    """A multipart (or, when small, single-request) upload. See the module docstring."""
+
+    def __init__(self, store: S3ObjectStore, key: str, content_type: str) -> None:
+        self._store = store
+        self._key = key
+        self._full_key = store._full_key(key)
+        self._content_type = content_type
+        self._part_size_bytes = store.part_size_bytes
+        self._slots = anyio.Semaphore(store.parts_in_flight)
+        self._part: bytearray | None = None  # the part being filled, from the pool
+        self._filled = 0  # bytes of it filled
+        self._pool: list[bytearray] = []  # part-sized buffers whose parts were acknowledged
+        self._bytes_written = 0
+        self._buffered_bytes = 0  # accepted by write, not yet acknowledged by the store
+        self._max_buffered_bytes = 0
+        self._state = "open"  # open -> completing -> completed | aborted; broken on interrupt
+        self._upload_id: str | None = None
+        self._next_part_number = 1
+        self._parts: dict[int, dict[str, Any]] = {}
+        self._failure: Exception | None = None
+        self._parts_group: TaskGroup | None = None
+        self._no_more_parts = anyio.Event()
+        self._driver_done = anyio.Event()
+        self._remote_closed = False
+        store._live_uploads.add(self)
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @property
+    def upload_id(self) -> str | None:
+        """The multipart upload id, once the first part was sent."""
+        return self._upload_id
+
+    @property
+    def bytes_written(self) -> int:
+        return self._bytes_written
+
+    @property
+    def max_buffered_bytes(self) -> int:
+        return self._max_buffered_bytes
+
+    def _account(self, delta_bytes: int) -> None:
+        self._buffered_bytes += delta_bytes
+        self._max_buffered_bytes = max(self._max_buffered_bytes, self._buffered_bytes)
+
+    def _require_open(self) -> None:
+        if self._state != "open":
+            raise RuntimeError(f"upload of {self._key!r} is {self._state}; only abort() is valid")
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    # -- writing -------------------------------------------------------------------------
+
+    async def write(self, chunk: bytes) -> None:
+        self._require_open()
+        try:
+            self._raise_failure()
+            self._bytes_written += len(chunk)
+            self._account(len(chunk))
+            view = memoryview(chunk).cast("B")
+            while view:
+                if self._part is None:
+                    self._part = (
+                        self._pool.pop() if self._pool else bytearray(self._part_size_bytes)
+                    )
+                taken = min(len(view), self._part_size_bytes - self._filled)
+                # Through a memoryview: a bytearray's own slice assignment first copies any
+                # value that is not a bytearray into a temporary one (twice the copying).
+                memoryview(self._part)[self._filled : self._filled + taken] = view[:taken]
+                self._filled += taken
+                view = view[taken:]
+                if self._filled == self._part_size_bytes:
+                    await self._submit_part()
+        except BaseException:
+            self._state = "broken"
+            raise
+
+    def _take_part(self) -> tuple[bytearray, int]:
+        """The buffer filled so far and how much of it is filled, removed from the upload."""
+        part, filled = self._part or bytearray(), self._filled
+        self._part, self._filled = None, 0
+        return part, filled
+
+    async def _submit_part(self) -> None:
+        """Hand the part filled so far to a part task once a slot is free."""
+        if self._next_part_number > MAX_PARTS:
+            raise TooLargeError(f"object {self._key!r}: more than {MAX_PARTS} parts")
+        if self._upload_id is None:
+            await self._create()
+        await self._slots.acquire()  # backpressure: wait while parts_in_flight are running
+        if self._failure is not None or self._driver_done.is_set() or self._parts_group is None:
+            self._slots.release()
+            self._raise_failure()
+            raise TransientError(f"upload of {self._key!r}: the object store was closed")
+        number = self._next_part_number
+        self._next_part_number += 1
+        self._parts_group.start_soon(self._upload_part, number, *self._take_part())
+
+    async def _create(self) -> None:
+        client, group = self._store._client, self._store._task_group()
+        with (
+            self._store._map_errors(f"starting upload of {self._key!r}"),
+            anyio.CancelScope(shield=True),
+            anyio.fail_after(CONTROL_REQUEST_TIMEOUT_SECONDS),
+        ):
+            response = await client.create_multipart_upload(
+                Bucket=self._store.bucket,
+                Key=self._full_key,
+                ContentType=self._content_type,
+                ChecksumAlgorithm=CHECKSUM_ALGORITHM,
+            )
+            self._upload_id = str(response["UploadId"])
+            await group.start(self._drive)
+
+    async def _drive(self, *, task_status: TaskStatus[None]) -> None:
+        """Own the parts' task group until ``complete`` or ``abort``; abort on a failure."""
+        try:
+            async with anyio.create_task_group() as group:
+                self._parts_group = group
+                task_status.started()
+                await self._no_more_parts.wait()
+        except Exception:
+            await self._abort_remote()  # the failure itself was recorded by the part task
+        except BaseException:
+            await self._abort_remote()  # the store is closing: leave no pending upload
+            raise
+        finally:
+            self._driver_done.set()
+
+    async def _upload_part(self, number: int, buffer: bytearray, size: int) -> None:
+        try:
+            checksum = await anyio.to_thread.run_sync(
+                measuring("store", sha256_b64), memoryview(buffer)[:size]
+            )
+            with self._store._map_errors(f"uploading part {number} of {self._key!r}"):
+                response = await self._store._client.upload_part(
+                    Bucket=self._store.bucket,
+                    Key=self._full_key,
+                    UploadId=self._upload_id,
+                    PartNumber=number,
+                    Body=_PartBody(buffer, size),
+                    ChecksumAlgorithm=CHECKSUM_ALGORITHM,
+                    ChecksumSHA256=checksum,
+                )
+            self._check_echo(response, checksum, f"part {number}")
+            self._parts[number] = {
+                "PartNumber": number,
+                "ETag": response["ETag"],
+                "ChecksumSHA256": checksum,
+            }
+            # Acknowledged, so the store has every byte and nothing reads the buffer any
+            # more: it can be refilled. (After a failure, nothing is written any more.)
+            self._pool.append(buffer)
+        except Exception as exc:
+            if self._failure is None:
+                self._failure = exc
+            raise
+        finally:
+            self._account(-size)
+            self._slots.release()
+
+    def _check_echo(self, response: Any, checksum: str, what: str) -> None:
+        echoed = response.get("ChecksumSHA256")
+        if echoed is not None and echoed != checksum:
+            raise ChecksumMismatchError(
+                f"{what} of {self._key!r}: the store computed SHA-256 {echoed}, we sent {checksum}"
+            )
+
+    # -- completing ----------------------------------------------------------------------
+
+    async def complete(self) -> ObjectInfo:
+        self._require_open()
+        self._state = "completing"
+        try:
+            self._raise_failure()
+            if self._upload_id is None:
+                info = await self._put_single()
+            else:
+                if self._filled:
+                    await self._submit_part()
+                self._no_more_parts.set()
+                await self._driver_done.wait()
+                self._raise_failure()
+                info = await self._complete_multipart()
+        except BaseException:
+            await self.abort()
+            raise
+        self._state = "completed"
+        self._store._live_uploads.discard(self)
+        return info
+
+    async def _put_single(self) -> ObjectInfo:
+        buffer, size = self._take_part()
+        data = bytes(memoryview(buffer)[:size])  # smaller than a part: one copy is cheap
+        del buffer
+        checksum = await anyio.to_thread.run_sync(measuring("store", sha256_b64), data)
+        with (
+            self._store._map_errors(f"putting {self._key!r}"),
+            anyio.CancelScope(shield=True),
+            anyio.fail_after(CONTROL_REQUEST_TIMEOUT_SECONDS),
+        ):
+            response = await self._store._client.put_object(
+                Bucket=self._store.bucket,
+                Key=self._full_key,
+                Body=data,
+                ContentType=self._content_type,
+                ChecksumAlgorithm=CHECKSUM_ALGORITHM,
+                ChecksumSHA256=checksum,
+            )
+            self._account(-len(data))
+            try:
+                self._check_echo(response, checksum, "object")
+            except ChecksumMismatchError:
+                await self._store._client.delete_object(
+                    Bucket=self._store.bucket, Key=self._full_key
+                )
+                raise
+        return self._info(response)
+
+    async def _complete_multipart(self) -> ObjectInfo:
+        parts = [self._parts[number] for number in sorted(self._parts)]
+        if len(parts) != self._next_part_number - 1:
+            raise TransientError(f"upload of {self._key!r}: a part was lost before completion")
+        with (
+            self._store._map_errors(f"completing upload of {self._key!r}"),
+            anyio.CancelScope(shield=True),
+            anyio.fail_after(CONTROL_REQUEST_TIMEOUT_SECONDS),
+        ):
+            response = await self._store._client.complete_multipart_upload(
+                Bucket=self._store.bucket,
+                Key=self._full_key,
+                UploadId=self._upload_id,
+                MultipartUpload={"Parts": parts},
+            )
+            self._remote_closed = True  # completed: nothing left to abort
+        return self._info(response)
+
+    def _info(self, response: Any) -> ObjectInfo:
+        return ObjectInfo(
+            key=self._key,
+            size=self._bytes_written,
+            etag=_etag(response.get("ETag")),
+            content_type=self._content_type,
+        )
+
+    # -- aborting ------------------------------------------------------------------------
+
+    async def abort(self) -> None:
+        if self._state in {"completed", "aborted"}:
+            return
+        self._state = "aborted"
+        self._store._live_uploads.discard(self)
+        self._part, self._filled, self._pool = None, 0, []
+        with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_TIMEOUT_SECONDS):
+            if self._parts_group is not None and not self._driver_done.is_set():
+                self._parts_group.cancel_scope.cancel()
+                await self._driver_done.wait()
+        await self._abort_remote()
+
+    async def _abort_remote(self) -> None:
+        if self._upload_id is None or self._remote_closed:
+            return
+        self._remote_closed = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_TIMEOUT_SECONDS) as scope:
+            try:
+                await self._store.abort_multipart_upload(self._key, self._upload_id)
+            except AivedioError as exc:
+                log.warning("object_upload_abort_failed", key=self._key, error=exc.detail)
+        if scope.cancelled_caught:
+            log.warning("object_upload_abort_timed_out", key=self._key, upload_id=self._upload_id)
