@@ -112,7 +112,7 @@ from smoke import positive, verdict  # noqa: E402
 BENCH = ROOT / "var" / "bench-chunked"
 fleet.PG_DIR = BENCH / "pg"  # Cluster keeps its data there; not the fleet benchmark's
 MEDIA_DIR = BENCH / "media"
-AIVEDIO = str(Path(sys.executable).parent / "aivedio")
+AIVEDIO = [sys.executable, "-m", "aivedio"]  # the package as installed or on PYTHONPATH
 DATABASE = "aivedio_bench_chunked"
 TENANT = "bench"
 PROVIDER = "sim"
@@ -296,7 +296,7 @@ optional_outputs = []
 
 def run_cli(env: dict[str, str], *args: str) -> str:
     done = subprocess.run(
-        [AIVEDIO, *args], env=env, cwd=ROOT, capture_output=True, text=True, check=False
+        [*AIVEDIO, *args], env=env, cwd=ROOT, capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         raise SystemExit(f"aivedio {' '.join(args)} failed:\n{done.stderr[-3000:]}")
@@ -489,7 +489,7 @@ async def one_run(
     workers: list[Child] = []
     for n in range(1, spec.workers + 1):
         log = f"{spec.label}-worker-{n}.log"
-        workers.append(children.start(f"worker-{n}", [AIVEDIO, "worker"], log=log, env=run_env))
+        workers.append(children.start(f"worker-{n}", [*AIVEDIO, "worker"], log=log, env=run_env))
     try:
         for w in workers:
             w.wait_for_event("http_listening")

@@ -75,7 +75,7 @@ from smoke import positive, verdict  # noqa: E402
 BENCH = ROOT / "var" / "bench-fleet"
 MEDIA_DIR = BENCH / "media"
 PG_DIR = BENCH / "pg"
-AIVEDIO = str(Path(sys.executable).parent / "aivedio")
+AIVEDIO = [sys.executable, "-m", "aivedio"]  # the package as installed or on PYTHONPATH
 DATABASE = "aivedio_bench_fleet"
 TENANT = "fleet"
 ROLES = ("fleet_api", "fleet_worker", "fleet_observer")
@@ -382,7 +382,7 @@ allow_all = true
 
 def run_cli(env: dict[str, str], *args: str) -> str:
     done = subprocess.run(
-        [AIVEDIO, *args], env=env, cwd=ROOT, capture_output=True, text=True, check=False
+        [*AIVEDIO, *args], env=env, cwd=ROOT, capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         raise SystemExit(f"aivedio {' '.join(args)} failed:\n{done.stderr}")
@@ -620,7 +620,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) 
     run_cli(env, "tenants", "create", TENANT)
 
     api = children.start(
-        "API", [AIVEDIO, "api"], log="api.log", env=role_env(env, cluster, "fleet_api")
+        "API", [*AIVEDIO, "api"], log="api.log", env=role_env(env, cluster, "fleet_api")
     )
     base = f"http://127.0.0.1:{api_port}"
     api.wait_for_event("api_listening")
@@ -630,7 +630,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) 
         workers.append(
             children.start(
                 f"worker {n}",
-                [AIVEDIO, "worker"],
+                [*AIVEDIO, "worker"],
                 log=f"worker-{n}.log",
                 env=role_env(env, cluster, "fleet_worker"),
             )

@@ -55,7 +55,7 @@ from typing import IO, Any, NoReturn
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "var" / "demo"
 MEDIA = DEMO / "media"
-AIVEDIO = str(Path(sys.executable).parent / "aivedio")
+AIVEDIO = [sys.executable, "-m", "aivedio"]  # the package as installed or on PYTHONPATH
 
 DATABASE = "aivedio_demo"
 TENANT = "demo"
@@ -552,7 +552,7 @@ allow_all = true
 
 def run_cli(env: dict[str, str], *args: str) -> str:
     done = subprocess.run(
-        [AIVEDIO, *args], env=env, cwd=ROOT, capture_output=True, text=True, check=False
+        [*AIVEDIO, *args], env=env, cwd=ROOT, capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         raise DemoError(f"aivedio {' '.join(args)} failed ({done.returncode}):\n{done.stderr}")
@@ -996,7 +996,7 @@ def start(args: argparse.Namespace, videos: list[Video], services: list[Service]
     (DEMO / "api.key").write_text(key + "\n")
     (DEMO / "api.key").chmod(0o600)
 
-    api_proc = Service("API", [AIVEDIO, "api"], DEMO / "api.log", env)
+    api_proc = Service("API", [*AIVEDIO, "api"], DEMO / "api.log", env)
     services.append(api_proc)
     base = f"http://127.0.0.1:{api_port}"
     api_proc.wait_for_event("api_listening")
@@ -1007,7 +1007,7 @@ def start(args: argparse.Namespace, videos: list[Video], services: list[Service]
     )
     workers = []
     for n in range(1, WORKERS + 1):
-        workers.append(Service(f"worker {n}", [AIVEDIO, "worker"], DEMO / f"worker-{n}.log", env))
+        workers.append(Service(f"worker {n}", [*AIVEDIO, "worker"], DEMO / f"worker-{n}.log", env))
         services.append(workers[-1])
     ports = [int(w.wait_for_event("http_listening")["port"]) for w in workers]
 

@@ -1,6 +1,6 @@
 """A real worker's own stderr: what the standard library and uvloop log goes through redaction.
 
-The worker is started the way ``aivedio worker`` starts (``cli.main``), with a little code
+The worker is started the way ``aivedio worker`` starts (``aivedio.cli.main``), with a little code
 before it that, once the daemon listens, makes its event loop lose a task whose exception
 carries an API key (uvloop logs "Task exception was never retrieved" through the
 ``asyncio`` logger), logs a library record, issues a warning and lets a thread die, each
@@ -26,7 +26,7 @@ KEY = "av_live_5e1f00d2_Qm9vbS1oZWFkZXItc2VjcmV0LXBhcnQtb2YtdGhlLWtleQ"
 PROLOGUE = """
 import asyncio, logging, os, sys, threading, time, warnings
 import uvloop
-from aivedio import cli
+from aivedio.cli.main import main
 
 key, go = sys.argv[1], sys.argv[2]
 loops = []
@@ -53,7 +53,7 @@ def later():
     raise OSError(f"helper thread died holding {key}")
 
 threading.Thread(target=later, daemon=True).start()
-sys.exit(cli.main(["worker"]))
+sys.exit(main(["worker"]))
 """
 
 

@@ -164,7 +164,9 @@ async def test_a_deadline_ends_a_loop_that_keeps_failing() -> None:
         failures.append(1)
         raise ValueError("always")
 
-    with anyio.move_on_after(0.2) as scope:
+    # The first failure of an unknown class logs its traceback, which a loaded host takes
+    # a while to render; the retries after it are quick.
+    with anyio.move_on_after(2.0) as scope:
         await supervise(loop, body)  # retried until the deadline cancels it
     assert scope.cancelled_caught and len(failures) > 1
 

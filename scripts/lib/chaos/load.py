@@ -143,7 +143,7 @@ class Load:
         t_start = time.time()
         while True:
             done = subprocess.run(
-                [AIVEDIO, "cancel", "--provider", PROVIDER, "--task-id", task_id],
+                [*AIVEDIO, "cancel", "--provider", PROVIDER, "--task-id", task_id],
                 env=self.env,
                 cwd=ROOT,
                 capture_output=True,

@@ -333,7 +333,7 @@ class Run:
         self.cli("tenants", "create", TENANT)
         key = json.loads(self.cli("keys", "create", "--tenant", TENANT))["key"]
         self.secrets["API key"] = key
-        self.api = self.spawn("API", [AIVEDIO, "api"], "api.log", watched=False)
+        self.api = self.spawn("API", [*AIVEDIO, "api"], "api.log", watched=False)
         base = f"http://127.0.0.1:{api_port}"
         self.api.wait_for_event("api_listening")
         self.api.wait_for(lambda: self.answers(f"{base}/readyz"), "200 from /readyz", 30)
@@ -380,7 +380,7 @@ class Run:
         gen = self.generation[slot]
         proc = self.spawn(
             f"worker {slot + 1}.{gen}",
-            [AIVEDIO, "worker"],
+            [*AIVEDIO, "worker"],
             f"worker-{slot + 1}-{gen}.log",
             watched=False,
         )
@@ -399,7 +399,7 @@ class Run:
     def cli(self, *argv: str, check: bool = True, extra_env: dict[str, str] | None = None) -> str:
         env = {**self.env, **(extra_env or {})}
         done = subprocess.run(
-            [AIVEDIO, *argv], env=env, cwd=ROOT, capture_output=True, text=True, check=False
+            [*AIVEDIO, *argv], env=env, cwd=ROOT, capture_output=True, text=True, check=False
         )
         if check and done.returncode != 0:
             raise ChaosError(
@@ -551,7 +551,7 @@ class Run:
             self.api.fate = "exited"
             self.unexpected.append(f"the API exited by itself ({self.api.proc.returncode})")
             self.log("the API EXITED by itself")
-            self.api = self.spawn("API (restarted)", [AIVEDIO, "api"], "api-2.log", watched=False)
+            self.api = self.spawn("API (restarted)", [*AIVEDIO, "api"], "api-2.log", watched=False)
 
     def load_and_chaos(self, load: Load) -> None:
         plan, chaos = self.plan, self.plan.chaos

@@ -29,7 +29,7 @@ from asyncpg.exceptions._base import InternalClientError
 from children import Child
 
 ROOT = Path(__file__).resolve().parents[3]
-AIVEDIO = str(Path(sys.executable).parent / "aivedio")
+AIVEDIO = [sys.executable, "-m", "aivedio"]  # the package as installed or on PYTHONPATH
 LIB = ROOT / "scripts" / "lib"
 START_TIMEOUT_SECONDS = 60.0
 PG_BINDIRS = sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True)
