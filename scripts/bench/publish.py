@@ -51,7 +51,8 @@ import asyncpg
 
 from aivedio import logs
 from aivedio.config.load import load_config
-from aivedio.pipeline.media_stage import open_media_stage, probe_spec
+from aivedio.pipeline.jobs import probe_spec
+from aivedio.pipeline.media_stage import open_media_stage
 from aivedio.pipeline.moderation import open_moderation_stage
 from aivedio.pipeline.publish import PublishStage
 from aivedio.store import migrations

@@ -19,7 +19,6 @@ from aivedio.sim.provider import Faults, open_simulated_provider
 from aivedio.sim.tls import make_test_ca
 from aivedio.store.database import Pool
 from aivedio.store.queue import Queue
-from aivedio.worker.kinds import default_registry
 from tests.conftest import TEST_KEY
 from tests.support.dns_server import dns_server
 from tests.support.processes import WorkerProcess
@@ -109,7 +108,6 @@ allow_all = true
             recorded = await record_provider_output(
                 conn,
                 queue=Queue(pool),
-                registry=default_registry(),
                 cipher=url_cipher(config),
                 tenant_id=tenant,
                 descriptor=OutputDescriptor(

@@ -31,7 +31,7 @@ from aivedio.store.database import Pool
 from aivedio.store.objects import keys
 from aivedio.store.objects.base import open_object_store
 from aivedio.store.queue import Queue
-from tests.support.pipeline_rig import REGISTRY, Rig, rig_config, running_worker
+from tests.support.pipeline_rig import Rig, rig_config, running_worker
 
 TOKEN_KEY = b"p" * 32
 PLAYLIST = b"#EXTM3U\n#EXT-X-VERSION:7\n#EXT-X-STREAM-INF:BANDWIDTH=1000\nv0/index.m3u8\n"
@@ -120,7 +120,6 @@ async def open_api(
             pool=pool,
             store=store,
             queue=Queue(pool),
-            registry=REGISTRY,
             cipher=url_cipher(cfg),
             signer=TokenSigner(TOKEN_KEY),
         )

@@ -175,7 +175,7 @@ def registry_without(*kinds: str) -> Registry:
     registry = Registry()
     for kind in REGISTRY:
         if kind.name not in kinds:
-            registry.register(kind)
+            registry.bind(kind.contract, kind.handler)
     return registry
 
 

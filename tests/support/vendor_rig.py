@@ -126,7 +126,6 @@ class VendorRig:
             await record_task_outputs(
                 conn,
                 queue=Queue(self.pool),
-                registry=REGISTRY,
                 cipher=self.api.ctx.cipher,
                 config=self.config,
                 provider=self.vendor,

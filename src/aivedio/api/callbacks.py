@@ -233,7 +233,6 @@ async def _record(
         results = await record_task_outputs(
             conn,
             queue=ctx.queue,
-            registry=ctx.registry,
             cipher=ctx.cipher,
             config=ctx.config,
             provider=provider,

@@ -11,7 +11,6 @@ from aivedio.config.load import Config
 from aivedio.crypto import UrlCipher
 from aivedio.errors import ConfigError
 from aivedio.metrics import ApiMetrics
-from aivedio.pipeline.jobs import Registry
 from aivedio.pipeline.upkeep.backlog import BacklogMonitor
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
@@ -25,7 +24,6 @@ class ApiContext:
     pool: Pool
     store: ObjectStore
     queue: Queue
-    registry: Registry
     cipher: UrlCipher
     signer: TokenSigner
     metrics: ApiMetrics = field(default_factory=ApiMetrics)

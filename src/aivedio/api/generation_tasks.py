@@ -72,7 +72,6 @@ async def watch_task(request: web.Request) -> web.Response:
             watch = await register_watch(
                 conn,
                 queue=ctx.queue,
-                registry=ctx.registry,
                 config=ctx.config,
                 provider=wanted.provider,
                 provider_task_id=wanted.task_id,

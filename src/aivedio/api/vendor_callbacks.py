@@ -216,7 +216,6 @@ async def record(
             recorded = await record_task_outputs(
                 conn,
                 queue=ctx.queue,
-                registry=ctx.registry,
                 cipher=ctx.cipher,
                 config=ctx.config,
                 provider=provider,
@@ -240,7 +239,6 @@ async def record(
         watch = await register_watch(
             conn,
             queue=ctx.queue,
-            registry=ctx.registry,
             config=ctx.config,
             provider=provider,
             provider_task_id=hint.task_id,

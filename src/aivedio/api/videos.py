@@ -68,7 +68,7 @@ from aivedio.api.video_bodies import (
 from aivedio.api.video_paths import PATHS as PATHS  # this module's routes, described
 from aivedio.errors import MalformedInputError, NotFoundError, StaleStateError
 from aivedio.logs import get_logger, redact_text
-from aivedio.pipeline.media_stage import probe_spec
+from aivedio.pipeline.jobs import probe_spec
 from aivedio.store import uploads
 from aivedio.store.asset_status import asset_status
 from aivedio.store.objects.base import (

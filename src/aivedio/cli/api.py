@@ -32,7 +32,6 @@ def cmd_api(config: Config, args: argparse.Namespace) -> int:
     from aivedio.pipeline.services import url_cipher
     from aivedio.store.objects.base import open_object_store
     from aivedio.store.queue import Queue
-    from aivedio.worker.kinds import default_registry
 
     if args.port is not None:
         config = msgspec.structs.replace(
@@ -59,7 +58,6 @@ def cmd_api(config: Config, args: argparse.Namespace) -> int:
                     queue=Queue(
                         pool, default_start_within_seconds=config.queue.default_start_within_seconds
                     ),
-                    registry=default_registry(),
                     cipher=url_cipher(config),
                     signer=signer,
                 )

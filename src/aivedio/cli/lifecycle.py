@@ -76,7 +76,7 @@ def cmd_cancel(config: Config, args: argparse.Namespace) -> int:
 
 
 def cmd_reprocess(config: Config, args: argparse.Namespace) -> int:
-    from aivedio.pipeline.media_stage import reprocess_spec
+    from aivedio.pipeline.jobs import reprocess_spec
 
     ids = _ids(args.asset_ids)
     if not ids:

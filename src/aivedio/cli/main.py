@@ -274,7 +274,6 @@ def cmd_ingest(config: Config, args: argparse.Namespace) -> int:
             recorded = await record_provider_output(
                 conn,
                 queue=queue,
-                registry=_registry(),
                 cipher=url_cipher(config),
                 tenant_id=await tenant_id_by_name(conn, args.tenant),
                 descriptor=descriptor,

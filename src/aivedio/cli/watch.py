@@ -22,7 +22,6 @@ def cmd_watch(config: Config, args: argparse.Namespace) -> int:
     from aivedio.pipeline.poller import register_watch
     from aivedio.store.queue import Queue
     from aivedio.store.tenants import tenant_id_by_name
-    from aivedio.worker.kinds import default_registry
 
     async def main() -> int:
         async with (
@@ -35,7 +34,6 @@ def cmd_watch(config: Config, args: argparse.Namespace) -> int:
             watch = await register_watch(
                 conn,
                 queue=queue,
-                registry=default_registry(),
                 config=config,
                 provider=args.provider,
                 provider_task_id=args.task_id,

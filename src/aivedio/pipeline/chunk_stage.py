@@ -53,7 +53,7 @@ from aivedio.errors import (
 )
 from aivedio.logs import get_logger
 from aivedio.metrics import WorkerMetrics
-from aivedio.pipeline import media_objects
+from aivedio.pipeline import jobs, media_objects
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord
 from aivedio.pipeline.media.chunks import CHUNK_OUTPUTS, chunk_name
@@ -68,13 +68,10 @@ from aivedio.store.together import Part
 
 log = get_logger("aivedio.media")
 
-SPLIT_KIND = "chunk_split"
-ENCODE_KIND = "chunk_encode"
-ASSEMBLE_KIND = "chunk_assemble"
-LANE = "media"
-# Below a short video's required renders (10), above optional renders (0).
-PIECE_PRIORITY = 5
-MAX_ATTEMPTS = 4
+SPLIT_KIND = jobs.CHUNK_SPLIT.name
+ENCODE_KIND = jobs.CHUNK_ENCODE.name
+ASSEMBLE_KIND = jobs.CHUNK_ASSEMBLE.name
+LANE = jobs.CHUNK_ENCODE.lane
 SPLIT_PIECE = "split"
 AUDIO_PIECE = "audio"
 
@@ -112,7 +109,7 @@ def _timeout(plan: Plan, media_seconds: float, per_run: float, per_second: float
 
 
 def _key(kind: str, asset_id: uuid.UUID, revision: int, plan: Plan, piece: str) -> str:
-    return f"{kind}:{asset_id}:{revision}:{piece}:v{plan.pipeline_version}"
+    return jobs.chunk_job_key(kind, asset_id, revision, piece, plan.pipeline_version)
 
 
 def _spec(
@@ -126,18 +123,15 @@ def _spec(
     *,
     later: float = 0.0,
 ) -> JobSpec:
-    """``later``: a chunk is due as many seconds after the default as it lies into the
-    video, so a short video enqueued meanwhile is not queued behind a long one's tail."""
-    return JobSpec(
-        kind=kind,
-        lane=LANE,
-        tenant_id=tenant_id,
-        idempotency_key=_key(kind, asset_id, revision, plan, piece),
-        payload={"asset_id": str(asset_id), "revision": revision, "piece": piece},
-        priority=PIECE_PRIORITY,
-        timeout_seconds=timeout,
-        max_attempts=MAX_ATTEMPTS,
-        start_later_seconds=later,
+    return jobs.chunk_spec(
+        jobs.CONTRACTS[kind],
+        asset_id,
+        tenant_id,
+        revision,
+        piece,
+        pipeline_version=plan.pipeline_version,
+        timeout=timeout,
+        later=later,
     )
 
 

@@ -62,9 +62,9 @@ from aivedio.logs import get_logger, url_for_log
 from aivedio.metrics import NO_STATUS, WorkerMetrics
 from aivedio.net.fetch import Fetcher, FetchResult
 from aivedio.net.limits import CircuitBreaker, HostLimiter
+from aivedio.pipeline import jobs
 from aivedio.pipeline import output_records as records
-from aivedio.pipeline.jobs import JobContext, JobKind, Registry
-from aivedio.pipeline.media_stage import probe_spec
+from aivedio.pipeline.jobs import JobContext, Registry, probe_spec
 from aivedio.pipeline.output_records import OutputRow
 from aivedio.providers.seam import ProviderAdapter
 from aivedio.scheduling import decide_retry
@@ -78,8 +78,8 @@ from aivedio.store.together import Part
 
 log = get_logger("aivedio.fetch")
 
-KIND = "fetch"
-LANE = "fetch"
+KIND = jobs.FETCH.name
+LANE = jobs.FETCH.lane
 
 
 @dataclass
@@ -608,4 +608,4 @@ def register(registry: Registry) -> None:
     # An outer bound only: the fetcher's own total deadline (net.total_timeout_seconds, an
     # hour by default) ends a transfer first, and the stage then records the failure; the
     # job's deadline must stay well above it or it would cancel the stage before it can.
-    registry.register(JobKind(KIND, LANE, handle, timeout_seconds=4 * 3600, max_attempts=8))
+    registry.bind(jobs.FETCH, handle)

@@ -27,7 +27,7 @@ from aivedio.config.ledger import LedgerConfig
 from aivedio.config.load import Config
 from aivedio.crypto import UrlCipher
 from aivedio.errors import ConfigError, NotFoundError, PolicyBlockedError, TransientError
-from aivedio.pipeline.jobs import Registry
+from aivedio.pipeline import jobs
 from aivedio.providers.hmac_callbacks import receipt_part
 from aivedio.providers.seam import (
     ProviderOutput,
@@ -43,7 +43,7 @@ from aivedio.store.records import transition
 from aivedio.store.tenants import found_tenant
 from aivedio.store.together import Part, write_together
 
-FETCH_KIND = "fetch"
+FETCH_KIND = jobs.FETCH.name
 
 
 class OutputDescriptor(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,15 +67,10 @@ class Recorded(msgspec.Struct, frozen=True, kw_only=True):
     fetch_status: str
 
 
-def fetch_job_key(provider_output_id: uuid.UUID, pipeline_version: int) -> str:
-    return f"fetch:{provider_output_id}:v{pipeline_version}"
-
-
 async def record_provider_output(
     conn: Connection,
     *,
     queue: Queue,
-    registry: Registry,
     cipher: UrlCipher,
     tenant_id: int,
     descriptor: OutputDescriptor,
@@ -100,16 +95,12 @@ async def record_provider_output(
     ledger = ledger or LedgerConfig()
 
     def fetch_spec(output_id: uuid.UUID) -> JobSpec:
-        estimated = (descriptor.size or 0) / estimated_bytes_per_second
-        spec = registry.spec(
-            FETCH_KIND,
-            fetch_job_key(output_id, pipeline_version),
-            tenant_id=tenant_id,
-            payload={"provider_output_id": str(output_id)},
+        return jobs.fetch_spec(
+            output_id,
+            tenant_id,
+            pipeline_version,
             expires_at=expires_at,
-        )
-        return msgspec.structs.replace(
-            spec, estimated_seconds=max(spec.estimated_seconds, estimated)
+            estimated_seconds=(descriptor.size or 0) / estimated_bytes_per_second,
         )
 
     # The caller's transaction when there is one (a savepoint would cost two round trips
@@ -422,7 +413,6 @@ async def record_task_outputs(
     conn: Connection,
     *,
     queue: Queue,
-    registry: Registry,
     cipher: UrlCipher,
     config: Config,
     provider: str,
@@ -451,7 +441,6 @@ async def record_task_outputs(
             await record_provider_output(
                 conn,
                 queue=queue,
-                registry=registry,
                 cipher=cipher,
                 tenant_id=tenant_id,
                 descriptor=descriptor,

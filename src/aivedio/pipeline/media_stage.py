@@ -69,15 +69,14 @@ from aivedio.errors import (
 )
 from aivedio.logs import get_logger
 from aivedio.metrics import WorkerMetrics
-from aivedio.pipeline import chunk_stage, media_objects
+from aivedio.pipeline import chunk_stage, jobs, media_objects
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import MIME, PRIMARY, OutputRecord
 from aivedio.pipeline.ffmpeg.sandbox import CRASH_SIGNALS, Sandbox
 from aivedio.pipeline.ffmpeg.verdict import verdict_json
-from aivedio.pipeline.jobs import JobContext, JobKind, Registry
+from aivedio.pipeline.jobs import JobContext, Registry, moderate_spec
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.validate import MediaSummary
-from aivedio.pipeline.moderation import moderate_spec
 from aivedio.pipeline.publish import Here, PublishStage, enrich_now_or_later, publish_when_ready
 from aivedio.pipeline.upkeep.backlog import DEFERRED_CLASS, BacklogMonitor
 from aivedio.pipeline.upkeep.lifecycle import retire_if_cancelled
@@ -94,16 +93,12 @@ from aivedio.store.together import Part, write_together
 
 log = get_logger("aivedio.media")
 
-PROBE_KIND = "probe"
-REPROCESS_KIND = "reprocess"
-PROBE_VERSION = 1
-RENDER_KIND = "render"
-LANE = "media"
+PROBE_KIND = jobs.PROBE.name
+REPROCESS_KIND = jobs.REPROCESS.name
+PROBE_VERSION = jobs.PROBE_VERSION
+RENDER_KIND = jobs.RENDER.name
+LANE = jobs.RENDER.lane
 LOCK_BUSY_RETRY_SECONDS = 5.0
-# An outer bound: every ffmpeg run has its own deadline (media_deadline); a full decode check
-# of a long source takes a while.
-PROBE_TIMEOUT_SECONDS = 4 * 3600.0
-PROBE_MAX_ATTEMPTS = 4
 
 
 @dataclass(frozen=True)
@@ -1169,28 +1164,14 @@ def _will_retry(exc: AivedioError, job: Job) -> bool:
 def _render_spec(
     asset_id: uuid.UUID, tenant_id: int, revision: int, output: str, plan: Plan, timeout: float
 ) -> JobSpec:
-    return JobSpec(
-        kind=RENDER_KIND,
-        lane=LANE,
-        tenant_id=tenant_id,
-        idempotency_key=f"render:{asset_id}:{revision}:{output}:v{plan.pipeline_version}",
-        payload={"asset_id": str(asset_id), "revision": revision, "variant_type": output},
-        priority=10 if output in plan.required else 0,
-        timeout_seconds=timeout,
-        max_attempts=4,
-    )
-
-
-def probe_spec(asset_id: uuid.UUID, tenant_id: int) -> JobSpec:
-    """The probe job for an asset: one per asset and probe version (seed §11.9.1)."""
-    return JobSpec(
-        kind=PROBE_KIND,
-        lane=LANE,
-        tenant_id=tenant_id,
-        idempotency_key=f"probe:{asset_id}:v{PROBE_VERSION}",
-        payload={"asset_id": str(asset_id)},
-        timeout_seconds=PROBE_TIMEOUT_SECONDS,
-        max_attempts=PROBE_MAX_ATTEMPTS,
+    return jobs.render_spec(
+        asset_id,
+        tenant_id,
+        revision,
+        output,
+        pipeline_version=plan.pipeline_version,
+        required=output in plan.required,
+        timeout=timeout,
     )
 
 
@@ -1262,20 +1243,6 @@ async def handle_reprocess(ctx: JobContext, job: Job) -> dict[str, Any] | None:
     return await _stage(ctx).reprocess(job, _hooks(ctx))
 
 
-def reprocess_spec(asset_id: uuid.UUID, tenant_id: int, pipeline_version: int) -> JobSpec:
-    """One reprocess per asset and pipeline version at a time (a later request after it
-    finished gets a fresh key from the request time)."""
-    return JobSpec(
-        kind=REPROCESS_KIND,
-        lane=LANE,
-        tenant_id=tenant_id,
-        idempotency_key=f"reprocess:{asset_id}:v{pipeline_version}:{uuid.uuid4().hex[:8]}",
-        payload={"asset_id": str(asset_id)},
-        timeout_seconds=900,
-        max_attempts=4,
-    )
-
-
 def _chunks(ctx: JobContext) -> chunk_stage.ChunkStage:
     return chunk_stage.ChunkStage(_stage(ctx), _will_retry)
 
@@ -1293,31 +1260,12 @@ async def handle_chunk_assemble(ctx: JobContext, job: Job) -> dict[str, Any] | N
 
 
 def register(registry: Registry) -> None:
-    for kind, handler in (
-        (chunk_stage.SPLIT_KIND, handle_chunk_split),
-        (chunk_stage.ENCODE_KIND, handle_chunk_encode),
-        (chunk_stage.ASSEMBLE_KIND, handle_chunk_assemble),
-    ):
-        registry.register(
-            JobKind(
-                kind, LANE, handler, timeout_seconds=3 * 3600, max_attempts=chunk_stage.MAX_ATTEMPTS
-            )
-        )
-    registry.register(
-        JobKind(REPROCESS_KIND, LANE, handle_reprocess, timeout_seconds=900, max_attempts=4)
-    )
-    registry.register(
-        JobKind(
-            PROBE_KIND,
-            LANE,
-            handle_probe,
-            timeout_seconds=PROBE_TIMEOUT_SECONDS,
-            max_attempts=PROBE_MAX_ATTEMPTS,
-        )
-    )
-    registry.register(
-        JobKind(RENDER_KIND, LANE, handle_render, timeout_seconds=3 * 3600, max_attempts=4)
-    )
+    registry.bind(jobs.CHUNK_SPLIT, handle_chunk_split)
+    registry.bind(jobs.CHUNK_ENCODE, handle_chunk_encode)
+    registry.bind(jobs.CHUNK_ASSEMBLE, handle_chunk_assemble)
+    registry.bind(jobs.REPROCESS, handle_reprocess)
+    registry.bind(jobs.PROBE, handle_probe)
+    registry.bind(jobs.RENDER, handle_render)
 
 
 def _stopped_since(

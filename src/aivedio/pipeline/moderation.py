@@ -42,21 +42,22 @@ from aivedio.errors import (
     TransientError,
 )
 from aivedio.logs import get_logger
+from aivedio.pipeline import jobs
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
-from aivedio.pipeline.jobs import JobContext, JobKind, Registry
+from aivedio.pipeline.jobs import JobContext, Registry
 from aivedio.pipeline.media.sniff import MP4, input_args
 from aivedio.pipeline.publish import Here, PublishStage, publish_when_ready
 from aivedio.states import Entity
 from aivedio.store import outbox
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
-from aivedio.store.queue import Job, JobSpec, Queue
+from aivedio.store.queue import Job, Queue
 from aivedio.store.records import transition
 
 log = get_logger("aivedio.moderation")
 
-KIND = "moderate"
-LANE = "control"
+KIND = jobs.MODERATE.name
+LANE = jobs.MODERATE.lane
 DECISIONS = ("allow", "reject", "review")
 
 
@@ -528,19 +529,6 @@ class VerdictRecorder:
         )
 
 
-def moderate_spec(asset_id: uuid.UUID, revision: int, tenant_id: int) -> JobSpec:
-    return JobSpec(
-        kind=KIND,
-        lane=LANE,
-        tenant_id=tenant_id,
-        idempotency_key=f"moderate:{asset_id}:{revision}",
-        payload={"asset_id": str(asset_id), "revision": revision},
-        priority=20,
-        timeout_seconds=600,
-        max_attempts=8,
-    )
-
-
 @asynccontextmanager
 async def open_moderation_stage(
     config: Config, pool: Pool, queue: Queue, store: ObjectStore
@@ -564,4 +552,4 @@ async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
 
 
 def register(registry: Registry) -> None:
-    registry.register(JobKind(KIND, LANE, handle, timeout_seconds=600, max_attempts=8))
+    registry.bind(jobs.MODERATE, handle)

@@ -47,8 +47,9 @@ from aivedio.errors import (
     TransientError,
 )
 from aivedio.logs import get_logger
+from aivedio.pipeline import jobs
 from aivedio.pipeline.intake import record_task_outputs
-from aivedio.pipeline.jobs import JobContext, JobKind, Registry
+from aivedio.pipeline.jobs import JobContext, Registry
 from aivedio.providers import check_task_id
 from aivedio.providers.seam import ProviderAdapter, ProviderTask, check_reported
 from aivedio.states import Entity, allowed
@@ -58,8 +59,8 @@ from aivedio.store.records import transition
 
 log = get_logger("aivedio.poller")
 
-KIND = "provider.poll"
-LANE = "control"
+KIND = jobs.POLL.name
+LANE = jobs.POLL.lane
 MAX_CONSECUTIVE_FAILURES = 30
 MAX_NOT_FOUND_READS = 3
 MAX_BACKOFF_SECONDS = 600.0
@@ -80,10 +81,6 @@ class WatchRegistration(msgspec.Struct, frozen=True, kw_only=True):
     poll_job_id: int | None
 
 
-def poll_job_key(generation_task_id: uuid.UUID, round_: int) -> str:
-    return f"poll:{generation_task_id}:r{round_}"
-
-
 def can_poll(config: Config, provider: str) -> bool:
     pc = config.providers.get(provider)
     return pc is not None and (pc.adapter != "generic" or bool(pc.api_base_url))
@@ -93,7 +90,6 @@ async def register_watch(
     conn: Connection,
     *,
     queue: Queue,
-    registry: Registry,
     config: Config,
     provider: str,
     provider_task_id: str,
@@ -175,12 +171,7 @@ async def register_watch(
                 )
         job_id = None
         if status == "WATCHING":
-            spec = registry.spec(
-                KIND,
-                poll_job_key(task_id, round_),
-                tenant_id=tenant_id,
-                payload={"generation_task_id": str(task_id)},
-            )
+            spec = jobs.poll_spec(task_id, tenant_id, round_)
             enqueued = await queue.enqueue_one(conn, spec)
             job_id = enqueued.job_id
             if hurry and not enqueued.created:
@@ -381,7 +372,6 @@ async def _succeeded(services: Any, watch: Any, task: ProviderTask) -> dict[str,
         recorded = await record_task_outputs(
             conn,
             queue=services.queue,
-            registry=_registry(),
             cipher=services.cipher,
             config=services.config,
             provider=watch["provider"],
@@ -399,14 +389,6 @@ async def _succeeded(services: Any, watch: Any, task: ProviderTask) -> dict[str,
 
 
 @functools.cache
-def _registry() -> Registry:
-    # The kinds module imports this one: the registry that knows the fetch kind is built on
-    # first use, once per process.
-    from aivedio.worker.kinds import default_registry
-
-    return default_registry()
-
-
 async def _move_task(conn: Connection, task_uuid: uuid.UUID, new: str) -> None:
     row = await conn.fetchrow(
         "SELECT provider_status, version FROM generation_tasks WHERE id = $1 FOR UPDATE",
@@ -449,4 +431,4 @@ async def end_watch(
 
 
 def register(registry: Registry) -> None:
-    registry.register(JobKind(KIND, LANE, handle, timeout_seconds=120, max_attempts=8))
+    registry.bind(jobs.POLL, handle)

@@ -42,13 +42,14 @@ from aivedio.errors import (
     TransientError,
 )
 from aivedio.logs import get_logger
-from aivedio.pipeline.jobs import JobContext, JobKind, Registry
+from aivedio.pipeline import jobs
+from aivedio.pipeline.jobs import JobContext, Registry, publish_spec
 from aivedio.pipeline.media_objects import recorded_files
 from aivedio.states import Entity
 from aivedio.store import ledger, outbox
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
-from aivedio.store.queue import Job, JobSpec, Queue, fenced, write_fenced
+from aivedio.store.queue import Job, Queue, fenced, write_fenced
 from aivedio.store.records import stale, transition, transition_part
 from aivedio.store.together import Part, require, unmet, write_together
 
@@ -56,24 +57,8 @@ Row = dict[str, Any]
 
 log = get_logger("aivedio.publish")
 
-KIND = "publish"
-LANE = "control"
-
-
-def publish_spec(
-    asset_id: uuid.UUID, revision: int, tenant_id: int, *, enrich: bool = False
-) -> JobSpec:
-    mode = "enrich" if enrich else "publish"
-    return JobSpec(
-        kind=KIND,
-        lane=LANE,
-        tenant_id=tenant_id,
-        idempotency_key=f"{mode}:{asset_id}:{revision}",
-        payload={"asset_id": str(asset_id), "revision": revision, "mode": mode},
-        priority=30,
-        timeout_seconds=300,
-        max_attempts=8,
-    )
+KIND = jobs.PUBLISH.name
+LANE = jobs.PUBLISH.lane
 
 
 @dataclass(frozen=True)
@@ -726,4 +711,4 @@ async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
 
 
 def register(registry: Registry) -> None:
-    registry.register(JobKind(KIND, LANE, handle, timeout_seconds=300, max_attempts=8))
+    registry.bind(jobs.PUBLISH, handle)

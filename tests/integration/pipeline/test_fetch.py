@@ -76,7 +76,6 @@ class Rig:
             return await record_provider_output(
                 conn,
                 queue=Queue(self.pool),
-                registry=REGISTRY,
                 cipher=url_cipher(self.config),
                 tenant_id=self.tenant_id,
                 descriptor=descriptor,

@@ -17,8 +17,9 @@ from aiohttp import web
 from aivedio.config.load import Config
 from aivedio.errors import LeaseLostError, RenderError, TransientError
 from aivedio.pipeline.ffmpeg import media_run
+from aivedio.pipeline.jobs import publish_spec
 from aivedio.pipeline.media_stage import open_media_stage
-from aivedio.pipeline.publish import Here, PublishStage, publish_spec, publish_when_ready
+from aivedio.pipeline.publish import Here, PublishStage, publish_when_ready
 from aivedio.pipeline.upkeep.lifecycle import cancel_task, delete_asset
 from aivedio.store.database import Pool
 from aivedio.store.queue import Queue

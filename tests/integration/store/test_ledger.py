@@ -20,7 +20,6 @@ from aivedio.crypto import UrlCipher
 from aivedio.errors import ConfigError, StaleStateError
 from aivedio.pipeline import output_records
 from aivedio.pipeline.intake import OutputDescriptor, Recorded, record_provider_output
-from aivedio.pipeline.jobs import JobKind, Registry
 from aivedio.store import ledger as ledger_store
 from aivedio.store.database import Connection, Pool, open_connection, open_pool
 from aivedio.store.ledger import (
@@ -34,19 +33,6 @@ from aivedio.store.tenants import create_tenant
 pytestmark = pytest.mark.anyio
 
 
-async def _never_runs(*_args: Any) -> None:
-    raise AssertionError("no worker runs in these tests")
-
-
-def _registry() -> Registry:
-    # Only the kind intake enqueues: these tests never run a job, and stay independent of
-    # the stages' modules.
-    registry = Registry()
-    registry.register(JobKind("fetch", "fetch", _never_runs))
-    return registry
-
-
-REGISTRY = _registry()
 PRICED = LedgerConfig(
     generation_micros_per_task={"sim": 250_000},
     generation_micros_per_second={"sim": 10_000, "metered": 40_000},
@@ -83,7 +69,6 @@ async def _ingest(
     return await record_provider_output(
         conn,
         queue=Queue(pool),
-        registry=REGISTRY,
         cipher=UrlCipher.from_base64(
             config.security.url_encryption_key_id, config.security.url_encryption_key, {}
         ),

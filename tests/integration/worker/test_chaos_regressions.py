@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 
 from aivedio.config.load import Config, DatabaseConfig
 from aivedio.errors import DatabaseError
-from aivedio.pipeline.jobs import JobContext, JobKind
+from aivedio.pipeline.jobs import Contract, JobContext
 from aivedio.store.database import Pool, map_db_errors, open_pool, until_database_answers
 from aivedio.store.queue import Job, Queue
 from aivedio.worker.daemon import Worker
@@ -242,7 +242,7 @@ async def test_a_stage_meeting_a_restart_under_its_own_pool_call_is_a_database_e
         raise raised
 
     registry = default_registry()
-    registry.register(JobKind(name="test.restart", lane="control", handler=handler))
+    registry.bind(Contract("test.restart", "control", 300.0, 8), handler)
     async with pool.acquire() as conn:
         job_id = (
             await Queue(pool).enqueue_one(

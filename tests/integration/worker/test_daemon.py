@@ -200,14 +200,14 @@ async def test_readiness_reports_pending_migrations(config: Config, pool: Pool) 
 async def test_a_result_postgres_cannot_store_does_not_block_acknowledgements(
     config: Config, pool: Pool
 ) -> None:
-    from aivedio.pipeline.jobs import JobContext, JobKind, Registry
+    from aivedio.pipeline.jobs import Contract, JobContext, Registry
     from aivedio.store.queue import Job
 
     async def nul_result(_ctx: JobContext, _job: Job) -> dict[str, Any]:
         return {"text": "a\u0000b"}  # jsonb refuses NUL characters
 
     registry = Registry()
-    registry.register(JobKind("t.nul", "control", nul_result))
+    registry.bind(Contract("t.nul", "control", 300.0, 8), nul_result)
     async with pool.acquire() as conn:
         bad = (await Queue(pool).enqueue_one(conn, registry.spec("t.nul", "bad"))).job_id
     worker = Worker(config, pool, registry)
@@ -254,7 +254,7 @@ async def test_an_acknowledgement_rides_on_the_next_claim(config: Config, pool: 
 async def test_a_claim_that_carried_an_unstorable_result_hands_it_to_the_flusher(
     config: Config, pool: Pool
 ) -> None:
-    from aivedio.pipeline.jobs import JobContext, JobKind, Registry
+    from aivedio.pipeline.jobs import Contract, JobContext, Registry
     from aivedio.store.queue import Job
 
     async def nul_result(_ctx: JobContext, _job: Job) -> dict[str, Any]:
@@ -264,8 +264,8 @@ async def test_a_claim_that_carried_an_unstorable_result_hands_it_to_the_flusher
         return {"ok": True}
 
     registry = Registry()
-    registry.register(JobKind("t.nul", "control", nul_result))
-    registry.register(JobKind("t.ok", "control", ok))
+    registry.bind(Contract("t.nul", "control", 300.0, 8), nul_result)
+    registry.bind(Contract("t.ok", "control", 300.0, 8), ok)
     queue = Queue(pool)
     async with pool.acquire() as conn:
         bad = (await queue.enqueue_one(conn, registry.spec("t.nul", "bad"))).job_id

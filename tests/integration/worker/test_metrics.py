@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from aivedio.config.load import Config, NetConfig, ProviderConfig
 from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.intake import OutputDescriptor, Recorded, record_provider_output
-from aivedio.pipeline.jobs import JobContext, JobKind, Registry
+from aivedio.pipeline.jobs import Contract, JobContext, Registry
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.services import open_fetch_stage, open_fetch_store, url_cipher
 from aivedio.sim.provider import Faults, SimulatedProvider, open_simulated_provider
@@ -126,7 +126,6 @@ async def ingest(
         return await record_provider_output(
             conn,
             queue=Queue(pool),
-            registry=REGISTRY,
             cipher=url_cipher(config),
             tenant_id=tenant_id,
             descriptor=descriptor,
@@ -243,8 +242,8 @@ async def test_the_oldest_running_job_age_is_read_at_scrape_time(
         return None
 
     registry = Registry()
-    registry.register(JobKind("t.hold", "control", hold))
-    registry.register(JobKind("t.quick", "control", quick))
+    registry.bind(Contract("t.hold", "control", 300.0, 8), hold)
+    registry.bind(Contract("t.quick", "control", 300.0, 8), quick)
     async with pool.acquire() as conn:
         held = (await Queue(pool).enqueue_one(conn, registry.spec("t.hold", "held"))).job_id
     worker = Worker(config, pool, registry)

@@ -16,7 +16,8 @@ from typing import Any, TextIO
 import anyio
 
 from aivedio import errors
-from aivedio.pipeline.jobs import JobContext, JobKind, Registry
+from aivedio.pipeline import jobs
+from aivedio.pipeline.jobs import JobContext, Registry
 from aivedio.store.queue import Job
 
 LANE = "control"
@@ -83,6 +84,6 @@ async def fail(ctx: JobContext, job: Job) -> dict[str, Any] | None:
 
 
 def register(registry: Registry) -> None:
-    registry.register(JobKind("diag.noop", LANE, noop, timeout_seconds=60, max_attempts=5))
-    registry.register(JobKind("diag.sleep", LANE, sleep, timeout_seconds=3600, max_attempts=5))
-    registry.register(JobKind("diag.fail", LANE, fail, timeout_seconds=60, max_attempts=5))
+    registry.bind(jobs.DIAG_NOOP, noop)
+    registry.bind(jobs.DIAG_SLEEP, sleep)
+    registry.bind(jobs.DIAG_FAIL, fail)

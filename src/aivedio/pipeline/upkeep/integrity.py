@@ -27,8 +27,8 @@ import anyio
 from aivedio.config.sweeper import SweeperConfig
 from aivedio.errors import AivedioError, NotFoundError, Retry
 from aivedio.logs import get_logger
+from aivedio.pipeline.jobs import reprocess_spec
 from aivedio.pipeline.media_objects import recorded_files
-from aivedio.pipeline.media_stage import reprocess_spec
 from aivedio.pipeline.upkeep.sweep_scans import Finding, SweepReport
 from aivedio.store import outbox
 from aivedio.store.database import Connection, Pool

@@ -26,9 +26,7 @@ from aivedio.config.sweeper import SweeperConfig
 from aivedio.errors import StaleStateError
 from aivedio.logs import get_logger
 from aivedio.pipeline import poller
-from aivedio.pipeline.media_stage import probe_spec
-from aivedio.pipeline.moderation import moderate_spec
-from aivedio.pipeline.publish import publish_spec
+from aivedio.pipeline.jobs import moderate_spec, probe_spec, publish_spec
 from aivedio.states import Entity
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore

@@ -28,7 +28,6 @@ that fails, and any number of workers seeding the current bucket at start make o
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -42,7 +41,8 @@ from aivedio.config.sweeper import SweeperConfig, validate_sweeper
 from aivedio.errors import AivedioError, DeferredError, TransientError
 from aivedio.logs import get_logger, redact_text
 from aivedio.metrics import WorkerMetrics
-from aivedio.pipeline.jobs import JobContext, JobKind, Registry
+from aivedio.pipeline import jobs
+from aivedio.pipeline.jobs import JobContext, Registry, sweep_spec
 from aivedio.pipeline.upkeep.gc import ROOT_REVISIONS, OrphanCollector
 from aivedio.pipeline.upkeep.integrity import (
     INTEGRITY_EVENT,
@@ -53,7 +53,7 @@ from aivedio.pipeline.upkeep.integrity import (
 from aivedio.pipeline.upkeep.sweep_scans import Finding, StalledWork, SweepReport
 from aivedio.store.database import Pool, map_db_errors, open_connection
 from aivedio.store.objects.base import ObjectStore, open_object_store
-from aivedio.store.queue import Enqueued, Job, JobSpec, Queue
+from aivedio.store.queue import Enqueued, Job, Queue
 from aivedio.supervision import RowGuard, error_class
 
 # The public names; INTEGRITY_EVENT, ROOT_REVISIONS, Finding, SweepReport, playlist_uris and
@@ -77,24 +77,9 @@ __all__ = [
 
 log = get_logger("aivedio.sweeper")
 
-KIND = "sweep"
-LANE = "control"
-SWEEP_TIMEOUT_SECONDS = 3600.0
-SWEEP_MAX_ATTEMPTS = 3
+KIND = jobs.SWEEP.name
+LANE = jobs.SWEEP.lane
 LOCK_KEY = zlib.crc32(b"aivedio:sweeper") - 2**31
-
-
-def sweep_spec(now: datetime, interval_seconds: float, *, following: bool) -> JobSpec:
-    """The sweep job of ``now``'s time bucket, or (``following``) of the next one."""
-    bucket = math.floor(now.timestamp() / interval_seconds) + (1 if following else 0)
-    return JobSpec(
-        kind=KIND,
-        lane=LANE,
-        idempotency_key=f"sweep:{interval_seconds:g}:{bucket}",
-        payload={"not_before": bucket * interval_seconds},
-        timeout_seconds=SWEEP_TIMEOUT_SECONDS,
-        max_attempts=SWEEP_MAX_ATTEMPTS,
-    )
 
 
 def _utcnow() -> datetime:
@@ -274,12 +259,4 @@ async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
 
 
 def register(registry: Registry) -> None:
-    registry.register(
-        JobKind(
-            KIND,
-            LANE,
-            handle,
-            timeout_seconds=SWEEP_TIMEOUT_SECONDS,
-            max_attempts=SWEEP_MAX_ATTEMPTS,
-        )
-    )
+    registry.bind(jobs.SWEEP, handle)

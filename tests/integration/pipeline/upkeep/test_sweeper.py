@@ -30,8 +30,7 @@ from aivedio.cli.sweep import add_parsers
 from aivedio.config.load import Config
 from aivedio.config.sweeper import SweeperConfig, validate_sweeper
 from aivedio.errors import ConfigError, TransientError
-from aivedio.pipeline.jobs import Registry
-from aivedio.pipeline.media_stage import probe_spec
+from aivedio.pipeline.jobs import Registry, probe_spec
 from aivedio.pipeline.upkeep.lifecycle import delete_asset
 from aivedio.pipeline.upkeep.sweeper import (
     INTEGRITY_EVENT,
