@@ -38,16 +38,18 @@ Choices, and the failure each prevents:
 * **Lazy multipart creation.** Nothing is sent until a full part exists, so an abandoned
   small upload costs no request, and small objects cost one request.
 
-This module does not import ``s3_objects`` at run time (that module imports this one): the
-upload reaches the client, the task group and the error translation through its store.
+This module does not import ``s3`` (that module imports this one): the upload reaches the
+client, the task group and the error translation through its store, typed ``UploadingStore``.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import weakref
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
@@ -57,9 +59,6 @@ from aivedio.errors import AivedioError, ChecksumMismatchError, TooLargeError, T
 from aivedio.logs import get_logger
 from aivedio.store.objects.base import ABORT_TIMEOUT_SECONDS, ObjectInfo, UploadContextMixin
 from aivedio.transfer_cpu import measuring
-
-if TYPE_CHECKING:
-    from aivedio.store.objects.s3 import S3ObjectStore
 
 log = get_logger("aivedio.store.objects.base")
 
@@ -118,10 +117,28 @@ def _etag(value: Any) -> str | None:
     return str(value).strip('"') if value else None
 
 
+class UploadingStore(Protocol):
+    """What an ``S3Upload`` needs of the store that made it (``S3ObjectStore``)."""
+
+    bucket: str
+    part_size_bytes: int
+    parts_in_flight: int
+    _client: Any
+    _live_uploads: weakref.WeakSet[S3Upload]
+
+    def _map_errors(self, action: str) -> AbstractContextManager[None]: ...
+
+    def _task_group(self) -> TaskGroup: ...
+
+    def _full_key(self, key: str) -> str: ...
+
+    async def abort_multipart_upload(self, key: str, upload_id: str) -> None: ...
+
+
 class S3Upload(UploadContextMixin):
     """A multipart (or, when small, single-request) upload. See the module docstring."""
 
-    def __init__(self, store: S3ObjectStore, key: str, content_type: str) -> None:
+    def __init__(self, store: UploadingStore, key: str, content_type: str) -> None:
         self._store = store
         self._key = key
         self._full_key = store._full_key(key)
