@@ -22,7 +22,7 @@ import anyio
 from aivedio.config.load import NetConfig, StorageConfig
 from aivedio.memory import tune_allocator
 from aivedio.pipeline.services import make_fetcher
-from aivedio.store.objects.base import open_object_store
+from aivedio.store.objects.opening import open_object_store
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:

@@ -58,7 +58,7 @@ from aivedio.pipeline.publish import PublishStage
 from aivedio.store import migrations
 from aivedio.store.database import open_pool
 from aivedio.store.objects import keys
-from aivedio.store.objects.base import open_object_store
+from aivedio.store.objects.opening import open_object_store
 from aivedio.store.queue import Queue
 from aivedio.worker.daemon import Worker
 from aivedio.worker.kinds import default_registry

@@ -29,7 +29,7 @@ from aivedio.pipeline.services import url_cipher
 from aivedio.store.api_keys import create_key
 from aivedio.store.database import Pool
 from aivedio.store.objects import keys
-from aivedio.store.objects.base import open_object_store
+from aivedio.store.objects.opening import open_object_store
 from aivedio.store.queue import Queue
 from tests.support.pipeline_rig import Rig, rig_config, running_worker
 

@@ -25,7 +25,8 @@ from aivedio.pipeline.moderation import open_moderation_stage
 from aivedio.pipeline.publish import PublishStage
 from aivedio.store.database import Pool
 from aivedio.store.objects import keys
-from aivedio.store.objects.base import ObjectStore, open_object_store
+from aivedio.store.objects.base import ObjectStore
+from aivedio.store.objects.opening import open_object_store
 from aivedio.store.queue import Job, Queue
 from aivedio.worker.daemon import Worker
 from aivedio.worker.kinds import default_registry

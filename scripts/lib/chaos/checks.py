@@ -363,7 +363,7 @@ async def _store_checks(
     grace: float,
 ) -> list[Result]:
     from aivedio.config.load import load_config
-    from aivedio.store.objects.base import open_object_store
+    from aivedio.store.objects.opening import open_object_store
 
     config = load_config(config_path, environ={}, require_secrets=False)
     async with open_object_store(config.storage) as store:

@@ -30,7 +30,7 @@ def cmd_api(config: Config, args: argparse.Namespace) -> int:
     from aivedio.api.context import ApiContext
     from aivedio.api.tokens import TokenSigner
     from aivedio.pipeline.services import url_cipher
-    from aivedio.store.objects.base import open_object_store
+    from aivedio.store.objects.opening import open_object_store
     from aivedio.store.queue import Queue
 
     if args.port is not None:

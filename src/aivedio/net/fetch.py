@@ -17,6 +17,7 @@ What each rule prevents:
 * ``Content-Length`` over the cap is refused before reading; without one, reading stops at
   cap + 1 byte. The body goes chunk by chunk through a counter and SHA-256 into the sink; the
   sink's ``await`` is the backpressure: when the store is slow we read the socket slower.
+  (``net/body.py`` reads the body; this module makes the requests around it.)
 * A body cut short (a dropped connection, a stalled read) resumes with a ``Range`` request
   from the last byte received, guarded by ``If-Range`` (``net/resume.py`` holds the rules that
   prevent splicing two objects): the checksum and the sink go on; a ``200`` starts both over
@@ -31,9 +32,7 @@ Errors are classified here (errors.py) and never carry the URL: scheme, host and
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import hashlib
 import ipaddress
 import ssl
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -50,20 +49,21 @@ from aivedio.errors import (
     InvalidResponseError,
     MalformedInputError,
     PolicyBlockedError,
-    TooLargeError,
     TransientError,
 )
 from aivedio.logs import get_logger, url_for_log
+from aivedio.net.body import BodyInterruptedError as BodyInterruptedError
+from aivedio.net.body import FetchProgress, read_body
+from aivedio.net.body import FetchResult as FetchResult
+from aivedio.net.body import Sink as Sink
 from aivedio.net.connector import AsyncioTlsConnector
 from aivedio.net.policy import FetchPolicy, Target, check_location, check_url
 from aivedio.net.resolver import PinningResolver, guarded_socket_factory
-from aivedio.net.resume import Validator, judge, range_headers, validator_of
+from aivedio.net.resume import judge, range_headers
 from aivedio.net.statuses import classify_status
-from aivedio.transfer_cpu import measured
 
 log = get_logger("aivedio.net.fetch")
 
-Sink = Callable[[bytes], Awaitable[None]]
 # The longest wait before a resume, however many came before it.
 MAX_RESUME_BACKOFF_SECONDS = 30.0
 
@@ -85,19 +85,6 @@ class FetchLimits(msgspec.Struct, frozen=True, kw_only=True):
     resume_backoff_seconds: float = 1.0
 
 
-class FetchResult(msgspec.Struct, frozen=True, kw_only=True):
-    url: str  # for logs: scheme, host, port and a path hash
-    status: int
-    bytes: int
-    sha256: str
-    content_length: int | None
-    content_type: str | None
-    addresses: list[str]
-    redirects: list[str]  # hosts of each hop after the first (of the last request)
-    resumes: int = 0  # bodies continued from where they were cut (a 206)
-    restarts: int = 0  # bodies started over from byte 0 (a 200, or a refused 206)
-
-
 class FetchError(msgspec.Struct, frozen=True):
     """What a failed fetch knew when it failed (for the CLI and attempt records)."""
 
@@ -106,10 +93,6 @@ class FetchError(msgspec.Struct, frozen=True):
     bytes: int
     resumes: int = 0
     restarts: int = 0
-
-
-class BodyInterruptedError(TransientError):
-    """The body stopped short (connection dropped, stalled read): it may be resumed."""
 
 
 def _origin(target: Target) -> tuple[str, str, int]:
@@ -210,7 +193,7 @@ class Fetcher:
         must forget every byte it was given. Without ``restart`` that fetch fails instead.
         """
         cap = min(max_bytes or self.limits.max_bytes, self.limits.max_bytes)
-        state = _State()
+        state = FetchProgress()
         try:
             with anyio.fail_after(self.limits.total_timeout_seconds):
                 return await self._transfer(
@@ -233,7 +216,7 @@ class Fetcher:
         sink: Sink,
         headers: dict[str, str],
         cap: int,
-        state: _State,
+        state: FetchProgress,
         progress: Callable[[int], None] | None,
         restart: Restart | None,
     ) -> FetchResult:
@@ -252,7 +235,9 @@ class Fetcher:
                     f"{url_for_log(url)}: no usable answer within {self.limits.max_resumes} resumes"
                 )
 
-    async def _before_resume(self, url: str, exc: BodyInterruptedError, state: _State) -> None:
+    async def _before_resume(
+        self, url: str, exc: BodyInterruptedError, state: FetchProgress
+    ) -> None:
         """Raise ``exc`` unless the body can be resumed; wait the resume's backoff."""
         where = url_for_log(url)
         reason = None
@@ -294,7 +279,7 @@ class Fetcher:
         sink: Sink,
         headers: dict[str, str],
         cap: int,
-        state: _State,
+        state: FetchProgress,
         progress: Callable[[int], None] | None,
         restart: Restart | None,
     ) -> FetchResult | None:
@@ -328,7 +313,15 @@ class Fetcher:
                         total=state.total,
                         resumes=state.resumes,
                     )
-                    return await self._read_body(url, response, sink, cap, state, progress)
+                    return await read_body(
+                        url,
+                        response,
+                        sink,
+                        cap,
+                        state,
+                        progress,
+                        idle_read_timeout_seconds=self.limits.idle_read_timeout_seconds,
+                    )
                 if verdict.action == "error":
                     raise classify_status(response.status, url, response.headers.get("Retry-After"))
                 await self._start_over(url, verdict.reason, state, restart)
@@ -338,12 +331,20 @@ class Fetcher:
             elif response.status != 200:
                 raise classify_status(response.status, url, response.headers.get("Retry-After"))
             state.begin(response)
-            return await self._read_body(url, response, sink, cap, state, progress)
+            return await read_body(
+                url,
+                response,
+                sink,
+                cap,
+                state,
+                progress,
+                idle_read_timeout_seconds=self.limits.idle_read_timeout_seconds,
+            )
         finally:
             response.release()
 
     async def _start_over(
-        self, url: str, reason: str, state: _State, restart: Restart | None
+        self, url: str, reason: str, state: FetchProgress, restart: Restart | None
     ) -> None:
         """Forget the body so far (the sink's bytes and the checksum) before byte 0 again."""
         if restart is None:
@@ -363,7 +364,7 @@ class Fetcher:
         state.forget()
 
     async def _open(
-        self, url: str, headers: dict[str, str], extra: dict[str, str], state: _State
+        self, url: str, headers: dict[str, str], extra: dict[str, str], state: FetchProgress
     ) -> aiohttp.ClientResponse:
         """The first response that is not a redirect, every hop under the whole policy; the
         caller releases it. ``extra`` (a range) goes to every hop, ``headers`` (the caller's,
@@ -429,7 +430,15 @@ class Fetcher:
             try:
                 if response.status != 200:
                     raise classify_status(response.status, url, response.headers.get("Retry-After"))
-                await self._read_body(url, response, collect, max_bytes, _State(), None)
+                await read_body(
+                    url,
+                    response,
+                    collect,
+                    max_bytes,
+                    FetchProgress(),
+                    None,
+                    idle_read_timeout_seconds=self.limits.idle_read_timeout_seconds,
+                )
             finally:
                 response.release()
         try:  # at the edge's bounds: a provider's answer is outside input too
@@ -463,150 +472,3 @@ class Fetcher:
             raise TransientError(f"cannot connect to {where}: {exc.strerror}") from None
         except aiohttp.ClientError as exc:
             raise TransientError(f"request to {where} failed: {type(exc).__name__}") from None
-
-    async def _read_body(
-        self,
-        url: str,
-        response: aiohttp.ClientResponse,
-        sink: Sink,
-        cap: int,
-        state: _State,
-        progress: Callable[[int], None] | None,
-    ) -> FetchResult:
-        """The body (or the rest of it, from ``state.received``) into the sink."""
-        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            raise InvalidResponseError(
-                f"encoded body ({encoding}) from {url_for_log(url)} refused; never inflated"
-            )
-        start = state.received
-        length = response.content_length
-        if length is not None and start + length > cap:
-            raise TooLargeError(f"Content-Length {start + length} exceeds the cap of {cap} bytes")
-        hasher = state.hasher
-
-        async def take(chunk: bytes) -> None:
-            state.received += len(chunk)
-            if state.received > cap:
-                raise TooLargeError(f"body exceeds the cap of {cap} bytes")
-            with measured("fetch"):
-                hasher.update(chunk)
-            await sink(chunk)
-            if progress is not None:
-                progress(state.received)
-
-        try:
-            try:
-                while True:
-                    # One received chunk at a time, as aiohttp's parser made it: ``readany``
-                    # would join what is buffered into a new object (a copy, and a page fault
-                    # a page once that reaches glibc's mmap threshold).
-                    chunk, end_of_http_chunk = await response.content.readchunk()
-                    if not chunk:
-                        if end_of_http_chunk:
-                            continue  # the end of a chunk of a chunked body, not of the body
-                        break
-                    await take(chunk)
-            except aiohttp.ClientError:
-                for chunk in _unread(response.content):
-                    await take(chunk)
-                raise
-        except aiohttp.ClientPayloadError:
-            raise BodyInterruptedError(
-                f"body from {url_for_log(url)} truncated after {state.received} bytes"
-            ) from None
-        except (aiohttp.ServerTimeoutError, TimeoutError):
-            raise BodyInterruptedError(
-                f"idle read deadline: no data from {url_for_log(url)} for "
-                f"{self.limits.idle_read_timeout_seconds:g}s after {state.received} bytes"
-            ) from None
-        except aiohttp.ClientError as exc:
-            raise BodyInterruptedError(
-                f"reading {url_for_log(url)} failed after {state.received} bytes: "
-                f"{type(exc).__name__}"
-            ) from None
-        if length is not None and state.received - start != length:
-            raise BodyInterruptedError(
-                f"body from {url_for_log(url)} truncated: {state.received} of "
-                f"{start + length} bytes"
-            )
-        # A 206 may come without a length (read to the close): the object's size decides.
-        if state.started and state.total is not None and state.received != state.total:
-            if state.received > state.total:
-                raise InvalidResponseError(
-                    f"body from {url_for_log(url)} ran past its stated size of {state.total} bytes"
-                )
-            raise BodyInterruptedError(
-                f"body from {url_for_log(url)} truncated: {state.received} of {state.total} bytes"
-            )
-        # Of the object (the first response), not of the part of it a 206 carried.
-        if state.started:
-            total, content_type = state.total, state.content_type
-        else:  # a body read without a transfer around it (fetch_json)
-            total, content_type = length, response.headers.get("Content-Type")
-        return FetchResult(
-            url=url_for_log(url),
-            status=response.status,
-            bytes=state.received,
-            sha256=hasher.hexdigest(),
-            content_length=total,
-            content_type=content_type,
-            addresses=state.addresses,
-            redirects=state.redirects,
-            resumes=state.resumes,
-            restarts=state.restarts,
-        )
-
-
-def _unread(content: aiohttp.StreamReader) -> list[bytes]:
-    """The bytes aiohttp received for a body but had not handed out when it failed.
-
-    aiohttp's reader raises a body's error (the connection closed short of its length) on
-    the next read even while it still buffers bytes received before it (up to twice
-    ``read_bufsize``): they would be lost, and a resume would ask for them again. They are
-    taken from its buffer (a private deque of ``bytes``, checked for that shape: should a
-    later aiohttp change it, nothing is taken and the resume starts a little earlier, which
-    the resume tests, expecting each resume at the exact byte of its cut, would show). The
-    reader is dead by then; its own counters are left as they are.
-    """
-    buffer = getattr(content, "_buffer", None)
-    if not isinstance(buffer, collections.deque) or not all(
-        isinstance(chunk, bytes) for chunk in buffer
-    ):
-        return []
-    chunks = list(buffer)
-    buffer.clear()
-    return chunks
-
-
-class _State:
-    """One fetch's progress: the body so far and what a resume of it needs."""
-
-    def __init__(self) -> None:
-        self.received = 0  # bytes of the current body given to the sink
-        self.hasher = hashlib.sha256()
-        self.addresses: list[str] = []
-        self.redirects: list[str] = []
-        self.started = False  # a 200 began the current body
-        self.validator: Validator | None = None
-        self.total: int | None = None  # the object's size, when a response stated it
-        self.content_type: str | None = None
-        self.resume = False  # the next request continues the body from ``received``
-        self.ranges_refused = False  # a 206 was refused: no more ranges for this fetch
-        self.requests = 0  # requests for the body so far
-        self.resumes = 0
-        self.restarts = 0
-
-    def begin(self, response: aiohttp.ClientResponse) -> None:
-        """A 200: the body starts at byte 0 (``forget`` ran, if a body came before it)."""
-        self.started = True
-        self.validator = validator_of(response.headers)
-        self.total = response.content_length
-        self.content_type = response.headers.get("Content-Type")
-
-    def forget(self) -> None:
-        self.received = 0
-        self.hasher = hashlib.sha256()
-        self.started = False
-        self.validator = None
-        self.total = None

@@ -1,42 +1,27 @@
 """The SSRF policy: which URLs and which addresses the fetcher may reach. Pure: no I/O, no DNS.
 
-Why string checks are not enough. "Not ``localhost``, not ``127.`` or ``10.``" is defeated by
-spelling: ``inet_aton`` reads ``2130706433``, ``0x7f.1`` and ``127.1`` as 127.0.0.1,
-``[::ffff:127.0.0.1]`` is loopback in IPv6 clothing, ``evil.com@10.0.0.1`` puts the real host
-after the userinfo, and any name can resolve to 169.254.169.254. So we decide on values: an IP
-literal becomes an ``ipaddress`` object checked against our own deny table, a name is checked
-against the host allowlist and, once resolved, every answer against the same table
-(``check_answers``). A literal never matches the allowlist; with one, only ``allow_cidrs`` lets
-a literal through.
-
-Refuse, never normalise. This module parses the URL and yarl parses it again for aiohttp (the
-fetcher refuses any URL yarl reads otherwise); wherever two parsers could read different hosts,
-the URL is refused, not settled: whitespace or a control character anywhere, backslashes, ``@``
-in the authority, percent-encoding or non-ASCII in the host (IDNA 2003, UTS 46 and browsers map
-Unicode apart: give the A-label), a trailing dot (aiohttp would resolve ``name.`` but send
-``name`` as SNI), ports not in canonical decimal (``0443``), zone ids, and numeric hosts that
-are not a canonical dotted quad (``numeric_host``, whatever ``allow_cidrs`` says: simpler to
-prove than re-implementing every client's ``inet_aton``). Only ASCII case is folded, as every
-parser folds it. An allowlist entry ``name`` allows that host exactly, ``.name`` its subdomains.
-
-Why transition addresses are unwrapped. IPv4-mapped (``::ffff:a.b.c.d``), IPv4-compatible
-(``::a.b.c.d``), NAT64 (``64:ff9b::/96``, ``64:ff9b:1::/48``), 6to4 (``2002::/16``) and
-Teredo (``2001::/32``) addresses carry an IPv4 address inside, and a dual-stack socket, a
-NAT64 gateway or a relay delivers the packet to that IPv4 address. Checking only the IPv6
-value would let ``::ffff:169.254.169.254`` reach the metadata service. We extract the
-embedded address and, when it is denied, report *its* reason (``metadata``, ``loopback``…);
-when it is public we deny anyway, under the transition kind (``ipv4_mapped``, ``nat64``…):
-no provider needs them, and a public IPv4 target should be dialled as IPv4.
-
-Why one denied answer blocks the whole name. The attacker owns the DNS zone and decides the
-order of answers and which one a client tries first (and when it falls back to the next).
-Dropping only the denied answers and dialling the rest would still let the attacker choose
-a private address on a retry, a happy-eyeballs race or a rebinding round. A name with any
-denied address is hostile or broken; either way it is refused as a whole.
-
-Details never contain a query string (signed URLs carry credentials there): reasons name the
-host, the port or the scheme only, and ``redact_url`` strips query, fragment and userinfo for
-any output that has to show a URL.
+* **Decide on values, never on spellings** (``0x7f.1`` is loopback, any name may resolve to
+  169.254.169.254). An IP literal becomes an ``ipaddress`` value checked against our deny
+  table; a name must match the host allowlist (``name``: that host exactly, ``.name``: its
+  subdomains) and each of its DNS answers passes the same table (``check_answers``). A literal
+  never matches the allowlist: only ``allow_cidrs`` admits one.
+* **Refuse, never normalise**, wherever two parsers (ours, and yarl's for aiohttp) could read
+  different hosts: whitespace or a control character anywhere, backslashes, ``@`` in the
+  authority, percent-encoding or non-ASCII in the host (give the A-label), a trailing dot, a
+  port not in canonical decimal (``0443``), zone ids, and a numeric host that is not a
+  canonical dotted quad (``numeric_host``, whatever ``allow_cidrs`` says). Only ASCII case is
+  folded, as every parser folds it.
+* **Transition addresses are unwrapped.** IPv4-mapped, IPv4-compatible, NAT64
+  (``64:ff9b::/96``, ``64:ff9b:1::/48``), 6to4 (``2002::/16``) and Teredo (``2001::/32``)
+  addresses carry an IPv4 address that a dual-stack socket, gateway or relay delivers to. A
+  denied embedded address is refused under its own reason (``metadata``, ``loopback``…); a
+  public one is refused too, under the transition kind (``ipv4_mapped``, ``nat64``…): a public
+  IPv4 target is dialled as IPv4.
+* **One denied DNS answer refuses the whole name**: the zone's owner picks which answer a client
+  tries (a retry, a happy-eyeballs race, a rebinding round), so none of the others is dialled.
+* **No detail contains a query string** (signed URLs carry credentials there): reasons name the
+  host, the port or the scheme only; ``redact_url`` strips query, fragment and userinfo from any
+  URL that has to be shown.
 """
 
 from __future__ import annotations

@@ -85,7 +85,8 @@ from aivedio.states import Entity
 from aivedio.store import ledger, outbox
 from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.objects import keys
-from aivedio.store.objects.base import ObjectStore, open_object_store
+from aivedio.store.objects.base import ObjectStore
+from aivedio.store.objects.opening import open_object_store
 from aivedio.store.queue import Job, JobSpec, Queue
 from aivedio.store.records import stale, transition, transition_part
 from aivedio.store.session_locks import SessionLocks

@@ -15,7 +15,8 @@ from aivedio.pipeline.fetch import FetchServices, FetchStage
 from aivedio.providers import build_adapter
 from aivedio.providers.seam import ProviderAdapter
 from aivedio.store.database import Pool
-from aivedio.store.objects.base import ObjectStore, open_object_store
+from aivedio.store.objects.base import ObjectStore
+from aivedio.store.objects.opening import open_object_store
 from aivedio.store.queue import Queue
 
 

@@ -16,16 +16,15 @@ its own channel (``LocalLanes``): the other workers would only claim nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
+from aivedio.store.job_types import JobSpec
 from aivedio.store.together import Part
-
-if TYPE_CHECKING:
-    from aivedio.store.queue import JobSpec, LocalLanes
 
 SHARED_CHANNEL = "aivedio_jobs"
 
@@ -57,6 +56,46 @@ _NOTIFY = (
 _MADE = (
     "SELECT json_agg(json_build_array(i.idempotency_key, i.id, i.lane))::text AS made FROM {jobs} i"
 )
+
+
+class LocalLanes:
+    """What a worker tells its queue so that the jobs it enqueues for itself wake only it.
+
+    ``channel``: the worker's own notification channel (it LISTENs on it beside
+    ``SHARED_CHANNEL``). ``reserve``: given the number of jobs an enqueue makes per lane,
+    the lanes whose jobs this worker will claim itself (they fit its free slots; it counts
+    them as promised until its next claim there), none while it does not listen or drains.
+    Those lanes are notified on the private channel: the enqueuing worker claims the jobs,
+    and the others, which would hear the shared channel and claim nothing, stay asleep. Any
+    other lane (more jobs than free slots, a fan-out such as chunk pieces) is announced to
+    the whole fleet as before. ``created``, after the statement, gives back what was
+    reserved for jobs it did not create (known keys). A reservation is a promise to claim,
+    not to claim that job: when the worker's next claim there comes back full (older jobs
+    first), it announces the lane to the fleet (``Queue.notify``). A private wake-up that
+    goes astray (the enqueue rolled back, the worker died) costs at most the other workers'
+    idle poll (``worker.claim_poll_seconds``), never a job.
+    """
+
+    def __init__(
+        self,
+        channel: str,
+        reserve: Callable[[dict[str, int]], list[str]],
+        unreserve: Callable[[dict[str, int]], None],
+    ) -> None:
+        self.channel = channel
+        self.reserve = reserve
+        self.unreserve = unreserve  # the reserved jobs an enqueue did not create, per lane
+
+    def lanes_for(self, lanes: Sequence[str]) -> list[str]:
+        return sorted(self.reserve(dict(Counter(lanes))))
+
+    def created(self, private: Sequence[str], asked: Sequence[str], made: Sequence[str]) -> None:
+        """After the statement: give back what was reserved for jobs it did not create."""
+        if private:
+            wanted, got = Counter(asked), Counter(made)
+            unused = {n: wanted[n] - got[n] for n in private if wanted[n] > got[n]}
+            if unused:
+                self.unreserve(unused)
 
 
 @dataclass

@@ -19,64 +19,25 @@ was re-claimed cannot complete, retry, bury or release the job: its token no lon
 from __future__ import annotations
 
 import contextlib
-from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import anyio
-import msgspec
 
 from aivedio.errors import DatabaseError, LeaseLostError
 from aivedio.scheduling import sort_at
 from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.enqueuing import SHARED_CHANNEL, Enqueuing, enqueuing
+from aivedio.store.enqueuing import LocalLanes as LocalLanes
+from aivedio.store.job_types import Enqueued as Enqueued
+from aivedio.store.job_types import Job as Job
+from aivedio.store.job_types import JobSpec as JobSpec
 from aivedio.store.queries import query
 from aivedio.store.together import Part, write_together
 
 NOTIFY_CHANNEL = SHARED_CHANNEL
-
-
-class LocalLanes:
-    """What a worker tells its queue so that the jobs it enqueues for itself wake only it.
-
-    ``channel``: the worker's own notification channel (it LISTENs on it beside
-    ``NOTIFY_CHANNEL``). ``reserve``: given the number of jobs an enqueue makes per lane,
-    the lanes whose jobs this worker will claim itself (they fit its free slots; it counts
-    them as promised until its next claim there), none while it does not listen or drains.
-    Those lanes are notified on the private channel: the enqueuing worker claims the jobs,
-    and the others, which would hear the shared channel and claim nothing, stay asleep. Any
-    other lane (more jobs than free slots, a fan-out such as chunk pieces) is announced to
-    the whole fleet as before. ``created``, after the statement, gives back what was
-    reserved for jobs it did not create (known keys). A reservation is a promise to claim,
-    not to claim that job: when the worker's next claim there comes back full (older jobs
-    first), it announces the lane to the fleet (``Queue.notify``). A private wake-up that
-    goes astray (the enqueue rolled back, the worker died) costs at most the other workers'
-    idle poll (``worker.claim_poll_seconds``), never a job.
-    """
-
-    def __init__(
-        self,
-        channel: str,
-        reserve: Callable[[dict[str, int]], list[str]],
-        unreserve: Callable[[dict[str, int]], None],
-    ) -> None:
-        self.channel = channel
-        self.reserve = reserve
-        self.unreserve = unreserve  # the reserved jobs an enqueue did not create, per lane
-
-    def lanes_for(self, lanes: Sequence[str]) -> list[str]:
-        return sorted(self.reserve(dict(Counter(lanes))))
-
-    def created(self, private: Sequence[str], asked: Sequence[str], made: Sequence[str]) -> None:
-        """After the statement: give back what was reserved for jobs it did not create."""
-        if private:
-            wanted, got = Counter(asked), Counter(made)
-            unused = {n: wanted[n] - got[n] for n in private if wanted[n] > got[n]}
-            if unused:
-                self.unreserve(unused)
 
 
 LEASE_NOT_HELD = "AVL01"  # raised by aivedio_hold_lease (migration 0014)
@@ -147,47 +108,6 @@ async def _rollback(conn: Connection) -> None:
     with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
         if not conn.is_closed():
             await conn.execute("ROLLBACK")
-
-
-class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
-    """A job to enqueue. The payload carries ids only, never a URL or a secret."""
-
-    kind: str
-    lane: str
-    idempotency_key: str
-    tenant_id: int = 0
-    payload: dict[str, Any] = msgspec.field(default_factory=dict)
-    priority: int = 0
-    expires_at: datetime | None = None
-    estimated_seconds: float = 0.0
-    max_attempts: int = 8
-    timeout_seconds: float = 300.0
-    # Due this much later than the default deadline (no effect with ``expires_at``).
-    start_later_seconds: float = 0.0
-
-
-class Job(msgspec.Struct, frozen=True, kw_only=True):
-    """A claimed job, with the lease token that every later change of it must present."""
-
-    id: int
-    kind: str
-    lane: str
-    tenant_id: int
-    payload: dict[str, Any]
-    attempts: int
-    max_attempts: int
-    lease_token: int
-    timeout_seconds: float
-    expires_at: datetime | None
-    idempotency_key: str
-    created_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class Enqueued:
-    idempotency_key: str
-    job_id: int
-    created: bool
 
 
 class Queue:

@@ -27,7 +27,7 @@ from aivedio.sim.provider import Faults, SimulatedProvider, open_simulated_provi
 from aivedio.sim.tls import make_test_ca
 from aivedio.store.database import Pool
 from aivedio.store.objects import keys
-from aivedio.store.objects.base import open_object_store
+from aivedio.store.objects.opening import open_object_store
 from aivedio.store.queue import Job, Queue
 from aivedio.worker.daemon import Worker
 from aivedio.worker.kinds import default_registry

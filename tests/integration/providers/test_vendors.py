@@ -31,7 +31,7 @@ from aivedio.pipeline.services import url_cipher
 from aivedio.sim.provider import Faults
 from aivedio.sim.tls import make_test_ca
 from aivedio.store.database import Pool
-from aivedio.store.objects.base import open_object_store
+from aivedio.store.objects.opening import open_object_store
 from tests.support.dns_server import dns_server
 from tests.support.vendor_rig import API_HOST, API_KEY, CDN_HOST, MULTI_OUTPUT, VENDORS, VendorRig
 from tests.support.vendor_rig import open_vendor as _open_vendor

@@ -52,7 +52,8 @@ from aivedio.pipeline.upkeep.integrity import (
 )
 from aivedio.pipeline.upkeep.sweep_scans import Finding, StalledWork, SweepReport
 from aivedio.store.database import Pool, map_db_errors, open_connection
-from aivedio.store.objects.base import ObjectStore, open_object_store
+from aivedio.store.objects.base import ObjectStore
+from aivedio.store.objects.opening import open_object_store
 from aivedio.store.queue import Enqueued, Job, Queue
 from aivedio.supervision import RowGuard, error_class
 

@@ -1,10 +1,11 @@
 """The object storage seam: one contract, two stores (a local directory and S3).
 
 Pipeline code sees only ``ObjectStore`` and ``Upload`` from here; which store sits behind them
-is decided once, by the scheme of ``storage.url`` (``open_object_store``). Foreign exceptions
-(``OSError``, botocore, aiohttp) never cross this seam: each store translates them into the
-taxonomy of ``aivedio.errors`` (plus the two deterministic classes below), so the queue's retry
-decision does not depend on which store is configured.
+is decided once, by the scheme of ``storage.url`` (``open_object_store``, in ``opening``, the
+one module that imports both stores). Foreign exceptions (``OSError``, botocore, aiohttp) never
+cross this seam: each store translates them into the taxonomy of ``aivedio.errors`` (plus the
+two deterministic classes below), so the queue's retry decision does not depend on which store
+is configured.
 
 Design choices, and the failure each one prevents:
 
@@ -40,9 +41,7 @@ import builtins
 import hashlib
 import re
 from collections.abc import AsyncIterator, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
-from pathlib import Path
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 from urllib.parse import unquote, urlsplit
@@ -50,7 +49,6 @@ from urllib.parse import unquote, urlsplit
 import anyio
 import msgspec
 
-from aivedio.config.load import StorageConfig
 from aivedio.errors import (
     AivedioError,
     ChecksumMismatchError,
@@ -518,38 +516,3 @@ def parse_storage_url(url: str) -> tuple[str, str, str]:
                 raise ConfigError(f"config error: storage.url: bad prefix: {exc.detail}") from None
         return "s3", parts.netloc, prefix
     raise ConfigError("config error: storage.url: scheme must be file or s3")
-
-
-@asynccontextmanager
-async def _open(
-    config: StorageConfig, part_size_bytes: int | None, parts_in_flight: int | None
-) -> AsyncIterator[ObjectStore]:
-    scheme, location, _ = parse_storage_url(config.url)
-    if scheme == "file":
-        from aivedio.store.objects.local import LocalObjectStore
-
-        async with LocalObjectStore(Path(location)) as local:
-            yield local
-        return
-    from aivedio.store.objects.s3 import S3ObjectStore
-
-    tuning: dict[str, int] = {}
-    if part_size_bytes is not None:
-        tuning["part_size_bytes"] = part_size_bytes
-    if parts_in_flight is not None:
-        tuning["parts_in_flight"] = parts_in_flight
-    async with S3ObjectStore.from_config(config, **tuning) as s3:
-        yield s3
-
-
-def open_object_store(
-    config: StorageConfig,
-    *,
-    part_size_bytes: int | None = None,
-    parts_in_flight: int | None = None,
-) -> AbstractAsyncContextManager[ObjectStore]:
-    """Open the store ``config.url`` names (``file:///dir`` or ``s3://bucket[/prefix]``).
-
-    ``part_size_bytes`` and ``parts_in_flight`` tune S3 multipart uploads (ignored locally).
-    """
-    return _open(config, part_size_bytes, parts_in_flight)

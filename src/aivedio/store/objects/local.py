@@ -1,5 +1,8 @@
 """The embedded object store: a directory tree on a local filesystem (``file:///abs/dir``).
 
+Uploads live in ``local_upload``, the filesystem primitives (durable writes and renames, thread
+hops, ``OSError`` translation) in ``local_disk``, the listing walk in ``local_listing``.
+
 Layout under ``root``::
 
     <key>                   the object's bytes, at the path its key names
@@ -37,33 +40,27 @@ from __future__ import annotations
 import builtins
 import errno
 import hashlib
-import itertools
 import os
 import shutil
 import stat
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
-from datetime import UTC, datetime
+from collections.abc import AsyncIterator, Sequence
+from contextlib import suppress
 from pathlib import Path
-from typing import Any, BinaryIO, ParamSpec, TypeVar
+from typing import Any, BinaryIO
 
 import anyio
 import anyio.to_thread
 import msgspec
 
 from aivedio.errors import (
-    AivedioError,
     ChecksumMismatchError,
     ConfigError,
     NotFoundError,
-    ResourceExhaustedError,
     TransientError,
 )
-from aivedio.logs import get_logger
 from aivedio.store.objects.base import (
-    ABORT_TIMEOUT_SECONDS,
     DEFAULT_CONTENT_TYPE,
     READ_CHUNK_BYTES,
     InvalidKeyError,
@@ -72,17 +69,26 @@ from aivedio.store.objects.base import (
     ObjectStoreConveniences,
     PendingUpload,
     Upload,
-    UploadContextMixin,
     validate_key,
     validate_prefix,
     validate_range,
 )
-from aivedio.transfer_cpu import measuring
+from aivedio.store.objects.local_disk import (
+    file_etag,
+    file_mtime,
+    fsync_dir,
+    in_thread,
+    map_os_errors,
+    moving_bytes,
+    prune_empty_parents,
+    replace_into,
+    unlink_if_present,
+    write_durably,
+)
+from aivedio.store.objects.local_listing import list_in_batches, walk_tree
+from aivedio.store.objects.local_upload import LOCAL_WRITE_BATCH_BYTES as LOCAL_WRITE_BATCH_BYTES
+from aivedio.store.objects.local_upload import LocalUpload as LocalUpload
 
-log = get_logger("aivedio.store.objects.base")
-
-# Bytes gathered in memory before one thread hop writes them to the temp file.
-LOCAL_WRITE_BATCH_BYTES = 1024 * 1024
 # ``store_files``: files up to this size go in batches of up to BATCH_MAX_BYTES, one thread
 # call a batch (a call cannot be cancelled midway, so neither may be long).
 BATCH_FILE_MAX_BYTES = 8 * 1024 * 1024
@@ -91,12 +97,6 @@ BATCH_MAX_BYTES = 32 * 1024 * 1024
 LIST_BATCH = 1000
 TMP_DIR = ".tmp"
 META_DIR = ".meta"
-# Attempts at "create parents, rename" when a concurrent delete prunes the parent between.
-RENAME_ATTEMPTS = 3
-_NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-P = ParamSpec("P")
-T = TypeVar("T")
 
 
 class _Sidecar(msgspec.Struct, frozen=True):
@@ -107,198 +107,6 @@ class _Sidecar(msgspec.Struct, frozen=True):
 class _Pending(msgspec.Struct, frozen=True):
     key: str
     content_type: str
-
-
-@contextmanager
-def map_os_errors(action: str) -> Iterator[None]:
-    """Translate filesystem errors: a full disk is ``ResourceExhaustedError``, anything else
-    from the OS is ``TransientError`` (a flaky mount); our own errors pass through."""
-    try:
-        yield
-    except AivedioError:
-        raise
-    except OSError as exc:
-        detail = f"{action}: {type(exc).__name__}: {exc.strerror or exc}"
-        if exc.errno in _NO_SPACE:
-            raise ResourceExhaustedError(detail) from exc
-        raise TransientError(detail) from exc
-
-
-async def _in_thread(action: str, func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    def call() -> T:
-        return func(*args, **kwargs)
-
-    with map_os_errors(action):
-        return await anyio.to_thread.run_sync(call)
-
-
-async def _moving_bytes(action: str, func: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """``_in_thread`` for a call that writes or reads object bytes: its CPU is byte transfer
-    (``transfer_cpu``)."""
-    return await _in_thread(action, measuring("store", func), *args, **kwargs)
-
-
-def _etag(st: os.stat_result) -> str:
-    return f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
-
-
-def _mtime(st: os.stat_result) -> datetime:
-    return datetime.fromtimestamp(st.st_mtime, tz=UTC)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _make_parents(path: Path) -> None:
-    """Create the missing directories above ``path``, fsyncing the parent of each new one
-    so the new entries survive a crash too."""
-    missing: list[Path] = []
-    parent = path.parent
-    while not parent.is_dir():
-        missing.append(parent)
-        parent = parent.parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory)
-        except FileExistsError:
-            if not directory.is_dir():
-                raise
-        _fsync_dir(directory.parent)
-
-
-def _replace_into(src: Path, dst: Path) -> None:
-    """``os.replace`` after creating ``dst``'s parents; retried when a concurrent delete
-    pruned an empty parent between the two steps."""
-    for attempt in range(RENAME_ATTEMPTS):
-        try:
-            _make_parents(dst)
-            os.replace(src, dst)
-            return
-        except FileNotFoundError:
-            if attempt + 1 == RENAME_ATTEMPTS or not src.exists():
-                raise
-
-
-def _prune_empty_parents(path: Path, root: Path) -> None:
-    parent = path.parent
-    while parent != root:
-        try:
-            os.rmdir(parent)
-        except OSError:
-            return
-        parent = parent.parent
-
-
-def _unlink(path: Path) -> None:
-    with suppress(FileNotFoundError, NotADirectoryError, IsADirectoryError):
-        os.unlink(path)
-
-
-class LocalUpload(UploadContextMixin):
-    """An upload into ``.tmp/<id>.part``; published by ``complete`` with one rename."""
-
-    def __init__(
-        self,
-        store: LocalObjectStore,
-        key: str,
-        content_type: str,
-        upload_id: str,
-        file: BinaryIO,
-    ) -> None:
-        self._store = store
-        self._key = key
-        self._content_type = content_type
-        self._upload_id = upload_id
-        self._file = file
-        self._buffer = bytearray()
-        self._bytes_written = 0
-        self._max_buffered_bytes = 0
-        self._state = "open"  # open -> completing -> completed | aborted; broken on interrupt
-        store._live_uploads.add(self)
-
-    @property
-    def key(self) -> str:
-        return self._key
-
-    @property
-    def upload_id(self) -> str:
-        return self._upload_id
-
-    @property
-    def bytes_written(self) -> int:
-        return self._bytes_written
-
-    @property
-    def max_buffered_bytes(self) -> int:
-        return self._max_buffered_bytes
-
-    def _require_open(self) -> None:
-        if self._state != "open":
-            raise RuntimeError(f"upload of {self._key!r} is {self._state}; only abort() is valid")
-
-    async def write(self, chunk: bytes) -> None:
-        self._require_open()
-        try:
-            self._buffer += chunk
-            self._bytes_written += len(chunk)
-            self._max_buffered_bytes = max(self._max_buffered_bytes, len(self._buffer))
-            if len(self._buffer) >= LOCAL_WRITE_BATCH_BYTES:
-                await self._flush()
-        except BaseException:
-            self._state = "broken"
-            raise
-
-    async def _flush(self) -> None:
-        data, self._buffer = self._buffer, bytearray()  # hand over, no copy
-        await _moving_bytes(f"writing {self._key!r}", self._file.write, data)
-
-    async def complete(self) -> ObjectInfo:
-        self._require_open()
-        self._state = "completing"
-        try:
-            # The buffered tail is written by the commit's own thread call: one hop fewer.
-            tail, self._buffer = self._buffer, bytearray()
-            info = await _moving_bytes(
-                f"publishing {self._key!r}",
-                self._store._commit,
-                self._upload_id,
-                self._file,
-                self._key,
-                self._content_type,
-                tail,
-            )
-        except BaseException:
-            await self.abort()
-            raise
-        self._state = "completed"
-        self._store._live_uploads.discard(self)
-        return info
-
-    async def abort(self) -> None:
-        if self._state in {"completed", "aborted"}:
-            return
-        self._state = "aborted"
-        self._store._live_uploads.discard(self)
-        self._buffer = bytearray()
-        with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_TIMEOUT_SECONDS):
-            try:
-                await _in_thread(
-                    f"aborting {self._key!r}", self._store._discard, self._upload_id, self._file
-                )
-            except AivedioError as exc:
-                log.warning("object_upload_abort_failed", key=self._key, error=exc.detail)
 
 
 class LocalObjectStore(ObjectStoreConveniences):
@@ -354,7 +162,7 @@ class LocalObjectStore(ObjectStoreConveniences):
     async def start_upload(self, key: str, *, content_type: str = DEFAULT_CONTENT_TYPE) -> Upload:
         validate_key(key)
         upload_id = uuid.uuid4().hex
-        file = await _in_thread(
+        file = await in_thread(
             f"starting upload of {key!r}", self._begin, upload_id, key, content_type
         )
         return LocalUpload(self, key, content_type, upload_id, file)
@@ -377,7 +185,7 @@ class LocalObjectStore(ObjectStoreConveniences):
     ) -> ObjectInfo:
         """Publish the upload. ``dirs``: collect the directories to fsync there instead
         of syncing them now (a batch syncs each once, before it returns)."""
-        sync = _fsync_dir if dirs is None else dirs.add
+        sync = fsync_dir if dirs is None else dirs.add
         if tail:
             file.write(tail)
         file.flush()
@@ -386,27 +194,27 @@ class LocalObjectStore(ObjectStoreConveniences):
         file.close()
         self._check_no_collision(key)
         sidecar = self._tmp_path(upload_id, "meta")
-        _write_durably(sidecar, msgspec.json.encode(_Sidecar(content_type, st.st_ino)))
+        write_durably(sidecar, msgspec.json.encode(_Sidecar(content_type, st.st_ino)))
         data_path, meta_path = self._data_path(key), self._meta_path(key)
         part = self._tmp_path(upload_id, "part")
         if not part.exists():
             raise NotFoundError(f"upload of {key!r} was aborted before it completed")
         try:
-            _replace_into(sidecar, meta_path)
-            _replace_into(part, data_path)
+            replace_into(sidecar, meta_path)
+            replace_into(part, data_path)
         except (NotADirectoryError, IsADirectoryError, FileExistsError) as exc:
             raise self._collision(key) from exc
         except FileNotFoundError as exc:
             raise NotFoundError(f"upload of {key!r} was aborted before it completed") from exc
         sync(meta_path.parent)
         sync(data_path.parent)
-        _unlink(self._tmp_path(upload_id, "upload"))
+        unlink_if_present(self._tmp_path(upload_id, "upload"))
         sync(self._tmp)
         return ObjectInfo(
             key=key,
             size=st.st_size,
-            etag=_etag(st),
-            last_modified=_mtime(st),
+            etag=file_etag(st),
+            last_modified=file_mtime(st),
             content_type=content_type,
         )
 
@@ -423,12 +231,12 @@ class LocalObjectStore(ObjectStoreConveniences):
                 await self._store_file(file)
                 continue
             if batch and size + file.size > BATCH_MAX_BYTES:
-                await _moving_bytes("storing files", self._store_batch, batch)
+                await moving_bytes("storing files", self._store_batch, batch)
                 batch, size = [], 0
             batch.append(file)
             size += file.size
         if batch:
-            await _moving_bytes("storing files", self._store_batch, batch)
+            await moving_bytes("storing files", self._store_batch, batch)
 
     def _store_batch(self, files: Sequence[LocalFile]) -> None:
         """Each file copied and published in turn (one open handle at a time), the
@@ -446,10 +254,10 @@ class LocalObjectStore(ObjectStoreConveniences):
                     handle.close()
                 for suffix in ("part", "meta", "upload"):  # not published: nothing behind
                     with suppress(OSError):
-                        _unlink(self._tmp_path(upload_id, suffix))
+                        unlink_if_present(self._tmp_path(upload_id, suffix))
                 raise
         for directory in sorted(dirs):
-            _fsync_dir(directory)
+            fsync_dir(directory)
         for file in files:
             self._read_back(file)
 
@@ -487,11 +295,11 @@ class LocalObjectStore(ObjectStoreConveniences):
     def _discard(self, upload_id: str, file: BinaryIO) -> None:
         file.close()
         for suffix in ("part", "meta", "upload"):
-            _unlink(self._tmp_path(upload_id, suffix))
+            unlink_if_present(self._tmp_path(upload_id, suffix))
 
     async def list_multipart_uploads(self, prefix: str = "") -> builtins.list[PendingUpload]:
         validate_prefix(prefix)
-        return await _in_thread("listing pending uploads", self._pending, prefix)
+        return await in_thread("listing pending uploads", self._pending, prefix)
 
     def _pending(self, prefix: str) -> builtins.list[PendingUpload]:
         found: builtins.list[PendingUpload] = []
@@ -505,7 +313,7 @@ class LocalObjectStore(ObjectStoreConveniences):
                 continue
             try:
                 marker = msgspec.json.decode(Path(entry.path).read_bytes(), type=_Pending)
-                initiated = _mtime(entry.stat())
+                initiated = file_mtime(entry.stat())
             except (FileNotFoundError, msgspec.DecodeError):
                 continue  # completed or aborted while we looked, or torn by a crash
             if marker.key.startswith(prefix):
@@ -516,7 +324,7 @@ class LocalObjectStore(ObjectStoreConveniences):
         validate_key(key)
         if len(upload_id) != 32 or not all(c in "0123456789abcdef" for c in upload_id):
             return  # not one of ours: S3 would answer NoSuchUpload, which is "already gone"
-        await _in_thread(f"aborting upload {upload_id}", self._abort_pending, key, upload_id)
+        await in_thread(f"aborting upload {upload_id}", self._abort_pending, key, upload_id)
 
     def _abort_pending(self, key: str, upload_id: str) -> None:
         try:
@@ -529,19 +337,19 @@ class LocalObjectStore(ObjectStoreConveniences):
         except msgspec.DecodeError:
             pass  # a torn marker: the id matched, so clean it up
         for suffix in ("part", "meta", "upload"):
-            _unlink(self._tmp_path(upload_id, suffix))
+            unlink_if_present(self._tmp_path(upload_id, suffix))
 
     # -- reads ---------------------------------------------------------------------------
 
     async def head(self, key: str) -> ObjectInfo | None:
         validate_key(key)
-        return await _in_thread(f"head {key!r}", self._head, key)
+        return await in_thread(f"head {key!r}", self._head, key)
 
     async def sizes(self, keys: Sequence[str]) -> dict[str, int | None]:
         """Every key's size in one thread call."""
         for key in keys:
             validate_key(key)
-        return await _in_thread("head", self._sizes, keys)
+        return await in_thread("head", self._sizes, keys)
 
     def _sizes(self, keys: Sequence[str]) -> dict[str, int | None]:
         found: dict[str, int | None] = {}
@@ -564,8 +372,8 @@ class LocalObjectStore(ObjectStoreConveniences):
         return ObjectInfo(
             key=key,
             size=st.st_size,
-            etag=_etag(st),
-            last_modified=_mtime(st),
+            etag=file_etag(st),
+            last_modified=file_mtime(st),
             content_type=self._content_type(key, st.st_ino),
         )
 
@@ -582,7 +390,7 @@ class LocalObjectStore(ObjectStoreConveniences):
         validate_key(key)
         validate_range(start, end)
         # Opened and first read in one thread call: a small object costs one hop.
-        file, remaining, chunk = await _moving_bytes(
+        file, remaining, chunk = await moving_bytes(
             f"reading {key!r}", self._open_and_read, key, start, end
         )
         try:
@@ -591,7 +399,7 @@ class LocalObjectStore(ObjectStoreConveniences):
                 yield chunk
                 if remaining <= 0:
                     return
-                chunk = await _moving_bytes(
+                chunk = await moving_bytes(
                     f"reading {key!r}", file.read, min(READ_CHUNK_BYTES, remaining)
                 )
         finally:
@@ -604,10 +412,10 @@ class LocalObjectStore(ObjectStoreConveniences):
         action = f"reading {key!r}"
         digest = hashlib.sha256()
         # Opened and the first batch copied in one thread call: a small object costs one hop.
-        source, target, size, done = await _moving_bytes(action, self._open_copy, key, path, digest)
+        source, target, size, done = await moving_bytes(action, self._open_copy, key, path, digest)
         try:
             while not done:
-                copied, done = await _moving_bytes(action, _copy_some, source, target, digest)
+                copied, done = await moving_bytes(action, _copy_some, source, target, digest)
                 size += copied
             return digest.hexdigest(), size
         finally:
@@ -659,24 +467,25 @@ class LocalObjectStore(ObjectStoreConveniences):
         validate_prefix(prefix)
         directory, _, name_prefix = prefix.rpartition("/")
         start = self._root.joinpath(*directory.split("/")) if directory else self._root
-        return _listing(_walk(start, f"{directory}/" if directory else "", name_prefix))
+        walk = walk_tree(start, f"{directory}/" if directory else "", name_prefix)
+        return list_in_batches(walk, LIST_BATCH)
 
     # -- deletes -------------------------------------------------------------------------
 
     async def delete(self, key: str) -> None:
         validate_key(key)
-        await _in_thread(f"deleting {key!r}", self._delete, key)
+        await in_thread(f"deleting {key!r}", self._delete, key)
 
     def _delete(self, key: str) -> None:
         data_path, meta_path = self._data_path(key), self._meta_path(key)
         if data_path.is_dir():
             return  # a "directory" of other keys, not an object
-        _unlink(data_path)
-        _unlink(meta_path)
+        unlink_if_present(data_path)
+        unlink_if_present(meta_path)
         if data_path.parent.is_dir():
-            _fsync_dir(data_path.parent)
-        _prune_empty_parents(data_path, self._root)
-        _prune_empty_parents(meta_path, self._meta)
+            fsync_dir(data_path.parent)
+        prune_empty_parents(data_path, self._root)
+        prune_empty_parents(meta_path, self._meta)
 
 
 def _copy_some(source: BinaryIO, target: BinaryIO, digest: Any) -> tuple[int, bool]:
@@ -691,60 +500,3 @@ def _copy_some(source: BinaryIO, target: BinaryIO, digest: Any) -> tuple[int, bo
         target.write(chunk)
         copied += len(chunk)
     return copied, False
-
-
-async def _listing(walk: Iterator[ObjectInfo | None]) -> AsyncIterator[ObjectInfo]:
-    """The walk advanced in a thread a batch at a time: one thread call for up to
-    LIST_BATCH objects and directories, however the store is laid out."""
-    while True:
-        batch, more = await _in_thread("listing objects", _take, walk, LIST_BATCH)
-        for info in batch:
-            yield info
-        if not more:
-            return
-
-
-def _take(walk: Iterator[ObjectInfo | None], count: int) -> tuple[builtins.list[ObjectInfo], bool]:
-    """The objects among the walk's next ``count`` steps (each object or directory entered
-    is a step), and whether the walk has more."""
-    steps = builtins.list(itertools.islice(walk, count))
-    return [info for info in steps if info is not None], len(steps) == count
-
-
-def _walk(path: Path, key_prefix: str, name_prefix: str) -> Iterator[ObjectInfo | None]:
-    """Depth first, in key order (``_scan``); each directory read when the walk reaches it
-    (a None step: a listing of empty directories is batched as one of objects is)."""
-    yield None
-    for name, st in _scan(path, name_prefix):
-        if stat.S_ISDIR(st.st_mode):
-            yield from _walk(path / name, f"{key_prefix}{name}/", "")
-        else:
-            yield ObjectInfo(
-                key=key_prefix + name, size=st.st_size, etag=_etag(st), last_modified=_mtime(st)
-            )
-
-
-def _scan(path: Path, name_prefix: str) -> builtins.list[tuple[str, os.stat_result]]:
-    """Entries of one directory that can hold objects, in key order.
-
-    A directory ``d`` sorts as ``d/`` so a depth-first walk yields keys in the same
-    (byte-wise) order S3 lists them: ``a-c`` < ``a/b`` because ``-`` < ``/``.
-    """
-    try:
-        entries = builtins.list(os.scandir(path))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    found: builtins.list[tuple[str, str, os.stat_result]] = []
-    for entry in entries:
-        if entry.name.startswith(".") or not entry.name.startswith(name_prefix):
-            continue
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except FileNotFoundError:
-            continue  # deleted while we looked
-        if stat.S_ISDIR(st.st_mode):
-            found.append((entry.name + "/", entry.name, st))
-        elif stat.S_ISREG(st.st_mode):
-            found.append((entry.name, entry.name, st))
-    found.sort(key=lambda item: item[0])
-    return [(name, st) for _, name, st in found]

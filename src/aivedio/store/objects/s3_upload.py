@@ -1,53 +1,37 @@
 """The multipart upload of the S3 object store (``S3Upload``, made by ``S3ObjectStore``).
 
-Choices, and the failure each prevents:
+* **Bounded memory and concurrency.** ``write`` copies each byte once, into a part-sized
+  buffer; a full part waits for one of ``parts_in_flight`` slots, so a slow store blocks the
+  writer. At most ``parts_in_flight + 1`` buffers exist, reused for the whole upload (one goes
+  back to the pool once its part is acknowledged): memory stays near ``part_size_bytes x
+  (parts_in_flight + 1)``, with no page faults of a fresh buffer a part (``aivedio.memory``).
+* **A part is sent from its buffer, not copied** (``_PartBody``): botocore gets it as a
+  file-like object, aiohttp as an async iterable of ``memoryview`` slices. Being file-like, it
+  goes with ``Expect: 100-continue``: the store can refuse it before its bytes are on the wire.
+* **Parts run in a task group owned by the upload**, inside a driver task started in the
+  store's task group: never inside the caller's cancel scopes, never outliving the store, no
+  bare ``create_task``. The first failing part wins: it cancels its siblings, the driver aborts
+  the multipart upload (shielded), and the writer's next ``write`` or ``complete`` raises it.
+* **Every part carries its SHA-256** (``ChecksumSHA256``), so S3 rejects a part corrupted on the
+  way; a store that echoes a different checksum raises ``ChecksumMismatchError`` too. An object
+  smaller than one part is one ``PutObject`` with the same checksum, and nothing is sent
+  before a full part exists: an abandoned small upload costs no request.
+* **Control requests are shielded and bounded** (``CreateMultipartUpload``, the final
+  ``PutObject`` or ``CompleteMultipartUpload``, ``AbortMultipartUpload``): cancelled midway,
+  they would leave an upload whose id we never learnt, or an object in an unknown state.
 
-* **Multipart with bounded concurrency and memory.** ``write`` fills a buffer; each full
-  part (``part_size_bytes``) waits for one of ``parts_in_flight`` slots before it is handed
-  to a part task. A slow store therefore blocks the writer, and memory stays within about
-  ``part_size_bytes x (parts_in_flight + 1)`` instead of growing with the object.
-* **One copy a byte, into reused buffers.** Written chunks are copied once, into one of at
-  most ``parts_in_flight + 1`` part-sized buffers that are reused for the whole upload (a
-  buffer goes back to the pool once its part is acknowledged). A fresh 8 MiB buffer per
-  part costs a page fault per 4 KiB page (glibc serves it with mmap, see
-  ``aivedio.memory``): measured at about 10 ms of CPU a part on the benchmark machine,
-  which the store, sharing the cores, then lacks.
-* **The part is sent from its buffer.** ``_PartBody`` hands it to botocore as a file-like
-  object (so botocore neither wraps it in ``BytesIO``, two more copies, nor refuses it) and
-  to aiohttp as an async iterable of ``memoryview`` slices, written to the socket without
-  a copy. A ``bytes`` or ``bytearray`` body would be copied again by aiohttp (a slice of
-  a ``bytearray`` copies; on Python < 3.12.9 the request headers are joined with the first
-  body write). Being file-like, the part is sent with ``Expect: 100-continue``, as boto3
-  sends its parts: the store can refuse it before the 8 MiB are on the wire.
-* **Structured concurrency.** Part uploads run in a task group owned by the upload. That
-  group lives in a "driver" task started in the store's own task group, so it is nested in
-  the store's lifetime and never in the caller's cancel scopes: a failing part cannot cancel
-  unrelated work of the caller, and no part task outlives the store (no bare
-  ``create_task``).
-* **First failure wins.** A failing part cancels its siblings (task-group semantics), the
-  driver aborts the multipart upload (shielded) and the writer's next ``write`` or
-  ``complete`` raises that failure. No pending upload is left to be billed.
-* **Every part carries its SHA-256** (``ChecksumSHA256``), so S3 rejects a part corrupted
-  on the way; when the store echoes a checksum that differs from ours (stores that compute
-  instead of verifying) we raise ``ChecksumMismatchError`` too. Objects smaller than one
-  part go through a single ``PutObject`` with the same checksum.
-* **Shielded, bounded control requests.** ``CreateMultipartUpload``, the final
-  ``PutObject``/``CompleteMultipartUpload`` and ``AbortMultipartUpload`` run shielded from
-  cancellation with a deadline: a cancellation in the middle would leave an upload whose id
-  we never learnt (unabortable until a reaper runs) or an object in an unknown state.
-* **Lazy multipart creation.** Nothing is sent until a full part exists, so an abandoned
-  small upload costs no request, and small objects cost one request.
-
-This module does not import ``s3_objects`` at run time (that module imports this one): the
-upload reaches the client, the task group and the error translation through its store.
+This module does not import ``s3`` (which imports it): the upload reaches the client, the task
+group and the error translation through its store, typed ``UploadingStore``.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import weakref
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import anyio
 import anyio.to_thread
@@ -57,9 +41,6 @@ from aivedio.errors import AivedioError, ChecksumMismatchError, TooLargeError, T
 from aivedio.logs import get_logger
 from aivedio.store.objects.base import ABORT_TIMEOUT_SECONDS, ObjectInfo, UploadContextMixin
 from aivedio.transfer_cpu import measuring
-
-if TYPE_CHECKING:
-    from aivedio.store.objects.s3 import S3ObjectStore
 
 log = get_logger("aivedio.store.objects.base")
 
@@ -118,10 +99,28 @@ def _etag(value: Any) -> str | None:
     return str(value).strip('"') if value else None
 
 
+class UploadingStore(Protocol):
+    """What an ``S3Upload`` needs of the store that made it (``S3ObjectStore``)."""
+
+    bucket: str
+    part_size_bytes: int
+    parts_in_flight: int
+    _client: Any
+    _live_uploads: weakref.WeakSet[S3Upload]
+
+    def _map_errors(self, action: str) -> AbstractContextManager[None]: ...
+
+    def _task_group(self) -> TaskGroup: ...
+
+    def _full_key(self, key: str) -> str: ...
+
+    async def abort_multipart_upload(self, key: str, upload_id: str) -> None: ...
+
+
 class S3Upload(UploadContextMixin):
     """A multipart (or, when small, single-request) upload. See the module docstring."""
 
-    def __init__(self, store: S3ObjectStore, key: str, content_type: str) -> None:
+    def __init__(self, store: UploadingStore, key: str, content_type: str) -> None:
         self._store = store
         self._key = key
         self._full_key = store._full_key(key)

@@ -45,7 +45,8 @@ from aivedio.pipeline.upkeep.sweeper import (
 )
 from aivedio.store.database import Pool, open_pool
 from aivedio.store.objects import keys
-from aivedio.store.objects.base import ObjectStore, ObjectStoreError, open_object_store
+from aivedio.store.objects.base import ObjectStore, ObjectStoreError
+from aivedio.store.objects.opening import open_object_store
 from aivedio.store.queue import JobSpec, Queue
 from aivedio.worker.daemon import Worker
 from tests.conftest import make_config

@@ -41,9 +41,9 @@ from aivedio.store.objects.base import (
     LocalFile,
     ObjectStore,
     Upload,
-    open_object_store,
 )
 from aivedio.store.objects.local import LOCAL_WRITE_BATCH_BYTES
+from aivedio.store.objects.opening import open_object_store
 from aivedio.store.objects.s3 import S3ObjectStore, sha256_b64
 from tests.support.s3_server import BUCKET, s3_config
 

@@ -16,8 +16,9 @@ import pytest
 from aivedio.config.load import StorageConfig
 from aivedio.errors import NotFoundError, TransientError
 from aivedio.metrics import WorkerMetrics
-from aivedio.store.objects.base import InvalidKeyError, ObjectStore, open_object_store
+from aivedio.store.objects.base import InvalidKeyError, ObjectStore
 from aivedio.store.objects.metered import MeteredObjectStore
+from aivedio.store.objects.opening import open_object_store
 from aivedio.store.objects.s3 import S3ObjectStore
 from tests.support.s3_server import s3_config
 
