@@ -2,7 +2,7 @@
 
 Pipeline code raises only these. Foreign exceptions (asyncpg, aiohttp, botocore) are
 translated at their seam with ``raise … from exc``. The queue reads ``retry`` to decide
-what happens to a failed job, so the decision lives here and nowhere else (seed §11.9.4).
+what happens to a failed job, so the decision lives here and nowhere else.
 """
 
 from __future__ import annotations

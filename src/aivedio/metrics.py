@@ -14,7 +14,7 @@ loop cannot work), ``aivedio_loop_failures_total{loop}`` and
 ``aivedio_sweeps_total{outcome}`` (its sweep passes: ``swept``, ``incomplete``,
 ``another_sweeper_running``).
 
-The scaling signals of seed 002 §11.10.4 that need more than the queue, each recorded where
+The scaling signals (what an autoscaler reads) that need more than the queue, each recorded where
 its fact is known:
 
 * fetch: ``aivedio_fetch_duration_seconds{provider}`` (request to stored object, transfers

@@ -1,6 +1,6 @@
 """Claim order and retry schedule: pure functions over plain data.
 
-Order (DESIGN §5, seed §11.10.4). A fetch job must start before its URL dies:
+Order (DESIGN §5). A fetch job must start before its URL dies:
 ``expiry_slack = expires_at - now - estimated_fetch_time``, smallest first. Since ``now`` is
 common to every candidate, ordering by slack is ordering by ``expires_at - estimated``, a
 value fixed at enqueue time. We store it as ``sort_at`` so that the claim walks an index

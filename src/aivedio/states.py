@@ -1,10 +1,10 @@
-"""The state machines of seed 002 §11.5, in one table.
+"""The state machines of every record with a status, in one table.
 
 Every status column is changed only through ``store.records.transition``, which consults
 ``allowed`` and then runs a compare-and-set (``WHERE status = expected AND version = v``).
 Anything not listed here is refused, so a late event can never move a record backwards.
 
-Additions to the seed's diagrams, each because a real path needs it:
+Additions to the design's diagrams, each because a real path needs it:
 
 * provider outputs: ``FETCHING → FETCH_PENDING`` (a drained worker releases its lease),
   ``FETCH_PENDING → NEED_URL_REFRESH`` (the URL expired before any fetch began),
@@ -15,8 +15,9 @@ Additions to the seed's diagrams, each because a real path needs it:
   not allowed, but ``PLAYABLE → PROCESSING`` is not
   needed either: enrichment publishes a new revision while the asset stays PLAYABLE, then
   moves it to ENRICHED. ``DELETED`` is reachable from every live state (the tombstone);
-* generation tasks and revisions are not drawn in the seed; their states follow §11.2.1 and
-  §11.7.10.
+* generation tasks and revisions are not drawn in the design; a task follows the provider's
+  own states, a revision is BUILDING until it is READY (published), FAILED or ABANDONED, and a READY
+  one is SUPERSEDED by the next publish.
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ TRANSITIONS: Mapping[Entity, Mapping[str, frozenset[str]]] = {
         "SUCCEEDED": frozenset(),
         "FAILED": frozenset(),
     },
-    # A piece of a chunked revision (seed 004's transcoding task): done once, by whichever
-    # attempt commits first; a later duplicate finds it DONE and keeps nothing of its own.
+    # A piece of a chunked revision (a transcoding task keyed by its segment): done once, by
+    # whichever attempt commits first; a later duplicate finds it DONE and keeps nothing of its own.
     Entity.PIECE: {
         "PENDING": frozenset({"DONE", "FAILED"}),
         "DONE": frozenset(),

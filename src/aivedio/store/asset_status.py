@@ -20,7 +20,7 @@ from typing import Any
 from aivedio.logs import redact_text
 from aivedio.store.database import Pool
 
-# States after which nothing more happens to an asset (seed §11.5; DELETED is the tombstone).
+# States after which nothing more happens to an asset (DELETED is the tombstone).
 FINAL_ASSET_STATES = frozenset(
     {"ENRICHED", "REJECTED", "INVALID_MEDIA", "PROCESSING_FAILED", "DELETED"}
 )

@@ -1,4 +1,4 @@
-"""The one runner for every ffmpeg and ffprobe process (seed 002 §11.12.2, §11.12.3).
+"""The one runner for every ffmpeg and ffprobe process, each in its own sandbox.
 
 ffmpeg is a native parser of hostile input. Every process started here gets:
 

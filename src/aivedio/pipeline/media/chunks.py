@@ -1,8 +1,8 @@
 """Chunked transcoding for long sources: where to split, and the ffmpeg argv of each step.
 
-Pure: packets and the plan in, split points and argv out (seed 004 keys transcoding work by
-``(video, source version, profile, segment)``; ``chunk_stage`` runs these as jobs and
-``dag`` as local processes).
+Pure: packets and the plan in, split points and argv out. Transcoding work is keyed by
+``(video, source version, profile, segment)``, so a retried segment is the same task;
+``chunk_stage`` runs these as jobs and ``ffmpeg.media_run`` as local processes.
 
 * **split**: the source's video is cut by stream copy (the segment muxer, never a
   re-encode) at *clean* keyframes: a keyframe that no later packet displays before, so a

@@ -1,6 +1,6 @@
 """The processing plan: a pure function of the validated media summary and ``[media]``.
 
-Remux when the source already plays everywhere (seed 002 §11.7.6): H.264 in a sane profile
+Remux when the source already plays everywhere: H.264 in a sane profile
 and level, yuv420p, progressive, constant frame rate, square pixels, no rotation to apply,
 even dimensions, AAC-LC or no audio. Otherwise transcode to H.264 + AAC-LC, yuv420p, rotation
 applied, VFR made constant.

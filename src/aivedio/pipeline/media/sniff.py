@@ -1,4 +1,4 @@
-"""Magic bytes before any demuxer (seed 002 §11.7.5): what the first bytes say a file is.
+"""Magic bytes before any demuxer: what the first bytes say a file is.
 
 Only two container families are accepted: ISO BMFF (MP4/MOV) and Matroska/WebM. For those
 the demuxer is *forced* from this sniff and the format whitelist names only that family, so a

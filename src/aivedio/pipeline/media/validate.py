@@ -1,4 +1,4 @@
-"""The validation rules of seed 002 §11.7.5, as a pure function of ffprobe's output.
+"""The validation rules of a source, as a pure function of ffprobe's output.
 
 ``summarize`` picks the streams we will use and ``validate`` returns every reason code that
 applies (not just the first), so a verdict tells the whole story. Per-provider/model
