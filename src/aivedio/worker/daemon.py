@@ -65,6 +65,7 @@ from aivedio.store import listening
 from aivedio.store.database import Pool, lost_server, until_database_answers
 from aivedio.store.queue import NOTIFY_CHANNEL, Job, LocalLanes, Queue
 from aivedio.supervision import Conditions, Loop, error_class, supervise
+from aivedio.worker.health import serve_health
 
 log = get_logger("aivedio.worker.daemon")
 
@@ -270,8 +271,6 @@ class Worker:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def run(self, *, install_signal_handlers: bool = True) -> None:
-        from aivedio.worker.health import serve_health
-
         wc = self.config.worker
         log.info(
             "worker_starting",
