@@ -17,7 +17,8 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from aivedio.config.load import Config, claim_poll_seconds
+from aivedio.config.load import Config
+from aivedio.config.worker import claim_poll_seconds
 from aivedio.logs import get_logger
 from aivedio.store.queue import Job, Queue
 from aivedio.supervision import Loop, error_class

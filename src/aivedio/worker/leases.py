@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import asyncpg
 
-from aivedio.config.load import WorkerConfig
+from aivedio.config.worker import WorkerConfig
 from aivedio.logs import get_logger
 from aivedio.metrics import WorkerMetrics
 from aivedio.store.database import until_database_answers

@@ -13,7 +13,7 @@ import time
 
 import anyio
 
-from aivedio.config.load import WorkerConfig, claim_poll_seconds
+from aivedio.config.worker import WorkerConfig, claim_poll_seconds
 from aivedio.logs import get_logger
 from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.jobs import Registry
