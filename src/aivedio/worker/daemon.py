@@ -79,9 +79,10 @@ class Worker:
     """One worker process: it owns its lanes and their claimers, the jobs it runs (each in
     its own task, under its deadline), the outcome it records for each (acknowledged,
     retried, deferred, buried or released), its leases, its LISTEN connection, its health
-    endpoint and its drain. It never touches a job it does not hold the lease of, never
-    decides what a job does (the registry's handlers do, with ``self.context``), and holds
-    no SQL of its own: every statement goes through ``store.queue.Queue``."""
+    endpoint and its drain. It never runs a job whose lease it lost (the heartbeat cancels
+    that run, and its outcome is not recorded), never decides what a job does (the
+    registry's handlers do, with ``self.context``), and holds no SQL of its own: every
+    statement goes through ``store.queue.Queue``."""
 
     def __init__(
         self,
