@@ -1,28 +1,15 @@
-"""The worker daemon: lanes of slots, one claimer per lane, every job under its own deadline.
+"""The worker daemon: the process that runs jobs, from start to drain.
 
-Shape. One anyio task group owns everything: the signal watcher, the health server, the
-LISTEN connection, the heartbeat, the maintenance loop (due retries, expired leases, queue
-gauges), the acknowledgement flusher, and a nested group that owns the job tasks. A lane's
-claimer claims at most its free slots (never more: a claimed job holds a lease, and a lease
-held by a job that is not running is a delay for nobody's benefit), starts one task per job,
-and sleeps until a NOTIFY for its lane (on the shared channel, or on this worker's own for
-the jobs its stages made for it: ``LocalLanes``), a freed slot, or its poll (see
-docs/architecture.md, "Wake-ups", for when it asks the database and when it does not).
-
-Completions are acknowledged in batches by one flusher: while one batch is in flight the
-next accumulates, so the statement count falls as load rises. The per-row fencing check in
-the ``complete`` statement keeps this exactly-once.
-
-Leases. One heartbeat statement extends every lease this worker holds and returns what it
-still owns; a running job missing from that answer was taken over (its lease expired while
-we stalled), so its task is cancelled: its results could not be committed anyway.
+Shape. One anyio task group owns everything: the signal watcher, the health server
+(``health.py``), the LISTEN connection, the heartbeat and the acknowledgement flusher
+(``leases.py``), the maintenance loop (due retries, expired leases, queue gauges:
+``maintenance.py``), and a nested group that owns the job tasks. Each lane (``lanes.py``) has
+one claimer (``claimers.py``) that claims at most its free slots; every job then runs in its
+own task under its own deadline (``Worker._run_job``).
 
 Backlog pressure (``pipeline/upkeep/backlog.py``). One task refreshes the reading every
 ``[backlog] check_interval_seconds``; every stage of the worker reads the same one (it is the
-``backlog`` service). While outputs near URL expiry wait, a worker that has a fetch lane lets
-its media lane fill at most ``media_slots_under_expiry_pressure`` slots and its fetch lane
-``fetch_extra_slots_under_expiry_pressure`` more: a lane's claimer claims up to its current
-limit, and running jobs are never interrupted by a lower one.
+``backlog`` service), and the lanes' limits follow it (``lanes.limits_under_pressure``).
 
 Metrics. The worker's ``WorkerMetrics`` (given, or its own) reach every stage as the
 ``metrics`` service; the command that opens the object store wraps it in
@@ -47,14 +34,13 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import anyio
-import asyncpg
+import anyio.abc
 
-from aivedio.config.load import Config, claim_poll_seconds
+from aivedio.config.load import Config
 from aivedio.errors import AivedioError, DeferredError, TransientError, unexpected
 from aivedio.logs import get_logger, redact_text
 from aivedio.metrics import WorkerMetrics
@@ -65,109 +51,24 @@ from aivedio.store import listening
 from aivedio.store.database import Pool, lost_server, until_database_answers
 from aivedio.store.queue import NOTIFY_CHANNEL, Job, LocalLanes, Queue
 from aivedio.supervision import Conditions, Loop, error_class, supervise
+from aivedio.worker.claimers import Claimer
+from aivedio.worker.health import serve_health
+from aivedio.worker.lanes import Lane, limits_under_pressure, parse_notification
+from aivedio.worker.leases import (
+    RECORD_SECONDS,
+    Acknowledgements,
+    Running,
+    keep_leases,
+    release_leases,
+)
+from aivedio.worker.maintenance import Maintenance
 
 log = get_logger("aivedio.worker.daemon")
 
-# How long a worker tries to record a job's failure or deferral while the database does not
-# answer (a restart, a failover) before it leaves the lease to expire.
-RECORD_SECONDS = 10.0
 # How soon a job of a kind this worker cannot run is offered again (to any worker).
 UNKNOWN_KIND_RETRY_SECONDS = 30.0
 # The LISTEN connection proves it is alive this often (store/listening.py).
 LISTEN_KEEPALIVE_SECONDS = 5.0
-
-
-@dataclass
-class _Running:
-    job: Job
-    scope: anyio.CancelScope
-    claimed_at: float
-    released: bool = False
-    lease_lost: bool = False
-
-
-RECENT_CLAIMS_KEPT = 1024  # per lane: far more than a notification can lag behind its claim
-
-
-def _parse_notification(payload: object) -> tuple[str, list[int] | None] | None:
-    """``'lane'`` or ``'lane:1,2'`` (queries.sql, enqueue) → (lane, ids or None)."""
-    if not isinstance(payload, str):
-        return None
-    lane, sep, ids = payload.partition(":")
-    if not sep:
-        return lane, None
-    try:
-        return lane, [int(job_id) for job_id in ids.split(",")]
-    except ValueError:
-        return lane, None
-
-
-@dataclass
-class _Lane:
-    name: str
-    slots: int
-    busy: int = 0
-    # The slots it may fill now: ``slots``, adjusted under backlog pressure.
-    limit: int = -1
-    tenant_cursor: int = 0
-    wake: anyio.Event = field(default_factory=anyio.Event)
-    # Whether the queue may hold jobs for this lane that the last claim did not see: true
-    # after a full claim, an enqueue's notification or the poll interval; false after a
-    # claim that came back short. A freed slot alone is no reason to ask the database.
-    maybe_more: bool = True
-    poll_at: float = 0.0
-    news: int = 0  # notifications heard; one that arrives during a claim keeps maybe_more
-    # Jobs this worker enqueued for itself (``LocalLanes``) since its last claim here: they
-    # take free slots before they are claimed, so a second enqueue does not count them again.
-    pledged: int = 0
-    claiming: bool = False
-    # Job ids announced while a claim was in flight: those it did not return may have been
-    # committed after its snapshot, so they are news once it returns.
-    heard_in_claim: set[int] = field(default_factory=set)
-    # The ids this lane claimed lately: an announcement of those alone is old news (the
-    # notification of a commit can arrive after a claim already took the job).
-    recent: dict[int, None] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.limit < 0:
-            self.limit = self.slots
-
-    def poke(self, *, news: bool = False) -> None:
-        """Wake the lane's loop; ``news``: jobs were enqueued for it since its last claim."""
-        if news:
-            self.maybe_more = True
-            self.news += 1
-        self.wake.set()
-
-    def hear(self, ids: list[int] | None) -> None:
-        """A notification for this lane, with the new jobs' ids when it named them."""
-        if ids is None:
-            self.poke(news=True)
-        elif self.claiming:
-            self.heard_in_claim.update(ids)
-        elif any(job_id not in self.recent for job_id in ids):
-            self.poke(news=True)
-
-    def claimed(self, ids: set[int]) -> bool:
-        """Note a claim's jobs; whether ids announced during it are left for another claim."""
-        for job_id in ids:
-            self.recent[job_id] = None
-        while len(self.recent) > RECENT_CLAIMS_KEPT:
-            del self.recent[next(iter(self.recent))]
-        left = bool(self.heard_in_claim - ids)
-        self.heard_in_claim.clear()
-        self.claiming = False
-        return left
-
-    async def sleep(self, at_most_seconds: float | None) -> None:
-        with anyio.move_on_after(at_most_seconds):
-            await self.wake.wait()
-        self.wake = anyio.Event()
-
-
-def _is_data_error(exc: BaseException) -> bool:
-    cause = exc.__cause__
-    return isinstance(cause, asyncpg.DataError | asyncpg.exceptions._base.DataError)
 
 
 def default_owner() -> str:
@@ -175,6 +76,14 @@ def default_owner() -> str:
 
 
 class Worker:
+    """One worker process: it owns its lanes and their claimers, the jobs it runs (each in
+    its own task, under its deadline), the outcome it records for each (acknowledged,
+    retried, deferred, buried or released), its leases, its LISTEN connection, its health
+    endpoint and its drain. It never runs a job whose lease it lost (the heartbeat cancels
+    that run, and its outcome is not recorded), never decides what a job does (the
+    registry's handlers do, with ``self.context``), and holds no SQL of its own: every
+    statement goes through ``store.queue.Queue``."""
+
     def __init__(
         self,
         config: Config,
@@ -225,31 +134,25 @@ class Worker:
         self.draining = False
         self.http_port: int | None = None
         self._lanes = {
-            name: _Lane(name, lane.slots)
+            name: Lane(name, lane.slots)
             for name, lane in config.worker.lanes.items()
             if lane.slots > 0
         }
         # Keyed by (job id, lease token): after a lease lapsed under us and we re-claimed the
         # same job, the stale run and the new one are two entries, never one overwriting.
-        self._running: dict[tuple[int, int], _Running] = {}
-        self._acks: list[tuple[Job, Any]] = []
-        self._ack_wake = anyio.Event()
-        # One flush at a time: the final flush on drain must wait for one in flight, or
-        # cancelling the flusher would lose that batch's acknowledgement.
-        self._ack_lock = anyio.Lock()
-        # Pending acknowledgements ride on the next claim (one round trip for both) unless a
-        # claim that carried some failed: then the ack loop, which can drop a result that
-        # PostgreSQL refuses, sends them until one of its flushes succeeds.
-        self._acks_ride = True
-        # (id, lease token) of acknowledgements being sent: the heartbeat keeps their leases.
-        self._acks_in_flight: set[tuple[int, int]] = set()
-        self._promote_at = 0.0  # monotonic time of the next promote of due waits
-        self._maintenance_wake = anyio.Event()
+        self._running: dict[tuple[int, int], Running] = {}
+        self.acks = Acknowledgements(
+            self.queue, self.owner, config.worker, self.metrics, self.loops["ack_flush"]
+        )
+        self.maintenance = Maintenance(
+            self.queue, registry, config.worker, self.metrics, self.loops["maintenance"]
+        )
         self._to_release: list[Job] = []
         self._drain_requested = anyio.Event()
         self._force = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
+        self._claimers: list[Claimer] = []
         for lane in self._lanes.values():
             self.loops[f"claim:{lane.name}"] = Loop(
                 f"claim:{lane.name}",
@@ -259,6 +162,18 @@ class Worker:
                 max_seconds=5.0,
                 owner=self.owner,
                 lane=lane.name,
+            )
+            self._claimers.append(
+                Claimer(
+                    lane,
+                    self.loops[f"claim:{lane.name}"],
+                    queue=self.queue,
+                    owner=self.owner,
+                    config=config,
+                    acks=self.acks,
+                    draining=lambda: self.draining,
+                    start=self._start_jobs,
+                )
             )
             self.metrics.slots_total.labels(lane.name).set(lane.slots)
             self.metrics.slots_busy.labels(lane.name).set(0)
@@ -270,8 +185,6 @@ class Worker:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def run(self, *, install_signal_handlers: bool = True) -> None:
-        from aivedio.worker.health import serve_health
-
         wc = self.config.worker
         log.info(
             "worker_starting",
@@ -283,24 +196,29 @@ class Worker:
                 tg.start_soon(self._watch_signals)
             self.http_port = await tg.start(serve_health, self, wc.http_host, wc.http_port)
             tg.start_soon(self._listen)
-            tg.start_soon(supervise, self.loops["heartbeat"], self._heartbeat_loop)
-            tg.start_soon(supervise, self.loops["maintenance"], self._maintenance_loop)
-            tg.start_soon(supervise, self.loops["ack_flush"], self._ack_loop)
+            heartbeat = partial(
+                keep_leases,
+                self.queue,
+                self.owner,
+                wc,
+                self.loops["heartbeat"],
+                self._running,
+                self.acks,
+            )
+            tg.start_soon(supervise, self.loops["heartbeat"], heartbeat)
+            tg.start_soon(supervise, self.loops["maintenance"], self.maintenance.run)
+            tg.start_soon(supervise, self.loops["ack_flush"], self.acks.run)
             await tg.start(self.backlog.run, self._apply_pressure, self.loops["backlog"])
             async with anyio.create_task_group() as jobs_tg:
                 async with anyio.create_task_group() as claim_tg:
-                    for lane in self._lanes.values():
-                        claim_tg.start_soon(
-                            supervise,
-                            self.loops[f"claim:{lane.name}"],
-                            partial(self._lane_loop, lane, jobs_tg),
-                        )
+                    for claimer in self._claimers:
+                        claim_tg.start_soon(supervise, claimer.loop, partial(claimer.run, jobs_tg))
                     await self._drain_requested.wait()
                     claim_tg.cancel_scope.cancel()
                 await self._wait_for_running()
             with anyio.CancelScope(shield=True):
                 with anyio.move_on_after(15):
-                    await self._flush_acks(final=True)
+                    await self.acks.flush(final=True)
                 with anyio.move_on_after(10):
                     await self._release_leases()
             tg.cancel_scope.cancel()
@@ -358,100 +276,11 @@ class Worker:
         for kind in self._running_kinds:
             self.metrics.running_oldest.labels(kind).set(oldest.get(kind, 0.0))
 
-    # -- claiming and running --------------------------------------------------------------
+    async def _release_leases(self) -> None:
+        jobs, self._to_release = self._to_release, []
+        await release_leases(self.queue, self.owner, self.metrics, jobs)
 
-    async def _lane_loop(self, lane: _Lane, jobs_tg: anyio.abc.TaskGroup) -> None:
-        wc = self.config.worker
-        supervisor = self.loops[f"claim:{lane.name}"]
-        while not self.draining:
-            free = lane.limit - lane.busy
-            if free <= 0:
-                if lane.pledged:
-                    # Full, with jobs announced to this worker alone since its last claim
-                    # (reserved while a claim was in flight): let the fleet take them.
-                    lane.pledged = 0
-                    await self._announce(lane.name)
-                await lane.sleep(None)
-                continue
-            polled = False  # this claim is the idle poll, not news or a full claim
-            if not lane.maybe_more:
-                remaining = lane.poll_at - anyio.current_time()
-                if remaining > 0:
-                    await lane.sleep(remaining)  # until news, a freed slot or the poll
-                    continue
-                lane.maybe_more = polled = True
-            want = min(free, wc.claim_batch_max)
-            news_seen = lane.news
-            pledged, lane.pledged = lane.pledged, 0  # this claim takes what was enqueued for us
-            lane.claiming = True
-            jobs: list[Job] | None = None
-            retry_in = 0.0
-            acks: list[tuple[Job, Any]] = []
-            if self._acks_ride:
-                acks, self._acks = self._acks[: wc.ack_batch_max], self._acks[wc.ack_batch_max :]
-                self._acks_in_flight.update((j.id, j.lease_token) for j, _ in acks)
-            # Shielded: a drain must not cancel a claim the server may already have
-            # committed, or those jobs would be held by nobody until their leases expire.
-            with anyio.CancelScope(shield=True):
-                try:
-                    jobs, accepted = await self.queue.claim_and_complete(
-                        lane.name,
-                        want,
-                        self.owner,
-                        wc.lease_seconds,
-                        self.config.queue.max_tenants_per_claim,
-                        lane.tenant_cursor,
-                        [(j.id, j.lease_token, r) for j, r in acks],
-                    )
-                    supervisor.ok()
-                    self._acked(acks, accepted)
-                    # Next round starts past the last tenant served (wrapping), so a lane
-                    # with more tenants than one round walks leaves none of them out.
-                    lane.tenant_cursor = max((j.tenant_id for j in jobs), default=-1) + 1
-                except Exception as exc:  # any: the claimer must outlive what it meets
-                    retry_in = supervisor.failed(exc)
-                    if acks:  # back to the ack loop, which knows what to do with a bad result
-                        self._acks[:0] = acks
-                        self._acks_ride = False
-                        self._ack_wake.set()
-                finally:
-                    left_over = lane.claimed({j.id for j in jobs or ()})
-                    self._acks_in_flight.difference_update((j.id, j.lease_token) for j, _ in acks)
-                if self.draining and jobs:
-                    await self._hand_back(jobs)
-                    return
-            if jobs is None:
-                await anyio.sleep(retry_in)
-                continue
-            now = time.monotonic()
-            for job in jobs:
-                lane.busy += 1
-                scope = anyio.CancelScope(deadline=anyio.current_time() + job.timeout_seconds)
-                self._running[(job.id, job.lease_token)] = _Running(job, scope, now)
-                self._idle = anyio.Event()
-                self.metrics.claimed.labels(job.kind).inc()
-                jobs_tg.start_soon(self._run_alone, lane, self._running[(job.id, job.lease_token)])
-            self.metrics.slots_busy.labels(lane.name).set(lane.busy)
-            if len(jobs) < want and lane.news == news_seen and not left_over:
-                lane.maybe_more = False
-                # Short after news: look again after one poll interval (a concurrent claim
-                # may have held rows it did not take, SKIP LOCKED hid them); only a poll that
-                # found nothing at all waits the longer idle interval.
-                idle = polled and not jobs
-                lane.poll_at = anyio.current_time() + (
-                    claim_poll_seconds(wc) if idle else wc.poll_interval_seconds
-                )
-            elif pledged and len(jobs) == want and lane.busy >= lane.limit:
-                # Full, and no slot left to claim again: jobs this worker announced to itself
-                # alone may be left behind (the claim takes the most urgent first); let the
-                # fleet know they are there.
-                await self._announce(lane.name)
-
-    async def _announce(self, lane: str) -> None:
-        try:
-            await self.queue.notify([lane])
-        except Exception as exc:  # the other workers' polls are the fallback
-            log.warning("announce_failed", lane=lane, error_class=error_class(exc), error=str(exc))
+    # -- slots ---------------------------------------------------------------------------
 
     def _unreserve(self, unused: dict[str, int]) -> None:
         """Give back promised slots of jobs an enqueue did not create (known keys)."""
@@ -474,21 +303,11 @@ class Worker:
         return mine
 
     def _apply_pressure(self, reading: Reading) -> None:
-        """Lane limits for this reading: while outputs near expiry wait, the media lane
-        yields to the fetch lane (only where both run, i.e. compete for this machine)."""
-        cfg = self.config.backlog
-        fetch, media = self._lanes.get("fetch"), self._lanes.get("media")
-        fetch_first = self.backlog.fetch_first and fetch is not None
-        limits: dict[str, int] = {}
-        if media is not None:
-            limits["media"] = (
-                min(media.slots, cfg.media_slots_under_expiry_pressure)
-                if fetch_first
-                else media.slots
-            )
-        if fetch is not None:
-            extra = cfg.fetch_extra_slots_under_expiry_pressure if fetch_first else 0
-            limits["fetch"] = fetch.slots + extra
+        """Lane limits for this reading (``lanes.limits_under_pressure``); a lane whose
+        limit changed wakes its claimer."""
+        limits = limits_under_pressure(
+            self._lanes, self.config.backlog, fetch_first=self.backlog.fetch_first
+        )
         for name, limit in limits.items():
             lane = self._lanes[name]
             if lane.limit != limit:
@@ -503,19 +322,21 @@ class Worker:
                 self.metrics.slot_limit.labels(name).set(limit)
                 lane.poke()
 
-    async def _hand_back(self, jobs: list[Job]) -> None:
-        """The claim raced the drain signal: release these untouched (attempts refunded)."""
-        try:
-            await self.queue.release(self.owner, [(j.id, j.lease_token) for j in jobs])
-        except Exception as exc:  # their leases expire: the reaper gives them back
-            log.error(
-                "release_failed",
-                jobs=[j.id for j in jobs],
-                error_class=error_class(exc),
-                error=str(exc),
-            )
+    # -- running ---------------------------------------------------------------------------
 
-    async def _run_alone(self, lane: _Lane, running: _Running) -> None:
+    def _start_jobs(self, lane: Lane, jobs: list[Job], jobs_tg: anyio.abc.TaskGroup) -> None:
+        """A claim's jobs: one slot and one task each, under the job's own deadline."""
+        now = time.monotonic()
+        for job in jobs:
+            lane.busy += 1
+            scope = anyio.CancelScope(deadline=anyio.current_time() + job.timeout_seconds)
+            self._running[(job.id, job.lease_token)] = Running(job, scope, now)
+            self._idle = anyio.Event()
+            self.metrics.claimed.labels(job.kind).inc()
+            jobs_tg.start_soon(self._run_alone, lane, self._running[(job.id, job.lease_token)])
+        self.metrics.slots_busy.labels(lane.name).set(lane.busy)
+
+    async def _run_alone(self, lane: Lane, running: Running) -> None:
         """``_run_job``, whose exceptions stop at the job (the last line: a handler's are
         recorded as the job's failure; one in recording its outcome would otherwise end the
         task group of every job, and the worker). Its lease then expires: the reaper returns
@@ -532,7 +353,7 @@ class Worker:
                 error=redact_text(str(exc)),
             )
 
-    async def _run_job(self, lane: _Lane, running: _Running) -> None:
+    async def _run_job(self, lane: Lane, running: Running) -> None:
         job = running.job
         kind = self.registry.get(job.kind)
         error: AivedioError | None = None
@@ -585,14 +406,13 @@ class Worker:
             self.metrics.completion_refused.labels(job.kind).inc()
             log.warning("job_lease_lost", job_id=job.id, kind=job.kind)
         elif error is None:
-            self._acks.append((job, result))
-            self._ack_wake.set()
+            self.acks.add(job, result)
         else:
             await self._fail(job, error)
 
     async def _defer(self, job: Job, error: DeferredError) -> None:
         delay = error.retry_after_seconds or self.config.queue.backoff_base_seconds
-        self._promote_by(delay)
+        self.maintenance.promote_by(delay)
         try:
             with anyio.CancelScope(shield=True), anyio.fail_after(RECORD_SECONDS + 2):
                 await until_database_answers(
@@ -659,7 +479,7 @@ class Worker:
         try:
             with anyio.CancelScope(shield=True), anyio.fail_after(RECORD_SECONDS + 2):
                 if decision.retry:
-                    self._promote_by(decision.delay_seconds)
+                    self.maintenance.promote_by(decision.delay_seconds)
                 # Again while the database restarts: a failure left unrecorded would leave
                 # the lease to expire, which the reaper counts as a crash (the poison rule).
                 ok = await until_database_answers(
@@ -691,164 +511,13 @@ class Worker:
             recorded=ok,
         )
 
-    # -- acknowledgements and leases -------------------------------------------------------
-
-    async def _ack_loop(self) -> None:
-        while True:
-            await self._ack_wake.wait()
-            self._ack_wake = anyio.Event()
-            if self.config.worker.ack_flush_seconds > 0:
-                await anyio.sleep(self.config.worker.ack_flush_seconds)
-            await self._flush_acks()
-
-    async def _flush_acks(self, *, final: bool = False) -> None:
-        async with self._ack_lock:
-            await self._flush_acks_locked(final=final)
-
-    async def _flush_acks_locked(self, *, final: bool) -> None:
-        batch_max = self.config.worker.ack_batch_max
-        attempts = 0
-        while self._acks:
-            batch, self._acks = self._acks[:batch_max], self._acks[batch_max:]
-            sending = {(j.id, j.lease_token) for j, _ in batch}
-            self._acks_in_flight |= sending
-            try:
-                accepted = await self.queue.complete(
-                    self.owner, [(j.id, j.lease_token, r) for j, r in batch]
-                )
-            except Exception as exc:  # any: the batch goes back, never lost
-                self._acks_in_flight -= sending
-                if _is_data_error(exc) and any(r is not None for _, r in batch):
-                    # A result PostgreSQL will not store (not JSON, a NUL in text): the work
-                    # is done, so acknowledge it without its result rather than block the
-                    # acknowledgements behind it forever.
-                    log.error("job_results_dropped", jobs=[j.id for j, _ in batch], error=str(exc))
-                    self._acks[:0] = [(j, None) for j, _ in batch]
-                    continue
-                self._acks[:0] = batch
-                attempts += 1
-                delay = self.loops["ack_flush"].failed(exc)
-                if final and attempts >= 5:
-                    return
-                await anyio.sleep(delay)
-                continue
-            self._acks_in_flight -= sending
-            self.loops["ack_flush"].ok()
-            self._acks_ride = True
-            self._acked(batch, accepted)
-
-    def _acked(self, batch: list[tuple[Job, Any]], accepted: set[int]) -> None:
-        for job, _ in batch:
-            if job.id in accepted:
-                self.metrics.succeeded.labels(job.kind).inc()
-            else:
-                self.metrics.completion_refused.labels(job.kind).inc()
-                log.warning(
-                    "job_completion_refused",
-                    job_id=job.id,
-                    kind=job.kind,
-                    lease_token=job.lease_token,
-                )
-
-    async def _release_leases(self) -> None:
-        jobs, self._to_release = self._to_release, []
-        if not jobs:
-            return
-        try:
-            released = await until_database_answers(
-                lambda: self.queue.release(self.owner, [(j.id, j.lease_token) for j in jobs]),
-                "releasing leases",
-                within_seconds=RECORD_SECONDS,
-            )
-        except Exception as exc:  # their leases expire: the reaper gives them back
-            log.error(
-                "release_failed",
-                jobs=[j.id for j in jobs],
-                error_class=error_class(exc),
-                error=str(exc),
-            )
-            return
-        for job in jobs:
-            self.metrics.released.labels(job.kind).inc()
-        log.info("leases_released", jobs=released)
-
-    async def _heartbeat_loop(self) -> None:
-        wc = self.config.worker
-        while True:
-            await anyio.sleep(wc.heartbeat_interval_seconds)
-            started = time.monotonic()
-            leases = [key for key, r in self._running.items() if not r.released]
-            leases += [(job.id, job.lease_token) for job, _ in self._acks]
-            leases += self._acks_in_flight
-            try:
-                owned = await self.queue.heartbeat(self.owner, wc.lease_seconds, leases)
-            except Exception as exc:  # any: the next beat, on time, is the retry
-                self.loops["heartbeat"].failed(exc)
-                continue
-            self.loops["heartbeat"].ok()
-            for running in list(self._running.values()):
-                if running.claimed_at >= started or running.released:
-                    continue
-                if owned.get(running.job.id) != running.job.lease_token:
-                    running.lease_lost = True
-                    running.scope.cancel()
-
-    def _promote_by(self, delay_seconds: float) -> None:
-        """A wait this worker set ends in ``delay_seconds``: promote no later than that."""
-        at = time.monotonic() + delay_seconds
-        if at < self._promote_at:
-            self._promote_at = at
-            self._maintenance_wake.set()
-
-    async def _maintenance_loop(self) -> None:
-        wc = self.config.worker
-        last_reap = last_stats = 0.0
-        while True:
-            asked = False  # whether this round asked the database anything (then: ok)
-            try:
-                now = time.monotonic()
-                if now >= self._promote_at:
-                    # Next when the earliest wait is due, or the idle poll: waits set later by
-                    # this worker move it closer (_promote_by); another worker's are promoted
-                    # by that worker, or here within claim_poll_seconds if it died.
-                    self._promote_at = now + claim_poll_seconds(wc)
-                    _, next_due = await self.queue.promote()
-                    asked = True
-                    if next_due is not None:
-                        self._promote_by(next_due)
-                if now - last_reap >= min(wc.lease_seconds / 4, 5.0):
-                    last_reap = now
-                    for job_id, _lane, kind, outcome in await self.queue.reap():
-                        self.metrics.lease_expiries.labels(kind).inc()
-                        log.warning("lease_expired", job_id=job_id, kind=kind, outcome=outcome)
-                    asked = True
-                if now - last_stats >= 5.0:
-                    last_stats = now
-                    await self._refresh_queue_gauges()
-                    asked = True
-                if asked:
-                    self.loops["maintenance"].ok()
-            except Exception as exc:  # any: the next round, within the poll interval, retries
-                self.loops["maintenance"].failed(exc)
-                self._promote_by(wc.poll_interval_seconds)
-            with anyio.move_on_after(
-                min(wc.poll_interval_seconds, max(self._promote_at - time.monotonic(), 0.01))
-            ):
-                await self._maintenance_wake.wait()
-            self._maintenance_wake = anyio.Event()
-
-    async def _refresh_queue_gauges(self) -> None:
-        stats = await self.queue.stats()
-        for kind in self.registry:
-            depth, oldest = stats.get(kind.name, (0, 0.0))
-            self.metrics.queue_depth.labels(kind.name).set(depth)
-            self.metrics.queue_oldest.labels(kind.name).set(oldest)
+    # -- notifications -------------------------------------------------------------------
 
     async def _listen(self) -> None:
         """LISTEN for enqueues; the poll interval covers any gap while reconnecting."""
 
         def on_notify(_c: object, _pid: int, _channel: str, payload: object) -> None:
-            heard = _parse_notification(payload)
+            heard = parse_notification(payload)
             if heard is not None and heard[0] in self._lanes:
                 self._lanes[heard[0]].hear(heard[1])
 

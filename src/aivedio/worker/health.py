@@ -9,7 +9,7 @@ Prometheus text.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import anyio
 from aiohttp import web
@@ -17,16 +17,36 @@ from anyio.abc import TaskStatus
 
 from aivedio.errors import DatabaseError
 from aivedio.http_server import make_runner
+from aivedio.logs import get_logger
+from aivedio.metrics import WorkerMetrics
 from aivedio.store import migrations
-from aivedio.store.database import map_db_errors
-
-if TYPE_CHECKING:
-    from aivedio.worker.daemon import Worker
+from aivedio.store.database import Pool, map_db_errors
+from aivedio.supervision import Conditions
 
 READY_CHECK_TIMEOUT_SECONDS = 2.0
 
 
-async def readiness(worker: Worker) -> list[str]:
+class ReadinessSource(Protocol):
+    """What the endpoint reads from the process it reports on (``worker.daemon.Worker``
+    is one); the endpoint only reads it, never changes it."""
+
+    @property
+    def owner(self) -> str: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+    @property
+    def pool(self) -> Pool: ...
+
+    @property
+    def conditions(self) -> Conditions: ...
+
+    @property
+    def metrics(self) -> WorkerMetrics: ...
+
+
+async def readiness(worker: ReadinessSource) -> list[str]:
     """Reasons the worker is not ready; empty when it is."""
     reasons: list[str] = []
     if worker.draining:
@@ -42,7 +62,7 @@ async def readiness(worker: Worker) -> list[str]:
     return reasons + worker.conditions.reasons()
 
 
-def make_app(worker: Worker) -> web.Application:
+def make_app(worker: ReadinessSource) -> web.Application:
     async def healthz(_request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "owner": worker.owner})
 
@@ -66,7 +86,7 @@ def make_app(worker: Worker) -> web.Application:
 
 
 async def serve_health(
-    worker: Worker,
+    worker: ReadinessSource,
     host: str,
     port: int,
     *,
@@ -78,8 +98,6 @@ async def serve_health(
         site = web.TCPSite(runner, host, port)
         await site.start()
         bound = runner.addresses[0][1] if runner.addresses else port
-        from aivedio.logs import get_logger
-
         get_logger("aivedio.worker.health").info("http_listening", host=host, port=bound)
         task_status.started(bound)
         await anyio.sleep_forever()

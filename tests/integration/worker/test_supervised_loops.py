@@ -139,7 +139,7 @@ async def provoke(loop: str, worker: Worker, pool: Pool, listeners: Any, n: int)
     if loop == "claim:control":
         return await enqueue(pool, f"claim-{n}")  # news: the lane claims at once
     if loop == "ack_flush":
-        worker._acks_ride = False  # the flusher, not the next claim, acknowledges it
+        worker.acks.ride = False  # the flusher, not the next claim, acknowledges it
         return await enqueue(pool, f"ack-{n}")
     if loop == "listen":
         await listeners.drop(pool)

@@ -1,19 +1,19 @@
-"""A lane's bookkeeping of notifications and claims (worker._Lane), without a database."""
+"""A lane's bookkeeping of notifications and claims (worker.lanes.Lane), without a database."""
 
 from __future__ import annotations
 
-from aivedio.worker.daemon import _Lane, _parse_notification
+from aivedio.worker.lanes import Lane, parse_notification
 
 
 def test_notifications_name_a_lane_and_maybe_its_new_jobs() -> None:
-    assert _parse_notification("media") == ("media", None)
-    assert _parse_notification("control:17,18") == ("control", [17, 18])
-    assert _parse_notification("control:junk") == ("control", None)  # still news
-    assert _parse_notification(None) is None
+    assert parse_notification("media") == ("media", None)
+    assert parse_notification("control:17,18") == ("control", [17, 18])
+    assert parse_notification("control:junk") == ("control", None)  # still news
+    assert parse_notification(None) is None
 
 
 def test_jobs_this_lane_already_claimed_are_not_news() -> None:
-    lane = _Lane("control", 4)
+    lane = Lane("control", 4)
     lane.maybe_more = False
     lane.claiming = True
     assert not lane.claimed({5, 6})
@@ -24,7 +24,7 @@ def test_jobs_this_lane_already_claimed_are_not_news() -> None:
 
 
 def test_ids_heard_during_a_claim_it_did_not_return_call_for_another() -> None:
-    lane = _Lane("control", 4)
+    lane = Lane("control", 4)
     lane.claiming = True
     lane.hear([9])
     lane.hear([10])
@@ -37,7 +37,7 @@ def test_ids_heard_during_a_claim_it_did_not_return_call_for_another() -> None:
 
 
 def test_a_bare_notification_is_always_news() -> None:
-    lane = _Lane("media", 2)
+    lane = Lane("media", 2)
     lane.maybe_more = False
     lane.claiming = True
     lane.hear(None)
@@ -45,7 +45,7 @@ def test_a_bare_notification_is_always_news() -> None:
 
 
 def test_the_memory_of_claims_is_bounded() -> None:
-    lane = _Lane("fetch", 16)
+    lane = Lane("fetch", 16)
     for start in range(0, 3000, 100):
         lane.claiming = True
         lane.claimed(set(range(start, start + 100)))
