@@ -15,11 +15,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from aivedio.config.hosts import check_host_suffixes, host_suffix_within
 from aivedio.errors import ConfigError
-
-# The allowlist's rules are the fetch policy's own (one parser for both): the one import of
-# config from the layer above it.
-from aivedio.net.policy import check_host_suffixes, host_suffix_within
 
 
 class NetConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

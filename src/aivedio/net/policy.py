@@ -34,6 +34,7 @@ from functools import lru_cache
 
 import msgspec
 
+from aivedio.config.hosts import check_name, host_rules, is_numeric_looking
 from aivedio.errors import ConfigError, PolicyBlockedError
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -41,12 +42,9 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 DEFAULT_PORTS: dict[str, int] = {"https": 443, "http": 80}
 MAX_URL_LENGTH = 16384
-MAX_HOST_LENGTH = 253
-MAX_LABEL_LENGTH = 63
 _DETAIL_MAX = 80  # longest piece of caller input echoed into a detail
 
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*")
-_LABEL_RE = re.compile(r"[a-z0-9_\-]+")
 _AUTHORITY_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*:)?//([^/\\?#]*)(.*)$", re.DOTALL)
 
 
@@ -72,7 +70,7 @@ class FetchPolicy(msgspec.Struct, frozen=True, kw_only=True):
         if self.max_redirects < 0:
             raise ConfigError("fetch policy: max_redirects must be >= 0")
         try:
-            _host_rules(tuple(self.allowed_host_suffixes))
+            host_rules(tuple(self.allowed_host_suffixes))
         except ValueError as exc:
             raise ConfigError(f"fetch policy: allowed_host_suffixes: {exc}") from None
         try:
@@ -302,101 +300,11 @@ def check_answers(host: str, addresses: Iterable[str], policy: FetchPolicy) -> l
     return out
 
 
-# --- host names and the allowlist ---------------------------------------------------------
-
-
-def _check_name(host: str) -> str:
-    """``host`` lowercased, if it is a DNS name we take as written; ValueError otherwise.
-
-    ASCII only, no trailing dot, no empty label, labels of ``[a-z0-9_-]``, punycode that
-    decodes. Nothing is mapped or stripped: a name that needs it is refused (see the module
-    docstring), so the policy, the resolver, SNI and the certificate check see one string.
-    """
-    if not host:
-        raise ValueError("empty host")
-    if not host.isascii():
-        raise ValueError("non-ASCII host (give its A-label, xn--...)")
-    if host.endswith("."):
-        raise ValueError("trailing dot in host")
-    host = host.lower()
-    if len(host) > MAX_HOST_LENGTH:
-        raise ValueError("host longer than 253 characters")
-    for label in host.split("."):
-        if not label:
-            raise ValueError("empty label in host")
-        if len(label) > MAX_LABEL_LENGTH:
-            raise ValueError("label longer than 63 characters")
-        if not _LABEL_RE.fullmatch(label):
-            raise ValueError("invalid character in host")
-        if label.startswith("xn--"):
-            try:
-                label.encode("ascii").decode("idna")
-            except UnicodeError:
-                raise ValueError("invalid punycode label") from None
-    return host
-
-
-def _entry_name(text: str) -> str:
-    """An allowlist entry's name in A-label form. Configuration is trusted, so a Unicode
-    entry is encoded (IDNA 2003), but only when that leaves it as written up to case:
-    ``exämple.org`` passes, ``straße.de`` (which IDNA 2003 and 2008 encode differently) not."""
-    if not text.isascii():
-        try:
-            encoded = text.encode("idna").decode("ascii")
-            canonical = encoded.encode("ascii").decode("idna") == text.lower()
-        except UnicodeError:
-            raise ValueError("fails IDNA encoding") from None
-        if not canonical:
-            raise ValueError("not in IDNA canonical form")
-        text = encoded
-    return _check_name(text)
-
-
-def _is_numeric_looking(host: str) -> bool:
-    """Whether a URL host could be read as an IPv4 number (WHATWG: the last label is numeric).
-    Any last label starting ``0x`` counts, hex or not: no top-level domain does, and the wider
-    rule is the one simple enough that no client's number parser can disagree with it."""
-    last = host.rsplit(".", 1)[-1]
-    return (last.isascii() and last.isdigit()) or last.startswith("0x")
-
-
-@lru_cache(maxsize=64)
-def _host_rules(entries: tuple[str, ...]) -> tuple[tuple[str, bool], ...]:
-    """Each entry as (name, subdomains only); ValueError names the first bad entry."""
-    out = []
-    for entry in entries:
-        subdomains = entry.startswith(".")
-        try:
-            name = _entry_name(entry[1:] if subdomains else entry)
-            if _is_numeric_looking(name):
-                raise ValueError("an address, not a name (addresses go in allow_cidrs)")
-        except ValueError as exc:
-            raise ValueError(f"{entry!r}: {exc}") from None
-        out.append((name, subdomains))
-    return tuple(out)
-
-
-def check_host_suffixes(entries: Iterable[str]) -> None:
-    """ValueError, naming the entry, unless every allowlist entry is valid: ``name`` (that
-    host exactly) or ``.name`` (its subdomains, not ``name`` itself)."""
-    _host_rules(tuple(entries))
-
-
-def host_suffix_within(entry: str, wider: Iterable[str]) -> bool:
-    """Whether every host ``entry`` allows is allowed by ``wider`` too (a provider's
-    allowlist may only narrow ``[net]``'s). ValueError if an entry is invalid."""
-    ((name, subdomains),) = _host_rules((entry,))
-    for wide, wide_subdomains in _host_rules(tuple(wider)):
-        if not wide_subdomains:
-            if not subdomains and name == wide:
-                return True
-        elif (subdomains and name == wide) or name.endswith("." + wide):
-            return True
-    return False
+# --- the allowlist ------------------------------------------------------------------------
 
 
 def _host_allowed(host: str, policy: FetchPolicy) -> bool:
-    rules = _host_rules(tuple(policy.allowed_host_suffixes))
+    rules = host_rules(tuple(policy.allowed_host_suffixes))
     if not rules:
         return True
     return any(
@@ -516,7 +424,7 @@ def check_url(url: str, policy: FetchPolicy) -> Target:
         ip_literal = True
     else:
         try:
-            host = _check_name(raw_host)
+            host = check_name(raw_host)
         except ValueError as exc:
             raise PolicyBlockedError(f"malformed_url: {exc}") from None
         try:
@@ -524,7 +432,7 @@ def check_url(url: str, policy: FetchPolicy) -> Target:
             ip_literal = True
         except ValueError:
             ip_literal = False
-        if not ip_literal and _is_numeric_looking(host):
+        if not ip_literal and is_numeric_looking(host):
             raise PolicyBlockedError(
                 f"numeric_host: {_clip(host)} is not a dotted-quad address; refused"
             )

@@ -14,18 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from aivedio.config.hosts import check_host_suffixes, host_suffix_within
 from aivedio.config.load import load_config
 from aivedio.errors import ConfigError, PolicyBlockedError
 from aivedio.logs import url_for_log
 from aivedio.net.fetch import client_url
-from aivedio.net.policy import (
-    FetchPolicy,
-    Target,
-    check_host_suffixes,
-    check_location,
-    check_url,
-    host_suffix_within,
-)
+from aivedio.net.policy import FetchPolicy, Target, check_location, check_url
 
 DEFAULT = FetchPolicy()
 PROVIDER = FetchPolicy(allowed_host_suffixes=(".provider.test", "api.vendor.test"))
