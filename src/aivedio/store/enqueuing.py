@@ -10,7 +10,7 @@ that part wrote a row), since a statement has no transaction to roll back.
 
 The notification payload names the lane and, up to 64 of them, the new jobs' ids
 (``'control:17,18'``), so a worker that already claimed them does not ask again
-(worker/daemon.py, ``_Lane.hear``). Lanes the enqueuing worker has the slots for wake it alone, on
+(worker/lanes.py, ``Lane.hear``). Lanes the enqueuing worker has the slots for wake it alone, on
 its own channel (``LocalLanes``): the other workers would only claim nothing.
 """
 
