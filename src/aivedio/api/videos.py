@@ -69,7 +69,7 @@ from aivedio.api.video_paths import PATHS as PATHS  # this module's routes, desc
 from aivedio.errors import MalformedInputError, NotFoundError, StaleStateError
 from aivedio.logs import get_logger, redact_text
 from aivedio.pipeline.media_stage import probe_spec
-from aivedio.store import uploads
+from aivedio.store import asset_reads, uploads
 from aivedio.store.asset_status import asset_status
 from aivedio.store.objects.base import (
     ABORT_TIMEOUT_SECONDS,
@@ -565,7 +565,7 @@ async def _fail(
 
 
 async def _accepted(ctx: ApiContext, session: UploadSession) -> web.Response:
-    state = await ctx.pool.fetchval("SELECT status FROM assets WHERE id = $1", session.id)
+    state = await asset_reads.asset_state(ctx.pool, session.id)
     accepted = VideoAccepted(
         video_id=session.id,
         state=str(state or "QUARANTINED"),
@@ -588,7 +588,7 @@ async def video_status(request: web.Request) -> web.Response:
     video_id = _video_id(request)
     session = await uploads.load_session(ctx.pool, tenant_id, video_id)
     if session is None:
-        owner = await ctx.pool.fetchval("SELECT tenant_id FROM assets WHERE id = $1", video_id)
+        owner = await asset_reads.asset_owner(ctx.pool, video_id)
         if owner != tenant_id:
             raise ApiError(404, "no such video")
     timeline = _session_timeline(session) if session is not None else []

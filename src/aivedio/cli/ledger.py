@@ -23,8 +23,9 @@ import msgspec
 from aivedio import untrusted
 from aivedio.config.load import Config
 from aivedio.errors import MalformedInputError
-from aivedio.store.database import Connection, map_db_errors, open_pool
+from aivedio.store.database import open_pool
 from aivedio.store.ledger import LedgerEntry, Total, entries, summarize
+from aivedio.store.tenant_reads import tenant_id_by_name_or_id
 
 EXIT_OK, EXIT_USAGE = 0, 2
 
@@ -79,15 +80,6 @@ def _text_total(t: Total) -> str:
     )
 
 
-async def _tenant_id(conn: Connection, name_or_id: str) -> int | None:
-    """By name first (a name may be all digits), then by id."""
-    with map_db_errors("looking up a tenant"):
-        found = await conn.fetchval("SELECT id FROM tenants WHERE name = $1", name_or_id)
-        if found is None and name_or_id.isdigit():
-            found = await conn.fetchval("SELECT id FROM tenants WHERE id = $1", int(name_or_id))
-    return None if found is None else int(found)
-
-
 def _usage(message: str) -> int:
     print(f"aivedio: ledger: {message}", file=sys.stderr)
     return EXIT_USAGE
@@ -112,7 +104,7 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
             tenant_id: int | None = None
             if args.tenant is not None:
                 async with pool.acquire() as conn:
-                    tenant_id = await _tenant_id(conn, args.tenant)
+                    tenant_id = await tenant_id_by_name_or_id(conn, args.tenant)
                 if tenant_id is None:
                     return _usage(f"no tenant {args.tenant!r} (by name or id)")
             found = await entries(

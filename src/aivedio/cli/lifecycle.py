@@ -18,6 +18,7 @@ import anyio
 
 from aivedio.config.load import Config
 from aivedio.errors import NotFoundError
+from aivedio.store import asset_reads
 from aivedio.store.database import map_db_errors, open_pool
 from aivedio.store.queue import Queue
 
@@ -89,9 +90,7 @@ def cmd_reprocess(config: Config, args: argparse.Namespace) -> int:
             queue = Queue(pool)
             for asset_id in ids:
                 with map_db_errors("enqueuing the reprocess"):
-                    row = await pool.fetchrow(
-                        "SELECT tenant_id, status FROM assets WHERE id = $1", asset_id
-                    )
+                    row = await asset_reads.asset_tenant_and_status(pool, asset_id)
                     if row is None:
                         print(json.dumps({"asset_id": str(asset_id), "error": "no such asset"}))
                         code = EXIT_NOT_FOUND
@@ -137,12 +136,7 @@ def cmd_moderate(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_pool(config.database, min_size=1, max_size=2) as pool:
             with map_db_errors("recording the verdict"):
-                row = await pool.fetchrow(
-                    "SELECT r.revision, a.tenant_id FROM asset_revisions r JOIN assets a"
-                    " ON a.id = r.asset_id WHERE r.asset_id = $1 AND r.status = 'BUILDING'"
-                    " AND r.moderation_verdict = 'review' ORDER BY r.revision DESC LIMIT 1",
-                    ids[0],
-                )
+                row = await asset_reads.revision_in_review(pool, ids[0])
                 if row is None:
                     print(f"aivedio: asset {ids[0]} has no revision waiting in review")
                     return EXIT_NOT_FOUND

@@ -21,7 +21,7 @@ import msgspec
 from aivedio import logs, untrusted
 from aivedio.config.load import Config, load_config, masked
 from aivedio.errors import AivedioError, ConfigError, DatabaseError, MalformedInputError
-from aivedio.store import migrations
+from aivedio.store import migrations, task_reads
 from aivedio.store.database import (
     map_db_errors,
     open_connection,
@@ -331,21 +331,7 @@ def cmd_fetch(config: Config, args: argparse.Namespace) -> int:
 def cmd_outputs_list(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:
-            with map_db_errors("listing provider outputs"):
-                rows = await pool.fetch(
-                    "SELECT o.id, o.provider, o.provider_task_id, o.output_index,"
-                    " o.fetch_status, o.last_error_class, o.last_error_detail,"
-                    " o.source_url_expires_at, a.id AS asset_id, a.status AS asset_status,"
-                    " a.source_object_key, a.source_size_bytes, a.source_sha256"
-                    " FROM provider_outputs o"
-                    " LEFT JOIN assets a ON a.source_provider_output_id = o.id"
-                    " WHERE ($1::text IS NULL OR o.fetch_status = $1)"
-                    " AND ($2::text IS NULL OR o.provider_task_id = $2)"
-                    " ORDER BY o.created_at DESC LIMIT $3",
-                    args.status,
-                    args.task_id,
-                    args.limit,
-                )
+            rows = await task_reads.list_outputs(pool, args.status, args.task_id, args.limit)
         for row in rows:
             _print_json({k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in row.items()})
         return EXIT_OK
