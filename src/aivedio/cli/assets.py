@@ -9,29 +9,14 @@ it was deferred under backlog pressure); then the asset's media crashes (poison 
 from __future__ import annotations
 
 import argparse
-import json
-import uuid
-from datetime import datetime
 from typing import Any
 
 import anyio
 
+from aivedio.cli.common import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, parse_uuids, plain, print_json
 from aivedio.config.load import Config
 from aivedio.store import asset_reads
 from aivedio.store.database import open_pool
-
-EXIT_OK, EXIT_USAGE, EXIT_NOT_FOUND = 0, 2, 3
-
-
-def _plain(row: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in dict(row.items()).items():
-        if isinstance(value, uuid.UUID):
-            value = str(value)
-        elif isinstance(value, datetime):
-            value = value.isoformat()
-        out[key] = value
-    return out
 
 
 def _text(document: dict[str, Any]) -> str:
@@ -67,18 +52,18 @@ def cmd_assets_list(config: Config, args: argparse.Namespace) -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:
             rows = await asset_reads.list_assets(pool, args.status, args.limit)
         for row in rows:
-            print(json.dumps(_plain(row)))
+            print_json(plain(row))
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")
 
 
 def cmd_assets_show(config: Config, args: argparse.Namespace) -> int:
-    try:
-        asset_id = uuid.UUID(args.asset_id)
-    except ValueError:
+    ids = parse_uuids([args.asset_id])
+    if not ids:
         print(f"aivedio: {args.asset_id!r} is not an asset id (a UUID)")
         return EXIT_USAGE
+    asset_id = ids[0]
 
     async def main() -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:
@@ -87,14 +72,17 @@ def cmd_assets_show(config: Config, args: argparse.Namespace) -> int:
             print(f"aivedio: no asset {asset_id}")
             return EXIT_NOT_FOUND
         asset, revisions, variants, crashes = found
-        document = _plain(asset)
-        document["crashes"] = [_plain(c) for c in crashes]
-        document["revisions"] = [_plain(r) for r in revisions]
+        document = plain(asset)
+        document["crashes"] = [plain(c) for c in crashes]
+        document["revisions"] = [plain(r) for r in revisions]
         for revision in document["revisions"]:
             revision["variants"] = [
-                _plain(v) for v in variants if v["revision"] == revision["revision"]
+                plain(v) for v in variants if v["revision"] == revision["revision"]
             ]
-        print(_text(document) if args.text else json.dumps(document))
+        if args.text:
+            print(_text(document))
+        else:
+            print_json(document)
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")

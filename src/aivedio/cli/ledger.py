@@ -12,8 +12,6 @@ credited back; the text form shows them as decimals.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,13 +19,12 @@ import anyio
 import msgspec
 
 from aivedio import untrusted
+from aivedio.cli.common import EXIT_OK, print_json, usage
 from aivedio.config.load import Config
 from aivedio.errors import MalformedInputError
 from aivedio.store.database import open_pool
 from aivedio.store.ledger import LedgerEntry, Total, entries, summarize
 from aivedio.store.tenant_reads import tenant_id_by_name_or_id
-
-EXIT_OK, EXIT_USAGE = 0, 2
 
 
 def parse_since(value: str) -> datetime:
@@ -81,8 +78,7 @@ def _text_total(t: Total) -> str:
 
 
 def _usage(message: str) -> int:
-    print(f"aivedio: ledger: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    return usage("aivedio: ledger", message)
 
 
 def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
@@ -111,9 +107,15 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
                 pool, task=args.task, provider=args.provider, tenant_id=tenant_id, since=since
             )
         for entry in found:
-            print(json.dumps(_plain(entry)) if args.json else _text_line(entry))
+            if args.json:
+                print_json(_plain(entry))
+            else:
+                print(_text_line(entry))
         for total in summarize(found):
-            print(json.dumps(_total_json(total)) if args.json else _text_total(total))
+            if args.json:
+                print_json(_total_json(total))
+            else:
+                print(_text_total(total))
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")

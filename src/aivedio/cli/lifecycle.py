@@ -11,31 +11,21 @@ serves until the switch; nothing is re-fetched or re-generated); ``moderate ASSE
 from __future__ import annotations
 
 import argparse
-import json
-import uuid
 
 import anyio
 
+from aivedio.cli.common import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, parse_uuids, print_json
 from aivedio.config.load import Config
 from aivedio.errors import NotFoundError
 from aivedio.store import asset_reads
 from aivedio.store.database import map_db_errors, open_pool
 from aivedio.store.queue import Queue
 
-EXIT_OK, EXIT_USAGE, EXIT_NOT_FOUND = 0, 2, 3
-
-
-def _ids(values: list[str]) -> list[uuid.UUID] | None:
-    try:
-        return [uuid.UUID(v) for v in values]
-    except ValueError:
-        return None
-
 
 def cmd_delete(config: Config, args: argparse.Namespace) -> int:
     from aivedio.pipeline.upkeep.lifecycle import delete_asset
 
-    ids = _ids([args.asset_id])
+    ids = parse_uuids([args.asset_id])
     if not ids:
         print(f"aivedio: {args.asset_id!r} is not an asset id")
         return EXIT_USAGE
@@ -48,7 +38,7 @@ def cmd_delete(config: Config, args: argparse.Namespace) -> int:
                 except NotFoundError as exc:
                     print(f"aivedio: {exc.detail}")
                     return EXIT_NOT_FOUND
-        print(json.dumps({"asset_id": str(ids[0]), "deleted": True, "changed": changed}))
+        print_json({"asset_id": str(ids[0]), "deleted": True, "changed": changed})
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")
@@ -70,7 +60,7 @@ def cmd_cancel(config: Config, args: argparse.Namespace) -> int:
                 except NotFoundError as exc:
                     print(f"aivedio: {exc.detail}")
                     return EXIT_NOT_FOUND
-        print(json.dumps({"cancelled": True, **result}))
+        print_json({"cancelled": True, **result})
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")
@@ -79,7 +69,7 @@ def cmd_cancel(config: Config, args: argparse.Namespace) -> int:
 def cmd_reprocess(config: Config, args: argparse.Namespace) -> int:
     from aivedio.pipeline.media_stage import reprocess_spec
 
-    ids = _ids(args.asset_ids)
+    ids = parse_uuids(args.asset_ids)
     if not ids:
         print("aivedio: reprocess takes asset ids (UUIDs)")
         return EXIT_USAGE
@@ -92,31 +82,27 @@ def cmd_reprocess(config: Config, args: argparse.Namespace) -> int:
                 with map_db_errors("enqueuing the reprocess"):
                     row = await asset_reads.asset_tenant_and_status(pool, asset_id)
                     if row is None:
-                        print(json.dumps({"asset_id": str(asset_id), "error": "no such asset"}))
+                        print_json({"asset_id": str(asset_id), "error": "no such asset"})
                         code = EXIT_NOT_FOUND
                         continue
                     if row["status"] not in ("PLAYABLE", "ENRICHED"):
-                        print(
-                            json.dumps(
-                                {
-                                    "asset_id": str(asset_id),
-                                    "error": f"asset is {row['status']}, not published",
-                                }
-                            )
+                        print_json(
+                            {
+                                "asset_id": str(asset_id),
+                                "error": f"asset is {row['status']}, not published",
+                            }
                         )
                         code = EXIT_USAGE
                         continue
                     spec = reprocess_spec(asset_id, row["tenant_id"], config.media.pipeline_version)
                     async with pool.acquire() as conn:
                         enqueued = await queue.enqueue_one(conn, spec)
-                print(
-                    json.dumps(
-                        {
-                            "asset_id": str(asset_id),
-                            "job_id": enqueued.job_id,
-                            "pipeline_version": config.media.pipeline_version,
-                        }
-                    )
+                print_json(
+                    {
+                        "asset_id": str(asset_id),
+                        "job_id": enqueued.job_id,
+                        "pipeline_version": config.media.pipeline_version,
+                    }
                 )
         return code
 
@@ -127,7 +113,7 @@ def cmd_moderate(config: Config, args: argparse.Namespace) -> int:
     """An operator's verdict on an asset whose revision waits in review."""
     from aivedio.pipeline.moderation import Decision, VerdictRecorder
 
-    ids = _ids([args.asset_id])
+    ids = parse_uuids([args.asset_id])
     if not ids:
         print(f"aivedio: {args.asset_id!r} is not an asset id")
         return EXIT_USAGE
@@ -147,9 +133,7 @@ def cmd_moderate(config: Config, args: argparse.Namespace) -> int:
                 )
                 recorder = VerdictRecorder(config.moderation, pool, Queue(pool))
                 await recorder.record(ids[0], row["revision"], row["tenant_id"], verdict)
-        print(
-            json.dumps({"asset_id": str(ids[0]), "revision": row["revision"], "decision": decision})
-        )
+        print_json({"asset_id": str(ids[0]), "revision": row["revision"], "decision": decision})
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")

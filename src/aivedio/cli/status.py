@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 import anyio
 
+from aivedio.cli.common import EXIT_INTERRUPTED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, print_json
 from aivedio.config.load import Config, DatabaseConfig
 from aivedio.store import listening, status_reads
 from aivedio.store.asset_status import (
@@ -48,8 +49,6 @@ from aivedio.store.asset_status import (
 from aivedio.store.database import Pool, map_db_errors, open_pool
 from aivedio.store.stage_events import NOTIFY_CHANNEL
 from aivedio.supervision import Loop
-
-EXIT_OK, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 2, 3, 130
 
 # Re-read this often even without a notification (job progress is never notified).
 DEFAULT_INTERVAL_SECONDS = 2.0
@@ -422,7 +421,7 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
             print("aivedio status: nothing found")
             return EXIT_NOT_FOUND
         if args.json:
-            print(json.dumps(statuses if args.task else statuses[0]))
+            print_json(statuses if args.task else statuses[0])
         else:
             print("\n".join(_text(s) for s in statuses))
         return EXIT_OK
