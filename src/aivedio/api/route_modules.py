@@ -18,6 +18,7 @@ from aivedio.api import (
     media,
     playback,
     player,
+    video_upload,
     videos,
 )
 
@@ -25,6 +26,7 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     health,
     callbacks,
     videos,
+    video_upload,
     generation_tasks,
     assets,
     events,
