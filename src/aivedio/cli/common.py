@@ -21,7 +21,7 @@ EXIT_FETCH_BLOCKED     3     ``aivedio fetch``: the policy blocked a URL
 EXIT_FETCH_FAILED      4     ``aivedio fetch``: a URL's fetch failed
 EXIT_OUTPUT_FAILED     4     ``aivedio process``: a required output failed
 EXIT_INVALID_MEDIA     5     ``aivedio probe`` and ``process``: the source is invalid media
-EXIT_INTERRUPTED       130   ``aivedio status --follow`` ended by Ctrl-C
+EXIT_INTERRUPTED       130   ``aivedio status`` (``--follow`` or not) ended by Ctrl-C
 ====================== ===== ============================================================
 
 ``aivedio fetch`` exits with the worst status of its URLs (failed over blocked over ok).
