@@ -1,11 +1,11 @@
 """The API process: the aiohttp application and the server that runs it.
 
 Route modules each own a ``routes`` table and the OpenAPI ``PATHS`` that describe them
-(``openapi.py`` assembles the document from the same modules, so a route cannot be served
-without being described). ``run_app`` is the one way the app is served, by ``aivedio api``
-and by the tests alike: the events listener runs beside the HTTP site in one task group,
-and SIGTERM (``ctx.draining``) turns /readyz to 503, lets in-flight requests finish and
-ends open event streams.
+(``route_modules.py`` lists them; ``openapi.py`` assembles the document from that same list,
+so a route cannot be served without being described). ``run_app`` is the one way the app is
+served, by ``aivedio api`` and by the tests alike: the events listener runs beside the HTTP
+site in one task group, and SIGTERM (``ctx.draining``) turns /readyz to 503, lets in-flight
+requests finish and ends open event streams.
 """
 
 from __future__ import annotations
@@ -16,40 +16,19 @@ import anyio
 from aiohttp import web
 from anyio.abc import TaskStatus
 
-from aivedio.api import (
-    assets,
-    callbacks,
-    events,
-    generation_tasks,
-    health,
-    media,
-    openapi,
-    playback,
-    player,
-    rate_limits,
-    videos,
-)
+from aivedio.api import events, openapi, rate_limits
 from aivedio.api.auth import auth_middleware
 from aivedio.api.context import CONTEXT, ApiContext
 from aivedio.api.problems import Handler, error_middleware
+from aivedio.api.route_modules import ROUTE_MODULES
 from aivedio.config.api import listen_base_url, require_public_base_url
 from aivedio.http_server import make_runner
 from aivedio.logs import get_logger
 
 log = get_logger("aivedio.api")
 
-ROUTE_MODULES: tuple[ModuleType, ...] = (
-    health,
-    callbacks,
-    videos,
-    generation_tasks,
-    assets,
-    events,
-    media,
-    playback,
-    player,
-    openapi,
-)
+# The described routes, then the document that describes them.
+SERVED_MODULES: tuple[ModuleType, ...] = (*ROUTE_MODULES, openapi)
 SHUTDOWN_SECONDS = 10.0
 
 
@@ -79,7 +58,7 @@ def make_app(ctx: ApiContext) -> web.Application:
         client_max_size=max(ctx.config.api.max_callback_bytes, 1024 * 1024),
     )
     app[CONTEXT] = ctx
-    for module in ROUTE_MODULES:
+    for module in SERVED_MODULES:
         app.router.add_routes(module.routes)
     return app
 

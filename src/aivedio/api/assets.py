@@ -21,7 +21,7 @@ from aivedio.api.ids import path_uuid
 from aivedio.api.problems import ApiError
 from aivedio.api.published import published_files
 from aivedio.pipeline.upkeep.lifecycle import delete_asset
-from aivedio.store.database import map_db_errors
+from aivedio.store import asset_reads, task_reads
 
 routes = web.RouteTableDef()
 
@@ -80,20 +80,12 @@ class Deleted(msgspec.Struct, frozen=True, kw_only=True):
     deleted_now: bool
 
 
-ASSET_SQL = (
-    "SELECT a.*, o.generation_task_id FROM assets a"
-    " LEFT JOIN provider_outputs o ON o.id = a.source_provider_output_id"
-    " WHERE a.id = $1 AND a.tenant_id = $2"
-)
-
-
 @routes.get("/v1/assets/{asset_id}")
 async def get_asset(request: web.Request) -> web.Response:
     ctx = context(request)
     tenant = tenant_of(request)
     asset_id = path_uuid(request, "asset_id", "asset")
-    with map_db_errors("reading the asset"):
-        row = await ctx.pool.fetchrow(ASSET_SQL, asset_id, tenant)
+    row = await asset_reads.tenant_asset(ctx.pool, tenant, asset_id)
     if row is None:
         raise ApiError(404, "no such asset")
     outputs: list[Output] = []
@@ -138,11 +130,7 @@ async def get_asset(request: web.Request) -> web.Response:
 async def remove_asset(request: web.Request) -> web.Response:
     ctx = context(request)
     asset_id = path_uuid(request, "asset_id", "asset")
-    with map_db_errors("reading the asset"):
-        owned = await ctx.pool.fetchval(
-            "SELECT 1 FROM assets WHERE id = $1 AND tenant_id = $2", asset_id, tenant_of(request)
-        )
-    if not owned:
+    if not await asset_reads.tenant_owns_asset(ctx.pool, tenant_of(request), asset_id):
         raise ApiError(404, "no such asset")
     deleted_now = await delete_asset(ctx.pool, asset_id, reason="api")
     return schema.encode(Deleted(asset_id=asset_id, state="DELETED", deleted_now=deleted_now))
@@ -153,20 +141,10 @@ async def get_task(request: web.Request) -> web.Response:
     ctx = context(request)
     tenant = tenant_of(request)
     task_id = path_uuid(request, "task_id", "generation task")
-    with map_db_errors("reading the generation task"):
-        task = await ctx.pool.fetchrow(
-            "SELECT * FROM generation_tasks WHERE id = $1 AND tenant_id = $2", task_id, tenant
-        )
-        if task is None:
-            raise ApiError(404, "no such generation task")
-        outputs = await ctx.pool.fetch(
-            "SELECT o.id, o.output_index, o.fetch_status, o.last_error_class, a.id AS asset_id"
-            " FROM provider_outputs o LEFT JOIN assets a ON a.source_provider_output_id = o.id"
-            " WHERE o.generation_task_id = $1 AND o.tenant_id = $2"
-            " ORDER BY o.output_index, o.output_revision",
-            task_id,
-            tenant,
-        )
+    found = await task_reads.tenant_task_with_outputs(ctx.pool, tenant, task_id)
+    if found is None:
+        raise ApiError(404, "no such generation task")
+    task, outputs = found
     return schema.encode(
         GenerationTask(
             generation_task_id=task_id,

@@ -44,7 +44,8 @@ from aivedio.providers import GENERIC_CALLBACK_SCHEME, callback_scheme
 from aivedio.providers.hmac_callbacks import CallbackRejected, verify_signature
 from aivedio.providers.seam import MAX_OUTPUT_BYTES, ProviderOutput, ProviderTask
 from aivedio.states import Entity, allowed
-from aivedio.store.database import Connection, map_db_errors
+from aivedio.store.callback_receipts import lock_task_by_provider_id
+from aivedio.store.database import Connection
 from aivedio.store.records import transition
 
 log = get_logger("aivedio.api.callbacks")
@@ -269,13 +270,7 @@ async def _note_progress(
 ) -> uuid.UUID | None:
     """RUNNING or FAILED for a task we know: move it when the state machine allows."""
     new = "PROVIDER_RUNNING" if status == "RUNNING" else "PROVIDER_FAILED"
-    with map_db_errors("recording the task's progress"):
-        row = await conn.fetchrow(
-            "SELECT id, provider_status, version FROM generation_tasks"
-            " WHERE provider = $1 AND provider_task_id = $2 FOR UPDATE",
-            provider,
-            task_id,
-        )
+    row = await lock_task_by_provider_id(conn, provider, task_id)
     if row is None:
         return None
     if allowed(Entity.GENERATION_TASK, row["provider_status"], new):

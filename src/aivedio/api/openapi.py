@@ -1,4 +1,5 @@
-"""``GET /openapi.json``: the OpenAPI 3.1 document, assembled from the route modules.
+"""``GET /openapi.json``: the OpenAPI 3.1 document, assembled from the route modules
+(``route_modules.ROUTE_MODULES``) and this module's own route.
 
 The document promises what this deployment answers, so a client (or a fuzzer) that follows it
 is never refused for something it could not have known:
@@ -25,6 +26,7 @@ from aiohttp import web
 from aivedio import __version__, untrusted
 from aivedio.api import rate_limits, schema
 from aivedio.api.context import context
+from aivedio.api.route_modules import ROUTE_MODULES
 from aivedio.config.api import ApiConfig
 
 routes = web.RouteTableDef()
@@ -55,13 +57,13 @@ def document(api: ApiConfig) -> bytes:
 
 @functools.cache
 def _document(upload_max_bytes: int, rate_limited: bool) -> bytes:
-    from aivedio.api.app import ROUTE_MODULES
-
     paths: dict[str, Any] = {}
     structs: list[type] = [schema.Error]
     for module in ROUTE_MODULES:
         paths.update(getattr(module, "PATHS", {}))
         structs.extend(getattr(module, "SCHEMAS", ()))
+    paths.update(PATHS)  # this document's own route, served after the others
+    structs.extend(SCHEMAS)
     paths = {path: _shared_answers(path, item, rate_limited) for path, item in paths.items()}
     _, components = msgspec.json.schema_components(structs, ref_template=schema.REF)
     for name in _request_components(paths, components):

@@ -24,8 +24,7 @@ from aivedio.api.ids import path_uuid
 from aivedio.api.problems import ApiError
 from aivedio.api.published import SERVABLE_STATES, published_files
 from aivedio.api.video_bodies import upload_state
-from aivedio.store import uploads
-from aivedio.store.database import map_db_errors
+from aivedio.store import asset_reads, uploads
 
 routes = web.RouteTableDef()
 
@@ -59,12 +58,7 @@ FIELDS = {
 
 
 async def issue(ctx: ApiContext, tenant_id: int, video: Any) -> Playback:
-    with map_db_errors("reading the asset"):
-        row = await ctx.pool.fetchrow(
-            "SELECT status, current_revision FROM assets WHERE id = $1 AND tenant_id = $2",
-            video,
-            tenant_id,
-        )
+    row = await asset_reads.tenant_asset_state(ctx.pool, tenant_id, video)
     if row is None:
         session = await uploads.load_session(ctx.pool, tenant_id, video)
         if session is not None and session.status != uploads.COMPLETED:

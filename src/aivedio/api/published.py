@@ -14,8 +14,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from aivedio.store.database import Pool, map_db_errors
+from aivedio.store.database import Pool
 from aivedio.store.objects.keys import revision_prefix
+from aivedio.store.playback_reads import published_variants, released_storage_revision
 
 SERVABLE_STATES = ("PLAYABLE", "ENRICHED")
 
@@ -30,19 +31,8 @@ async def servable_prefix(
 ) -> str | None:
     """The object-key prefix (with its trailing slash) holding the released revision's files,
     or None when the revision is not servable."""
-    with map_db_errors("checking playback"):
-        storage = await pool.fetchval(
-            "SELECT coalesce(v.enriches, v.revision) FROM assets a"
-            " JOIN releases r ON r.asset_id = a.id"
-            " JOIN asset_revisions v ON v.asset_id = r.asset_id AND v.revision = r.revision"
-            " WHERE a.id = $1 AND a.tenant_id = $2 AND r.revision = $3"
-            " AND a.status = ANY($4::text[])",
-            asset_id,
-            tenant_id,
-            revision,
-            list(SERVABLE_STATES),
-        )
-    return None if storage is None else revision_prefix(tenant_id, asset_id, int(storage)) + "/"
+    storage = await released_storage_revision(pool, tenant_id, asset_id, revision, SERVABLE_STATES)
+    return None if storage is None else revision_prefix(tenant_id, asset_id, storage) + "/"
 
 
 async def published_files(
@@ -50,16 +40,7 @@ async def published_files(
 ) -> dict[str, dict[str, Any]]:
     """The revision's published outputs: variant type → its primary file's path under the
     revision's storage prefix, and what else is known (size, width, height, extra)."""
-    with map_db_errors("reading published outputs"):
-        rows = await pool.fetch(
-            "SELECT v.variant_type, v.object_key, v.mime_type, v.size_bytes, v.width, v.height,"
-            " v.extra, coalesce(r.enriches, r.revision) AS storage_revision"
-            " FROM asset_variants v JOIN asset_revisions r USING (asset_id, revision)"
-            " WHERE v.asset_id = $1 AND v.revision = $2 AND v.status = 'SUCCEEDED'"
-            " AND v.variant_type = ANY(coalesce(r.published_outputs, ARRAY[]::text[]))",
-            asset_id,
-            revision,
-        )
+    rows = await published_variants(pool, asset_id, revision)
     storage = rows[0]["storage_revision"] if rows else revision
     prefix = revision_prefix(tenant_id, asset_id, storage) + "/"
     return {

@@ -11,7 +11,8 @@ source to the pipeline, ``GET /v1/videos/{id}/status`` shows where it is.
   them straight to S3 with presigned URLs that bind the object's key, its exact length (per
   part for multipart) and, for a single PUT, its SHA-256; the API never carries them. The
   local store: the client PUTs them to ``/v1/videos/{id}/upload`` with its API key, and the
-  API streams them into the store while counting and hashing (never whole in memory).
+  API streams them into the store while counting and hashing, never whole in memory
+  (``video_upload.py``; the session helpers both use are ``video_sessions.py``).
 * **Nothing unverified reaches the pipeline.** Complete checks the object's size and SHA-256
   against what the client declared: for uploads through the API, the digest measured while
   streaming (the bytes never left our hands); for S3, by streaming the object back through
@@ -36,15 +37,12 @@ from __future__ import annotations
 import hashlib
 import math
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
-import aiohttp
 import anyio
-import anyio.to_thread
 import msgspec
-from aiohttp import http_exceptions, web
+from aiohttp import web
 
 from aivedio import untrusted
 from aivedio.api import schema
@@ -65,11 +63,18 @@ from aivedio.api.video_bodies import (
     VideoStatus,
     upload_state,
 )
-from aivedio.api.video_paths import PATHS as PATHS  # this module's routes, described
-from aivedio.errors import MalformedInputError, NotFoundError, StaleStateError
+from aivedio.api.video_paths import PATHS as PATHS  # these routes and video_upload's
+from aivedio.api.video_sessions import (
+    hash_chunk,
+    path_video_id,
+    refuse_ended,
+    session_of,
+    status_path,
+)
+from aivedio.errors import MalformedInputError, NotFoundError
 from aivedio.logs import get_logger, redact_text
 from aivedio.pipeline.jobs import probe_spec
-from aivedio.store import uploads
+from aivedio.store import asset_reads, uploads
 from aivedio.store.asset_status import asset_status
 from aivedio.store.objects.base import (
     ABORT_TIMEOUT_SECONDS,
@@ -87,11 +92,6 @@ log = get_logger("aivedio.api")
 
 routes = web.RouteTableDef()
 
-# Request bodies are read this many bytes at a time while streaming into the store.
-CHUNK_BYTES = 1 * MIB
-# Chunks at least this big are hashed in a worker thread (hashlib releases the GIL), so a
-# large upload does not hold the event loop for a millisecond and more per chunk.
-THREAD_HASH_BYTES = 256 * 1024
 # The largest JSON body read: the biggest a schema-valid complete (10,000 parts) can be.
 JSON_BODY_MAX_BYTES = 4 * MIB
 SCHEMAS: tuple[type, ...] = (
@@ -140,49 +140,6 @@ async def _decode(request: web.Request, kind: type[Any], *, required: bool) -> A
 
 def _is_json(media_type: str) -> bool:
     return media_type == "application/json" or media_type.endswith("+json")
-
-
-def _video_id(request: web.Request) -> uuid.UUID:
-    try:
-        return uuid.UUID(request.match_info["video_id"])
-    except ValueError:
-        raise ApiError(404, "no such video") from None
-
-
-async def _session(request: web.Request) -> UploadSession:
-    session = await uploads.load_session(
-        context(request).pool, tenant_of(request), _video_id(request)
-    )
-    if session is None:
-        raise ApiError(404, "no such video")
-    return session
-
-
-def _refuse_ended(session: UploadSession) -> None:
-    """410 for an expired session, 422 for a failed one (its reason again)."""
-    if session.expired():
-        raise ApiError(
-            410,
-            f"the upload session expired at {session.expires_at.isoformat()}; create a new video",
-            code="upload_expired",
-        )
-    if session.status == uploads.FAILED:
-        raise ApiError(
-            422,
-            f"the upload failed: {session.error_detail}; create a new video",
-            code=session.error_class or "upload_failed",
-        )
-
-
-async def _update(hasher: Any, chunk: bytes) -> None:
-    if len(chunk) >= THREAD_HASH_BYTES:
-        await anyio.to_thread.run_sync(hasher.update, chunk)
-    else:
-        hasher.update(chunk)
-
-
-def _status_path(video_id: uuid.UUID) -> str:
-    return f"/v1/videos/{video_id}/status"
 
 
 # -- POST /v1/videos ---------------------------------------------------------------------------
@@ -241,7 +198,7 @@ async def create_video(request: web.Request) -> web.Response:
     created = VideoCreated(
         video_id=video_id, state="AWAITING_UPLOAD", expires_at=expires_at, upload=instructions
     )
-    return schema.encode(created, 201, headers={"Location": _status_path(video_id)})
+    return schema.encode(created, 201, headers={"Location": status_path(video_id)})
 
 
 async def _refuse_under_pressure(ctx: ApiContext) -> None:
@@ -320,112 +277,6 @@ async def _presigned(
     )
 
 
-# -- PUT /v1/videos/{id}/upload (the local store) ----------------------------------------------
-
-
-async def _arriving(request: web.Request, idle_seconds: float) -> AsyncIterator[bytes]:
-    """The body's chunks as they arrive, 408 when none comes for ``idle_seconds``: a large
-    upload may take hours, but a client that stops sending must not hold a handler (and an
-    open multipart upload) for ever."""
-    chunks = request.content.iter_chunked(CHUNK_BYTES).__aiter__()
-    while True:
-        try:
-            with anyio.fail_after(idle_seconds):
-                chunk = await anext(chunks)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            raise ApiError(
-                408, f"the upload sent nothing for {idle_seconds:g} s", "body_timeout"
-            ) from None
-        yield chunk
-
-
-@routes.put("/v1/videos/{video_id}/upload")
-async def upload_video(request: web.Request) -> web.Response:
-    """Stream the body into the store, counting and hashing; keep it only when its size and
-    SHA-256 are the declared ones. A refused attempt leaves the session open for another."""
-    ctx = context(request)
-    session = await _session(request)
-    if session.method != uploads.API_PUT:
-        raise ApiError(
-            409,
-            "this video uploads to its presigned URL(s), not to the API: "
-            "use the `upload` instructions of POST /v1/videos",
-        )
-    if session.status == uploads.COMPLETED:
-        raise ApiError(409, "the upload is already completed", code="upload_completed")
-    _refuse_ended(session)
-    declared = session.declared_size_bytes
-    length = request.content_length
-    if length is not None and length != declared:
-        await _refused(
-            ctx,
-            session,
-            "size_mismatch",
-            f"Content-Length {length} differs from the declared size {declared}",
-        )
-    key = uploads.source_key(session.tenant_id, session.id, f"put-{uuid.uuid4().hex[:16]}")
-    hasher = hashlib.sha256()
-    received = 0
-    idle_seconds = ctx.config.api.body_read_timeout_seconds
-    try:
-        async with await ctx.store.start_upload(key, content_type=session.content_type) as up:
-            async for chunk in _arriving(request, idle_seconds):
-                received += len(chunk)
-                if received > declared:
-                    await _refused(
-                        ctx, session, "size_mismatch", f"more bytes than the declared {declared}"
-                    )
-                await _update(hasher, chunk)
-                await up.write(chunk)
-            if received != declared:
-                await _refused(
-                    ctx, session, "size_mismatch", f"received {received} bytes, declared {declared}"
-                )
-            digest = hasher.hexdigest()
-            if digest != session.declared_sha256:
-                await _refused(
-                    ctx,
-                    session,
-                    "checksum_mismatch",
-                    f"the body's SHA-256 is {digest}, declared {session.declared_sha256}",
-                )
-            await up.complete()
-    except (
-        ConnectionError,
-        aiohttp.ClientPayloadError,
-        http_exceptions.HttpProcessingError,
-    ) as exc:
-        raise ApiError(400, f"the request body ended early: {type(exc).__name__}") from None
-    try:
-        replaced = await uploads.record_received(
-            ctx.pool, session.id, key=key, size=received, sha256=digest
-        )
-    except StaleStateError:
-        await ctx.store.delete(key)  # the session ended while the bytes streamed in
-        _refuse_ended(await _session(request))
-        raise ApiError(409, "the upload is already completed", code="upload_completed") from None
-    except BaseException:
-        await ctx.store.delete(key)
-        raise
-    if replaced is not None:
-        await ctx.store.delete(replaced)
-    log.info("upload_received", video_id=str(session.id), bytes=received)
-    return schema.encode(
-        UploadReceived(
-            video_id=session.id, state="AWAITING_UPLOAD", size_bytes=received, sha256=digest
-        )
-    )
-
-
-async def _refused(
-    ctx: ApiContext, session: UploadSession, error_class: str, detail: str
-) -> NoReturn:
-    await uploads.note_refused(ctx.pool, session.id, error_class, detail)
-    raise ApiError(422, f"upload refused: {detail}; nothing was kept", code=error_class)
-
-
 # -- POST /v1/videos/{id}/complete -------------------------------------------------------------
 
 
@@ -435,21 +286,21 @@ async def complete_video(request: web.Request) -> web.Response:
     its probe job in one transaction. Idempotent: a completed video answers the same."""
     ctx = context(request)
     body: CompleteVideo | None = await _decode(request, CompleteVideo, required=False)
-    session = await _session(request)
+    session = await session_of(request)
     if session.status == uploads.COMPLETED:
         return await _accepted(ctx, session)
-    _refuse_ended(session)
+    refuse_ended(session)
     key, info = await _uploaded_object(ctx, session, body)
     sha256 = await _verify(ctx, session, key, info)
     probe = probe_spec(session.id, session.tenant_id)
     done = await uploads.complete_session(
         ctx.pool, ctx.queue, session, key=key, size=info.size, sha256=sha256, probe=probe
     )
-    now = await _session(request)
+    now = await session_of(request)
     if not done:
         if now.status == uploads.COMPLETED:
             return await _accepted(ctx, now)
-        _refuse_ended(now)
+        refuse_ended(now)
         raise ApiError(409, "another upload arrived while completing: complete again")
     log.info(
         "upload_completed", video_id=str(session.id), tenant_id=session.tenant_id, bytes=info.size
@@ -536,7 +387,7 @@ async def _verify(ctx: ApiContext, session: UploadSession, key: str, info: Objec
         stream = ctx.store.get(key)
         try:
             async for chunk in stream:
-                await _update(hasher, chunk)
+                await hash_chunk(hasher, chunk)
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
@@ -565,15 +416,15 @@ async def _fail(
 
 
 async def _accepted(ctx: ApiContext, session: UploadSession) -> web.Response:
-    state = await ctx.pool.fetchval("SELECT status FROM assets WHERE id = $1", session.id)
+    state = await asset_reads.asset_state(ctx.pool, session.id)
     accepted = VideoAccepted(
         video_id=session.id,
         state=str(state or "QUARANTINED"),
         size_bytes=session.received_size_bytes or session.declared_size_bytes,
         sha256=session.received_sha256 or session.declared_sha256,
-        status_url=_status_path(session.id),
+        status_url=status_path(session.id),
     )
-    return schema.encode(accepted, 202, headers={"Location": _status_path(session.id)})
+    return schema.encode(accepted, 202, headers={"Location": status_path(session.id)})
 
 
 # -- GET /v1/videos/{id}/status ----------------------------------------------------------------
@@ -585,10 +436,10 @@ async def video_status(request: web.Request) -> web.Response:
     fetched from a provider has no session and is answered from its asset alone)."""
     ctx = context(request)
     tenant_id = tenant_of(request)
-    video_id = _video_id(request)
+    video_id = path_video_id(request)
     session = await uploads.load_session(ctx.pool, tenant_id, video_id)
     if session is None:
-        owner = await ctx.pool.fetchval("SELECT tenant_id FROM assets WHERE id = $1", video_id)
+        owner = await asset_reads.asset_owner(ctx.pool, video_id)
         if owner != tenant_id:
             raise ApiError(404, "no such video")
     timeline = _session_timeline(session) if session is not None else []

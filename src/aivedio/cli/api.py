@@ -8,12 +8,12 @@ lets in-flight requests finish (bounded), ends event streams and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 
 import anyio
 import msgspec
 
+from aivedio.cli.common import EXIT_OK, print_json
 from aivedio.config.api import require_api_secret
 from aivedio.config.load import Config
 from aivedio.errors import ConfigError
@@ -21,7 +21,6 @@ from aivedio.logs import get_logger
 from aivedio.store import migrations
 from aivedio.store.database import map_db_errors, open_connection, open_pool
 
-EXIT_OK = 0
 log = get_logger("aivedio.api")
 
 
@@ -83,16 +82,14 @@ def cmd_keys_create(config: Config, args: argparse.Namespace) -> int:
         async with open_connection(config.database) as conn:
             tenant_id = await tenant_id_by_name(conn, args.tenant)
             created = await create_key(conn, tenant_id, environment="test" if args.test else "live")
-        print(
-            json.dumps(
-                {
-                    "id": str(created.id),
-                    "tenant": args.tenant,
-                    "prefix": created.prefix,
-                    "key": created.key,
-                    "note": "the key is shown only now; it is stored hashed",
-                }
-            )
+        print_json(
+            {
+                "id": str(created.id),
+                "tenant": args.tenant,
+                "prefix": created.prefix,
+                "key": created.key,
+                "note": "the key is shown only now; it is stored hashed",
+            }
         )
         return EXIT_OK
 
@@ -105,7 +102,7 @@ def cmd_keys_revoke(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_connection(config.database) as conn:
             revoked_now = await revoke_key(conn, args.key_id)
-        print(json.dumps({"key": args.key_id, "revoked": True, "revoked_now": revoked_now}))
+        print_json({"key": args.key_id, "revoked": True, "revoked_now": revoked_now})
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")

@@ -9,28 +9,14 @@ it was deferred under backlog pressure); then the asset's media crashes (poison 
 from __future__ import annotations
 
 import argparse
-import json
-import uuid
-from datetime import datetime
 from typing import Any
 
 import anyio
 
+from aivedio.cli.common import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, parse_uuids, plain, print_json
 from aivedio.config.load import Config
-from aivedio.store.database import map_db_errors, open_pool
-
-EXIT_OK, EXIT_USAGE, EXIT_NOT_FOUND = 0, 2, 3
-
-
-def _plain(row: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in dict(row.items()).items():
-        if isinstance(value, uuid.UUID):
-            value = str(value)
-        elif isinstance(value, datetime):
-            value = value.isoformat()
-        out[key] = value
-    return out
+from aivedio.store import asset_reads
+from aivedio.store.database import open_pool
 
 
 def _text(document: dict[str, Any]) -> str:
@@ -64,69 +50,39 @@ def _text(document: dict[str, Any]) -> str:
 def cmd_assets_list(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:
-            with map_db_errors("listing assets"):
-                rows = await pool.fetch(
-                    "SELECT id, tenant_id, source_type, status, current_revision, width, height,"
-                    " duration_us, video_codec, last_error_class, last_error_detail, created_at"
-                    " FROM assets WHERE ($1::text IS NULL OR status = $1)"
-                    " ORDER BY created_at DESC LIMIT $2",
-                    args.status,
-                    args.limit,
-                )
+            rows = await asset_reads.list_assets(pool, args.status, args.limit)
         for row in rows:
-            print(json.dumps(_plain(row)))
+            print_json(plain(row))
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")
 
 
 def cmd_assets_show(config: Config, args: argparse.Namespace) -> int:
-    try:
-        asset_id = uuid.UUID(args.asset_id)
-    except ValueError:
+    ids = parse_uuids([args.asset_id])
+    if not ids:
         print(f"aivedio: {args.asset_id!r} is not an asset id (a UUID)")
         return EXIT_USAGE
+    asset_id = ids[0]
 
     async def main() -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:
-            with map_db_errors("reading the asset"):
-                asset = await pool.fetchrow(
-                    "SELECT id, tenant_id, source_type, status, current_revision,"
-                    " source_object_key, source_size_bytes, source_sha256, width, height,"
-                    " duration_us, video_codec, audio_codec, moderation_status,"
-                    " last_error_class, last_error_detail, probe->'reasons' AS reasons,"
-                    " created_at, updated_at FROM assets WHERE id = $1",
-                    asset_id,
-                )
-                if asset is None:
-                    print(f"aivedio: no asset {asset_id}")
-                    return EXIT_NOT_FOUND
-                revisions = await pool.fetch(
-                    "SELECT revision, pipeline_version, status, required_outputs,"
-                    " optional_outputs, plan->>'mode' AS mode, created_at, published_at"
-                    " FROM asset_revisions WHERE asset_id = $1 ORDER BY revision",
-                    asset_id,
-                )
-                variants = await pool.fetch(
-                    "SELECT revision, variant_type, status, object_key, mime_type, size_bytes,"
-                    " checksum, width, height, codec, bitrate, extra->>'error' AS error,"
-                    " extra->'total_bytes' AS total_bytes, deferred_at FROM asset_variants"
-                    " WHERE asset_id = $1 ORDER BY revision, variant_type",
-                    asset_id,
-                )
-                crashes = await pool.fetch(
-                    "SELECT job_id, kind, cause, detail, created_at FROM media_crashes"
-                    " WHERE asset_id = $1 ORDER BY created_at, job_id",
-                    asset_id,
-                )
-        document = _plain(asset)
-        document["crashes"] = [_plain(c) for c in crashes]
-        document["revisions"] = [_plain(r) for r in revisions]
+            found = await asset_reads.asset_detail(pool, asset_id)
+        if found is None:
+            print(f"aivedio: no asset {asset_id}")
+            return EXIT_NOT_FOUND
+        asset, revisions, variants, crashes = found
+        document = plain(asset)
+        document["crashes"] = [plain(c) for c in crashes]
+        document["revisions"] = [plain(r) for r in revisions]
         for revision in document["revisions"]:
             revision["variants"] = [
-                _plain(v) for v in variants if v["revision"] == revision["revision"]
+                plain(v) for v in variants if v["revision"] == revision["revision"]
             ]
-        print(_text(document) if args.text else json.dumps(document))
+        if args.text:
+            print(_text(document))
+        else:
+            print_json(document)
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")

@@ -12,26 +12,22 @@ stored, 3 blocked, 4 failed, 2 bad usage.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import anyio
 import msgspec
 
+from aivedio.cli.common import EXIT_FETCH_BLOCKED, EXIT_FETCH_FAILED, EXIT_OK, print_json, usage
 from aivedio.config.load import Config, validate_net
 from aivedio.errors import AivedioError, ChecksumMismatchError, PolicyBlockedError
 from aivedio.net.policy import redact_url
 from aivedio.pipeline.services import make_fetcher
 
-EXIT_OK, EXIT_USAGE, EXIT_BLOCKED, EXIT_FAILED = 0, 2, 3, 4
-
 
 def _usage(message: str) -> int:
-    print(f"aivedio fetch: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    return usage("aivedio fetch", message)
 
 
 def _net_with_overrides(config: Config, args: argparse.Namespace) -> Any:
@@ -103,8 +99,10 @@ async def run_fetch_command(
     try:
         for url in urls:
             record = await _one(fetcher, url, args, headers)
-            print(json.dumps(record), flush=True)
-            code = {"blocked": EXIT_BLOCKED, "failed": EXIT_FAILED}.get(record["outcome"], 0)
+            print_json(record, flush=True)
+            code = {"blocked": EXIT_FETCH_BLOCKED, "failed": EXIT_FETCH_FAILED}.get(
+                record["outcome"], EXIT_OK
+            )
             worst = max(worst, code)
     finally:
         with anyio.CancelScope(shield=True):

@@ -12,8 +12,6 @@ credited back; the text form shows them as decimals.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,12 +19,12 @@ import anyio
 import msgspec
 
 from aivedio import untrusted
+from aivedio.cli.common import EXIT_OK, print_json, usage
 from aivedio.config.load import Config
 from aivedio.errors import MalformedInputError
-from aivedio.store.database import Connection, map_db_errors, open_pool
+from aivedio.store.database import open_pool
 from aivedio.store.ledger import LedgerEntry, Total, entries, summarize
-
-EXIT_OK, EXIT_USAGE = 0, 2
+from aivedio.store.tenant_reads import tenant_id_by_name_or_id
 
 
 def parse_since(value: str) -> datetime:
@@ -79,18 +77,8 @@ def _text_total(t: Total) -> str:
     )
 
 
-async def _tenant_id(conn: Connection, name_or_id: str) -> int | None:
-    """By name first (a name may be all digits), then by id."""
-    with map_db_errors("looking up a tenant"):
-        found = await conn.fetchval("SELECT id FROM tenants WHERE name = $1", name_or_id)
-        if found is None and name_or_id.isdigit():
-            found = await conn.fetchval("SELECT id FROM tenants WHERE id = $1", int(name_or_id))
-    return None if found is None else int(found)
-
-
 def _usage(message: str) -> int:
-    print(f"aivedio: ledger: {message}", file=sys.stderr)
-    return EXIT_USAGE
+    return usage("aivedio: ledger", message)
 
 
 def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
@@ -112,16 +100,22 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
             tenant_id: int | None = None
             if args.tenant is not None:
                 async with pool.acquire() as conn:
-                    tenant_id = await _tenant_id(conn, args.tenant)
+                    tenant_id = await tenant_id_by_name_or_id(conn, args.tenant)
                 if tenant_id is None:
                     return _usage(f"no tenant {args.tenant!r} (by name or id)")
             found = await entries(
                 pool, task=args.task, provider=args.provider, tenant_id=tenant_id, since=since
             )
         for entry in found:
-            print(json.dumps(_plain(entry)) if args.json else _text_line(entry))
+            if args.json:
+                print_json(_plain(entry))
+            else:
+                print(_text_line(entry))
         for total in summarize(found):
-            print(json.dumps(_total_json(total)) if args.json else _text_total(total))
+            if args.json:
+                print_json(_total_json(total))
+            else:
+                print(_text_total(total))
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")

@@ -11,30 +11,21 @@ serves until the switch; nothing is re-fetched or re-generated); ``moderate ASSE
 from __future__ import annotations
 
 import argparse
-import json
-import uuid
 
 import anyio
 
+from aivedio.cli.common import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, parse_uuids, print_json
 from aivedio.config.load import Config
 from aivedio.errors import NotFoundError
+from aivedio.store import asset_reads
 from aivedio.store.database import map_db_errors, open_pool
 from aivedio.store.queue import Queue
-
-EXIT_OK, EXIT_USAGE, EXIT_NOT_FOUND = 0, 2, 3
-
-
-def _ids(values: list[str]) -> list[uuid.UUID] | None:
-    try:
-        return [uuid.UUID(v) for v in values]
-    except ValueError:
-        return None
 
 
 def cmd_delete(config: Config, args: argparse.Namespace) -> int:
     from aivedio.pipeline.upkeep.lifecycle import delete_asset
 
-    ids = _ids([args.asset_id])
+    ids = parse_uuids([args.asset_id])
     if not ids:
         print(f"aivedio: {args.asset_id!r} is not an asset id")
         return EXIT_USAGE
@@ -47,7 +38,7 @@ def cmd_delete(config: Config, args: argparse.Namespace) -> int:
                 except NotFoundError as exc:
                     print(f"aivedio: {exc.detail}")
                     return EXIT_NOT_FOUND
-        print(json.dumps({"asset_id": str(ids[0]), "deleted": True, "changed": changed}))
+        print_json({"asset_id": str(ids[0]), "deleted": True, "changed": changed})
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")
@@ -69,7 +60,7 @@ def cmd_cancel(config: Config, args: argparse.Namespace) -> int:
                 except NotFoundError as exc:
                     print(f"aivedio: {exc.detail}")
                     return EXIT_NOT_FOUND
-        print(json.dumps({"cancelled": True, **result}))
+        print_json({"cancelled": True, **result})
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")
@@ -78,7 +69,7 @@ def cmd_cancel(config: Config, args: argparse.Namespace) -> int:
 def cmd_reprocess(config: Config, args: argparse.Namespace) -> int:
     from aivedio.pipeline.jobs import reprocess_spec
 
-    ids = _ids(args.asset_ids)
+    ids = parse_uuids(args.asset_ids)
     if not ids:
         print("aivedio: reprocess takes asset ids (UUIDs)")
         return EXIT_USAGE
@@ -89,35 +80,29 @@ def cmd_reprocess(config: Config, args: argparse.Namespace) -> int:
             queue = Queue(pool)
             for asset_id in ids:
                 with map_db_errors("enqueuing the reprocess"):
-                    row = await pool.fetchrow(
-                        "SELECT tenant_id, status FROM assets WHERE id = $1", asset_id
-                    )
+                    row = await asset_reads.asset_tenant_and_status(pool, asset_id)
                     if row is None:
-                        print(json.dumps({"asset_id": str(asset_id), "error": "no such asset"}))
+                        print_json({"asset_id": str(asset_id), "error": "no such asset"})
                         code = EXIT_NOT_FOUND
                         continue
                     if row["status"] not in ("PLAYABLE", "ENRICHED"):
-                        print(
-                            json.dumps(
-                                {
-                                    "asset_id": str(asset_id),
-                                    "error": f"asset is {row['status']}, not published",
-                                }
-                            )
+                        print_json(
+                            {
+                                "asset_id": str(asset_id),
+                                "error": f"asset is {row['status']}, not published",
+                            }
                         )
                         code = EXIT_USAGE
                         continue
                     spec = reprocess_spec(asset_id, row["tenant_id"], config.media.pipeline_version)
                     async with pool.acquire() as conn:
                         enqueued = await queue.enqueue_one(conn, spec)
-                print(
-                    json.dumps(
-                        {
-                            "asset_id": str(asset_id),
-                            "job_id": enqueued.job_id,
-                            "pipeline_version": config.media.pipeline_version,
-                        }
-                    )
+                print_json(
+                    {
+                        "asset_id": str(asset_id),
+                        "job_id": enqueued.job_id,
+                        "pipeline_version": config.media.pipeline_version,
+                    }
                 )
         return code
 
@@ -128,7 +113,7 @@ def cmd_moderate(config: Config, args: argparse.Namespace) -> int:
     """An operator's verdict on an asset whose revision waits in review."""
     from aivedio.pipeline.moderation import Decision, VerdictRecorder
 
-    ids = _ids([args.asset_id])
+    ids = parse_uuids([args.asset_id])
     if not ids:
         print(f"aivedio: {args.asset_id!r} is not an asset id")
         return EXIT_USAGE
@@ -137,12 +122,7 @@ def cmd_moderate(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_pool(config.database, min_size=1, max_size=2) as pool:
             with map_db_errors("recording the verdict"):
-                row = await pool.fetchrow(
-                    "SELECT r.revision, a.tenant_id FROM asset_revisions r JOIN assets a"
-                    " ON a.id = r.asset_id WHERE r.asset_id = $1 AND r.status = 'BUILDING'"
-                    " AND r.moderation_verdict = 'review' ORDER BY r.revision DESC LIMIT 1",
-                    ids[0],
-                )
+                row = await asset_reads.revision_in_review(pool, ids[0])
                 if row is None:
                     print(f"aivedio: asset {ids[0]} has no revision waiting in review")
                     return EXIT_NOT_FOUND
@@ -153,9 +133,7 @@ def cmd_moderate(config: Config, args: argparse.Namespace) -> int:
                 )
                 recorder = VerdictRecorder(config.moderation, pool, Queue(pool))
                 await recorder.record(ids[0], row["revision"], row["tenant_id"], verdict)
-        print(
-            json.dumps({"asset_id": str(ids[0]), "revision": row["revision"], "decision": decision})
-        )
+        print_json({"asset_id": str(ids[0]), "revision": row["revision"], "decision": decision})
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")

@@ -1,7 +1,7 @@
 """The ``aivedio`` command. Each subcommand decodes its configuration before doing anything.
 
 Exit status: 0 done, 1 a runtime failure (database unreachable…), 2 bad usage or bad
-configuration (the message names the key).
+configuration (the message names the key); ``cli/common.py`` lists every command's.
 """
 
 from __future__ import annotations
@@ -9,19 +9,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 import msgspec
 
 from aivedio import logs, untrusted
+from aivedio.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, plain, print_json
 from aivedio.config.load import Config, load_config, masked
 from aivedio.errors import AivedioError, ConfigError, DatabaseError, MalformedInputError
-from aivedio.store import migrations
+from aivedio.store import migrations, task_reads
 from aivedio.store.database import (
     map_db_errors,
     open_connection,
@@ -29,18 +29,6 @@ from aivedio.store.database import (
     until_database_answers,
 )
 from aivedio.store.queue import Queue
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime | date):
-        return value.isoformat()
-    raise TypeError(type(value).__name__)
-
-
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, default=_json_default, sort_keys=False))
 
 
 def _registry() -> Any:
@@ -172,7 +160,7 @@ def cmd_jobs_list(config: Config, args: argparse.Namespace) -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:
             rows = await Queue(pool).list(status=args.status, kind=args.kind, limit=args.limit)
         for row in rows:
-            _print_json(row)
+            print_json(row)
         return EXIT_OK
 
     return _run(main)
@@ -183,7 +171,7 @@ def cmd_jobs_retry(config: Config, args: argparse.Namespace) -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:
             queue = Queue(pool)
             if await queue.replay(args.job_id):
-                _print_json({"job_id": args.job_id, "outcome": "requeued"})
+                print_json({"job_id": args.job_id, "outcome": "requeued"})
                 return EXIT_OK
             job = await queue.get(args.job_id)
         if job is None:
@@ -223,7 +211,7 @@ def cmd_jobs_enqueue(config: Config, args: argparse.Namespace) -> int:
                 async with pool.acquire() as conn, conn.transaction():
                     results = await queue.enqueue(conn, specs[start : start + 1000])
                 created += sum(r.created for r in results)
-        _print_json({"kind": args.kind, "requested": args.count, "created": created})
+        print_json({"kind": args.kind, "requested": args.count, "created": created})
         return EXIT_OK
 
     return _run(main)
@@ -235,7 +223,7 @@ def cmd_tenants_create(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_connection(config.database) as conn:
             tenant_id, created = await create_tenant(conn, args.name)
-        _print_json({"tenant": args.name, "id": tenant_id, "created": created})
+        print_json({"tenant": args.name, "id": tenant_id, "created": created})
         return EXIT_OK
 
     return _run(main)
@@ -281,7 +269,7 @@ def cmd_ingest(config: Config, args: argparse.Namespace) -> int:
                 default_ttl_seconds=ttl,
                 ledger=config.ledger,
             )
-        _print_json(msgspec.to_builtins(recorded))
+        print_json(msgspec.to_builtins(recorded))
         return EXIT_OK
 
     return _run(main)
@@ -330,23 +318,9 @@ def cmd_fetch(config: Config, args: argparse.Namespace) -> int:
 def cmd_outputs_list(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:
-            with map_db_errors("listing provider outputs"):
-                rows = await pool.fetch(
-                    "SELECT o.id, o.provider, o.provider_task_id, o.output_index,"
-                    " o.fetch_status, o.last_error_class, o.last_error_detail,"
-                    " o.source_url_expires_at, a.id AS asset_id, a.status AS asset_status,"
-                    " a.source_object_key, a.source_size_bytes, a.source_sha256"
-                    " FROM provider_outputs o"
-                    " LEFT JOIN assets a ON a.source_provider_output_id = o.id"
-                    " WHERE ($1::text IS NULL OR o.fetch_status = $1)"
-                    " AND ($2::text IS NULL OR o.provider_task_id = $2)"
-                    " ORDER BY o.created_at DESC LIMIT $3",
-                    args.status,
-                    args.task_id,
-                    args.limit,
-                )
+            rows = await task_reads.list_outputs(pool, args.status, args.task_id, args.limit)
         for row in rows:
-            _print_json({k: (str(v) if isinstance(v, uuid.UUID) else v) for k, v in row.items()})
+            print_json(plain(row))
         return EXIT_OK
 
     return _run(main)

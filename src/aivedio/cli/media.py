@@ -12,21 +12,25 @@ source is invalid, 4 when a required output failed.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
 
 import anyio
 
+from aivedio.cli.common import (
+    EXIT_INVALID_MEDIA,
+    EXIT_OK,
+    EXIT_OUTPUT_FAILED,
+    EXIT_USAGE,
+    print_json,
+)
 from aivedio.config.load import Config
 from aivedio.config.media import OUTPUT_TYPES
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.ffmpeg.verdict import inspect_file, verdict_json
 from aivedio.pipeline.media.validate import Declared
-
-EXIT_OK, EXIT_USAGE, EXIT_FAILED, EXIT_INVALID = 0, 2, 4, 5
 
 
 def _declared(args: argparse.Namespace) -> Declared | None:
@@ -63,8 +67,8 @@ def cmd_probe(config: Config, args: argparse.Namespace) -> int:
         verdict, _ = await inspect_file(
             Sandbox(config.media), path, declared=_declared(args), tolerance=tolerance
         )
-        print(json.dumps(verdict_json(verdict)))
-        return EXIT_OK if verdict.valid else EXIT_INVALID
+        print_json(verdict_json(verdict))
+        return EXIT_OK if verdict.valid else EXIT_INVALID_MEDIA
 
     return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
 
@@ -101,10 +105,10 @@ def cmd_process(config: Config, args: argparse.Namespace) -> int:
                 await anyio.to_thread.run_sync(_move, run.layout.out, out, files)
         summary = report.to_json()
         summary["out"] = str(out)
-        print(json.dumps(summary))
+        print_json(summary)
         if not report.verdict.valid:
-            return EXIT_INVALID
-        return EXIT_OK if report.required_done else EXIT_FAILED
+            return EXIT_INVALID_MEDIA
+        return EXIT_OK if report.required_done else EXIT_OUTPUT_FAILED
 
     return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
 

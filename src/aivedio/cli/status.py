@@ -37,8 +37,9 @@ from typing import Any, Literal
 
 import anyio
 
+from aivedio.cli.common import EXIT_INTERRUPTED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, print_json
 from aivedio.config.load import Config, DatabaseConfig
-from aivedio.store import listening
+from aivedio.store import listening, status_reads
 from aivedio.store.asset_status import (
     FINAL_ASSET_STATES,
     FINAL_OUTPUT_STATES_WITHOUT_ASSET,
@@ -48,8 +49,6 @@ from aivedio.store.asset_status import (
 from aivedio.store.database import Pool, map_db_errors, open_pool
 from aivedio.store.stage_events import NOTIFY_CHANNEL
 from aivedio.supervision import Loop
-
-EXIT_OK, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_INTERRUPTED = 0, 2, 3, 130
 
 # Re-read this often even without a notification (job progress is never notified).
 DEFAULT_INTERVAL_SECONDS = 2.0
@@ -95,13 +94,7 @@ async def resolve(pool: Pool, target: Target) -> Target:
         as_uuid: uuid.UUID | None = uuid.UUID(target.value)
     except ValueError:
         as_uuid = None
-    with map_db_errors("reading the generation task"):
-        rows = await pool.fetch(
-            "SELECT id, provider, provider_task_id FROM generation_tasks"
-            " WHERE provider_task_id = $1 OR id = $2 ORDER BY provider, id",
-            target.value,
-            as_uuid,
-        )
+    rows = await status_reads.tasks_named(pool, target.value, as_uuid)
     found = tuple((r["id"], r["provider"], r["provider_task_id"]) for r in rows)
     return Target(target.kind, target.value, found)
 
@@ -137,20 +130,14 @@ def _item_final(item: dict[str, Any]) -> bool:
 
 async def _outputs(pool: Pool, target: Target) -> list[tuple[uuid.UUID, uuid.UUID | None]]:
     """(output id, asset id or None) for each output the target names, in output order."""
-    select = (
-        "SELECT o.id, a.id AS asset_id FROM provider_outputs o"
-        " LEFT JOIN assets a ON a.source_provider_output_id = o.id"
-    )
     if target.kind == "output":
-        rows = await pool.fetch(f"{select} WHERE o.id = $1", uuid.UUID(target.value))
+        rows = await status_reads.output_with_asset(pool, uuid.UUID(target.value))
     else:
         rows = []
         for _, provider, provider_task_id in target.tasks:
-            sql = (
-                f"{select} WHERE o.provider = $1 AND o.provider_task_id = $2"
-                " ORDER BY o.output_index, o.output_revision"
+            rows.extend(
+                await status_reads.task_outputs_with_assets(pool, provider, provider_task_id)
             )
-            rows.extend(await pool.fetch(sql, provider, provider_task_id))
     return [(r["id"], r["asset_id"]) for r in rows]
 
 
@@ -172,15 +159,10 @@ async def read_snapshot(pool: Pool, target: Target) -> Snapshot:
                 if found is not None:
                     items.append(found)
         if target.kind == "task":
-            task_rows = await pool.fetch(
-                "SELECT id, provider_status FROM generation_tasks WHERE id = ANY($1::uuid[])",
-                [t[0] for t in target.tasks],
-            )
+            task_rows = await status_reads.task_states(pool, [t[0] for t in target.tasks])
         else:
-            task_rows = await pool.fetch(
-                "SELECT t.id, t.provider_status FROM generation_tasks t"
-                " JOIN provider_outputs o ON o.generation_task_id = t.id"
-                " WHERE o.id = ANY($1::uuid[])",
+            task_rows = await status_reads.task_states_of_outputs(
+                pool,
                 [uuid.UUID(i["provider_output_id"]) for i in items if i.get("provider_output_id")],
             )
     snapshot = Snapshot(items, {r["id"]: r["provider_status"] for r in task_rows})
@@ -198,18 +180,7 @@ async def read_state_changes(pool: Pool, snapshot: Snapshot) -> list[dict[str, A
     outputs = [
         uuid.UUID(i["provider_output_id"]) for i in snapshot.items if i.get("provider_output_id")
     ]
-    with map_db_errors("reading stage events"):
-        rows = await pool.fetch(
-            "SELECT id, entity, state, asset_id, provider_output_id, generation_task_id,"
-            " error_class, at FROM stage_events"
-            " WHERE (entity = 'asset' AND asset_id = ANY($1::uuid[]))"
-            " OR (entity = 'provider_output' AND provider_output_id = ANY($2::uuid[]))"
-            " OR (entity = 'generation_task' AND generation_task_id = ANY($3::uuid[]))"
-            " ORDER BY id",
-            assets,
-            outputs,
-            list(snapshot.tasks),
-        )
+    rows = await status_reads.stage_events_of(pool, assets, outputs, list(snapshot.tasks))
     return [dict(r.items()) for r in rows]
 
 
@@ -450,7 +421,7 @@ def cmd_status(config: Config, args: argparse.Namespace) -> int:
             print("aivedio status: nothing found")
             return EXIT_NOT_FOUND
         if args.json:
-            print(json.dumps(statuses if args.task else statuses[0]))
+            print_json(statuses if args.task else statuses[0])
         else:
             print("\n".join(_text(s) for s in statuses))
         return EXIT_OK

@@ -14,10 +14,9 @@ import argparse
 
 import anyio
 
+from aivedio.cli.common import EXIT_OK, EXIT_SWEEP_INCOMPLETE
 from aivedio.config.load import Config
 from aivedio.store.database import open_pool
-
-EXIT_OK, EXIT_INCOMPLETE = 0, 1
 
 
 def cmd_sweep(config: Config, args: argparse.Namespace) -> int:
@@ -30,7 +29,7 @@ def cmd_sweep(config: Config, args: argparse.Namespace) -> int:
         ):
             report = await sweeper.sweep(dry_run=args.dry_run)
         print(report.to_json() if args.json else report.text())
-        return EXIT_OK if report.outcome == "swept" and not report.errors else EXIT_INCOMPLETE
+        return EXIT_OK if report.outcome == "swept" and not report.errors else EXIT_SWEEP_INCOMPLETE
 
     return anyio.run(main, backend="asyncio")
 

@@ -7,15 +7,13 @@ Idempotent per ``(provider, task id)``: a second run prints the same watch with
 from __future__ import annotations
 
 import argparse
-import json
 
 import anyio
 import msgspec
 
+from aivedio.cli.common import EXIT_OK, print_json
 from aivedio.config.load import Config
 from aivedio.store.database import open_pool
-
-EXIT_OK = 0
 
 
 def cmd_watch(config: Config, args: argparse.Namespace) -> int:
@@ -39,7 +37,7 @@ def cmd_watch(config: Config, args: argparse.Namespace) -> int:
                 provider_task_id=args.task_id,
                 tenant_id=await tenant_id_by_name(conn, args.tenant),
             )
-        print(json.dumps(msgspec.to_builtins(watch)))
+        print_json(msgspec.to_builtins(watch))
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")

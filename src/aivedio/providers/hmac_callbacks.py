@@ -14,7 +14,9 @@ import re
 import time
 
 from aivedio.errors import PolicyBlockedError
-from aivedio.store.together import Part
+
+# The statement that accepts an event id once; re-exported for the intake, which records it.
+from aivedio.store.callback_receipts import receipt_part as receipt_part
 
 DEFAULT_SKEW_SECONDS = 300.0
 # Whole Unix seconds in ASCII digits: no sign, fraction, exponent, space, "_" or other
@@ -55,13 +57,3 @@ def verify_signature(
     expected = sign(secret, timestamp, body)
     if not hmac.compare_digest(expected, signature.strip().lower().removeprefix("sha256=")):
         raise CallbackRejected("callback signature does not match")
-
-
-def receipt_part(provider: str, event_id: str) -> Part:
-    """The statement that records a callback's event id: a row when it is new, none when it
-    was seen before (a replay or a duplicate)."""
-    return Part(
-        "INSERT INTO callback_receipts (provider, event_id) VALUES ($1, $2)"
-        " ON CONFLICT DO NOTHING RETURNING 1",
-        (provider, event_id),
-    )

@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import pytest
 
-from aivedio.cli import status
+from aivedio.cli import common
 from aivedio.cli.status import Target, follow
 from aivedio.config.load import Config
 from aivedio.states import Entity
@@ -384,7 +384,7 @@ async def test_unknown_ids_are_not_found(pool: Pool, config: Config) -> None:
     ):
         lines, result = Lines(), list[int]()
         await run_follow(pool, config, target, lines, result)
-        assert result == [status.EXIT_NOT_FOUND]
+        assert result == [common.EXIT_NOT_FOUND]
         assert lines.lines == ["aivedio status: nothing found"]
 
 

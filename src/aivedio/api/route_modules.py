@@ -1,0 +1,36 @@
+"""The route modules the API serves, in the order the app adds their routes.
+
+Each owns a ``routes`` table and the OpenAPI ``PATHS`` (and ``SCHEMAS``) that describe them.
+``openapi.py`` builds its document from this list and ``app.py`` serves this list plus the
+document's own route, so a route cannot be served without being described.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from aivedio.api import (
+    assets,
+    callbacks,
+    events,
+    generation_tasks,
+    health,
+    media,
+    playback,
+    player,
+    video_upload,
+    videos,
+)
+
+ROUTE_MODULES: tuple[ModuleType, ...] = (
+    health,
+    callbacks,
+    videos,
+    video_upload,
+    generation_tasks,
+    assets,
+    events,
+    media,
+    playback,
+    player,
+)
