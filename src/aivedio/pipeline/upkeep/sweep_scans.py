@@ -28,10 +28,12 @@ from aivedio.logs import get_logger
 from aivedio.pipeline import poller
 from aivedio.pipeline.jobs import moderate_spec, probe_spec, publish_spec
 from aivedio.states import Entity
-from aivedio.store.database import Pool
+from aivedio.store import sweep_stalled, sweep_stuck
+from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.queue import Enqueued, JobSpec, Queue
 from aivedio.store.records import transition
+from aivedio.store.sweep_stalled import REPORT_LIMIT
 from aivedio.store.uploads import reap_expired_uploads
 from aivedio.supervision import Row, RowGuard, error_class
 
@@ -40,7 +42,6 @@ log = get_logger("aivedio.sweeper")
 # Intake records a task and its outputs in one transaction; a PROVIDER_SUCCEEDED task this
 # long without any output is an anomaly, not a commit in flight.
 TASK_SETTLE_SECONDS = 60.0
-REPORT_LIMIT = 500  # findings kept per scan (all are counted)
 _PRESENT = {
     "deleted": "delete",
     "aborted": "abort",
@@ -49,98 +50,7 @@ _PRESENT = {
     "gave_up": "give_up",
 }
 
-# -- queries -------------------------------------------------------------------------------
-
-FETCHING_STALE = f"""
-SELECT o.id, o.provider, o.updated_at,
-       (SELECT j.id FROM jobs j WHERE j.kind = 'fetch' AND j.status = 'running'
-          AND j.lease_until < $1 AND j.payload->>'provider_output_id' = o.id::text
-        LIMIT 1) AS expired_job
-FROM provider_outputs o
-WHERE o.fetch_status = 'FETCHING'
-  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = 'fetch'
-                  AND j.payload->>'provider_output_id' = o.id::text
-                  AND NOT (j.status = 'running' AND j.lease_until < $1))
-ORDER BY o.updated_at LIMIT {REPORT_LIMIT}
-"""
-EXPIRED_LEASES = "SELECT id, kind, lane FROM jobs WHERE status = 'running' AND lease_until < $1"
-NEAR_EXPIRY = f"""
-SELECT id, provider, provider_task_id, fetch_status, source_url_expires_at
-FROM provider_outputs
-WHERE fetch_status NOT IN ('STORED', 'OUTPUT_LOST', 'INVALID_RESPONSE')
-  AND source_url_expires_at < $1
-ORDER BY source_url_expires_at LIMIT {REPORT_LIMIT}
-"""
-TASKS_WITHOUT_OUTPUT = f"""
-SELECT g.id, g.provider, g.provider_task_id, g.updated_at FROM generation_tasks g
-WHERE g.provider_status = 'PROVIDER_SUCCEEDED' AND g.updated_at < $1
-  AND NOT EXISTS (SELECT 1 FROM provider_outputs o WHERE o.generation_task_id = g.id)
-ORDER BY g.updated_at LIMIT {REPORT_LIMIT}
-"""
-# Watched, but the poll job is gone (it died: out of attempts, say), so nothing polls it.
-ORPHANED_WATCHES = f"""
-SELECT w.generation_task_id, w.provider, w.provider_task_id, w.round FROM task_watches w
-WHERE w.status = 'WATCHING' AND w.updated_at < $1
-  AND NOT EXISTS (SELECT 1 FROM jobs j
-                  WHERE j.idempotency_key = 'poll:' || w.generation_task_id || ':r' || w.round)
-ORDER BY w.updated_at LIMIT {REPORT_LIMIT}
-"""
-STUCK_ASSETS = f"""
-SELECT a.id, a.tenant_id, a.status, a.updated_at FROM assets a
-WHERE a.status IN ('QUARANTINED', 'PROBING', 'PROCESSING') AND a.updated_at < $1
-  AND a.moderation_status IS DISTINCT FROM 'REVIEW'
-  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.payload->>'asset_id' = a.id::text)
-ORDER BY a.updated_at LIMIT {REPORT_LIMIT}
-"""
-# Published, and rebuilding (reprocess) into a newer revision whose jobs are all gone.
-STUCK_REBUILDS = f"""
-SELECT a.id, a.tenant_id, a.status FROM assets a
-WHERE a.status IN ('PLAYABLE', 'ENRICHED')
-  AND EXISTS (SELECT 1 FROM asset_revisions r WHERE r.asset_id = a.id AND r.status = 'BUILDING'
-              AND r.enriches IS NULL AND r.updated_at < $1)
-  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.payload->>'asset_id' = a.id::text)
-LIMIT {REPORT_LIMIT}
-"""
-# Published, with optional outputs that will never finish (their render jobs are gone).
-STUCK_ENRICHMENT = f"""
-SELECT a.id, a.tenant_id, r.revision FROM assets a
-JOIN asset_revisions r ON r.asset_id = a.id AND r.revision = a.current_revision
-WHERE a.status = 'PLAYABLE' AND r.status = 'READY' AND r.published_at < $1
-  AND EXISTS (SELECT 1 FROM asset_variants v WHERE v.asset_id = r.asset_id
-              AND v.revision = r.revision AND v.status = 'PENDING')
-  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.payload->>'asset_id' = a.id::text)
-LIMIT {REPORT_LIMIT}
-"""
-LATEST_REVISION = """
-SELECT revision, status, required_outputs, moderation_verdict FROM asset_revisions
-WHERE asset_id = $1 AND enriches IS NULL ORDER BY revision DESC LIMIT 1
-"""
-VARIANT_STATES = (
-    "SELECT variant_type, status FROM asset_variants WHERE asset_id = $1 AND revision = $2"
-)
-# Variants have no version column; the PENDING guard makes this a CAS (as in media_stage).
-FAIL_PENDING_VARIANTS = """
-UPDATE asset_variants SET status = 'FAILED', extra = $3
-WHERE asset_id = $1 AND revision = $2 AND status = 'PENDING' RETURNING variant_type
-"""
-JOB_FOR_KEY = """
-SELECT k.job_id, coalesce(j.status, h.status) AS status,
-       coalesce(j.last_error_class, h.last_error_class) AS error_class
-FROM job_keys k LEFT JOIN jobs j ON j.id = k.job_id LEFT JOIN job_history h ON h.id = k.job_id
-WHERE k.idempotency_key = $1
-"""
-
 # -- the report ----------------------------------------------------------------------------
-
-
-# $1 upload ids, $2 the owner segment of each upload's key (an output, video or asset id).
-LIVE_UPLOAD_OWNERS = """
-SELECT multipart_upload_id AS id FROM upload_sessions
- WHERE status = 'AWAITING_UPLOAD' AND multipart_upload_id = ANY($1::text[])
-UNION
-SELECT coalesce(payload->>'provider_output_id', payload->>'asset_id') FROM jobs
- WHERE coalesce(payload->>'provider_output_id', payload->>'asset_id') = ANY($2::text[])
-"""
 
 
 def _owner(key: str) -> str:
@@ -266,11 +176,11 @@ class StalledWork:
     # -- queue and fetch scans ----------------------------------------------------------------
 
     async def fetching(self, report: SweepReport, now: datetime) -> None:
-        stale = await self.pool.fetch(FETCHING_STALE, now)
+        stale = await sweep_stalled.stale_fetches(self.pool, now)
         if report.dry_run:
             expired = [
                 (r["id"], r["lane"], r["kind"], "queued")
-                for r in await self.pool.fetch(EXPIRED_LEASES, now)
+                for r in await sweep_stalled.expired_leases(self.pool, now)
             ]
         else:
             expired = await self.queue.reap()
@@ -312,7 +222,7 @@ class StalledWork:
 
     async def near_expiry(self, report: SweepReport, now: datetime) -> None:
         horizon = now + timedelta(seconds=self.cfg.expiry_warning_seconds)
-        for row in await self.pool.fetch(NEAR_EXPIRY, horizon):
+        for row in await sweep_stalled.outputs_near_expiry(self.pool, horizon):
             with report.isolate(self.rows, "near_expiry", row["id"]):
                 left = (row["source_url_expires_at"] - now).total_seconds()
                 log.error(
@@ -337,7 +247,7 @@ class StalledWork:
 
     async def tasks_without_output(self, report: SweepReport, now: datetime) -> None:
         settled = now - timedelta(seconds=TASK_SETTLE_SECONDS)
-        for row in await self.pool.fetch(TASKS_WITHOUT_OUTPUT, settled):
+        for row in await sweep_stalled.tasks_without_output(self.pool, settled):
             with report.isolate(self.rows, "tasks_without_output", row["id"]):
                 log.error(
                     "task_without_output",
@@ -360,7 +270,7 @@ class StalledWork:
         gives up, as it does when a provider stays unreachable (registering the task again
         starts a new round with a new poll job)."""
         settled = now - timedelta(seconds=TASK_SETTLE_SECONDS)
-        for row in await self.pool.fetch(ORPHANED_WATCHES, settled):
+        for row in await sweep_stalled.orphaned_watches(self.pool, settled):
             with report.isolate(self.rows, "orphaned_watches", row["generation_task_id"]):
                 await self._orphaned_watch(report, row)
 
@@ -368,10 +278,11 @@ class StalledWork:
         task = f"{row['provider']}/{row['provider_task_id']}"
         detail = f"{task}: WATCHING, poll job of round {row['round']} gone"
         if not report.dry_run:
-            async with self.pool.acquire() as conn, conn.transaction():
-                await poller.end_watch(
-                    conn, row["generation_task_id"], "GAVE_UP", error=("poll_job_dead", detail)
-                )
+            with map_db_errors("giving up a watch"):
+                async with self.pool.acquire() as conn, conn.transaction():
+                    await poller.end_watch(
+                        conn, row["generation_task_id"], "GAVE_UP", error=("poll_job_dead", detail)
+                    )
         log.error(
             "watch_without_poll_job",
             generation_task_id=str(row["generation_task_id"]),
@@ -394,12 +305,9 @@ class StalledWork:
         # upload session (its own expiry ends it, ``expired_uploads``), and an upload whose
         # output or asset (the key's third segment) still has a live job, which may be
         # writing it right now.
-        live = {
-            r["id"]
-            for r in await self.pool.fetch(
-                LIVE_UPLOAD_OWNERS, [u.upload_id for u in stale], [_owner(u.key) for u in stale]
-            )
-        }
+        live = await sweep_stalled.live_upload_owners(
+            self.pool, [u.upload_id for u in stale], [_owner(u.key) for u in stale]
+        )
         for upload in stale:
             if upload.upload_id in live or _owner(upload.key) in live:
                 continue
@@ -437,13 +345,10 @@ class StalledWork:
 
     async def stuck(self, report: SweepReport, now: datetime) -> None:
         cutoff = now - timedelta(seconds=self.cfg.processing_budget_seconds)
-        for row in [
-            *await self.pool.fetch(STUCK_ASSETS, cutoff),
-            *await self.pool.fetch(STUCK_REBUILDS, cutoff),
-        ]:
+        for row in await sweep_stuck.stuck_assets(self.pool, cutoff):
             with report.isolate(self.rows, "stuck_assets", row["id"]):
                 await self._stuck_asset(report, row)
-        for row in await self.pool.fetch(STUCK_ENRICHMENT, cutoff):
+        for row in await sweep_stuck.stuck_enrichment(self.pool, cutoff):
             with report.isolate(self.rows, "stuck_assets", row["id"]):
                 await self._stuck_enrichment(report, row)
 
@@ -467,7 +372,7 @@ class StalledWork:
         )
 
     async def _stuck_enrichment(self, report: SweepReport, row: Any) -> None:
-        states = await self.pool.fetch(VARIANT_STATES, row["id"], row["revision"])
+        states = await sweep_stuck.variant_states(self.pool, row["id"], row["revision"])
         pending = [r["variant_type"] for r in states if r["status"] == "PENDING"]
         failed = await self._fail_pending(report, row["id"], row["revision"], pending)
         spec = publish_spec(row["id"], row["revision"], row["tenant_id"], enrich=True)
@@ -484,11 +389,12 @@ class StalledWork:
     async def _enqueue(self, report: SweepReport, spec: JobSpec) -> tuple[bool, Any]:
         """(created, previous job row). A key that was ever used is a no-op in the queue, so
         a dead job's stage cannot be re-enqueued; the caller decides what that means."""
-        async with self.pool.acquire() as conn:
-            previous = await conn.fetchrow(JOB_FOR_KEY, spec.idempotency_key)
-            if previous is not None or report.dry_run:
-                return previous is None, previous
-            done: Enqueued = await self.queue.enqueue_one(conn, spec)
+        with map_db_errors(sweep_stuck.ACTION):
+            async with self.pool.acquire() as conn:
+                previous = await sweep_stuck.job_for_key(conn, spec.idempotency_key)
+                if previous is not None or report.dry_run:
+                    return previous is None, previous
+                done: Enqueued = await self.queue.enqueue_one(conn, spec)
         return done.created, None
 
     async def _stuck_probe(
@@ -512,7 +418,7 @@ class StalledWork:
         revision; a complete required set moves on to moderation and publish, and when those
         jobs already ran and ended, the revision fails). For a published asset (a rebuild)
         only the revision fails: the asset keeps serving its current revision."""
-        revision = await self.pool.fetchrow(LATEST_REVISION, asset_id)
+        revision = await sweep_stuck.latest_revision(self.pool, asset_id)
         if revision is None or revision["status"] != "BUILDING":
             detail = (
                 "no building revision"
@@ -524,7 +430,7 @@ class StalledWork:
         number = revision["revision"]
         states = {
             r["variant_type"]: r["status"]
-            for r in await self.pool.fetch(VARIANT_STATES, asset_id, number)
+            for r in await sweep_stuck.variant_states(self.pool, asset_id, number)
         }
         pending = [name for name, state in states.items() if state == "PENDING"]
         failed = await self._fail_pending(report, asset_id, number, pending)
@@ -559,13 +465,10 @@ class StalledWork:
     ) -> list[str]:
         if report.dry_run:
             return pending
-        rows = await self.pool.fetch(
-            FAIL_PENDING_VARIANTS,
-            asset_id,
-            revision,
-            {"error": "stuck: no render job left (sweeper)"},
+        failed = await sweep_stuck.fail_pending_variants(
+            self.pool, asset_id, revision, {"error": "stuck: no render job left (sweeper)"}
         )
-        return sorted(r["variant_type"] for r in rows)
+        return sorted(failed)
 
     async def _fail(
         self,
@@ -580,20 +483,27 @@ class StalledWork:
         if report.dry_run:
             return
         values = {"last_error_class": "stuck", "last_error_detail": detail[:1000]}
-        async with self.pool.acquire() as conn, conn.transaction():
-            if revision is not None:
-                await transition(
-                    conn, Entity.REVISION, (asset_id, revision), expected="BUILDING", new="FAILED"
-                )
-            if status == "QUARANTINED":
-                await transition(conn, Entity.ASSET, (asset_id,), expected=status, new="PROBING")
-                status = "PROBING"
-            if status in ("PROBING", "PROCESSING"):
-                await transition(
-                    conn,
-                    Entity.ASSET,
-                    (asset_id,),
-                    expected=status,
-                    new="PROCESSING_FAILED",
-                    values=values,
-                )
+        with map_db_errors(sweep_stuck.ACTION):
+            async with self.pool.acquire() as conn, conn.transaction():
+                if revision is not None:
+                    await transition(
+                        conn,
+                        Entity.REVISION,
+                        (asset_id, revision),
+                        expected="BUILDING",
+                        new="FAILED",
+                    )
+                if status == "QUARANTINED":
+                    await transition(
+                        conn, Entity.ASSET, (asset_id,), expected=status, new="PROBING"
+                    )
+                    status = "PROBING"
+                if status in ("PROBING", "PROCESSING"):
+                    await transition(
+                        conn,
+                        Entity.ASSET,
+                        (asset_id,),
+                        expected=status,
+                        new="PROCESSING_FAILED",
+                        values=values,
+                    )

@@ -28,7 +28,6 @@ that fails, and any number of workers seeding the current bucket at start make o
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
@@ -54,6 +53,7 @@ from aivedio.pipeline.upkeep.sweep_scans import Finding, StalledWork, SweepRepor
 from aivedio.store.database import Pool, map_db_errors, open_connection
 from aivedio.store.objects.base import ObjectStore, open_object_store
 from aivedio.store.queue import Enqueued, Job, Queue
+from aivedio.store.sweep_lock import release_sweeper_lock, try_sweeper_lock
 from aivedio.supervision import RowGuard, error_class
 
 # The public names; INTEGRITY_EVENT, ROOT_REVISIONS, Finding, SweepReport, playlist_uris and
@@ -79,7 +79,6 @@ log = get_logger("aivedio.sweeper")
 
 KIND = jobs.SWEEP.name
 LANE = jobs.SWEEP.lane
-LOCK_KEY = zlib.crc32(b"aivedio:sweeper") - 2**31
 
 
 def _utcnow() -> datetime:
@@ -181,14 +180,13 @@ class Sweeper:
         """A session advisory lock on a connection of its own: released on exit, or by the
         server when the connection dies with its worker."""
         async with open_connection(self.database) as conn:
-            with map_db_errors("taking the sweeper lock"):
-                acquired = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY))
+            acquired = await try_sweeper_lock(conn)
             try:
                 yield acquired
             finally:
                 if acquired:
                     with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-                        await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+                        await release_sweeper_lock(conn)
 
     async def run_job(self, job: Job) -> dict[str, Any]:
         now = self.clock()
