@@ -34,7 +34,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from aivedio.config.sweeper import SweeperConfig
-from aivedio.pipeline.upkeep.sweep_scans import Finding, SweepReport
+from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
 from aivedio.states import TERMINAL_OUTPUT_STATES
 from aivedio.store.database import Pool
 from aivedio.store.gc_roots import UUID_PATTERN, asset_references, quarantine_references

@@ -29,7 +29,7 @@ from aivedio.errors import AivedioError, NotFoundError, Retry
 from aivedio.logs import get_logger
 from aivedio.pipeline.jobs import reprocess_spec
 from aivedio.pipeline.media_objects import recorded_files
-from aivedio.pipeline.upkeep.sweep_scans import Finding, SweepReport
+from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
 from aivedio.store import outbox
 from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.integrity_audit import (

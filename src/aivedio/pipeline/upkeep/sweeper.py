@@ -1,9 +1,9 @@
-"""The compensation sweeper (seed 002 §11.9.6, seed 004): the last line, not the main path.
+"""The compensation sweeper: the last line, not the main path.
 
 Every stage already cleans up after itself on the paths it can see. The sweeper exists for
 the paths nobody sees: a worker killed between writing an object and recording it, a job
 that died on its last lease, a URL about to expire with its fetch stuck, an object deleted
-from under a published playlist. Each pass runs every scan of §11.9.6 and reports what it
+from under a published playlist. Each pass runs every scan below and reports what it
 found and what it did; ``dry_run`` reports the same findings and changes nothing.
 
 This module is the orchestration: a pass runs the scans in order, one failing scan never
@@ -13,10 +13,11 @@ one failing row never stops the scan: each row's work runs under the pass's row 
 counted (``aivedio_scan_row_errors_total{scan}``), listed in the report's ``skipped`` and
 passed over. Skipped rows do not make a pass incomplete; a failed scan does. Each pass is
 counted by outcome in ``aivedio_sweeps_total``, which an alert reads to say when no sweep
-has run for a while. The scans live in modules named for
-what they do: ``sweep_scans`` (the report, and work left stalled: leases, fetches, URLs near
-expiry, uploads, stuck assets), ``integrity`` (the audit of published revisions and their
-rebuild) and ``gc`` (orphan objects, collected from roots).
+has run for a while. The report is ``sweep_report``; the scans live in modules named for
+what they do: ``sweep_scans`` (work left stalled on the fetch side: leases, fetches, URLs
+near expiry, watches, uploads), ``sweep_stuck_assets`` (assets with no live job left to
+move them), ``integrity`` (the audit of published revisions and their rebuild) and ``gc``
+(orphan objects, collected from roots).
 
 Scheduling. ``sweep`` is a control-lane job that runs one pass at a time across the fleet
 (a session advisory lock on its own connection). The queue has no "run after" for new jobs,
@@ -49,7 +50,9 @@ from aivedio.pipeline.upkeep.integrity import (
     playlist_uris,
     resolve_uri,
 )
-from aivedio.pipeline.upkeep.sweep_scans import Finding, StalledWork, SweepReport
+from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
+from aivedio.pipeline.upkeep.sweep_scans import StalledWork
+from aivedio.pipeline.upkeep.sweep_stuck_assets import StuckAssets
 from aivedio.store.database import Pool, map_db_errors, open_connection
 from aivedio.store.objects.base import ObjectStore, open_object_store
 from aivedio.store.queue import Enqueued, Job, Queue
@@ -111,6 +114,7 @@ class Sweeper:
         self.metrics = metrics
         rows = RowGuard(metrics.supervision if metrics is not None else None)
         self.stalled = StalledWork(cfg, pool=pool, store=store, queue=queue, rows=rows)
+        self.stuck = StuckAssets(cfg, pool=pool, queue=queue, rows=rows)
         self.integrity = IntegrityAudit(
             cfg, pool=pool, store=store, queue=queue, pipeline_version=pipeline_version, rows=rows
         )
@@ -156,7 +160,7 @@ class Sweeper:
             ("orphaned_watches", stalled.orphaned_watches),
             ("stale_uploads", stalled.stale_uploads),
             ("expired_uploads", stalled.expired_uploads),
-            ("stuck_assets", stalled.stuck),
+            ("stuck_assets", self.stuck.stuck),
             ("integrity", self.integrity.audit),
             ("orphan_objects", gc.collect_assets),
             ("quarantine_orphans", gc.collect_quarantine),
