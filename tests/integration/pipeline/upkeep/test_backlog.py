@@ -1,4 +1,4 @@
-"""Degradation under backlog (seed 002 §11.11.3, seed 004), over real PostgreSQL, the local
+"""Degradation under backlog (degrade before falling over), over real PostgreSQL, the local
 object store and real ffmpeg: the pressure read from rows, optional outputs deferred and
 published later by enrichment, new uploads refused with Retry-After, the fetch lane ahead of
 the media lane, and poison media quarantined after two crashes."""
