@@ -29,8 +29,10 @@ log = get_logger("aivedio.sweeper")
 
 
 class StuckAssets:
-    """The ``stuck_assets`` scan: owns nothing but the moves above; it never touches objects
-    in the store, and changes states only by compare-and-set."""
+    """The ``stuck_assets`` scan. It owns re-enqueueing a stuck asset's stage and failing
+    what no job will finish (PENDING outputs, the revision, an unpublished asset); it never
+    touches objects in the store, never moves a published asset off its current revision,
+    and changes states only by compare-and-set."""
 
     def __init__(
         self,
