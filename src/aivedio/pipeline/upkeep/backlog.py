@@ -1,5 +1,6 @@
-"""Backlog pressure (seed 002 §11.11.3, seed 004): one reading, shared by every stage of a
-process, that tells the fleet to degrade before it falls over.
+"""Backlog pressure: one reading, shared by every stage of a process, that tells the fleet to
+degrade before it falls over (shed optional work and new uploads, and put fetches whose URLs
+are about to expire first) instead of losing paid-for outputs.
 
 The reading is one statement (``sql/queries.sql: backlog_pressure``), each half an index
 range scan: the age of the oldest queued job in the media lane (how long new media work

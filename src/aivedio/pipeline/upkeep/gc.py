@@ -1,7 +1,7 @@
 """Orphan garbage collection: which stored objects nothing needs any more, and their deletion.
 
 Garbage collection is the dangerous part of the sweep, so it works from roots, never from
-"looks unused" (seed 004: deleting the temp directory after publishing once deleted final
+"looks unused" (deleting the temp directory after publishing once deleted final
 segments). A key under ``assets/`` survives when any revision of a live asset in status
 READY, SUPERSEDED or BUILDING lists it: a variant's ``object_key`` or
 ``{revision prefix of that key}/{file path}`` for each file in ``extra.files`` (enrichment
@@ -34,52 +34,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from aivedio.config.sweeper import SweeperConfig
-from aivedio.pipeline.upkeep.sweep_scans import Finding, SweepReport
+from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
 from aivedio.states import TERMINAL_OUTPUT_STATES
 from aivedio.store.database import Pool
+from aivedio.store.gc_roots import UUID_PATTERN, asset_references, quarantine_references
 from aivedio.store.objects import keys
 from aivedio.store.objects.base import ObjectInfo, ObjectStore
 from aivedio.supervision import RowGuard
 
 GC_BATCH = 1000  # listed keys checked against the database per query
 ROOT_REVISIONS = frozenset({"READY", "SUPERSEDED", "BUILDING"})
-_UUID = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-_ASSET_KEY = re.compile(rf"assets/[0-9a-f]+/({_UUID})/")
-
-# -- queries -------------------------------------------------------------------------------
-
-# Every revision and variant of the assets named by a batch of listed keys: the GC roots.
-GC_REFERENCES = """
-SELECT a.id AS asset_id, a.tenant_id, a.status AS asset_status, r.revision,
-       r.status AS revision_status, v.object_key, v.status AS variant_status,
-       (SELECT coalesce(array_agg(f->>'path'), '{}') FROM jsonb_array_elements(
-          CASE WHEN jsonb_typeof(v.extra->'files') = 'array' THEN v.extra->'files'
-          ELSE '[]'::jsonb END) AS f) AS paths
-FROM assets a
-LEFT JOIN asset_revisions r ON r.asset_id = a.id
-LEFT JOIN asset_variants v ON v.asset_id = r.asset_id AND v.revision = r.revision
-WHERE a.id = ANY($1::uuid[])
-"""
-# The quarantine keys of a batch that something still needs: a live asset's source (a
-# REJECTED one only until its retention ends), or an output that may still be fetched.
-QUARANTINE_REFERENCES = rf"""
-WITH c AS (
-    SELECT k, CASE WHEN split_part(k, '/', 3) ~ '^{_UUID}$'
-                   THEN split_part(k, '/', 3)::uuid END AS output_id
-    FROM unnest($1::text[]) AS k
-)
-SELECT c.k FROM c
-WHERE EXISTS (SELECT 1 FROM assets a WHERE a.source_object_key = c.k
-              AND (a.source_retain_until > $2
-                   OR (a.status <> 'DELETED'
-                       AND NOT (a.status = 'REJECTED' AND a.source_retain_until IS NOT NULL))))
-   OR EXISTS (SELECT 1 FROM provider_outputs o WHERE o.id = c.output_id
-              AND o.fetch_status <> ALL($3::text[]))
-   OR EXISTS (SELECT 1 FROM jobs j WHERE j.kind = 'fetch'
-              AND j.payload->>'provider_output_id' = c.output_id::text)
-   OR EXISTS (SELECT 1 FROM upload_sessions s WHERE s.id = c.output_id
-              AND s.status = 'AWAITING_UPLOAD')
-"""
+_ASSET_KEY = re.compile(rf"assets/[0-9a-f]+/({UUID_PATTERN})/")
 
 # -- roots (pure) ---------------------------------------------------------------------------
 
@@ -225,7 +190,7 @@ class OrphanCollector:
         self, report: SweepReport, names: list[str], _now: datetime
     ) -> dict[str, str | None]:
         assets = sorted({a for a in map(asset_of, names) if a is not None})
-        roots = GcRoots.from_rows(await self.pool.fetch(GC_REFERENCES, assets))
+        roots = GcRoots.from_rows(await asset_references(self.pool, assets))
         for asset, exc in roots.unreadable.items():  # its keys are kept
             self.rows.skip("orphan_objects", asset, exc, on_skip=report.skip)
         # Kept, and counted: after a database restore these are what reconciliation needs.
@@ -242,8 +207,5 @@ class OrphanCollector:
     async def _quarantine_verdicts(
         self, _report: SweepReport, names: list[str], now: datetime
     ) -> dict[str, str | None]:
-        rows = await self.pool.fetch(
-            QUARANTINE_REFERENCES, names, now, sorted(TERMINAL_OUTPUT_STATES)
-        )
-        kept = {r["k"] for r in rows}
+        kept = await quarantine_references(self.pool, names, now, sorted(TERMINAL_OUTPUT_STATES))
         return {name: None if name in kept else "no_database_record" for name in names}

@@ -29,9 +29,15 @@ from aivedio.errors import AivedioError, NotFoundError, Retry
 from aivedio.logs import get_logger
 from aivedio.pipeline.jobs import reprocess_spec
 from aivedio.pipeline.media_objects import recorded_files
-from aivedio.pipeline.upkeep.sweep_scans import Finding, SweepReport
+from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
 from aivedio.store import outbox
-from aivedio.store.database import Connection, Pool
+from aivedio.store.database import Connection, Pool, map_db_errors
+from aivedio.store.integrity_audit import (
+    alerted_rebuild,
+    audit_sample,
+    audit_variants,
+    lock_current_revision,
+)
 from aivedio.store.objects import keys
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.queue import Queue
@@ -45,31 +51,6 @@ AUDIT_CONCURRENCY = 8
 PLAYLIST_MAX_BYTES = 1024 * 1024
 _URI_ATTRIBUTE = re.compile(r'URI="([^"]*)"')
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
-
-# -- queries -------------------------------------------------------------------------------
-
-AUDIT_SAMPLE = """
-(SELECT a.id, a.tenant_id, a.current_revision AS revision, a.source_object_key,
-        a.source_size_bytes, r.published_outputs
- FROM assets a JOIN asset_revisions r ON r.asset_id = a.id AND r.revision = a.current_revision
- WHERE a.status IN ('PLAYABLE', 'ENRICHED') AND r.status = 'READY' AND a.id >= $1
- ORDER BY a.id LIMIT $2)
-UNION ALL
-(SELECT a.id, a.tenant_id, a.current_revision, a.source_object_key, a.source_size_bytes,
-        r.published_outputs
- FROM assets a JOIN asset_revisions r ON r.asset_id = a.id AND r.revision = a.current_revision
- WHERE a.status IN ('PLAYABLE', 'ENRICHED') AND r.status = 'READY' AND a.id < $1
- ORDER BY a.id LIMIT $2)
-"""
-AUDIT_VARIANTS = """
-SELECT v.asset_id, v.variant_type, v.object_key, v.size_bytes, v.checksum, v.extra->'files' AS files
-FROM asset_variants v JOIN unnest($1::uuid[], $2::int[]) AS s(asset_id, revision)
-  ON v.asset_id = s.asset_id AND v.revision = s.revision
-"""
-ALERTED = """
-SELECT coalesce(payload->>'rebuild_job_id', '') FROM outbox_events
-WHERE aggregate_id = $1 AND event_type = $2 AND payload->>'revision' = $3 LIMIT 1
-"""
 
 # -- playlists (pure) -----------------------------------------------------------------------
 
@@ -146,10 +127,10 @@ class IntegrityAudit:
         if self.cfg.audit_sample == 0:
             return
         sample = self.cfg.audit_sample
-        rows = list(await self.pool.fetch(AUDIT_SAMPLE, uuid.uuid4(), sample))[:sample]
+        rows = (await audit_sample(self.pool, uuid.uuid4(), sample))[:sample]
         variants: dict[uuid.UUID, list[Any]] = {}
-        for v in await self.pool.fetch(
-            AUDIT_VARIANTS, [r["id"] for r in rows], [r["revision"] for r in rows]
+        for v in await audit_variants(
+            self.pool, [r["id"] for r in rows], [r["revision"] for r in rows]
         ):
             variants.setdefault(v["asset_id"], []).append(v)
         problems: dict[uuid.UUID, list[dict[str, str]]] = {}
@@ -279,26 +260,25 @@ class IntegrityAudit:
         )
         source_ok = source is not None and source.size == row["source_size_bytes"]
         rebuild = self.cfg.rebuild_on_integrity_failure and source_ok
-        async with self.pool.acquire() as conn, conn.transaction():
-            current = await conn.fetchval(
-                "SELECT current_revision FROM assets WHERE id = $1 FOR UPDATE", asset_id
-            )
-            if current != revision:
-                action = "skipped_superseded"
-            elif (
-                previous := await conn.fetchval(ALERTED, asset_id, INTEGRITY_EVENT, str(revision))
-            ) is not None:
-                action, data["rebuild_job_id"] = "already_alerted", previous
-            elif report.dry_run:
-                action = "would_alert" + ("_and_rebuild" if rebuild else "")
-            else:
-                action = "alerted" + ("_and_rebuild" if rebuild else "")
-                job_id = None
-                if rebuild:
-                    spec = reprocess_spec(asset_id, row["tenant_id"], self.pipeline_version)
-                    job_id = (await self.queue.enqueue_one(conn, spec)).job_id
-                    data["rebuild_job_id"] = job_id
-                await self._alert(conn, row, problems, job_id, source_ok)
+        with map_db_errors("recording an integrity failure"):
+            async with self.pool.acquire() as conn, conn.transaction():
+                current = await lock_current_revision(conn, asset_id)
+                if current != revision:
+                    action = "skipped_superseded"
+                elif (
+                    previous := await alerted_rebuild(conn, asset_id, INTEGRITY_EVENT, revision)
+                ) is not None:
+                    action, data["rebuild_job_id"] = "already_alerted", previous
+                elif report.dry_run:
+                    action = "would_alert" + ("_and_rebuild" if rebuild else "")
+                else:
+                    action = "alerted" + ("_and_rebuild" if rebuild else "")
+                    job_id = None
+                    if rebuild:
+                        spec = reprocess_spec(asset_id, row["tenant_id"], self.pipeline_version)
+                        job_id = (await self.queue.enqueue_one(conn, spec)).job_id
+                        data["rebuild_job_id"] = job_id
+                    await self._alert(conn, row, problems, job_id, source_ok)
         detail = f"revision {revision}: {len(problems)} problem(s)"
         detail += "" if source_ok else "; the source is missing, no rebuild"
         report.add(

@@ -1,4 +1,4 @@
-"""Deletion and cancellation (seed 002 §11.8.2): the two user decisions that race the pipeline.
+"""Deletion and cancellation: the two user decisions that race the pipeline.
 
 Both bump a version in the same transaction that records the decision; the publish
 transaction compares those versions with the ones its revision started with, so a worker that
@@ -23,8 +23,9 @@ from typing import Any
 from aivedio.errors import NotFoundError, StaleStateError
 from aivedio.logs import get_logger
 from aivedio.states import LIVE_ASSET_STATES, Entity
+from aivedio.store import lifecycle_records as records
 from aivedio.store import outbox
-from aivedio.store.database import Pool
+from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.records import transition
 
 log = get_logger("aivedio.lifecycle")
@@ -32,15 +33,14 @@ log = get_logger("aivedio.lifecycle")
 
 async def delete_asset(pool: Pool, asset_id: uuid.UUID, *, reason: str = "deleted") -> bool:
     """Delete an asset; False when it was already deleted. Idempotent."""
-    async with pool.acquire() as conn, conn.transaction():
-        row = await conn.fetchrow(
-            "SELECT status, tenant_id, version FROM assets WHERE id = $1 FOR UPDATE", asset_id
-        )
-        if row is None:
-            raise NotFoundError(f"no asset {asset_id}")
-        if row["status"] == "DELETED":
-            return False
-        await _retire(conn, asset_id, row, reason, error_class=None)
+    with map_db_errors("deleting the asset"):
+        async with pool.acquire() as conn, conn.transaction():
+            row = await records.lock_asset(conn, asset_id)
+            if row is None:
+                raise NotFoundError(f"no asset {asset_id}")
+            if row["status"] == "DELETED":
+                return False
+            await _retire(conn, asset_id, row, reason, error_class=None)
     log.info("asset_deleted", asset_id=str(asset_id), reason=reason)
     return True
 
@@ -49,45 +49,28 @@ async def cancel_task(
     pool: Pool, provider: str, provider_task_id: str, *, retain_days: float = 30.0
 ) -> dict[str, Any]:
     """Cancel a generation task: nothing of it is published; bytes already paid for are kept."""
-    async with pool.acquire() as conn, conn.transaction():
-        task = await conn.fetchrow(
-            "SELECT id, provider_status FROM generation_tasks WHERE provider = $1"
-            " AND provider_task_id = $2 FOR UPDATE",
-            provider,
-            provider_task_id,
-        )
-        if task is None:
-            raise NotFoundError(f"no generation task {provider}/{provider_task_id}")
-        if task["provider_status"] != "CANCELLED":
-            await transition(
-                conn,
-                Entity.GENERATION_TASK,
-                (task["id"],),
-                expected=task["provider_status"],
-                new="CANCELLED",
-            )
-        await conn.execute(
-            "UPDATE generation_tasks SET cancel_version = cancel_version + 1 WHERE id = $1",
-            task["id"],
-        )
-        assets = await conn.fetch(
-            "SELECT a.id, a.status, a.tenant_id, a.version FROM assets a"
-            " JOIN provider_outputs o ON a.source_provider_output_id = o.id"
-            " WHERE o.generation_task_id = $1 FOR UPDATE OF a",
-            task["id"],
-        )
-        retired = []
-        retain = datetime.now(UTC) + timedelta(days=retain_days)
-        for asset in assets:
-            await conn.execute(
-                "UPDATE assets SET cancel_version = cancel_version + 1,"
-                " source_retain_until = greatest(source_retain_until, $2) WHERE id = $1",
-                asset["id"],
-                retain,
-            )
-            if asset["status"] in ("QUARANTINED", "PROBING", "PROCESSING"):
-                await _retire(conn, asset["id"], asset, "cancelled", error_class="cancelled")
-                retired.append(str(asset["id"]))
+    with map_db_errors("cancelling the generation task"):
+        async with pool.acquire() as conn, conn.transaction():
+            task = await records.lock_task(conn, provider, provider_task_id)
+            if task is None:
+                raise NotFoundError(f"no generation task {provider}/{provider_task_id}")
+            if task["provider_status"] != "CANCELLED":
+                await transition(
+                    conn,
+                    Entity.GENERATION_TASK,
+                    (task["id"],),
+                    expected=task["provider_status"],
+                    new="CANCELLED",
+                )
+            await records.bump_task_cancel_version(conn, task["id"])
+            assets = await records.lock_task_assets(conn, task["id"])
+            retired = []
+            retain = datetime.now(UTC) + timedelta(days=retain_days)
+            for asset in assets:
+                await records.bump_asset_cancel_version(conn, asset["id"], retain)
+                if asset["status"] in ("QUARANTINED", "PROBING", "PROCESSING"):
+                    await _retire(conn, asset["id"], asset, "cancelled", error_class="cancelled")
+                    retired.append(str(asset["id"]))
     log.info(
         "task_cancelled",
         provider=provider,
@@ -97,19 +80,14 @@ async def cancel_task(
     return {"task_id": str(task["id"]), "retired_assets": retired}
 
 
-async def is_cancelled(conn: Any, asset_id: uuid.UUID) -> bool:
+async def is_cancelled(conn: Connection, asset_id: uuid.UUID) -> bool:
     """Whether the asset's generation task was cancelled (assets from uploads never are)."""
-    status = await conn.fetchval(
-        "SELECT g.provider_status FROM assets a JOIN provider_outputs o"
-        " ON a.source_provider_output_id = o.id JOIN generation_tasks g"
-        " ON g.id = o.generation_task_id WHERE a.id = $1",
-        asset_id,
-    )
+    status = await records.task_status_of_asset(conn, asset_id)
     return bool(status == "CANCELLED")
 
 
 async def _retire(
-    conn: Any, asset_id: uuid.UUID, row: Any, reason: str, *, error_class: str | None
+    conn: Connection, asset_id: uuid.UUID, row: Any, reason: str, *, error_class: str | None
 ) -> None:
     if row["status"] not in LIVE_ASSET_STATES and row["status"] not in (
         "REJECTED",
@@ -128,19 +106,12 @@ async def _retire(
         )
     except StaleStateError:
         return
-    await conn.execute(
-        "UPDATE assets SET delete_version = delete_version + 1, deleted_at = now() WHERE id = $1",
-        asset_id,
-    )
-    building = await conn.fetch(
-        "SELECT revision FROM asset_revisions WHERE asset_id = $1 AND status = 'BUILDING'",
-        asset_id,
-    )
-    for revision in building:
+    await records.bump_delete_version(conn, asset_id)
+    for revision in await records.building_revisions(conn, asset_id):
         await transition(
             conn,
             Entity.REVISION,
-            (asset_id, revision["revision"]),
+            (asset_id, revision),
             expected="BUILDING",
             new="ABANDONED",
         )
@@ -156,18 +127,15 @@ async def _retire(
 async def retire_if_cancelled(pool: Pool, asset_id: uuid.UUID, *, retain_days: float) -> bool:
     """For an asset created after its task was cancelled (the fetch rescued the bytes): retire
     it without processing, keeping the source for the retention period. True if retired."""
-    async with pool.acquire() as conn, conn.transaction():
-        if not await is_cancelled(conn, asset_id):
-            return False
-        row = await conn.fetchrow(
-            "SELECT status, tenant_id, version FROM assets WHERE id = $1 FOR UPDATE", asset_id
-        )
-        if row is None or row["status"] == "DELETED":
-            return row is not None
-        retain = datetime.now(UTC) + timedelta(days=retain_days)
-        await conn.execute(
-            "UPDATE assets SET source_retain_until = $2 WHERE id = $1", asset_id, retain
-        )
-        await _retire(conn, asset_id, row, "cancelled", error_class="cancelled")
+    with map_db_errors("retiring a cancelled asset"):
+        async with pool.acquire() as conn, conn.transaction():
+            if not await is_cancelled(conn, asset_id):
+                return False
+            row = await records.lock_asset(conn, asset_id)
+            if row is None or row["status"] == "DELETED":
+                return row is not None
+            retain = datetime.now(UTC) + timedelta(days=retain_days)
+            await records.set_source_retain_until(conn, asset_id, retain)
+            await _retire(conn, asset_id, row, "cancelled", error_class="cancelled")
     log.info("asset_retired_cancelled", asset_id=str(asset_id))
     return True

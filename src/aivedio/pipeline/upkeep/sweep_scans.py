@@ -1,146 +1,35 @@
-"""The sweep report, and the scans for work a dead worker left behind (seed 002 §11.9.6).
+"""The scans for fetch-side work a dead worker left behind.
 
 Every stage cleans up after itself on the paths it can see; these scans find the ones it
 cannot: a job that died holding its lease, a fetch left FETCHING with no job to finish it, a
 provider URL about to expire before its output is stored, a task the provider finished with
-no output recorded, a multipart upload nobody will complete, and an asset (or a rebuild, or a
-published revision's optional outputs) with no live job left to move it. Each repairs through
-the normal path where one is safe (reap the lease, enqueue the stage again, a CAS to FAILED)
-and otherwise reports and logs for a person.
-
-The report lives here, with the scans that fill it, so that the GC (``gc``) and the integrity
-audit (``integrity``) can write to it without importing the orchestrator (``sweeper``), which
-imports them.
+no output recorded, a watch whose poll job is gone, a multipart upload nobody will complete
+and an upload session past its expiry. Each repairs through the normal path where one is
+safe (reap the lease, give up the watch, abort the upload) and otherwise reports and logs
+for a person. Assets with no live job are ``sweep_stuck_assets``'s.
 """
 
 from __future__ import annotations
 
-import uuid
-from contextlib import AbstractContextManager
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
-
-import msgspec
+from typing import Any
 
 from aivedio.config.sweeper import SweeperConfig
-from aivedio.errors import StaleStateError
 from aivedio.logs import get_logger
 from aivedio.pipeline import poller
-from aivedio.pipeline.jobs import moderate_spec, probe_spec, publish_spec
-from aivedio.states import Entity
-from aivedio.store.database import Pool
+from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
+from aivedio.store import sweep_stalled
+from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.objects.base import ObjectStore
-from aivedio.store.queue import Enqueued, JobSpec, Queue
-from aivedio.store.records import transition
+from aivedio.store.queue import Queue
 from aivedio.store.uploads import reap_expired_uploads
-from aivedio.supervision import Row, RowGuard, error_class
+from aivedio.supervision import RowGuard
 
 log = get_logger("aivedio.sweeper")
 
 # Intake records a task and its outputs in one transaction; a PROVIDER_SUCCEEDED task this
 # long without any output is an anomaly, not a commit in flight.
 TASK_SETTLE_SECONDS = 60.0
-REPORT_LIMIT = 500  # findings kept per scan (all are counted)
-_PRESENT = {
-    "deleted": "delete",
-    "aborted": "abort",
-    "requeued": "requeue",
-    "buried": "bury",
-    "gave_up": "give_up",
-}
-
-# -- queries -------------------------------------------------------------------------------
-
-FETCHING_STALE = f"""
-SELECT o.id, o.provider, o.updated_at,
-       (SELECT j.id FROM jobs j WHERE j.kind = 'fetch' AND j.status = 'running'
-          AND j.lease_until < $1 AND j.payload->>'provider_output_id' = o.id::text
-        LIMIT 1) AS expired_job
-FROM provider_outputs o
-WHERE o.fetch_status = 'FETCHING'
-  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.kind = 'fetch'
-                  AND j.payload->>'provider_output_id' = o.id::text
-                  AND NOT (j.status = 'running' AND j.lease_until < $1))
-ORDER BY o.updated_at LIMIT {REPORT_LIMIT}
-"""
-EXPIRED_LEASES = "SELECT id, kind, lane FROM jobs WHERE status = 'running' AND lease_until < $1"
-NEAR_EXPIRY = f"""
-SELECT id, provider, provider_task_id, fetch_status, source_url_expires_at
-FROM provider_outputs
-WHERE fetch_status NOT IN ('STORED', 'OUTPUT_LOST', 'INVALID_RESPONSE')
-  AND source_url_expires_at < $1
-ORDER BY source_url_expires_at LIMIT {REPORT_LIMIT}
-"""
-TASKS_WITHOUT_OUTPUT = f"""
-SELECT g.id, g.provider, g.provider_task_id, g.updated_at FROM generation_tasks g
-WHERE g.provider_status = 'PROVIDER_SUCCEEDED' AND g.updated_at < $1
-  AND NOT EXISTS (SELECT 1 FROM provider_outputs o WHERE o.generation_task_id = g.id)
-ORDER BY g.updated_at LIMIT {REPORT_LIMIT}
-"""
-# Watched, but the poll job is gone (it died: out of attempts, say), so nothing polls it.
-ORPHANED_WATCHES = f"""
-SELECT w.generation_task_id, w.provider, w.provider_task_id, w.round FROM task_watches w
-WHERE w.status = 'WATCHING' AND w.updated_at < $1
-  AND NOT EXISTS (SELECT 1 FROM jobs j
-                  WHERE j.idempotency_key = 'poll:' || w.generation_task_id || ':r' || w.round)
-ORDER BY w.updated_at LIMIT {REPORT_LIMIT}
-"""
-STUCK_ASSETS = f"""
-SELECT a.id, a.tenant_id, a.status, a.updated_at FROM assets a
-WHERE a.status IN ('QUARANTINED', 'PROBING', 'PROCESSING') AND a.updated_at < $1
-  AND a.moderation_status IS DISTINCT FROM 'REVIEW'
-  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.payload->>'asset_id' = a.id::text)
-ORDER BY a.updated_at LIMIT {REPORT_LIMIT}
-"""
-# Published, and rebuilding (reprocess) into a newer revision whose jobs are all gone.
-STUCK_REBUILDS = f"""
-SELECT a.id, a.tenant_id, a.status FROM assets a
-WHERE a.status IN ('PLAYABLE', 'ENRICHED')
-  AND EXISTS (SELECT 1 FROM asset_revisions r WHERE r.asset_id = a.id AND r.status = 'BUILDING'
-              AND r.enriches IS NULL AND r.updated_at < $1)
-  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.payload->>'asset_id' = a.id::text)
-LIMIT {REPORT_LIMIT}
-"""
-# Published, with optional outputs that will never finish (their render jobs are gone).
-STUCK_ENRICHMENT = f"""
-SELECT a.id, a.tenant_id, r.revision FROM assets a
-JOIN asset_revisions r ON r.asset_id = a.id AND r.revision = a.current_revision
-WHERE a.status = 'PLAYABLE' AND r.status = 'READY' AND r.published_at < $1
-  AND EXISTS (SELECT 1 FROM asset_variants v WHERE v.asset_id = r.asset_id
-              AND v.revision = r.revision AND v.status = 'PENDING')
-  AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.payload->>'asset_id' = a.id::text)
-LIMIT {REPORT_LIMIT}
-"""
-LATEST_REVISION = """
-SELECT revision, status, required_outputs, moderation_verdict FROM asset_revisions
-WHERE asset_id = $1 AND enriches IS NULL ORDER BY revision DESC LIMIT 1
-"""
-VARIANT_STATES = (
-    "SELECT variant_type, status FROM asset_variants WHERE asset_id = $1 AND revision = $2"
-)
-# Variants have no version column; the PENDING guard makes this a CAS (as in media_stage).
-FAIL_PENDING_VARIANTS = """
-UPDATE asset_variants SET status = 'FAILED', extra = $3
-WHERE asset_id = $1 AND revision = $2 AND status = 'PENDING' RETURNING variant_type
-"""
-JOB_FOR_KEY = """
-SELECT k.job_id, coalesce(j.status, h.status) AS status,
-       coalesce(j.last_error_class, h.last_error_class) AS error_class
-FROM job_keys k LEFT JOIN jobs j ON j.id = k.job_id LEFT JOIN job_history h ON h.id = k.job_id
-WHERE k.idempotency_key = $1
-"""
-
-# -- the report ----------------------------------------------------------------------------
-
-
-# $1 upload ids, $2 the owner segment of each upload's key (an output, video or asset id).
-LIVE_UPLOAD_OWNERS = """
-SELECT multipart_upload_id AS id FROM upload_sessions
- WHERE status = 'AWAITING_UPLOAD' AND multipart_upload_id = ANY($1::text[])
-UNION
-SELECT coalesce(payload->>'provider_output_id', payload->>'asset_id') FROM jobs
- WHERE coalesce(payload->>'provider_output_id', payload->>'asset_id') = ANY($2::text[])
-"""
 
 
 def _owner(key: str) -> str:
@@ -150,103 +39,11 @@ def _owner(key: str) -> str:
     return parts[2] if len(parts) > 2 else ""
 
 
-class Finding(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """One thing a scan found: what (a key or an id), why, and what the sweep did about it
-    (``would_…`` in a dry run; ``reported`` when reporting is all there is to do)."""
-
-    subject: str
-    detail: str
-    action: str
-    data: dict[str, Any] = msgspec.field(default_factory=dict)
-
-
-class SweepReport(msgspec.Struct, kw_only=True):
-    SCANS: ClassVar[tuple[str, ...]] = (
-        "reaped_jobs",
-        "fetching_stale",
-        "near_expiry",
-        "tasks_without_output",
-        "orphaned_watches",
-        "stale_uploads",
-        "expired_uploads",
-        "stuck_assets",
-        "integrity",
-        "orphan_objects",
-        "quarantine_orphans",
-    )
-
-    outcome: str = "swept"  # or "another_sweeper_running"
-    dry_run: bool = False
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    reaped_jobs: list[Finding] = msgspec.field(default_factory=list)
-    fetching_stale: list[Finding] = msgspec.field(default_factory=list)
-    near_expiry: list[Finding] = msgspec.field(default_factory=list)
-    tasks_without_output: list[Finding] = msgspec.field(default_factory=list)
-    orphaned_watches: list[Finding] = msgspec.field(default_factory=list)
-    stale_uploads: list[Finding] = msgspec.field(default_factory=list)
-    expired_uploads: list[Finding] = msgspec.field(default_factory=list)
-    stuck_assets: list[Finding] = msgspec.field(default_factory=list)
-    integrity: list[Finding] = msgspec.field(default_factory=list)
-    orphan_objects: list[Finding] = msgspec.field(default_factory=list)
-    quarantine_orphans: list[Finding] = msgspec.field(default_factory=list)
-    # Findings per scan, including those past REPORT_LIMIT; plus listing statistics.
-    counts: dict[str, int] = msgspec.field(default_factory=dict)
-    errors: list[Finding] = msgspec.field(default_factory=list)
-    # Rows a scan skipped because their work raised (``row_errors`` counts them all): the
-    # scan went on; the pass is still complete.
-    skipped: list[Finding] = msgspec.field(default_factory=list)
-
-    def add(self, scan: str, finding: Finding) -> None:
-        self.counts[scan] = self.counts.get(scan, 0) + 1
-        found: list[Finding] = getattr(self, scan)
-        if len(found) < REPORT_LIMIT:
-            found.append(finding)
-
-    def bump(self, stat: str, by: int = 1) -> None:
-        self.counts[stat] = self.counts.get(stat, 0) + by
-
-    def isolate(self, rows: RowGuard, scan: str, row_id: object) -> AbstractContextManager[Row]:
-        """``rows.row`` for one row of ``scan``: a row whose work raises is skipped, and
-        recorded here."""
-        return rows.row(scan, row_id, on_skip=self.skip)
-
-    def skip(self, scan: str, row_id: str, exc: Exception) -> None:
-        self.bump("row_errors")
-        if len(self.skipped) < REPORT_LIMIT:
-            detail = f"{error_class(exc)}: {exc}"[:300]
-            self.skipped.append(
-                Finding(subject=f"{scan} {row_id}", detail=detail, action="skipped")
-            )
-
-    def act(self, verb: str) -> str:
-        """``verb`` (what was done), or in a dry run what would have been."""
-        return f"would_{_PRESENT.get(verb, verb)}" if self.dry_run else verb
-
-    def to_json(self) -> str:
-        return msgspec.json.encode(self).decode()
-
-    def text(self) -> str:
-        """A few lines for people: each scan's count, then its findings."""
-        head = "sweep (dry run)" if self.dry_run else "sweep"
-        lines = [f"{head}: {self.outcome}"]
-        for scan in self.SCANS:
-            found: list[Finding] = getattr(self, scan)
-            lines.append(f"  {scan}: {self.counts.get(scan, 0)}")
-            lines += [f"    {f.action:<22} {f.subject}  {f.detail}" for f in found]
-        stats = {k: v for k, v in self.counts.items() if k not in self.SCANS}
-        if stats:
-            lines.append("  " + ", ".join(f"{k}={v}" for k, v in sorted(stats.items())))
-        lines += [f"  error in {e.subject}: {e.detail}" for e in self.errors]
-        lines += [f"  skipped row in {f.subject}: {f.detail}" for f in self.skipped]
-        return "\n".join(lines)
-
-
 # -- the scans -------------------------------------------------------------------------------
 
 
 class StalledWork:
-    """The scans of jobs, fetches, uploads and assets that stopped moving."""
+    """The scans of jobs, fetches, watches and uploads that stopped moving."""
 
     def __init__(
         self,
@@ -266,11 +63,11 @@ class StalledWork:
     # -- queue and fetch scans ----------------------------------------------------------------
 
     async def fetching(self, report: SweepReport, now: datetime) -> None:
-        stale = await self.pool.fetch(FETCHING_STALE, now)
+        stale = await sweep_stalled.stale_fetches(self.pool, now)
         if report.dry_run:
             expired = [
                 (r["id"], r["lane"], r["kind"], "queued")
-                for r in await self.pool.fetch(EXPIRED_LEASES, now)
+                for r in await sweep_stalled.expired_leases(self.pool, now)
             ]
         else:
             expired = await self.queue.reap()
@@ -312,7 +109,7 @@ class StalledWork:
 
     async def near_expiry(self, report: SweepReport, now: datetime) -> None:
         horizon = now + timedelta(seconds=self.cfg.expiry_warning_seconds)
-        for row in await self.pool.fetch(NEAR_EXPIRY, horizon):
+        for row in await sweep_stalled.outputs_near_expiry(self.pool, horizon):
             with report.isolate(self.rows, "near_expiry", row["id"]):
                 left = (row["source_url_expires_at"] - now).total_seconds()
                 log.error(
@@ -337,7 +134,7 @@ class StalledWork:
 
     async def tasks_without_output(self, report: SweepReport, now: datetime) -> None:
         settled = now - timedelta(seconds=TASK_SETTLE_SECONDS)
-        for row in await self.pool.fetch(TASKS_WITHOUT_OUTPUT, settled):
+        for row in await sweep_stalled.tasks_without_output(self.pool, settled):
             with report.isolate(self.rows, "tasks_without_output", row["id"]):
                 log.error(
                     "task_without_output",
@@ -360,7 +157,7 @@ class StalledWork:
         gives up, as it does when a provider stays unreachable (registering the task again
         starts a new round with a new poll job)."""
         settled = now - timedelta(seconds=TASK_SETTLE_SECONDS)
-        for row in await self.pool.fetch(ORPHANED_WATCHES, settled):
+        for row in await sweep_stalled.orphaned_watches(self.pool, settled):
             with report.isolate(self.rows, "orphaned_watches", row["generation_task_id"]):
                 await self._orphaned_watch(report, row)
 
@@ -368,10 +165,11 @@ class StalledWork:
         task = f"{row['provider']}/{row['provider_task_id']}"
         detail = f"{task}: WATCHING, poll job of round {row['round']} gone"
         if not report.dry_run:
-            async with self.pool.acquire() as conn, conn.transaction():
-                await poller.end_watch(
-                    conn, row["generation_task_id"], "GAVE_UP", error=("poll_job_dead", detail)
-                )
+            with map_db_errors("giving up a watch"):
+                async with self.pool.acquire() as conn, conn.transaction():
+                    await poller.end_watch(
+                        conn, row["generation_task_id"], "GAVE_UP", error=("poll_job_dead", detail)
+                    )
         log.error(
             "watch_without_poll_job",
             generation_task_id=str(row["generation_task_id"]),
@@ -394,12 +192,9 @@ class StalledWork:
         # upload session (its own expiry ends it, ``expired_uploads``), and an upload whose
         # output or asset (the key's third segment) still has a live job, which may be
         # writing it right now.
-        live = {
-            r["id"]
-            for r in await self.pool.fetch(
-                LIVE_UPLOAD_OWNERS, [u.upload_id for u in stale], [_owner(u.key) for u in stale]
-            )
-        }
+        live = await sweep_stalled.live_upload_owners(
+            self.pool, [u.upload_id for u in stale], [_owner(u.key) for u in stale]
+        )
         for upload in stale:
             if upload.upload_id in live or _owner(upload.key) in live:
                 continue
@@ -432,168 +227,3 @@ class StalledWork:
                 )
                 finding = Finding(subject=str(reaped.video_id), action=reaped.action, detail=detail)
                 report.add("expired_uploads", finding)
-
-    # -- stuck assets ---------------------------------------------------------------------------
-
-    async def stuck(self, report: SweepReport, now: datetime) -> None:
-        cutoff = now - timedelta(seconds=self.cfg.processing_budget_seconds)
-        for row in [
-            *await self.pool.fetch(STUCK_ASSETS, cutoff),
-            *await self.pool.fetch(STUCK_REBUILDS, cutoff),
-        ]:
-            with report.isolate(self.rows, "stuck_assets", row["id"]):
-                await self._stuck_asset(report, row)
-        for row in await self.pool.fetch(STUCK_ENRICHMENT, cutoff):
-            with report.isolate(self.rows, "stuck_assets", row["id"]):
-                await self._stuck_enrichment(report, row)
-
-    async def _stuck_asset(self, report: SweepReport, row: Any) -> None:
-        asset_id, tenant_id, status = row["id"], row["tenant_id"], row["status"]
-        try:
-            if status in ("QUARANTINED", "PROBING"):
-                action, detail = await self._stuck_probe(report, asset_id, tenant_id, status)
-            else:
-                action, detail = await self._stuck_building(report, asset_id, tenant_id, status)
-        except StaleStateError:
-            action, detail = "skipped", "changed while the sweeper looked"
-        log.error(
-            "asset_stuck", asset_id=str(asset_id), status=status, action=action, detail=detail
-        )
-        report.add(
-            "stuck_assets",
-            Finding(
-                subject=str(asset_id), action=action, detail=f"{status} with no live job: {detail}"
-            ),
-        )
-
-    async def _stuck_enrichment(self, report: SweepReport, row: Any) -> None:
-        states = await self.pool.fetch(VARIANT_STATES, row["id"], row["revision"])
-        pending = [r["variant_type"] for r in states if r["status"] == "PENDING"]
-        failed = await self._fail_pending(report, row["id"], row["revision"], pending)
-        spec = publish_spec(row["id"], row["revision"], row["tenant_id"], enrich=True)
-        await self._enqueue(report, spec)
-        report.add(
-            "stuck_assets",
-            Finding(
-                subject=str(row["id"]),
-                action=report.act("failed_pending_outputs"),
-                detail=f"published revision {row['revision']}: outputs {failed} never finished",
-            ),
-        )
-
-    async def _enqueue(self, report: SweepReport, spec: JobSpec) -> tuple[bool, Any]:
-        """(created, previous job row). A key that was ever used is a no-op in the queue, so
-        a dead job's stage cannot be re-enqueued; the caller decides what that means."""
-        async with self.pool.acquire() as conn:
-            previous = await conn.fetchrow(JOB_FOR_KEY, spec.idempotency_key)
-            if previous is not None or report.dry_run:
-                return previous is None, previous
-            done: Enqueued = await self.queue.enqueue_one(conn, spec)
-        return done.created, None
-
-    async def _stuck_probe(
-        self, report: SweepReport, asset_id: uuid.UUID, tenant_id: int, status: str
-    ) -> tuple[str, str]:
-        """No probe job: enqueue one. A probe job that ran and ended without moving the asset
-        (dead on its last lease, say) cannot be enqueued again: PROCESSING_FAILED, 'stuck'."""
-        created, previous = await self._enqueue(report, probe_spec(asset_id, tenant_id))
-        if created:
-            return report.act("probe_enqueued"), "no probe job had been enqueued"
-        detail = f"probe job {previous['job_id']} ended {previous['status']}"
-        detail += f" ({previous['error_class']})" if previous["error_class"] else ""
-        await self._fail(report, asset_id, status, None, detail)
-        return report.act("processing_failed"), detail
-
-    async def _stuck_building(
-        self, report: SweepReport, asset_id: uuid.UUID, tenant_id: int, status: str
-    ) -> tuple[str, str]:
-        """The revision's render jobs are gone: its PENDING outputs become FAILED, then the
-        required-set rule of the media stage decides (a FAILED required output fails the
-        revision; a complete required set moves on to moderation and publish, and when those
-        jobs already ran and ended, the revision fails). For a published asset (a rebuild)
-        only the revision fails: the asset keeps serving its current revision."""
-        revision = await self.pool.fetchrow(LATEST_REVISION, asset_id)
-        if revision is None or revision["status"] != "BUILDING":
-            detail = (
-                "no building revision"
-                if revision is None
-                else (f"revision {revision['revision']} is {revision['status']}")
-            )
-            await self._fail(report, asset_id, status, None, detail)
-            return report.act("processing_failed"), detail
-        number = revision["revision"]
-        states = {
-            r["variant_type"]: r["status"]
-            for r in await self.pool.fetch(VARIANT_STATES, asset_id, number)
-        }
-        pending = [name for name, state in states.items() if state == "PENDING"]
-        failed = await self._fail_pending(report, asset_id, number, pending)
-        states.update(dict.fromkeys(failed, "FAILED"))
-        lost = [name for name in revision["required_outputs"] if states.get(name) != "SUCCEEDED"]
-        if lost:
-            detail = f"revision {number}: required {lost} never finished"
-            await self._fail(report, asset_id, status, number, detail)
-            return report.act("revision_failed"), detail
-        verdict = revision["moderation_verdict"]
-        if verdict == "review":  # waiting for a person is not stuck
-            return "reported", f"revision {number}: awaiting a moderator's review"
-        spec = (
-            moderate_spec(asset_id, number, tenant_id)
-            if verdict is None
-            else publish_spec(asset_id, number, tenant_id)
-            if verdict == "allow"
-            else None
-        )
-        created, previous = (False, None) if spec is None else await self._enqueue(report, spec)
-        if created and spec is not None:
-            outputs = f", outputs {failed} failed" if failed else ""
-            return report.act(f"{spec.kind}_enqueued"), f"revision {number}{outputs}"
-        detail = f"revision {number}: verdict {verdict}"
-        if previous is not None:
-            detail += f", {previous['status']} job {previous['job_id']}"
-        await self._fail(report, asset_id, status, number, detail)
-        return report.act("revision_failed"), detail
-
-    async def _fail_pending(
-        self, report: SweepReport, asset_id: uuid.UUID, revision: int, pending: list[str]
-    ) -> list[str]:
-        if report.dry_run:
-            return pending
-        rows = await self.pool.fetch(
-            FAIL_PENDING_VARIANTS,
-            asset_id,
-            revision,
-            {"error": "stuck: no render job left (sweeper)"},
-        )
-        return sorted(r["variant_type"] for r in rows)
-
-    async def _fail(
-        self,
-        report: SweepReport,
-        asset_id: uuid.UUID,
-        status: str,
-        revision: int | None,
-        detail: str,
-    ) -> None:
-        """The revision FAILED; an unpublished asset PROCESSING_FAILED ('stuck'); in one
-        transaction, each step a CAS."""
-        if report.dry_run:
-            return
-        values = {"last_error_class": "stuck", "last_error_detail": detail[:1000]}
-        async with self.pool.acquire() as conn, conn.transaction():
-            if revision is not None:
-                await transition(
-                    conn, Entity.REVISION, (asset_id, revision), expected="BUILDING", new="FAILED"
-                )
-            if status == "QUARANTINED":
-                await transition(conn, Entity.ASSET, (asset_id,), expected=status, new="PROBING")
-                status = "PROBING"
-            if status in ("PROBING", "PROCESSING"):
-                await transition(
-                    conn,
-                    Entity.ASSET,
-                    (asset_id,),
-                    expected=status,
-                    new="PROCESSING_FAILED",
-                    values=values,
-                )

@@ -1,9 +1,9 @@
-"""The compensation sweeper (seed 002 §11.9.6, seed 004): the last line, not the main path.
+"""The compensation sweeper: the last line, not the main path.
 
 Every stage already cleans up after itself on the paths it can see. The sweeper exists for
 the paths nobody sees: a worker killed between writing an object and recording it, a job
 that died on its last lease, a URL about to expire with its fetch stuck, an object deleted
-from under a published playlist. Each pass runs every scan of §11.9.6 and reports what it
+from under a published playlist. Each pass runs every scan below and reports what it
 found and what it did; ``dry_run`` reports the same findings and changes nothing.
 
 This module is the orchestration: a pass runs the scans in order, one failing scan never
@@ -13,10 +13,11 @@ one failing row never stops the scan: each row's work runs under the pass's row 
 counted (``aivedio_scan_row_errors_total{scan}``), listed in the report's ``skipped`` and
 passed over. Skipped rows do not make a pass incomplete; a failed scan does. Each pass is
 counted by outcome in ``aivedio_sweeps_total``, which an alert reads to say when no sweep
-has run for a while. The scans live in modules named for
-what they do: ``sweep_scans`` (the report, and work left stalled: leases, fetches, URLs near
-expiry, uploads, stuck assets), ``integrity`` (the audit of published revisions and their
-rebuild) and ``gc`` (orphan objects, collected from roots).
+has run for a while. The report is ``sweep_report``; the scans live in modules named for
+what they do: ``sweep_scans`` (work left stalled on the fetch side: leases, fetches, URLs
+near expiry, watches, uploads), ``sweep_stuck_assets`` (assets with no live job left to
+move them), ``integrity`` (the audit of published revisions and their rebuild) and ``gc``
+(orphan objects, collected from roots).
 
 Scheduling. ``sweep`` is a control-lane job that runs one pass at a time across the fleet
 (a session advisory lock on its own connection). The queue has no "run after" for new jobs,
@@ -28,7 +29,6 @@ that fails, and any number of workers seeding the current bucket at start make o
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
@@ -50,11 +50,14 @@ from aivedio.pipeline.upkeep.integrity import (
     playlist_uris,
     resolve_uri,
 )
-from aivedio.pipeline.upkeep.sweep_scans import Finding, StalledWork, SweepReport
+from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
+from aivedio.pipeline.upkeep.sweep_scans import StalledWork
+from aivedio.pipeline.upkeep.sweep_stuck_assets import StuckAssets
 from aivedio.store.database import Pool, map_db_errors, open_connection
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.objects.opening import open_object_store
 from aivedio.store.queue import Enqueued, Job, Queue
+from aivedio.store.sweep_lock import release_sweeper_lock, try_sweeper_lock
 from aivedio.supervision import RowGuard, error_class
 
 # The public names; INTEGRITY_EVENT, ROOT_REVISIONS, Finding, SweepReport, playlist_uris and
@@ -80,7 +83,6 @@ log = get_logger("aivedio.sweeper")
 
 KIND = jobs.SWEEP.name
 LANE = jobs.SWEEP.lane
-LOCK_KEY = zlib.crc32(b"aivedio:sweeper") - 2**31
 
 
 def _utcnow() -> datetime:
@@ -113,6 +115,7 @@ class Sweeper:
         self.metrics = metrics
         rows = RowGuard(metrics.supervision if metrics is not None else None)
         self.stalled = StalledWork(cfg, pool=pool, store=store, queue=queue, rows=rows)
+        self.stuck = StuckAssets(cfg, pool=pool, queue=queue, rows=rows)
         self.integrity = IntegrityAudit(
             cfg, pool=pool, store=store, queue=queue, pipeline_version=pipeline_version, rows=rows
         )
@@ -158,7 +161,7 @@ class Sweeper:
             ("orphaned_watches", stalled.orphaned_watches),
             ("stale_uploads", stalled.stale_uploads),
             ("expired_uploads", stalled.expired_uploads),
-            ("stuck_assets", stalled.stuck),
+            ("stuck_assets", self.stuck.stuck),
             ("integrity", self.integrity.audit),
             ("orphan_objects", gc.collect_assets),
             ("quarantine_orphans", gc.collect_quarantine),
@@ -182,14 +185,13 @@ class Sweeper:
         """A session advisory lock on a connection of its own: released on exit, or by the
         server when the connection dies with its worker."""
         async with open_connection(self.database) as conn:
-            with map_db_errors("taking the sweeper lock"):
-                acquired = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1)", LOCK_KEY))
+            acquired = await try_sweeper_lock(conn)
             try:
                 yield acquired
             finally:
                 if acquired:
                     with anyio.CancelScope(shield=True), anyio.move_on_after(10):
-                        await conn.execute("SELECT pg_advisory_unlock($1)", LOCK_KEY)
+                        await release_sweeper_lock(conn)
 
     async def run_job(self, job: Job) -> dict[str, Any]:
         now = self.clock()

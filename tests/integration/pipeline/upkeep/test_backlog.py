@@ -1,4 +1,4 @@
-"""Degradation under backlog (seed 002 §11.11.3, seed 004), over real PostgreSQL, the local
+"""Degradation under backlog (degrade before falling over), over real PostgreSQL, the local
 object store and real ffmpeg: the pressure read from rows, optional outputs deferred and
 published later by enrichment, new uploads refused with Retry-After, the fetch lane ahead of
 the media lane, and poison media quarantined after two crashes."""
@@ -25,7 +25,8 @@ from aivedio.config.backlog import BacklogConfig
 from aivedio.config.load import Config
 from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.upkeep.backlog import MEDIA_OLDEST, NEAR_EXPIRY, BacklogMonitor, read_signals
-from aivedio.pipeline.upkeep.sweep_scans import StalledWork, SweepReport
+from aivedio.pipeline.upkeep.sweep_report import SweepReport
+from aivedio.pipeline.upkeep.sweep_stuck_assets import StuckAssets
 from aivedio.store.database import Pool
 from aivedio.store.queue import JobSpec, Queue
 from aivedio.worker.daemon import Worker
@@ -224,11 +225,9 @@ async def test_under_pressure_only_the_required_set_is_made_then_enrichment_afte
         )
         assert (await rig.asset(asset_id))["status"] == "PLAYABLE"
         # The sweeper's stuck-enrichment scan leaves deferred work alone, however late.
-        stalled = StalledWork(
-            rig.config.sweeper, pool=rig.pool, store=rig.store, queue=Queue(rig.pool)
-        )
+        stuck = StuckAssets(rig.config.sweeper, pool=rig.pool, queue=Queue(rig.pool))
         report = SweepReport()
-        await stalled.stuck(report, datetime.now(UTC) + timedelta(days=2))
+        await stuck.stuck(report, datetime.now(UTC) + timedelta(days=2))
         assert report.stuck_assets == []
         text = await metrics_text(worker.http_port)
         for name in OPTIONAL:

@@ -29,7 +29,7 @@ from aivedio.cli.sweep import add_parsers
 from aivedio.config.load import Config
 from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.upkeep import backlog, outbox_relay
-from aivedio.pipeline.upkeep.sweep_scans import SweepReport
+from aivedio.pipeline.upkeep.sweep_report import SweepReport
 from aivedio.pipeline.upkeep.sweeper import open_sweeper
 from aivedio.store import uploads
 from aivedio.store.database import Pool

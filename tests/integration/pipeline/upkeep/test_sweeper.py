@@ -1,5 +1,5 @@
-"""The compensation sweeper against real PostgreSQL and the local object store; seed 004's
-negative case through the worker with real ffmpeg.
+"""The compensation sweeper against real PostgreSQL and the local object store; the case of
+a segment lost from under a published playlist through the worker with real ffmpeg.
 
 Most histories are built as rows and tiny objects directly (fast, and any shape can be
 made); ages are set with ``os.utime`` on the local store's files, which is what
@@ -187,7 +187,7 @@ async def add_output(pool: Pool, tenant_id: int, status: str, *, expires_in: flo
     return output
 
 
-# -- seed 004's negative case --------------------------------------------------------------------
+# -- a segment lost from under a published playlist -----------------------------------------
 
 
 async def publish_with_hls(rig: Rig, source: bytes) -> uuid.UUID:
