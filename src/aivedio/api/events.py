@@ -44,6 +44,7 @@ from aivedio.logs import get_logger
 from aivedio.states import Entity
 from aivedio.store import listening
 from aivedio.store.database import map_db_errors
+from aivedio.store.listening import Wakeup
 from aivedio.store.stage_events import (
     MAX_EVENT_ID,
     NOTIFY_CHANNEL,
@@ -191,27 +192,6 @@ def parse_last_event_id(value: str | None) -> int:
     if value is None or not _EVENT_ID.fullmatch(value.strip()):
         return 0
     return min(int(value.strip()), MAX_EVENT_ID)
-
-
-class Wakeup:
-    """A stream's doorbell: rung by the listener, waited on by the stream."""
-
-    __slots__ = ("_event",)
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-
-    def ring(self) -> None:
-        self._event.set()
-
-    async def wait(self, seconds: float) -> bool:
-        """Whether it rang (since the last wait) within ``seconds``."""
-        with anyio.move_on_after(seconds):
-            await self._event.wait()
-        if not self._event.is_set():
-            return False
-        self._event = anyio.Event()
-        return True
 
 
 class Hub:

@@ -268,28 +268,20 @@ def _item_label(item: dict[str, Any]) -> str:
 # -- following ----------------------------------------------------------------------------------
 
 
-class _Doorbell:
-    """Rung by the LISTEN callback when a followed row changes."""
+class _Followed:
+    """The followed rows' keys, and the wake-up their changes ring."""
 
     def __init__(self) -> None:
-        self._event = anyio.Event()
+        self.wakeup = listening.Wakeup()
         self.keys: set[str] = set()
 
     def heard(self, _conn: Any, _pid: int, _channel: str, payload: object) -> None:
         if payload in self.keys:
-            self._event.set()
-
-    def ring(self) -> None:
-        self._event.set()
-
-    async def wait(self, seconds: float) -> None:
-        with anyio.move_on_after(seconds):
-            await self._event.wait()
-        self._event = anyio.Event()
+            self.wakeup.ring()
 
 
 @asynccontextmanager
-async def _listener(database: DatabaseConfig | None, bell: _Doorbell) -> AsyncIterator[None]:
+async def _listener(database: DatabaseConfig | None, followed: _Followed) -> AsyncIterator[None]:
     """The command's LISTEN connection (``store/listening.py``) for the body's duration,
     reopened (after a backoff of at most RELISTEN_SECONDS) when it drops. Its failures never
     stop the command: the timer re-reads whatever it misses."""
@@ -301,7 +293,11 @@ async def _listener(database: DatabaseConfig | None, bell: _Doorbell) -> AsyncIt
     async with anyio.create_task_group() as tg:
         tg.start_soon(
             partial(
-                listening.run, loop, database, {NOTIFY_CHANNEL: bell.heard}, on_listening=bell.ring
+                listening.run,
+                loop,
+                database,
+                {NOTIFY_CHANNEL: followed.heard},
+                on_listening=followed.wakeup.ring,
             )
         )
         try:
@@ -339,11 +335,11 @@ async def follow(
             + ", ".join(sorted(set(snapshot.tasks.values())))
             + ", no output yet"
         )
-    bell = _Doorbell()
-    async with _listener(listen, bell):
+    followed = _Followed()
+    async with _listener(listen, followed):
         while not snapshot.final():
-            bell.keys = set(snapshot.keys)
-            await bell.wait(interval_seconds)
+            followed.keys = set(snapshot.keys)
+            await followed.wakeup.wait(interval_seconds)
             snapshot = await read_snapshot(pool, target)
             # (at, rank, order, label, entry): at one instant (one transaction), the state
             # changes in commit order first, then the timeline entries.

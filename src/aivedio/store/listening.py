@@ -101,3 +101,25 @@ async def run(
         )
 
     await supervise(loop, session)
+
+
+class Wakeup:
+    """What a LISTEN callback rings and a reader waits on: a notification only wakes the
+    reader, which then reads again (a lost one delays, never loses)."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = anyio.Event()
+
+    def ring(self) -> None:
+        self._event.set()
+
+    async def wait(self, seconds: float) -> bool:
+        """Whether it rang (since the last wait) within ``seconds``."""
+        with anyio.move_on_after(seconds):
+            await self._event.wait()
+        if not self._event.is_set():
+            return False
+        self._event = anyio.Event()
+        return True
