@@ -10,6 +10,7 @@ import base64
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -22,8 +23,22 @@ from aivedio.store import migrations
 from aivedio.store.database import Pool, open_pool
 from tests.support.s3_server import moto_endpoint  # noqa: F401 - a fixture shared by the S3 tests
 
+ROOT = Path(__file__).resolve().parents[1]
 TEST_KEY = base64.b64encode(b"k" * 32).decode()
 SERVER_DSN = os.environ.get("AIVEDIO_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+INTEGRATION_ROOTS = ("integration", "e2e")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/integration and tests/e2e carries the integration marker (it
+    needs real PostgreSQL, processes or servers), by where it lives, so none can forget it:
+    ``-m "not integration"`` runs the unit tests alone."""
+    for item in items:
+        parts = item.path.relative_to(ROOT).parts
+        if len(parts) > 1 and parts[0] == "tests" and parts[1] in INTEGRATION_ROOTS:
+            item.add_marker(pytest.mark.integration)
 
 
 def dsn_for(database: str) -> str:
