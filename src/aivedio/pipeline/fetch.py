@@ -69,12 +69,12 @@ from aivedio.pipeline.output_records import OutputRow
 from aivedio.providers.seam import ProviderAdapter
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
+from aivedio.store import provider_outputs
 from aivedio.store.database import Pool
 from aivedio.store.objects import keys
 from aivedio.store.objects.base import ABORT_TIMEOUT_SECONDS, ObjectInfo, ObjectStore, Upload
 from aivedio.store.queue import Job, Queue, fenced, write_fenced
 from aivedio.store.records import stale, transition, transition_part
-from aivedio.store.together import Part
 
 log = get_logger("aivedio.fetch")
 
@@ -355,11 +355,7 @@ class FetchStage:
                     "source_url_expires_at": fresh.expires_at,
                 },
             )
-            await conn.execute(
-                "UPDATE provider_outputs SET descriptor_version ="
-                " descriptor_version + 1 WHERE id = $1",
-                output.id,
-            )
+            await provider_outputs.bump_descriptor_version(conn, output.id)
         log.info(
             "fetch_url_refreshed", provider_output_id=str(output.id), url=url_for_log(fresh.url)
         )
@@ -443,7 +439,7 @@ class FetchStage:
         probe = self.s.queue.enqueuing(
             [probe_spec(asset_id, output.tenant_id)],
             name="probe",
-            when="EXISTS (SELECT 1 FROM asset)",
+            when=provider_outputs.after("asset"),
         )
         assert probe is not None
         try:
@@ -456,10 +452,7 @@ class FetchStage:
                     {
                         # Serialise with a cancel of the task (it locks the task row first):
                         # either the cancel sees this asset, or the probe sees it cancelled.
-                        "task": Part(
-                            "SELECT 1 FROM generation_tasks WHERE id = $1 FOR SHARE",
-                            (output.generation_task_id,),
-                        ),
+                        "task": provider_outputs.share_task_part(output.generation_task_id),
                         "stored": transition_part(
                             Entity.PROVIDER_OUTPUT,
                             (output.id,),
@@ -468,16 +461,8 @@ class FetchStage:
                             version=output.version,
                             values={"last_error_class": None, "last_error_detail": None},
                         ),
-                        "asset": Part(
-                            "INSERT INTO assets (id, tenant_id, source_type,"
-                            " source_provider_output_id, status, source_object_key,"
-                            " source_size_bytes, source_sha256)"
-                            " SELECT $1::uuid, $2::bigint, 'PROVIDER_OUTPUT', $3::uuid,"
-                            " 'QUARANTINED', $4::text, $5::bigint, $6::text"
-                            " WHERE EXISTS (SELECT 1 FROM stored)"
-                            " ON CONFLICT (source_provider_output_id) DO NOTHING RETURNING id",
-                            (asset_id, output.tenant_id, output.id, key, info.size, result.sha256),
-                            value="id",
+                        "asset": provider_outputs.stored_asset_part(
+                            asset_id, output.tenant_id, output.id, key, info.size, result.sha256
                         ),
                         "attempt": records.end_attempt_part(
                             attempt_id,
@@ -485,7 +470,7 @@ class FetchStage:
                             None,
                             result,
                             key,
-                            when="EXISTS (SELECT 1 FROM stored)",
+                            when=provider_outputs.after("stored"),
                         ),
                         **probe.parts,
                     },
@@ -504,10 +489,7 @@ class FetchStage:
                     # STORED is final and its asset is made with it, so a move that won
                     # finds none: should one exist anyway, it gets its probe here.
                     async with fenced(conn, job_now):
-                        found = await conn.fetchval(
-                            "SELECT id FROM assets WHERE source_provider_output_id = $1",
-                            output.id,
-                        )
+                        found = await provider_outputs.asset_of(conn, output.id)
                         asset_id = uuid.UUID(str(found))
                         await self.s.queue.enqueue_one(conn, probe_spec(asset_id, output.tenant_id))
         except StaleStateError:
@@ -516,9 +498,7 @@ class FetchStage:
             current = await records.load(self.s.pool, output.id)
             if current.fetch_status != "STORED":
                 raise
-            asset = await self.s.pool.fetchval(
-                "SELECT id FROM assets WHERE source_provider_output_id = $1", output.id
-            )
+            asset = await provider_outputs.asset_of(self.s.pool, output.id)
             log.info("output_already_stored", provider_output_id=str(output.id), job_id=job.id)
             await records.end_attempt(self.s.pool, attempt_id, "already_stored", None, result, key)
             return uuid.UUID(str(asset))
