@@ -46,12 +46,22 @@ from aivedio.pipeline import jobs
 from aivedio.pipeline.jobs import JobContext, Registry, publish_spec
 from aivedio.pipeline.media_objects import recorded_files
 from aivedio.states import Entity
-from aivedio.store import ledger, outbox
+from aivedio.store import ledger, outbox, publishing
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
+from aivedio.store.publishing import (
+    CANCELLED,
+    DELETED,
+    GONE,
+    MOVED,
+    NOT_CURRENT,
+    REBUILDING,
+    SHIFTED,
+    STALE,
+)
 from aivedio.store.queue import Job, Queue, fenced, write_fenced
 from aivedio.store.records import stale, transition, transition_part
-from aivedio.store.together import Part, require, unmet, write_together
+from aivedio.store.together import Part, unmet, write_together
 
 Row = dict[str, Any]
 
@@ -120,16 +130,7 @@ async def publish_when_ready(
     verdict allow; here (``Here``) or by enqueueing the publish job. Called by each gate
     after its own commit, so the one that opens last always sees the other (READ
     COMMITTED); the publish is idempotent and the job key makes the enqueue so."""
-    row = await pool.fetchrow(
-        "SELECT r.moderation_verdict, r.status, a.tenant_id, r.required_outputs <@"
-        " coalesce((SELECT array_agg(variant_type) FROM asset_variants v"
-        "  WHERE v.asset_id = r.asset_id AND v.revision = r.revision"
-        "  AND v.status = 'SUCCEEDED'), ARRAY[]::text[]) AS complete"
-        " FROM asset_revisions r JOIN assets a ON a.id = r.asset_id"
-        " WHERE r.asset_id = $1 AND r.revision = $2",
-        asset_id,
-        revision,
-    )
+    row = await publishing.gates(pool, asset_id, revision)
     if row is None or row["status"] not in ("BUILDING", "READY"):
         return False
     # READY: published already, maybe by a delivery of this gate's job that died before the
@@ -162,15 +163,6 @@ class Unmet(Exception):
 
 
 UNIQUE_VIOLATION = "23505"
-# The codes of the release's own checks (``require``, migration 0015).
-GONE = "AVP01"  # deleted or cancelled since the revision started
-MOVED = "AVP02"  # the current revision is not the one replaced
-STALE = "AVP03"  # the revision (or the one replaced) moved on
-SHIFTED = "AVP04"  # the asset's state moved on
-NOT_CURRENT = "AVE01"  # an enrichment's base is not the current revision any more
-DELETED = "AVE02"
-CANCELLED = "AVE03"
-REBUILDING = "AVE04"
 
 
 class PublishStage:
@@ -287,18 +279,10 @@ class PublishStage:
         # Under the lock, what the checklist decided on must still hold: the versions the
         # revision started with (else not publishable) and the pointer it replaces.
         checks = {
-            "fresh": require(
-                "(SELECT delete_version = $1 AND cancel_version = $2 FROM lock)",
-                GONE,
-                "deleted or cancelled while publishing",
-                (revision["delete_version_at_start"], revision["cancel_version_at_start"]),
+            "fresh": publishing.versions_check(
+                revision["delete_version_at_start"], revision["cancel_version_at_start"]
             ),
-            "pointer": require(
-                "(SELECT current_revision IS NOT DISTINCT FROM $1::int FROM lock)",
-                MOVED,
-                "the current revision moved",
-                (previous,),
-            ),
+            "pointer": publishing.pointer_check(previous),
         }
         try:
             await self._release(job, asset, checks, previous, revision_no, outputs, enriched)
@@ -306,11 +290,7 @@ class PublishStage:
             await self._abandon(asset_id, revision_no, str(exc))
             return {"outcome": "not_published", "reason": str(exc)}
         except PointerMoved:
-            mine = await self.pool.fetchval(
-                "SELECT status FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
-                asset_id,
-                revision_no,
-            )
+            mine = await publishing.revision_status(self.pool, asset_id, revision_no)
             if mine in ("READY", "SUPERSEDED"):
                 # Another delivery published this very revision meanwhile (the job that
                 # opened the last gate and a publish job, both seeing both gates open).
@@ -328,12 +308,7 @@ class PublishStage:
             # render that finishes the last one enqueues it; checked here too, after our
             # commit, in case it finished while we published (the later check sees both).
             log.info("enrichment_pending", asset_id=str(asset_id), revision=revision_no)
-            pending = await self.pool.fetchval(
-                "SELECT count(*) FROM asset_variants WHERE asset_id = $1 AND revision = $2"
-                " AND status = 'PENDING'",
-                asset_id,
-                revision_no,
-            )
+            pending = await publishing.pending_outputs(self.pool, asset_id, revision_no)
             if pending == 0:
                 await enrich_now_or_later(
                     self.pool,
@@ -374,12 +349,12 @@ class PublishStage:
         with it; as is a first publish that makes the asset ENRICHED at once (a row changes
         once per statement)."""
         asset_id: uuid.UUID = asset["id"]
-        head: dict[str, Part] = {"lock": Part(LOCK_TASK_THEN_ASSET, (asset_id,)), **checks}
+        head: dict[str, Part] = {"lock": publishing.lock_part(asset_id), **checks}
         parts: dict[str, Part] = {} if copy else head
         # The first write reads the last check, and so waits for the lock and the checks
         # whatever order PostgreSQL runs the parts in (the task before the asset, as cancel
         # locks them: no deadlock with it).
-        checked = f"EXISTS (SELECT 1 FROM {list(head)[-1]})"
+        checked = publishing.after(list(head)[-1])
         parts["ready"] = transition_part(
             Entity.REVISION,
             (asset_id, revision_no),
@@ -406,8 +381,8 @@ class PublishStage:
         }
         if enriches is not None:
             payload["enriches"] = enriches
-        parts["release"] = Part(RECORD_RELEASE, (asset_id, revision_no, previous, outputs))
-        parts["link"] = Part(LINK_TASK, (asset_id,))
+        parts["release"] = publishing.release_part(asset_id, revision_no, previous, outputs)
+        parts["link"] = publishing.link_task_part(asset_id)
         parts["event"] = outbox.event_part(
             "asset.ready", tenant_id=asset["tenant_id"], aggregate_id=asset_id, payload=payload
         )
@@ -422,15 +397,8 @@ class PublishStage:
             )
         if charge is not None:
             parts["charge"] = charge
-        won = "(SELECT count(*) FROM ready) = 1"
-        if "previous" in parts:
-            won += " AND (SELECT count(*) FROM previous) = 1"
-        parts["won"] = require(won, STALE, "the revision moved under the publish")
-        parts["switched"] = require(
-            "(SELECT count(*) FROM asset) = 1",
-            SHIFTED,
-            "the asset moved under the publish; will look again",
-        )
+        parts["won"] = publishing.won_check(with_previous="previous" in parts)
+        parts["switched"] = publishing.switched_check()
         try:
             async with self.pool.acquire() as conn:
                 if not copy and not later:
@@ -504,11 +472,8 @@ class PublishStage:
                 when=when,
             )
         else:
-            parts["asset"] = Part(
-                "UPDATE assets SET current_revision = $2, updated_at = now()"
-                " WHERE id = $1 AND current_revision IS NOT DISTINCT FROM $3"
-                f" AND {when or 'true'} RETURNING 1",
-                (asset_id, revision_no, previous),
+            parts["asset"] = publishing.move_pointer_part(
+                asset_id, revision_no, previous, when=when
             )
         if previous is not None:
             parts["previous"] = transition_part(
@@ -558,42 +523,15 @@ class PublishStage:
         # makes the insert fail, and the retry reads again.
         new_no = int(asset["max_revision"]) + 1
         checks = {
-            "current": require(
-                "(SELECT current_revision = $1 AND status IN ('PLAYABLE', 'ENRICHED') FROM lock)",
-                NOT_CURRENT,
-                "not the current revision",
-                (base_no,),
-            ),
-            "not_deleted": require(
-                "(SELECT delete_version = $1 FROM lock)",
-                DELETED,
-                "deleted",
-                (base["delete_version_at_start"],),
-            ),
-            "not_cancelled": require(
-                "(SELECT cancel_version = $1 FROM lock)",
-                CANCELLED,
-                "cancelled",
-                (base["cancel_version_at_start"],),
-            ),
+            "current": publishing.current_check(base_no),
+            "not_deleted": publishing.not_deleted_check(base["delete_version_at_start"]),
+            "not_cancelled": publishing.not_cancelled_check(base["cancel_version_at_start"]),
             # A rebuild (reprocess, integrity repair) will replace this revision: an
             # enrichment now would only be superseded, or move the pointer past it.
-            "no_rebuild": require(
-                "NOT EXISTS (SELECT 1 FROM asset_revisions WHERE asset_id = $1"
-                " AND revision > $2 AND status = 'BUILDING' AND enriches IS NULL)",
-                REBUILDING,
-                "a rebuild is under way",
-                (asset_id, base_no),
-            ),
+            "no_rebuild": publishing.no_rebuild_check(asset_id, base_no),
         }
         # The copy reads the last check, so it waits for the lock and the checks.
-        checked = " AND EXISTS (SELECT 1 FROM no_rebuild)"
-        copy = {
-            "revision": Part(COPY_REVISION.format(when=checked), (asset_id, new_no, base_no)),
-            "outputs": Part(
-                COPY_OUTPUTS.format(when=checked), (asset_id, new_no, base_no, outputs)
-            ),
-        }
+        copy = publishing.copy_parts(asset_id, new_no, base_no, outputs, after_part="no_rebuild")
         outcomes = {
             NOT_CURRENT: "not_current",
             DELETED: "deleted",
@@ -624,68 +562,10 @@ class PublishStage:
     ) -> tuple[asyncpg.Record, Row | None, list[Row]]:
         """The asset, the revision and its outputs in one round trip (the revision and the
         outputs as JSON objects: only their JSON-typed columns are read)."""
-        asset = await self.pool.fetchrow(LOAD, asset_id, revision_no)
+        asset = await publishing.load(self.pool, asset_id, revision_no)
         if asset is None:
             raise StaleStateError(f"asset {asset_id} does not exist")
         return asset, asset["revision_row"], asset["variant_rows"]
-
-
-# The asset, with its revision (and the newest revision that could be published instead, a
-# rebuild's) and the revision's outputs.
-LOAD = """
-SELECT a.*,
-       (SELECT to_jsonb(r) || jsonb_build_object('newest_candidate',
-                (SELECT max(n.revision) FROM asset_revisions n
-                  WHERE n.asset_id = r.asset_id AND n.status IN ('BUILDING', 'READY')
-                    AND n.enriches IS NULL))
-          FROM asset_revisions r WHERE r.asset_id = a.id AND r.revision = $2) AS revision_row,
-       (SELECT max(m.revision) FROM asset_revisions m WHERE m.asset_id = a.id) AS max_revision,
-       (SELECT coalesce(jsonb_agg(to_jsonb(v) ORDER BY v.variant_type), '[]'::jsonb)
-          FROM asset_variants v WHERE v.asset_id = a.id AND v.revision = $2) AS variant_rows
-  FROM assets a WHERE a.id = $1
-"""
-
-LOCK_TASK_THEN_ASSET = """
-WITH task AS MATERIALIZED (
-    SELECT 1 FROM generation_tasks WHERE id = (SELECT o.generation_task_id
-      FROM assets a JOIN provider_outputs o ON o.id = a.source_provider_output_id
-     WHERE a.id = $1) FOR UPDATE)
-SELECT status, version, current_revision, delete_version, cancel_version
-  FROM assets WHERE id = $1 AND (SELECT count(*) FROM task) >= 0 FOR UPDATE
-"""
-
-COPY_REVISION = (
-    "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
-    " required_outputs, optional_outputs, plan, moderation_verdict,"
-    " moderation_version, moderation_reasons, delete_version_at_start,"
-    " cancel_version_at_start, enriches)"
-    " SELECT asset_id, $2, pipeline_version, 'BUILDING', required_outputs,"
-    " optional_outputs, plan, moderation_verdict, moderation_version,"
-    " moderation_reasons, delete_version_at_start, cancel_version_at_start, $3"
-    " FROM asset_revisions WHERE asset_id = $1 AND revision = $3{when} RETURNING 1"
-)
-
-COPY_OUTPUTS = (
-    "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
-    " mime_type, size_bytes, checksum_alg, checksum, width, height, bitrate, codec,"
-    " status, extra) SELECT gen_random_uuid(), asset_id, $2, variant_type,"
-    " object_key, mime_type, size_bytes, checksum_alg, checksum, width, height,"
-    " bitrate, codec, 'SUCCEEDED', extra FROM asset_variants"
-    " WHERE asset_id = $1 AND revision = $3 AND variant_type = ANY($4::text[]){when}"
-    " RETURNING 1"
-)
-
-RECORD_RELEASE = (
-    "INSERT INTO releases (asset_id, revision, previous_revision, outputs)"
-    " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING 1"
-)
-
-LINK_TASK = (
-    "UPDATE generation_tasks SET output_asset_id = $1, updated_at = now()"
-    " WHERE id = (SELECT generation_task_id FROM provider_outputs o JOIN assets a"
-    "   ON a.source_provider_output_id = o.id WHERE a.id = $1)"
-    " AND output_asset_id IS NULL RETURNING 1"
-)
 
 
 def _wanted(variant: Row) -> dict[str, int]:
