@@ -28,8 +28,6 @@ own; a transfer that stored its bytes observes its seconds, request to completed
 
 from __future__ import annotations
 
-import hashlib
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +44,6 @@ from aivedio.errors import (
     DeferredError,
     InvalidResponseError,
     LeaseLostError,
-    NotFoundError,
     NotYetAvailableError,
     OutputLostError,
     PolicyBlockedError,
@@ -59,11 +56,12 @@ from aivedio.errors import (
     UrlExpiredError,
 )
 from aivedio.logs import get_logger, url_for_log
-from aivedio.metrics import NO_STATUS, WorkerMetrics
+from aivedio.metrics import WorkerMetrics
 from aivedio.net.fetch import Fetcher, FetchResult
 from aivedio.net.limits import CircuitBreaker, HostLimiter
 from aivedio.pipeline import jobs
 from aivedio.pipeline import output_records as records
+from aivedio.pipeline.fetch_transfer import Resumed, Transfer, host_of
 from aivedio.pipeline.jobs import JobContext, Registry, probe_spec
 from aivedio.pipeline.output_records import OutputRow
 from aivedio.providers.seam import ProviderAdapter
@@ -72,7 +70,7 @@ from aivedio.states import Entity
 from aivedio.store import provider_outputs
 from aivedio.store.database import Pool
 from aivedio.store.objects import keys
-from aivedio.store.objects.base import ABORT_TIMEOUT_SECONDS, ObjectInfo, ObjectStore, Upload
+from aivedio.store.objects.base import ObjectInfo, ObjectStore
 from aivedio.store.queue import Job, Queue, fenced, write_fenced
 from aivedio.store.records import stale, transition, transition_part
 
@@ -104,11 +102,6 @@ class FetchServices:
             fc = self.config.fetch
             self.breakers[provider] = CircuitBreaker(fc.breaker_failures, fc.breaker_open_seconds)
         return self.breakers[provider]
-
-
-class _Resumed(msgspec.Struct, frozen=True):
-    sha256: str
-    bytes: int
 
 
 class FetchStage:
@@ -152,7 +145,7 @@ class FetchStage:
         refreshed_once = False
         while True:
             try:
-                info, result = await self._fetch_into_store(output, url, key, metrics)
+                info, result = await self._transfer(output).into_store(output, url, key, metrics)
                 breaker.success()
                 break
             except (UrlExpiredError, NotYetAvailableError) as exc:
@@ -184,7 +177,7 @@ class FetchStage:
                 else:
                     breaker.success()  # the provider answered; its circuit is healthy
                 if isinstance(exc, ThrottledError):
-                    self.s.hosts.throttled(_host(url))
+                    self.s.hosts.throttled(host_of(url))
                 await self._fail(output, job, exc, attempt_id, key)
                 raise
         asset_id = await self._stored(output, job, key, info, result, attempt_id)
@@ -197,117 +190,16 @@ class FetchStage:
             "restarts": getattr(result, "restarts", 0),
         }
 
-    # -- transfer ------------------------------------------------------------------------
-
-    async def _fetch_into_store(
-        self, output: OutputRow, url: str, key: str, metrics: WorkerMetrics | None = None
-    ) -> tuple[ObjectInfo, FetchResult | _Resumed]:
-        existing = await self.s.store.head(key)
-        if existing is not None:
-            resumed = await self._verify_existing(output, key, existing)
-            if resumed is not None:
-                log.info(
-                    "fetch_resumed_from_store",
-                    provider_output_id=str(output.id),
-                    key=key,
-                    bytes=existing.size,
-                )
-                return existing, resumed
-        await self._abort_leftover_uploads(key)
-        host = _host(url)
-        fetcher = self.s.fetcher(output.provider)
-        async with self.s.hosts.slot(host):
-            started = time.monotonic()
-            target = _UploadTarget(
-                self.s.store, key, output.content_type or "application/octet-stream"
-            )
-            await target.start()
-            try:
-                try:
-                    result = await fetcher.stream(
-                        url,
-                        target.write,
-                        headers=self._headers(output, url),
-                        restart=target.restart,
-                    )
-                except AivedioError as exc:
-                    _count_response(metrics, output.provider, exc.http_status)
-                    _count_resumes(metrics, output.provider, getattr(exc, "fetch_state", None))
-                    raise
-                _count_response(metrics, output.provider, result.status)
-                _count_resumes(metrics, output.provider, result)
-                self._check_integrity(output, result)
-                try:
-                    info = await target.upload.complete()
-                except NotFoundError:
-                    # Another run of this job aborted our upload as a leftover (it held the
-                    # job after our lease lapsed): not a verdict on the bytes; try again.
-                    raise TransientError(f"upload of {key} was aborted by another run") from None
-            except BaseException:
-                await target.abort()
-                raise
-        self.s.hosts.succeeded(host)
-        if metrics is not None:
-            metrics.fetch_duration.labels(output.provider).observe(time.monotonic() - started)
-        head = await self.s.store.head(key)
-        if head is None or head.size != result.bytes:
-            raise TransientError(
-                f"stored object {key} does not verify: HEAD says "
-                f"{head.size if head else 'missing'}, wrote {result.bytes}"
-            )
-        log.info(
-            "fetch_stored",
-            provider_output_id=str(output.id),
-            url=result.url,
-            bytes=result.bytes,
-            redirects=result.redirects,
-            resumes=result.resumes,
-            restarts=result.restarts,
+    def _transfer(self, output: OutputRow) -> Transfer:
+        """The transfer of ``output``'s bytes, with its provider's fetcher and credential."""
+        return Transfer(
+            self.s.store,
+            self.s.hosts,
+            self.s.fetcher(output.provider),
+            self.s.adapters.get(output.provider),
         )
-        return info, result
-
-    def _check_integrity(self, output: OutputRow, result: FetchResult) -> None:
-        if output.expected_size_bytes is not None and result.bytes != output.expected_size_bytes:
-            raise ChecksumMismatchError(
-                f"size {result.bytes} differs from the provider's {output.expected_size_bytes}"
-            )
-        if output.expected_checksum and result.sha256 != output.expected_checksum.lower():
-            raise ChecksumMismatchError(
-                f"sha256 {result.sha256} differs from the provider's {output.expected_checksum}"
-            )
-
-    async def _verify_existing(
-        self, output: OutputRow, key: str, existing: ObjectInfo
-    ) -> _Resumed | None:
-        hasher = hashlib.sha256()
-        async for chunk in self.s.store.get(key):
-            hasher.update(chunk)
-        resumed = _Resumed(sha256=hasher.hexdigest(), bytes=existing.size)
-        expected_size = output.expected_size_bytes
-        expected_sha = (output.expected_checksum or "").lower()
-        if (expected_size is not None and expected_size != resumed.bytes) or (
-            expected_sha and expected_sha != resumed.sha256
-        ):
-            log.warning("fetch_existing_object_rejected", key=key)
-            await self.s.store.delete(key)
-            return None
-        return resumed
-
-    async def _abort_leftover_uploads(self, key: str) -> None:
-        # We hold this job's lease: any upload open on its key belongs to a dead attempt.
-        for pending in await self.s.store.list_multipart_uploads(prefix=key):
-            if pending.key == key:
-                await self.s.store.abort_multipart_upload(pending.key, pending.upload_id)
-                log.info("fetch_aborted_leftover_upload", key=key)
 
     # -- records ---------------------------------------------------------------------------
-
-    def _headers(self, output: OutputRow, url: str) -> dict[str, str]:
-        """The provider's download credential, when ``url`` is on the provider's own origin
-        (OpenAI's content endpoint, Gemini files, GCS); never logged, and the fetcher drops
-        it on any hop to another origin."""
-        adapter = self.s.adapters.get(output.provider)
-        return adapter.download_headers(url) if adapter is not None else {}
 
     def _url(self, output: OutputRow) -> str:
         return self.s.cipher.decrypt(
@@ -429,7 +321,7 @@ class FetchStage:
         job: Job,
         key: str,
         info: ObjectInfo,
-        result: FetchResult | _Resumed,
+        result: FetchResult | Resumed,
         attempt_id: int,
     ) -> uuid.UUID:
         asset_id = uuid.uuid4()
@@ -512,66 +404,6 @@ class FetchStage:
             bytes=info.size,
         )
         return asset_id
-
-
-class _UploadTarget:
-    """The upload a transfer writes into. A transfer that starts over from byte 0 (the
-    origin answered a resume with a whole body) gets a new upload on the same key: the
-    old one is aborted with its parts, so no byte of the first body can end in the object.
-    """
-
-    def __init__(self, store: ObjectStore, key: str, content_type: str) -> None:
-        self._store = store
-        self._key = key
-        self._content_type = content_type
-        self._upload: Upload | None = None
-
-    @property
-    def upload(self) -> Upload:
-        assert self._upload is not None, "start() first"
-        return self._upload
-
-    async def start(self) -> None:
-        self._upload = await self._store.start_upload(self._key, content_type=self._content_type)
-
-    async def write(self, chunk: bytes) -> None:
-        await self.upload.write(chunk)
-
-    async def restart(self) -> None:
-        await self.abort()
-        await self.start()
-        log.info("fetch_upload_restarted", key=self._key)
-
-    async def abort(self) -> None:
-        upload, self._upload = self._upload, None
-        if upload is not None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_TIMEOUT_SECONDS):
-                await upload.abort()
-
-
-def _count_resumes(metrics: WorkerMetrics | None, provider: str, fetched: object) -> None:
-    """``aivedio_fetch_resumes_total{provider,kind}``: bodies continued (``range``) and
-    started over (``restart``) by one download attempt, stored or not."""
-    if metrics is None or fetched is None:
-        return
-    for kind, count in (
-        ("range", getattr(fetched, "resumes", 0)),
-        ("restart", getattr(fetched, "restarts", 0)),
-    ):
-        if count:
-            metrics.fetch_resumes.labels(provider, kind).inc(count)
-
-
-def _count_response(metrics: WorkerMetrics | None, provider: str, status: int | None) -> None:
-    if metrics is not None:
-        label = str(status) if status is not None else NO_STATUS
-        metrics.fetch_responses.labels(provider, label).inc()
-
-
-def _host(url: str) -> str:
-    from urllib.parse import urlsplit
-
-    return (urlsplit(url).hostname or "").lower()
 
 
 async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
