@@ -27,7 +27,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -35,7 +34,6 @@ import asyncpg
 from aivedio.config.load import Config
 from aivedio.errors import (
     AivedioError,
-    DatabaseError,
     DeferredError,
     LeaseLostError,
     StaleStateError,
@@ -45,23 +43,19 @@ from aivedio.logs import get_logger
 from aivedio.pipeline import jobs
 from aivedio.pipeline.jobs import JobContext, Registry, publish_spec
 from aivedio.pipeline.media_objects import recorded_files
+from aivedio.pipeline.publish_release import NotPublishable, PointerMoved, Unmet, release
 from aivedio.states import Entity
-from aivedio.store import ledger, outbox, publishing
+from aivedio.store import publishing
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.publishing import (
     CANCELLED,
     DELETED,
-    GONE,
-    MOVED,
     NOT_CURRENT,
     REBUILDING,
-    SHIFTED,
-    STALE,
 )
-from aivedio.store.queue import Job, Queue, fenced, write_fenced
-from aivedio.store.records import stale, transition, transition_part
-from aivedio.store.together import Part, unmet, write_together
+from aivedio.store.queue import Job, Queue
+from aivedio.store.records import transition
 
 Row = dict[str, Any]
 
@@ -144,25 +138,6 @@ async def publish_when_ready(
     if created.created:
         log.info("publish_enqueued", asset_id=str(asset_id), revision=revision)
     return True
-
-
-class NotPublishable(Exception):
-    """A checklist item failed for a reason that waiting will not fix."""
-
-
-class PointerMoved(TransientError):
-    """Under the lock the current revision was not the one the publish replaces."""
-
-
-class Unmet(Exception):
-    """A check of the caller's own (``require``) failed: the release was undone."""
-
-    def __init__(self, code: str) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-UNIQUE_VIOLATION = "23505"
 
 
 class PublishStage:
@@ -285,7 +260,17 @@ class PublishStage:
             "pointer": publishing.pointer_check(previous),
         }
         try:
-            await self._release(job, asset, checks, previous, revision_no, outputs, enriched)
+            await release(
+                self.pool,
+                self.config.ledger,
+                job,
+                asset,
+                checks,
+                previous,
+                revision_no,
+                outputs,
+                enriched,
+            )
         except NotPublishable as exc:  # undone; the job itself is fine
             await self._abandon(asset_id, revision_no, str(exc))
             return {"outcome": "not_published", "reason": str(exc)}
@@ -324,162 +309,6 @@ class PublishStage:
             "outputs": outputs,
             "enriched": enriched,
         }
-
-    async def _release(
-        self,
-        job: Job,
-        asset: asyncpg.Record,
-        checks: dict[str, Part],
-        previous: int | None,
-        revision_no: int,
-        outputs: list[str],
-        enriched: bool,
-        *,
-        enriches: int | None = None,
-        copy: dict[str, Part] | None = None,
-    ) -> None:
-        """Lock the task and the asset, check ``checks`` against the locked row, and release:
-        the revision READY with the outputs it publishes, the pointer switched, the previous
-        revision SUPERSEDED, the release row, the task's link, ``asset.ready`` and the
-        charge. The part a publish and an enrichment share, ONE statement fenced by the
-        job's lease, undone whole by any check or compare-and-set that fails (raised as
-        NotPublishable, PointerMoved, TransientError, StaleStateError, or Unmet for a check
-        of the caller's own). ``copy``: writes made under the lock that the release must
-        see (an enrichment's new revision), so a statement before it, in one transaction
-        with it; as is a first publish that makes the asset ENRICHED at once (a row changes
-        once per statement)."""
-        asset_id: uuid.UUID = asset["id"]
-        head: dict[str, Part] = {"lock": publishing.lock_part(asset_id), **checks}
-        parts: dict[str, Part] = {} if copy else head
-        # The first write reads the last check, and so waits for the lock and the checks
-        # whatever order PostgreSQL runs the parts in (the task before the asset, as cancel
-        # locks them: no deadlock with it).
-        checked = publishing.after(list(head)[-1])
-        parts["ready"] = transition_part(
-            Entity.REVISION,
-            (asset_id, revision_no),
-            expected="BUILDING",
-            new="READY",
-            values={"published_at": _now(), "published_outputs": outputs},
-            when=None if copy else checked,
-        )
-        later = self._switch(
-            parts,
-            asset_id,
-            asset["status"],
-            previous,
-            revision_no,
-            enriched,
-            when=None if copy else checked,
-        )
-        payload: dict[str, Any] = {
-            "asset_id": str(asset_id),
-            "revision": revision_no,
-            "previous_revision": previous,
-            "outputs": outputs,
-            "state": "ENRICHED" if enriched else "PLAYABLE",
-        }
-        if enriches is not None:
-            payload["enriches"] = enriches
-        parts["release"] = publishing.release_part(asset_id, revision_no, previous, outputs)
-        parts["link"] = publishing.link_task_part(asset_id)
-        parts["event"] = outbox.event_part(
-            "asset.ready", tenant_id=asset["tenant_id"], aggregate_id=asset_id, payload=payload
-        )
-        charge = None
-        if enriches is None:  # an enrichment republishes what was charged
-            charge = ledger.processing_charge_part(
-                self.config.ledger,
-                tenant_id=asset["tenant_id"],
-                asset_id=asset_id,
-                revision=revision_no,
-                media_seconds=(asset["duration_us"] or 0) / 1e6,
-            )
-        if charge is not None:
-            parts["charge"] = charge
-        parts["won"] = publishing.won_check(with_previous="previous" in parts)
-        parts["switched"] = publishing.switched_check()
-        try:
-            async with self.pool.acquire() as conn:
-                if not copy and not later:
-                    got = await write_fenced(conn, job, parts, "recording the release")
-                else:
-                    async with fenced(conn, job):
-                        if copy:
-                            await write_together(conn, {**head, **copy}, "recording the revision")
-                        got = await write_together(conn, parts, "recording the release")
-                        if later:
-                            await transition(
-                                conn, Entity.ASSET, (asset_id,), expected="PLAYABLE", new="ENRICHED"
-                            )
-        except DatabaseError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) == UNIQUE_VIOLATION and copy:
-                # A revision took the enrichment's number since the load (a rebuild that
-                # committed while this waited at the lock): the retry decides afresh.
-                raise TransientError("another revision took the number; will look again") from exc
-            code = unmet(exc)
-            errors = {GONE: NotPublishable, MOVED: PointerMoved, SHIFTED: TransientError}
-            if code in errors:
-                raise errors[code](str(getattr(exc.__cause__, "message", exc))) from exc
-            if code == STALE:
-                raise stale(
-                    Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY"
-                ) from exc
-            if code is not None:
-                raise Unmet(code) from exc
-            raise
-        if charge is not None and got["charge"]:
-            ledger.log_processing_charge(charge)
-
-    def _switch(
-        self,
-        parts: dict[str, Part],
-        asset_id: uuid.UUID,
-        status: str,
-        previous: int | None,
-        revision_no: int,
-        enriched: bool,
-        *,
-        when: str | None,
-    ) -> bool:
-        """The parts that move the pointer and the asset's state (``asset``) and supersede
-        the previous revision (``previous``); whether PLAYABLE → ENRICHED follows after.
-
-        ``status`` is the asset's state as read before the lock: its transition is a
-        compare-and-set, and the statement's ``pointer`` check saw ``current_revision ==
-        previous`` under the lock, so the pointer moves with the state change or, when the
-        state stays, by a compare-and-set of its own. ``when``: a condition each of these
-        writes reads first (the statement's checks)."""
-        pointer = {"current_revision": revision_no}
-        later = False
-        if status == "PROCESSING":
-            parts["asset"] = transition_part(
-                Entity.ASSET,
-                (asset_id,),
-                expected="PROCESSING",
-                new="PLAYABLE",
-                values=pointer,
-                when=when,
-            )
-            later = enriched
-        elif enriched and status == "PLAYABLE":
-            parts["asset"] = transition_part(
-                Entity.ASSET,
-                (asset_id,),
-                expected="PLAYABLE",
-                new="ENRICHED",
-                values=pointer,
-                when=when,
-            )
-        else:
-            parts["asset"] = publishing.move_pointer_part(
-                asset_id, revision_no, previous, when=when
-            )
-        if previous is not None:
-            parts["previous"] = transition_part(
-                Entity.REVISION, (asset_id, previous), expected="READY", new="SUPERSEDED", when=when
-            )
-        return later
 
     async def _abandon(self, asset_id: uuid.UUID, revision_no: int, reason: str) -> None:
         async with self.pool.acquire() as conn:
@@ -539,8 +368,18 @@ class PublishStage:
             REBUILDING: "superseded_by_rebuild",
         }
         try:
-            await self._release(
-                job, asset, checks, base_no, new_no, outputs, enriched, enriches=base_no, copy=copy
+            await release(
+                self.pool,
+                self.config.ledger,
+                job,
+                asset,
+                checks,
+                base_no,
+                new_no,
+                outputs,
+                enriched,
+                enriches=base_no,
+                copy=copy,
             )
         except Unmet as exc:
             if exc.code in outcomes:
@@ -577,10 +416,6 @@ def _wanted(variant: Row) -> dict[str, int]:
             variant["object_key"], variant["size_bytes"], None, files
         )
     }
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
