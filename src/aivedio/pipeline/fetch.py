@@ -105,8 +105,17 @@ class FetchServices:
 
 
 class FetchStage:
+    """The ``fetch`` job: one provider output from FETCH_PENDING to STORED.
+
+    Owns the output's row while its job runs (every move fenced by the job's lease), its
+    fetch attempts, the refresh of its URL through the provider adapter, the object at its
+    quarantine key (``fetch_transfer``), and the QUARANTINED asset with its probe job, made
+    in the statement that marks the output STORED. Never touches the media (the probe job
+    reads it), an asset once made, or the generation itself: it never submits, cancels or
+    polls a provider task."""
+
     def __init__(self, services: FetchServices) -> None:
-        self.s = services
+        self.services = services
 
     async def handle(
         self, _ctx: JobContext, job: Job, *, metrics: WorkerMetrics | None = None
@@ -119,13 +128,13 @@ class FetchStage:
 
     async def _handle(self, job: Job, metrics: WorkerMetrics | None) -> dict[str, Any] | None:
         output_id = uuid.UUID(str(job.payload["provider_output_id"]))
-        output = await records.load(self.s.pool, output_id)
+        output = await records.load(self.services.pool, output_id)
         if output.fetch_status == "STORED":
             return {"outcome": "already_stored"}
         if output.fetch_status in ("OUTPUT_LOST", "INVALID_RESPONSE"):
             return {"outcome": output.fetch_status.lower()}
         key = keys.quarantine_source(output.tenant_id, output.id, job.id)
-        breaker = self.s.breaker(output.provider)
+        breaker = self.services.breaker(output.provider)
         wait = breaker.acquire()
         if wait > 0:
             raise DeferredError(
@@ -138,10 +147,10 @@ class FetchStage:
                 return {"outcome": "output_lost"}
             output, url = refreshed
         if output.fetch_status != "FETCHING":
-            output, attempt_id = await records.start_fetching(self.s.pool, output, job)
+            output, attempt_id = await records.start_fetching(self.services.pool, output, job)
             url = self._url(output)
         else:
-            attempt_id = await records.begin_attempt(self.s.pool, output, job)
+            attempt_id = await records.begin_attempt(self.services.pool, output, job)
         refreshed_once = False
         while True:
             try:
@@ -150,24 +159,28 @@ class FetchStage:
                 break
             except (UrlExpiredError, NotYetAvailableError) as exc:
                 not_yet = isinstance(exc, NotYetAvailableError)
-                if not_yet and job.attempts < self.s.config.fetch.not_yet_available_attempts:
+                if not_yet and job.attempts < self.services.config.fetch.not_yet_available_attempts:
                     await self._fail(output, job, exc, attempt_id, key)
                     raise
                 if refreshed_once:
                     await self._fail(output, job, exc, attempt_id, key)
                     raise TransientError(f"a fresh URL was refused too: {exc.detail}") from None
                 try:
-                    output = await records.move(self.s.pool, output, "NEED_URL_REFRESH", error=exc)
+                    output = await records.move(
+                        self.services.pool, output, "NEED_URL_REFRESH", error=exc
+                    )
                     refreshed = await self._refresh(output, exc.detail)
                     if refreshed is None:
-                        await records.end_attempt(self.s.pool, attempt_id, "output_lost", exc)
+                        await records.end_attempt(
+                            self.services.pool, attempt_id, "output_lost", exc
+                        )
                         return {"outcome": "output_lost"}
                     output, url = refreshed
-                    output = await records.move(self.s.pool, output, "FETCHING")
+                    output = await records.move(self.services.pool, output, "FETCHING")
                 except AivedioError as refresh_error:
                     # The refresh itself failed (the provider's API is down, throttling, a
                     # conflict): record it like any failure; the next attempt refreshes again.
-                    output = await records.load(self.s.pool, output.id)
+                    output = await records.load(self.services.pool, output.id)
                     await self._fail(output, job, refresh_error, attempt_id, key)
                     raise
                 refreshed_once = True
@@ -177,7 +190,7 @@ class FetchStage:
                 else:
                     breaker.success()  # the provider answered; its circuit is healthy
                 if isinstance(exc, ThrottledError):
-                    self.s.hosts.throttled(host_of(url))
+                    self.services.hosts.throttled(host_of(url))
                 await self._fail(output, job, exc, attempt_id, key)
                 raise
         asset_id = await self._stored(output, job, key, info, result, attempt_id)
@@ -193,16 +206,16 @@ class FetchStage:
     def _transfer(self, output: OutputRow) -> Transfer:
         """The transfer of ``output``'s bytes, with its provider's fetcher and credential."""
         return Transfer(
-            self.s.store,
-            self.s.hosts,
-            self.s.fetcher(output.provider),
-            self.s.adapters.get(output.provider),
+            self.services.store,
+            self.services.hosts,
+            self.services.fetcher(output.provider),
+            self.services.adapters.get(output.provider),
         )
 
     # -- records ---------------------------------------------------------------------------
 
     def _url(self, output: OutputRow) -> str:
-        return self.s.cipher.decrypt(
+        return self.services.cipher.decrypt(
             output.source_url_ciphertext, output.source_url_key_id, bound_to=str(output.id)
         )
 
@@ -210,9 +223,9 @@ class FetchStage:
         """A fresh URL from the provider, or OUTPUT_LOST (returns None)."""
         if output.fetch_status not in ("NEED_URL_REFRESH",):
             output = await records.move(
-                self.s.pool, output, "NEED_URL_REFRESH", error=UrlExpiredError(why)
+                self.services.pool, output, "NEED_URL_REFRESH", error=UrlExpiredError(why)
             )
-        adapter = self.s.adapters.get(output.provider)
+        adapter = self.services.adapters.get(output.provider)
         try:
             if adapter is None:
                 raise OutputLostError(
@@ -224,7 +237,9 @@ class FetchStage:
                 expires_at=output.source_url_expires_at,
             )
         except OutputLostError as exc:
-            await records.mark_lost(self.s.pool, output, exc.detail, ledger=self.s.config.ledger)
+            await records.mark_lost(
+                self.services.pool, output, exc.detail, ledger=self.services.config.ledger
+            )
             return None
         except UrlExpiredError as exc:
             # 401/403 from the provider's own API is about our credentials, not the output:
@@ -232,8 +247,8 @@ class FetchStage:
             raise TransientError(
                 f"provider {output.provider} refused our API credentials: {exc.detail}"
             ) from None
-        blob, key_id = self.s.cipher.encrypt(fresh.url, bound_to=str(output.id))
-        async with self.s.pool.acquire() as conn, fenced(conn, records.current_job.get()):
+        blob, key_id = self.services.cipher.encrypt(fresh.url, bound_to=str(output.id))
+        async with self.services.pool.acquire() as conn, fenced(conn, records.current_job.get()):
             version = await transition(
                 conn,
                 Entity.PROVIDER_OUTPUT,
@@ -265,7 +280,7 @@ class FetchStage:
         self, output: OutputRow, job: Job, error: AivedioError, attempt_id: int, key: str
     ) -> None:
         """Leave the output in the state the error calls for, as the queue will act on it."""
-        qc = self.s.config.queue
+        qc = self.services.config.queue
         will_retry = decide_retry(
             retry_class=error.retry,
             attempts=job.attempts,
@@ -290,21 +305,21 @@ class FetchStage:
         else:
             new = "RETRY_WAIT"  # budget spent: the dead job waits for an operator's replay
         with anyio.CancelScope(shield=True):
-            await records.end_attempt(self.s.pool, attempt_id, "failed", error, key=key)
+            await records.end_attempt(self.services.pool, attempt_id, "failed", error, key=key)
             try:
                 if new == "OUTPUT_LOST":
                     await records.mark_lost(
-                        self.s.pool,
+                        self.services.pool,
                         output,
                         f"url expired after: {error.detail}",
-                        ledger=self.s.config.ledger,
+                        ledger=self.services.config.ledger,
                     )
                 elif output.fetch_status != new:
-                    await records.move(self.s.pool, output, new, error=error)
+                    await records.move(self.services.pool, output, new, error=error)
             except (StaleStateError, LeaseLostError):
                 # Another run moved the output meanwhile (stored it, most likely), or holds
                 # the job now; its state stands. A retry of the job finds it and ends.
-                new = (await records.load(self.s.pool, output.id)).fetch_status
+                new = (await records.load(self.services.pool, output.id)).fetch_status
         log.warning(
             "fetch_failed",
             provider_output_id=str(output.id),
@@ -328,7 +343,7 @@ class FetchStage:
         job_now = records.current_job.get()
         # The probe's job in the same statement (a crash after it on the fetch job's last
         # attempt must not leave the asset without one), made only with the asset.
-        probe = self.s.queue.enqueuing(
+        probe = self.services.queue.enqueuing(
             [probe_spec(asset_id, output.tenant_id)],
             name="probe",
             when=provider_outputs.after("asset"),
@@ -337,7 +352,7 @@ class FetchStage:
         try:
             # One statement, fenced by the lease: it writes nothing unless the move to
             # STORED wins its compare-and-set (every other write reads ``stored``).
-            async with self.s.pool.acquire() as conn:
+            async with self.services.pool.acquire() as conn:
                 got = await write_fenced(
                     conn,
                     job_now,
@@ -383,16 +398,20 @@ class FetchStage:
                     async with fenced(conn, job_now):
                         found = await provider_outputs.asset_of(conn, output.id)
                         asset_id = uuid.UUID(str(found))
-                        await self.s.queue.enqueue_one(conn, probe_spec(asset_id, output.tenant_id))
+                        await self.services.queue.enqueue_one(
+                            conn, probe_spec(asset_id, output.tenant_id)
+                        )
         except StaleStateError:
             # Another run of this job (its lease expired while we worked, say) stored it
             # first: same key, same verified bytes. One STORED, one asset: we are done too.
-            current = await records.load(self.s.pool, output.id)
+            current = await records.load(self.services.pool, output.id)
             if current.fetch_status != "STORED":
                 raise
-            asset = await provider_outputs.asset_of(self.s.pool, output.id)
+            asset = await provider_outputs.asset_of(self.services.pool, output.id)
             log.info("output_already_stored", provider_output_id=str(output.id), job_id=job.id)
-            await records.end_attempt(self.s.pool, attempt_id, "already_stored", None, result, key)
+            await records.end_attempt(
+                self.services.pool, attempt_id, "already_stored", None, result, key
+            )
             return uuid.UUID(str(asset))
         except asyncpg.PostgresError as exc:
             raise TransientError(f"recording the stored output failed: {exc}") from exc

@@ -330,6 +330,15 @@ def _pts_time(line: str) -> float:
 
 @dataclass
 class ModerationStage:
+    """The ``moderate`` job: the verdict on a revision's outputs.
+
+    Owns the sampling of frames from the playback output (in the sandbox's scratch
+    directory), the question to the moderator and the verdict stored with the revision
+    (``VerdictRecorder``; a rejection ends the revision and the asset and keeps the source for
+    appeal). An allow opens the moderation gate; the publish itself is the publish stage's,
+    in this job or its own. Never touches an object in the store (it downloads the playback
+    output, never writes or deletes one), a render, or the asset's pointer."""
+
     config: ModerationConfig
     pool: Pool
     queue: Queue

@@ -217,6 +217,14 @@ class RateLimiter:
 
 @dataclass
 class PollerState:
+    """What the ``provider.poll`` jobs of one worker share: the request spacing per provider
+    and the jitter's randomness.
+
+    The poll job owns a watched task's ``task_watches`` row and the task's state while it is
+    watched (PROVIDER_RUNNING, PROVIDER_FAILED); a success is recorded by intake, as a
+    callback's is. It never submits or cancels a generation, and never downloads an output
+    (the fetch job intake enqueues does)."""
+
     limiter: RateLimiter = field(default_factory=RateLimiter)
     rng: random.Random = field(default_factory=random.Random)
 
@@ -229,7 +237,7 @@ async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
     if stage is None:
         raise TransientError("this worker has no provider adapters configured")
     state: PollerState = ctx.services.setdefault("poller", PollerState())
-    return await poll_once(stage.s, state, uuid.UUID(str(job.payload["generation_task_id"])))
+    return await poll_once(stage.services, state, uuid.UUID(str(job.payload["generation_task_id"])))
 
 
 async def poll_once(services: Any, state: PollerState, task_uuid: uuid.UUID) -> dict[str, Any]:

@@ -141,6 +141,15 @@ async def publish_when_ready(
 
 
 class PublishStage:
+    """The ``publish`` job: the one place a revision becomes what an asset serves.
+
+    Owns the revision's way from BUILDING to READY (or ABANDONED), the asset's pointer and
+    its states PLAYABLE and ENRICHED, the superseding of the revision it replaces, the
+    enrichment revision n+1 made of revision n's finished outputs, and what the release
+    writes with them (``publish_release``). Never touches an object in the store (it reads
+    their sizes, never writes or deletes one), a render, or a moderation verdict (it reads
+    the verdict; the moderation stage gives it)."""
+
     def __init__(self, config: Config, pool: Pool, queue: Queue, store: ObjectStore) -> None:
         self.config = config
         self.pool = pool
