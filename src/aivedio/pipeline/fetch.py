@@ -17,8 +17,15 @@ One job per ``(provider_output_id, pipeline_version)``. Each attempt:
    one the origin starts over (a 200 to the resume) gets a new upload, the old one aborted;
 5. in one transaction: output FETCHING → STORED, the QUARANTINED asset, the probe job.
 
-Failures leave the output in the state its error class calls for (seed §11.8, §11.9.4) and
-raise that error, so the queue retries, waits for Retry-After, or buries the job.
+Failures leave the output in the state its error class calls for, and raise that error, so
+the queue retries, waits for Retry-After, or buries the job: a refused or expired URL waits
+for a refresh (NEED_URL_REFRESH); a body over the size limit, one the network policy blocks
+or a malformed answer is never fetched again (INVALID_RESPONSE), as is one whose checksum
+keeps failing; any other failure waits (RETRY_WAIT) for the queue's retry or, its attempts
+spent, an operator's replay; an output whose URL has expired with no retry left, or that the
+provider says is gone, is lost (OUTPUT_LOST, with its ``output.lost`` event and the ledger's
+compensation). Steps 3 and 4 are the transfer
+(``pipeline.fetch_transfer``).
 
 Metrics (given the worker's, as the media stage gets them through its hooks): every download
 attempt counts the HTTP status that ended it by provider (``none`` when none did: no

@@ -1,8 +1,8 @@
 """Intake: a provider says SUCCEEDED; record it and enqueue the fetch, in one transaction.
 
-Nothing is downloaded here (seed §11.7.1): a callback must answer in milliseconds. The same
-function serves callbacks, the poller and ``aivedio ingest``, so all three record an output
-the same way:
+Nothing is downloaded here: a callback must answer in milliseconds, so intake only records
+the output and enqueues its fetch (the fetch job downloads). The same function serves
+callbacks, the poller and ``aivedio ingest``, so all three record an output the same way:
 
 1. the generation task moves to PROVIDER_SUCCEEDED (created if we never saw it);
 2. the output descriptor is upserted on ``(provider, provider_task_id, output_index,

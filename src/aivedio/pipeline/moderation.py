@@ -1,5 +1,6 @@
-"""Output-side moderation (seed 002 §11.7.9): a ``Moderator`` seam, two implementations, the
-frame sampler and the ``moderate`` job.
+"""Output-side moderation: what a provider generated is looked at before it is published,
+whatever the provider said of it. A ``Moderator`` seam, two implementations, the frame
+sampler and the ``moderate`` job.
 
 The job runs once per revision when its required set is complete. It samples JPEG frames
 from the playback MP4 (first, middle, last, and scene changes) in the ffmpeg sandbox and asks

@@ -1,5 +1,6 @@
-"""The publish coordinator (seed 002 §11.2.7, §11.7.10; seed 004): the one place an asset
-becomes visible.
+"""The publish coordinator: the one place an asset becomes visible, whether it came from a
+provider's output or an upload. Nothing is visible before every item of the checklist below
+held, and what becomes visible at once is a complete, moderated revision.
 
 Checklist, before any transaction (objects cannot take part in one): the source object is
 there at its recorded size; every required output is SUCCEEDED and every file of it is in the
@@ -13,8 +14,8 @@ with, the current revision it expects to replace), the revision becomes READY wi
 it publishes, ``assets.current_revision`` moves by compare-and-set, a ``releases`` row is
 added, the generation task is linked, ``asset.ready`` goes to the outbox and the processing
 charge to the ledger; a check or a compare-and-set that fails raises in the statement and
-undoes all of it (``store.together.require``). A retry after an unknown outcome finds the
-revision READY and current: a no-op.
+undoes all of it (``store.together.require``; the statement is ``publish_release``). A
+retry after an unknown outcome finds the revision READY and current: a no-op.
 
 PLAYABLE first with the required set. Outputs of the same revision that finish later are
 never added to it: once they are all done, an ``enrich`` run publishes a new complete
