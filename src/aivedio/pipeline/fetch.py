@@ -17,8 +17,15 @@ One job per ``(provider_output_id, pipeline_version)``. Each attempt:
    one the origin starts over (a 200 to the resume) gets a new upload, the old one aborted;
 5. in one transaction: output FETCHING → STORED, the QUARANTINED asset, the probe job.
 
-Failures leave the output in the state its error class calls for (seed §11.8, §11.9.4) and
-raise that error, so the queue retries, waits for Retry-After, or buries the job.
+Failures leave the output in the state its error class calls for, and raise that error, so
+the queue retries, waits for Retry-After, or buries the job: a refused or expired URL waits
+for a refresh (NEED_URL_REFRESH); a body over the size limit, one the network policy blocks
+or a malformed answer is never fetched again (INVALID_RESPONSE), as is one whose checksum
+keeps failing; any other failure waits (RETRY_WAIT) for the queue's retry or, its attempts
+spent, an operator's replay; an output whose URL has expired with no retry left, or that the
+provider says is gone, is lost (OUTPUT_LOST, with its ``output.lost`` event and the ledger's
+compensation). Steps 3 and 4 are the transfer
+(``pipeline.fetch_transfer``).
 
 Metrics (given the worker's, as the media stage gets them through its hooks): every download
 attempt counts the HTTP status that ended it by provider (``none`` when none did: no
@@ -28,8 +35,6 @@ own; a transfer that stored its bytes observes its seconds, request to completed
 
 from __future__ import annotations
 
-import hashlib
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +51,6 @@ from aivedio.errors import (
     DeferredError,
     InvalidResponseError,
     LeaseLostError,
-    NotFoundError,
     NotYetAvailableError,
     OutputLostError,
     PolicyBlockedError,
@@ -59,22 +63,23 @@ from aivedio.errors import (
     UrlExpiredError,
 )
 from aivedio.logs import get_logger, url_for_log
-from aivedio.metrics import NO_STATUS, WorkerMetrics
+from aivedio.metrics import WorkerMetrics
 from aivedio.net.fetch import Fetcher, FetchResult
 from aivedio.net.limits import CircuitBreaker, HostLimiter
 from aivedio.pipeline import jobs
 from aivedio.pipeline import output_records as records
+from aivedio.pipeline.fetch_transfer import Resumed, Transfer, host_of
 from aivedio.pipeline.jobs import JobContext, Registry, probe_spec
 from aivedio.pipeline.output_records import OutputRow
 from aivedio.providers.seam import ProviderAdapter
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
+from aivedio.store import provider_outputs
 from aivedio.store.database import Pool
 from aivedio.store.objects import keys
-from aivedio.store.objects.base import ABORT_TIMEOUT_SECONDS, ObjectInfo, ObjectStore, Upload
+from aivedio.store.objects.base import ObjectInfo, ObjectStore
 from aivedio.store.queue import Job, Queue, fenced, write_fenced
 from aivedio.store.records import stale, transition, transition_part
-from aivedio.store.together import Part
 
 log = get_logger("aivedio.fetch")
 
@@ -106,14 +111,18 @@ class FetchServices:
         return self.breakers[provider]
 
 
-class _Resumed(msgspec.Struct, frozen=True):
-    sha256: str
-    bytes: int
-
-
 class FetchStage:
+    """The ``fetch`` job: one provider output from FETCH_PENDING to STORED.
+
+    Owns the output's row while its job runs (every move fenced by the job's lease), its
+    fetch attempts, the refresh of its URL through the provider adapter, the object at its
+    quarantine key (``fetch_transfer``), and the QUARANTINED asset with its probe job, made
+    in the statement that marks the output STORED. Never touches the media (the probe job
+    reads it), an asset once made, or the generation itself: it never submits, cancels or
+    polls a provider task."""
+
     def __init__(self, services: FetchServices) -> None:
-        self.s = services
+        self.services = services
 
     async def handle(
         self, _ctx: JobContext, job: Job, *, metrics: WorkerMetrics | None = None
@@ -126,13 +135,13 @@ class FetchStage:
 
     async def _handle(self, job: Job, metrics: WorkerMetrics | None) -> dict[str, Any] | None:
         output_id = uuid.UUID(str(job.payload["provider_output_id"]))
-        output = await records.load(self.s.pool, output_id)
+        output = await records.load(self.services.pool, output_id)
         if output.fetch_status == "STORED":
             return {"outcome": "already_stored"}
         if output.fetch_status in ("OUTPUT_LOST", "INVALID_RESPONSE"):
             return {"outcome": output.fetch_status.lower()}
         key = keys.quarantine_source(output.tenant_id, output.id, job.id)
-        breaker = self.s.breaker(output.provider)
+        breaker = self.services.breaker(output.provider)
         wait = breaker.acquire()
         if wait > 0:
             raise DeferredError(
@@ -145,36 +154,40 @@ class FetchStage:
                 return {"outcome": "output_lost"}
             output, url = refreshed
         if output.fetch_status != "FETCHING":
-            output, attempt_id = await records.start_fetching(self.s.pool, output, job)
+            output, attempt_id = await records.start_fetching(self.services.pool, output, job)
             url = self._url(output)
         else:
-            attempt_id = await records.begin_attempt(self.s.pool, output, job)
+            attempt_id = await records.begin_attempt(self.services.pool, output, job)
         refreshed_once = False
         while True:
             try:
-                info, result = await self._fetch_into_store(output, url, key, metrics)
+                info, result = await self._transfer(output).into_store(output, url, key, metrics)
                 breaker.success()
                 break
             except (UrlExpiredError, NotYetAvailableError) as exc:
                 not_yet = isinstance(exc, NotYetAvailableError)
-                if not_yet and job.attempts < self.s.config.fetch.not_yet_available_attempts:
+                if not_yet and job.attempts < self.services.config.fetch.not_yet_available_attempts:
                     await self._fail(output, job, exc, attempt_id, key)
                     raise
                 if refreshed_once:
                     await self._fail(output, job, exc, attempt_id, key)
                     raise TransientError(f"a fresh URL was refused too: {exc.detail}") from None
                 try:
-                    output = await records.move(self.s.pool, output, "NEED_URL_REFRESH", error=exc)
+                    output = await records.move(
+                        self.services.pool, output, "NEED_URL_REFRESH", error=exc
+                    )
                     refreshed = await self._refresh(output, exc.detail)
                     if refreshed is None:
-                        await records.end_attempt(self.s.pool, attempt_id, "output_lost", exc)
+                        await records.end_attempt(
+                            self.services.pool, attempt_id, "output_lost", exc
+                        )
                         return {"outcome": "output_lost"}
                     output, url = refreshed
-                    output = await records.move(self.s.pool, output, "FETCHING")
+                    output = await records.move(self.services.pool, output, "FETCHING")
                 except AivedioError as refresh_error:
                     # The refresh itself failed (the provider's API is down, throttling, a
                     # conflict): record it like any failure; the next attempt refreshes again.
-                    output = await records.load(self.s.pool, output.id)
+                    output = await records.load(self.services.pool, output.id)
                     await self._fail(output, job, refresh_error, attempt_id, key)
                     raise
                 refreshed_once = True
@@ -184,7 +197,7 @@ class FetchStage:
                 else:
                     breaker.success()  # the provider answered; its circuit is healthy
                 if isinstance(exc, ThrottledError):
-                    self.s.hosts.throttled(_host(url))
+                    self.services.hosts.throttled(host_of(url))
                 await self._fail(output, job, exc, attempt_id, key)
                 raise
         asset_id = await self._stored(output, job, key, info, result, attempt_id)
@@ -197,120 +210,19 @@ class FetchStage:
             "restarts": getattr(result, "restarts", 0),
         }
 
-    # -- transfer ------------------------------------------------------------------------
-
-    async def _fetch_into_store(
-        self, output: OutputRow, url: str, key: str, metrics: WorkerMetrics | None = None
-    ) -> tuple[ObjectInfo, FetchResult | _Resumed]:
-        existing = await self.s.store.head(key)
-        if existing is not None:
-            resumed = await self._verify_existing(output, key, existing)
-            if resumed is not None:
-                log.info(
-                    "fetch_resumed_from_store",
-                    provider_output_id=str(output.id),
-                    key=key,
-                    bytes=existing.size,
-                )
-                return existing, resumed
-        await self._abort_leftover_uploads(key)
-        host = _host(url)
-        fetcher = self.s.fetcher(output.provider)
-        async with self.s.hosts.slot(host):
-            started = time.monotonic()
-            target = _UploadTarget(
-                self.s.store, key, output.content_type or "application/octet-stream"
-            )
-            await target.start()
-            try:
-                try:
-                    result = await fetcher.stream(
-                        url,
-                        target.write,
-                        headers=self._headers(output, url),
-                        restart=target.restart,
-                    )
-                except AivedioError as exc:
-                    _count_response(metrics, output.provider, exc.http_status)
-                    _count_resumes(metrics, output.provider, getattr(exc, "fetch_state", None))
-                    raise
-                _count_response(metrics, output.provider, result.status)
-                _count_resumes(metrics, output.provider, result)
-                self._check_integrity(output, result)
-                try:
-                    info = await target.upload.complete()
-                except NotFoundError:
-                    # Another run of this job aborted our upload as a leftover (it held the
-                    # job after our lease lapsed): not a verdict on the bytes; try again.
-                    raise TransientError(f"upload of {key} was aborted by another run") from None
-            except BaseException:
-                await target.abort()
-                raise
-        self.s.hosts.succeeded(host)
-        if metrics is not None:
-            metrics.fetch_duration.labels(output.provider).observe(time.monotonic() - started)
-        head = await self.s.store.head(key)
-        if head is None or head.size != result.bytes:
-            raise TransientError(
-                f"stored object {key} does not verify: HEAD says "
-                f"{head.size if head else 'missing'}, wrote {result.bytes}"
-            )
-        log.info(
-            "fetch_stored",
-            provider_output_id=str(output.id),
-            url=result.url,
-            bytes=result.bytes,
-            redirects=result.redirects,
-            resumes=result.resumes,
-            restarts=result.restarts,
+    def _transfer(self, output: OutputRow) -> Transfer:
+        """The transfer of ``output``'s bytes, with its provider's fetcher and credential."""
+        return Transfer(
+            self.services.store,
+            self.services.hosts,
+            self.services.fetcher(output.provider),
+            self.services.adapters.get(output.provider),
         )
-        return info, result
-
-    def _check_integrity(self, output: OutputRow, result: FetchResult) -> None:
-        if output.expected_size_bytes is not None and result.bytes != output.expected_size_bytes:
-            raise ChecksumMismatchError(
-                f"size {result.bytes} differs from the provider's {output.expected_size_bytes}"
-            )
-        if output.expected_checksum and result.sha256 != output.expected_checksum.lower():
-            raise ChecksumMismatchError(
-                f"sha256 {result.sha256} differs from the provider's {output.expected_checksum}"
-            )
-
-    async def _verify_existing(
-        self, output: OutputRow, key: str, existing: ObjectInfo
-    ) -> _Resumed | None:
-        hasher = hashlib.sha256()
-        async for chunk in self.s.store.get(key):
-            hasher.update(chunk)
-        resumed = _Resumed(sha256=hasher.hexdigest(), bytes=existing.size)
-        expected_size = output.expected_size_bytes
-        expected_sha = (output.expected_checksum or "").lower()
-        if (expected_size is not None and expected_size != resumed.bytes) or (
-            expected_sha and expected_sha != resumed.sha256
-        ):
-            log.warning("fetch_existing_object_rejected", key=key)
-            await self.s.store.delete(key)
-            return None
-        return resumed
-
-    async def _abort_leftover_uploads(self, key: str) -> None:
-        # We hold this job's lease: any upload open on its key belongs to a dead attempt.
-        for pending in await self.s.store.list_multipart_uploads(prefix=key):
-            if pending.key == key:
-                await self.s.store.abort_multipart_upload(pending.key, pending.upload_id)
-                log.info("fetch_aborted_leftover_upload", key=key)
 
     # -- records ---------------------------------------------------------------------------
 
-    def _headers(self, output: OutputRow, url: str) -> dict[str, str]:
-        """The provider's download credential, when ``url`` is on the provider's own origin
-        (OpenAI's content endpoint, Gemini files, GCS); never logged, and the fetcher drops
-        it on any hop to another origin."""
-        adapter = self.s.adapters.get(output.provider)
-        return adapter.download_headers(url) if adapter is not None else {}
-
     def _url(self, output: OutputRow) -> str:
-        return self.s.cipher.decrypt(
+        return self.services.cipher.decrypt(
             output.source_url_ciphertext, output.source_url_key_id, bound_to=str(output.id)
         )
 
@@ -318,9 +230,9 @@ class FetchStage:
         """A fresh URL from the provider, or OUTPUT_LOST (returns None)."""
         if output.fetch_status not in ("NEED_URL_REFRESH",):
             output = await records.move(
-                self.s.pool, output, "NEED_URL_REFRESH", error=UrlExpiredError(why)
+                self.services.pool, output, "NEED_URL_REFRESH", error=UrlExpiredError(why)
             )
-        adapter = self.s.adapters.get(output.provider)
+        adapter = self.services.adapters.get(output.provider)
         try:
             if adapter is None:
                 raise OutputLostError(
@@ -332,7 +244,9 @@ class FetchStage:
                 expires_at=output.source_url_expires_at,
             )
         except OutputLostError as exc:
-            await records.mark_lost(self.s.pool, output, exc.detail, ledger=self.s.config.ledger)
+            await records.mark_lost(
+                self.services.pool, output, exc.detail, ledger=self.services.config.ledger
+            )
             return None
         except UrlExpiredError as exc:
             # 401/403 from the provider's own API is about our credentials, not the output:
@@ -340,8 +254,8 @@ class FetchStage:
             raise TransientError(
                 f"provider {output.provider} refused our API credentials: {exc.detail}"
             ) from None
-        blob, key_id = self.s.cipher.encrypt(fresh.url, bound_to=str(output.id))
-        async with self.s.pool.acquire() as conn, fenced(conn, records.current_job.get()):
+        blob, key_id = self.services.cipher.encrypt(fresh.url, bound_to=str(output.id))
+        async with self.services.pool.acquire() as conn, fenced(conn, records.current_job.get()):
             version = await transition(
                 conn,
                 Entity.PROVIDER_OUTPUT,
@@ -355,11 +269,7 @@ class FetchStage:
                     "source_url_expires_at": fresh.expires_at,
                 },
             )
-            await conn.execute(
-                "UPDATE provider_outputs SET descriptor_version ="
-                " descriptor_version + 1 WHERE id = $1",
-                output.id,
-            )
+            await provider_outputs.bump_descriptor_version(conn, output.id)
         log.info(
             "fetch_url_refreshed", provider_output_id=str(output.id), url=url_for_log(fresh.url)
         )
@@ -377,7 +287,7 @@ class FetchStage:
         self, output: OutputRow, job: Job, error: AivedioError, attempt_id: int, key: str
     ) -> None:
         """Leave the output in the state the error calls for, as the queue will act on it."""
-        qc = self.s.config.queue
+        qc = self.services.config.queue
         will_retry = decide_retry(
             retry_class=error.retry,
             attempts=job.attempts,
@@ -402,21 +312,21 @@ class FetchStage:
         else:
             new = "RETRY_WAIT"  # budget spent: the dead job waits for an operator's replay
         with anyio.CancelScope(shield=True):
-            await records.end_attempt(self.s.pool, attempt_id, "failed", error, key=key)
+            await records.end_attempt(self.services.pool, attempt_id, "failed", error, key=key)
             try:
                 if new == "OUTPUT_LOST":
                     await records.mark_lost(
-                        self.s.pool,
+                        self.services.pool,
                         output,
                         f"url expired after: {error.detail}",
-                        ledger=self.s.config.ledger,
+                        ledger=self.services.config.ledger,
                     )
                 elif output.fetch_status != new:
-                    await records.move(self.s.pool, output, new, error=error)
+                    await records.move(self.services.pool, output, new, error=error)
             except (StaleStateError, LeaseLostError):
                 # Another run moved the output meanwhile (stored it, most likely), or holds
                 # the job now; its state stands. A retry of the job finds it and ends.
-                new = (await records.load(self.s.pool, output.id)).fetch_status
+                new = (await records.load(self.services.pool, output.id)).fetch_status
         log.warning(
             "fetch_failed",
             provider_output_id=str(output.id),
@@ -433,33 +343,30 @@ class FetchStage:
         job: Job,
         key: str,
         info: ObjectInfo,
-        result: FetchResult | _Resumed,
+        result: FetchResult | Resumed,
         attempt_id: int,
     ) -> uuid.UUID:
         asset_id = uuid.uuid4()
         job_now = records.current_job.get()
         # The probe's job in the same statement (a crash after it on the fetch job's last
         # attempt must not leave the asset without one), made only with the asset.
-        probe = self.s.queue.enqueuing(
+        probe = self.services.queue.enqueuing(
             [probe_spec(asset_id, output.tenant_id)],
             name="probe",
-            when="EXISTS (SELECT 1 FROM asset)",
+            when=provider_outputs.after("asset"),
         )
         assert probe is not None
         try:
             # One statement, fenced by the lease: it writes nothing unless the move to
             # STORED wins its compare-and-set (every other write reads ``stored``).
-            async with self.s.pool.acquire() as conn:
+            async with self.services.pool.acquire() as conn:
                 got = await write_fenced(
                     conn,
                     job_now,
                     {
                         # Serialise with a cancel of the task (it locks the task row first):
                         # either the cancel sees this asset, or the probe sees it cancelled.
-                        "task": Part(
-                            "SELECT 1 FROM generation_tasks WHERE id = $1 FOR SHARE",
-                            (output.generation_task_id,),
-                        ),
+                        "task": provider_outputs.share_task_part(output.generation_task_id),
                         "stored": transition_part(
                             Entity.PROVIDER_OUTPUT,
                             (output.id,),
@@ -468,16 +375,8 @@ class FetchStage:
                             version=output.version,
                             values={"last_error_class": None, "last_error_detail": None},
                         ),
-                        "asset": Part(
-                            "INSERT INTO assets (id, tenant_id, source_type,"
-                            " source_provider_output_id, status, source_object_key,"
-                            " source_size_bytes, source_sha256)"
-                            " SELECT $1::uuid, $2::bigint, 'PROVIDER_OUTPUT', $3::uuid,"
-                            " 'QUARANTINED', $4::text, $5::bigint, $6::text"
-                            " WHERE EXISTS (SELECT 1 FROM stored)"
-                            " ON CONFLICT (source_provider_output_id) DO NOTHING RETURNING id",
-                            (asset_id, output.tenant_id, output.id, key, info.size, result.sha256),
-                            value="id",
+                        "asset": provider_outputs.stored_asset_part(
+                            asset_id, output.tenant_id, output.id, key, info.size, result.sha256
                         ),
                         "attempt": records.end_attempt_part(
                             attempt_id,
@@ -485,7 +384,7 @@ class FetchStage:
                             None,
                             result,
                             key,
-                            when="EXISTS (SELECT 1 FROM stored)",
+                            when=provider_outputs.after("stored"),
                         ),
                         **probe.parts,
                     },
@@ -504,23 +403,22 @@ class FetchStage:
                     # STORED is final and its asset is made with it, so a move that won
                     # finds none: should one exist anyway, it gets its probe here.
                     async with fenced(conn, job_now):
-                        found = await conn.fetchval(
-                            "SELECT id FROM assets WHERE source_provider_output_id = $1",
-                            output.id,
-                        )
+                        found = await provider_outputs.asset_of(conn, output.id)
                         asset_id = uuid.UUID(str(found))
-                        await self.s.queue.enqueue_one(conn, probe_spec(asset_id, output.tenant_id))
+                        await self.services.queue.enqueue_one(
+                            conn, probe_spec(asset_id, output.tenant_id)
+                        )
         except StaleStateError:
             # Another run of this job (its lease expired while we worked, say) stored it
             # first: same key, same verified bytes. One STORED, one asset: we are done too.
-            current = await records.load(self.s.pool, output.id)
+            current = await records.load(self.services.pool, output.id)
             if current.fetch_status != "STORED":
                 raise
-            asset = await self.s.pool.fetchval(
-                "SELECT id FROM assets WHERE source_provider_output_id = $1", output.id
-            )
+            asset = await provider_outputs.asset_of(self.services.pool, output.id)
             log.info("output_already_stored", provider_output_id=str(output.id), job_id=job.id)
-            await records.end_attempt(self.s.pool, attempt_id, "already_stored", None, result, key)
+            await records.end_attempt(
+                self.services.pool, attempt_id, "already_stored", None, result, key
+            )
             return uuid.UUID(str(asset))
         except asyncpg.PostgresError as exc:
             raise TransientError(f"recording the stored output failed: {exc}") from exc
@@ -532,66 +430,6 @@ class FetchStage:
             bytes=info.size,
         )
         return asset_id
-
-
-class _UploadTarget:
-    """The upload a transfer writes into. A transfer that starts over from byte 0 (the
-    origin answered a resume with a whole body) gets a new upload on the same key: the
-    old one is aborted with its parts, so no byte of the first body can end in the object.
-    """
-
-    def __init__(self, store: ObjectStore, key: str, content_type: str) -> None:
-        self._store = store
-        self._key = key
-        self._content_type = content_type
-        self._upload: Upload | None = None
-
-    @property
-    def upload(self) -> Upload:
-        assert self._upload is not None, "start() first"
-        return self._upload
-
-    async def start(self) -> None:
-        self._upload = await self._store.start_upload(self._key, content_type=self._content_type)
-
-    async def write(self, chunk: bytes) -> None:
-        await self.upload.write(chunk)
-
-    async def restart(self) -> None:
-        await self.abort()
-        await self.start()
-        log.info("fetch_upload_restarted", key=self._key)
-
-    async def abort(self) -> None:
-        upload, self._upload = self._upload, None
-        if upload is not None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(ABORT_TIMEOUT_SECONDS):
-                await upload.abort()
-
-
-def _count_resumes(metrics: WorkerMetrics | None, provider: str, fetched: object) -> None:
-    """``aivedio_fetch_resumes_total{provider,kind}``: bodies continued (``range``) and
-    started over (``restart``) by one download attempt, stored or not."""
-    if metrics is None or fetched is None:
-        return
-    for kind, count in (
-        ("range", getattr(fetched, "resumes", 0)),
-        ("restart", getattr(fetched, "restarts", 0)),
-    ):
-        if count:
-            metrics.fetch_resumes.labels(provider, kind).inc(count)
-
-
-def _count_response(metrics: WorkerMetrics | None, provider: str, status: int | None) -> None:
-    if metrics is not None:
-        label = str(status) if status is not None else NO_STATUS
-        metrics.fetch_responses.labels(provider, label).inc()
-
-
-def _host(url: str) -> str:
-    from urllib.parse import urlsplit
-
-    return (urlsplit(url).hostname or "").lower()
 
 
 async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:

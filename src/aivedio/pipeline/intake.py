@@ -1,8 +1,8 @@
 """Intake: a provider says SUCCEEDED; record it and enqueue the fetch, in one transaction.
 
-Nothing is downloaded here (seed §11.7.1): a callback must answer in milliseconds. The same
-function serves callbacks, the poller and ``aivedio ingest``, so all three record an output
-the same way:
+Nothing is downloaded here: a callback must answer in milliseconds, so intake only records
+the output and enqueues its fetch (the fetch job downloads). The same function serves
+callbacks, the poller and ``aivedio ingest``, so all three record an output the same way:
 
 1. the generation task moves to PROVIDER_SUCCEEDED (created if we never saw it);
 2. the output descriptor is upserted on ``(provider, provider_task_id, output_index,
@@ -36,7 +36,8 @@ from aivedio.providers.seam import (
     check_reported,
 )
 from aivedio.states import TERMINAL_OUTPUT_STATES, Entity
-from aivedio.store.database import Connection, map_db_errors
+from aivedio.store import generation_tasks, provider_outputs
+from aivedio.store.database import Connection
 from aivedio.store.ledger import generation_charge_part, log_generation_charge
 from aivedio.store.queue import JobSpec, Queue
 from aivedio.store.records import transition
@@ -168,7 +169,7 @@ async def _record_new_task(
     statement, every part of it written only when the task's insert was (None: the task
     exists, nothing was written)."""
     task_id, output_id = uuid.uuid4(), uuid.uuid4()
-    inserted = "EXISTS (SELECT 1 FROM task)"
+    inserted = provider_outputs.after("task")
     charge = generation_charge_part(
         ledger,
         tenant_id=tenant_id,
@@ -178,14 +179,14 @@ async def _record_new_task(
         when=inserted,
     )
     fetch = queue.enqueuing(
-        [fetch_spec(output_id)], name="fetch", when="EXISTS (SELECT 1 FROM output)"
+        [fetch_spec(output_id)], name="fetch", when=provider_outputs.after("output")
     )
     assert fetch is not None
     got = await write_together(
         conn,
         {
-            "task": Part(
-                INSERT_TASK, (task_id, tenant_id, d.provider, d.provider_task_id), value="id"
+            "task": generation_tasks.new_succeeded_task_part(
+                task_id, tenant_id, d.provider, d.provider_task_id
             ),
             "charge": charge,
             "output": _output_part(output_id, tenant_id, task_id, d, expires_at, cipher, inserted),
@@ -212,22 +213,15 @@ async def _record_new_task(
 
 
 async def _succeed_task(conn: Connection, tenant_id: int, d: OutputDescriptor) -> uuid.UUID:
-    with map_db_errors("recording the generation task"):
-        inserted = await conn.fetchval(
-            INSERT_TASK,
-            uuid.uuid4(),
-            tenant_id,
-            d.provider,
-            d.provider_task_id,
-        )
-        if inserted is not None:
-            return uuid.UUID(str(inserted))
-        row = await conn.fetchrow(
-            "SELECT id, tenant_id, provider_status, version FROM generation_tasks"
-            " WHERE provider = $1 AND provider_task_id = $2 FOR UPDATE",
-            d.provider,
-            d.provider_task_id,
-        )
+    doing = "recording the generation task"
+    inserted = await generation_tasks.insert_succeeded_task(
+        conn, uuid.uuid4(), tenant_id, d.provider, d.provider_task_id, doing=doing
+    )
+    if inserted is not None:
+        return uuid.UUID(str(inserted))
+    row = await generation_tasks.lock_task_by_provider_id(
+        conn, d.provider, d.provider_task_id, doing=doing
+    )
     assert row is not None
     if row["tenant_id"] != tenant_id:
         raise PolicyBlockedError(
@@ -257,12 +251,6 @@ async def _upsert_output(
     """The output's row, inserted or found (and its URL taken when newer), with the task's
     generation charge written in the same statement as the insert."""
     key = (d.provider, d.provider_task_id, d.output_index, d.output_revision)
-    select = (
-        "SELECT id, fetch_status, version, source_url_expires_at, source_url_ciphertext,"
-        " source_url_key_id FROM provider_outputs"
-        " WHERE provider = $1 AND provider_task_id = $2 AND output_index = $3"
-        " AND output_revision = $4 FOR UPDATE"
-    )
     # Insert first: a new output (the common case) costs one round trip, shared with the
     # charge; a duplicate finds the row by its key, locked, below.
     output_id = uuid.uuid4()
@@ -274,8 +262,7 @@ async def _upsert_output(
         log_generation_charge(charge)
     if got["output"] is not None:
         return output_id, True, "FETCH_PENDING", False
-    with map_db_errors("recording the provider output"):
-        row = await conn.fetchrow(select, *key)
+    row = await provider_outputs.lock_by_key(conn, *key)
     if row is None:
         raise NotFoundError("provider output vanished during intake")
     output_id = uuid.UUID(str(row["id"]))
@@ -286,26 +273,11 @@ async def _upsert_output(
     if status not in TERMINAL_OUTPUT_STATES and not busy and not same_url:
         # A newer descriptor for an output not yet stored: keep the identity, take the URL.
         blob, key_id = cipher.encrypt(d.url, bound_to=str(output_id))
-        with map_db_errors("refreshing the provider output's URL"):
-            await conn.execute(
-                "UPDATE provider_outputs SET source_url_ciphertext = $2, source_url_key_id = $3,"
-                " source_url_expires_at = $4, descriptor_version = descriptor_version + 1,"
-                " version = version + 1, updated_at = now() WHERE id = $1 AND version = $5",
-                output_id,
-                blob,
-                key_id,
-                expires_at,
-                row["version"],
-            )
+        await provider_outputs.take_newer_url(
+            conn, output_id, blob, key_id, expires_at, row["version"]
+        )
         return output_id, False, status, True
     return output_id, False, status, False
-
-
-INSERT_TASK = (
-    "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
-    " provider_status) VALUES ($1, $2, $3, $4, 'PROVIDER_SUCCEEDED')"
-    " ON CONFLICT (provider, provider_task_id) DO NOTHING RETURNING id"
-)
 
 
 def _output_part(
@@ -320,31 +292,21 @@ def _output_part(
     """The output's insert (FETCH_PENDING, its URL encrypted and bound to its id), when
     ``when`` holds; answers the id, or None when the output's key exists."""
     blob, key_id = cipher.encrypt(d.url, bound_to=str(output_id))
-    return Part(
-        "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
-        " provider_task_id, output_index, output_revision, source_url_ciphertext,"
-        " source_url_key_id, source_url_expires_at, expected_size_bytes,"
-        " expected_checksum_alg, expected_checksum, content_type, fetch_status)"
-        " SELECT $1::uuid, $2::bigint, $3::uuid, $4::text, $5::text, $6::smallint, $7::int,"
-        " $8::bytea, $9::text, $10::timestamptz, $11::bigint, $12::text, $13::text,"
-        f" $14::text, 'FETCH_PENDING' WHERE {when} ON CONFLICT DO NOTHING RETURNING id",
-        (
-            output_id,
-            tenant_id,
-            task_id,
-            d.provider,
-            d.provider_task_id,
-            d.output_index,
-            d.output_revision,
-            blob,
-            key_id,
-            expires_at,
-            d.size,
-            "sha256" if d.sha256 else None,
-            d.sha256.lower() if d.sha256 else None,
-            d.content_type,
-        ),
-        value="id",
+    return provider_outputs.insert_part(
+        output_id,
+        tenant_id,
+        task_id,
+        d.provider,
+        d.provider_task_id,
+        d.output_index,
+        d.output_revision,
+        blob,
+        key_id,
+        expires_at,
+        d.size,
+        d.sha256.lower() if d.sha256 else None,
+        d.content_type,
+        when,
     )
 
 
@@ -376,12 +338,8 @@ async def receive(
     pc = config.providers.get(provider)
     named = pc.tenant if pc is not None and pc.tenant else None
     parts = {
-        "known": Part(
-            "SELECT tenant_id FROM generation_tasks WHERE provider = $1 AND provider_task_id = $2",
-            (provider, provider_task_id),
-            value="tenant_id",
-        ),
-        "named": Part("SELECT id FROM tenants WHERE name = $1", (named,), value="id"),
+        "known": generation_tasks.task_tenant_part(provider, provider_task_id),
+        "named": generation_tasks.tenant_named_part(named),
     }
     if event_id is not None:
         parts["receipt"] = receipt_part(provider, event_id)
@@ -405,8 +363,7 @@ async def task_tenant(
 
 
 async def tenant_exists(conn: Connection, tenant_id: int) -> bool:
-    with map_db_errors("looking up a tenant"):
-        return bool(await conn.fetchval("SELECT 1 FROM tenants WHERE id = $1", tenant_id))
+    return await generation_tasks.tenant_exists(conn, tenant_id)
 
 
 async def record_task_outputs(

@@ -1,5 +1,6 @@
-"""Output-side moderation (seed 002 §11.7.9): a ``Moderator`` seam, two implementations, the
-frame sampler and the ``moderate`` job.
+"""Output-side moderation: what a provider generated is looked at before it is published,
+whatever the provider said of it. A ``Moderator`` seam, two implementations, the frame
+sampler and the ``moderate`` job.
 
 The job runs once per revision when its required set is complete. It samples JPEG frames
 from the playback MP4 (first, middle, last, and scene changes) in the ffmpeg sandbox and asks
@@ -48,7 +49,7 @@ from aivedio.pipeline.jobs import JobContext, Registry
 from aivedio.pipeline.media.sniff import MP4, input_args
 from aivedio.pipeline.publish import Here, PublishStage, publish_when_ready
 from aivedio.states import Entity
-from aivedio.store import outbox
+from aivedio.store import moderation_verdicts, outbox
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.queue import Job, Queue
@@ -330,6 +331,15 @@ def _pts_time(line: str) -> float:
 
 @dataclass
 class ModerationStage:
+    """The ``moderate`` job: the verdict on a revision's outputs.
+
+    Owns the sampling of frames from the playback output (in the sandbox's scratch
+    directory), the question to the moderator and the verdict stored with the revision
+    (``VerdictRecorder``; a rejection ends the revision and the asset and keeps the source for
+    appeal). An allow opens the moderation gate; the publish itself is the publish stage's,
+    in this job or its own. Never touches an object in the store (it downloads the playback
+    output, never writes or deletes one), a render, or the asset's pointer."""
+
     config: ModerationConfig
     pool: Pool
     queue: Queue
@@ -343,18 +353,7 @@ class ModerationStage:
         here = Here(publisher, job) if publisher is not None else None
         asset_id = uuid.UUID(str(job.payload["asset_id"]))
         revision = int(job.payload["revision"])
-        row = await self.pool.fetchrow(
-            "SELECT r.status, r.moderation_verdict, a.status AS asset_status, a.tenant_id,"
-            " a.probe->'media' AS media, o.safety_labels,"
-            " (SELECT object_key FROM asset_variants v WHERE v.asset_id = r.asset_id"
-            "   AND v.revision = r.revision AND v.variant_type = 'playback'"
-            "   AND v.status = 'SUCCEEDED') AS playback_key"
-            " FROM asset_revisions r JOIN assets a ON a.id = r.asset_id"
-            " LEFT JOIN provider_outputs o ON o.id = a.source_provider_output_id"
-            " WHERE r.asset_id = $1 AND r.revision = $2",
-            asset_id,
-            revision,
-        )
+        row = await moderation_verdicts.load_for_moderation(self.pool, asset_id, revision)
         if row is not None and row["status"] == "READY" and row["moderation_verdict"] == "allow":
             # Published, maybe by an earlier delivery of this job that died before the
             # enrichment check that follows the publish: the publish looks again.
@@ -450,15 +449,8 @@ class VerdictRecorder:
         async with self.pool.acquire() as conn, AsyncExitStack() as tx:
             if decision.decision == "reject":
                 await tx.enter_async_context(conn.transaction())
-            updated = await conn.fetchval(
-                "WITH verdict AS (UPDATE asset_revisions SET moderation_verdict = $3,"
-                "  moderation_version = $4, moderation_reasons = $5, moderated_at = now(),"
-                "  version = version + 1, updated_at = now()"
-                "  WHERE asset_id = $1 AND revision = $2 AND status = 'BUILDING'"
-                "  AND moderation_verdict IS DISTINCT FROM 'allow'"
-                "  AND moderation_verdict IS DISTINCT FROM 'reject' RETURNING 1)"
-                " UPDATE assets SET moderation_status = $6, updated_at = now()"
-                " WHERE id = $1 AND EXISTS (SELECT 1 FROM verdict) RETURNING 1",
+            updated = await moderation_verdicts.store_verdict(
+                conn,
                 asset_id,
                 revision,
                 decision.decision,
@@ -491,7 +483,7 @@ class VerdictRecorder:
             await transition(
                 conn, Entity.REVISION, (asset_id, revision), expected="BUILDING", new="FAILED"
             )
-            status = await conn.fetchval("SELECT status FROM assets WHERE id = $1", asset_id)
+            status = await moderation_verdicts.asset_state(conn, asset_id)
             if status != "PROCESSING":
                 # A rebuild of a published asset: the published revision keeps serving; the
                 # decision about the asset itself is an operator's (logged at error level).
@@ -512,9 +504,7 @@ class VerdictRecorder:
             )
         except StaleStateError:
             return
-        await conn.execute(
-            "UPDATE assets SET source_retain_until = $2 WHERE id = $1", asset_id, retain
-        )
+        await moderation_verdicts.retain_source_until(conn, asset_id, retain)
         await outbox.emit(
             conn,
             "asset.rejected",

@@ -21,7 +21,8 @@ from aivedio.config.ledger import LedgerConfig
 from aivedio.errors import AivedioError, NotFoundError, StaleStateError
 from aivedio.logs import get_logger
 from aivedio.states import Entity
-from aivedio.store.database import Pool, map_db_errors
+from aivedio.store import fetch_attempts, provider_outputs
+from aivedio.store.database import Pool
 from aivedio.store.ledger import record_compensation
 from aivedio.store.outbox import emit
 from aivedio.store.queue import Job, fenced, write_fenced
@@ -39,13 +40,6 @@ class Digest(Protocol):
 
     @property
     def sha256(self) -> str: ...
-
-
-COLUMNS = (
-    "id, tenant_id, generation_task_id, provider, provider_task_id, output_index, "
-    "source_url_ciphertext, source_url_key_id, source_url_expires_at, expected_size_bytes, "
-    "expected_checksum, content_type, fetch_status, version"
-)
 
 
 class OutputRow(msgspec.Struct, kw_only=True):
@@ -73,10 +67,7 @@ current_job: contextvars.ContextVar[Job | None] = contextvars.ContextVar(
 
 
 async def load(pool: Pool, output_id: uuid.UUID) -> OutputRow:
-    with map_db_errors("reading a provider output"):
-        row = await pool.fetchrow(
-            f"SELECT {COLUMNS} FROM provider_outputs WHERE id = $1", output_id
-        )
+    row = await provider_outputs.load(pool, output_id)
     if row is None:
         raise NotFoundError(f"provider output {output_id} does not exist")
     return msgspec.convert(dict(row.items()), OutputRow)
@@ -98,12 +89,8 @@ async def move(
 async def start_fetching(pool: Pool, output: OutputRow, job: Job) -> tuple[OutputRow, int]:
     """FETCHING (as ``move``) and the attempt's row, in one statement: the moved output and
     the attempt's id."""
-    attempt = Part(  # only when the move won (it reads the move's answer)
-        "INSERT INTO fetch_attempts (provider_output_id, job_id, attempt)"
-        " SELECT $1, $2, $3 FROM move RETURNING id",
-        (output.id, job.id, job.attempts),
-        value="id",
-    )
+    # only when the move won (it reads the move's answer)
+    attempt = fetch_attempts.begin_after_move_part(output.id, job.id, job.attempts)
     moved, answers = await _move_retrying(pool, output, "FETCHING", {}, {"attempt": attempt})
     return moved, int(answers["attempt"])
 
@@ -201,15 +188,7 @@ async def mark_lost(
 
 
 async def begin_attempt(pool: Pool, output: OutputRow, job: Job) -> int:
-    with map_db_errors("recording a fetch attempt"):
-        attempt_id: int = await pool.fetchval(
-            "INSERT INTO fetch_attempts (provider_output_id, job_id, attempt)"
-            " VALUES ($1, $2, $3) RETURNING id",
-            output.id,
-            job.id,
-            job.attempts,
-        )
-    return attempt_id
+    return await fetch_attempts.begin(pool, output.id, job.id, job.attempts)
 
 
 async def end_attempt(
@@ -220,9 +199,7 @@ async def end_attempt(
     result: Digest | None = None,
     key: str | None = None,
 ) -> None:
-    part = end_attempt_part(attempt_id, outcome, error, result, key)
-    with map_db_errors("recording a fetch attempt"):
-        await pool.execute(part.sql, *part.args)
+    await fetch_attempts.end(pool, end_attempt_part(attempt_id, outcome, error, result, key))
 
 
 def end_attempt_part(
@@ -236,20 +213,16 @@ def end_attempt_part(
 ) -> Part:
     """The statement of ``end_attempt``, for a caller that writes it with others (``when``:
     a condition on the statement's earlier parts)."""
-    return Part(
-        "UPDATE fetch_attempts SET finished_at = now(), outcome = $2, error_class = $3,"
-        " error_detail = $4, http_status = $5, bytes = $6, sha256 = $7, object_key = $8"
-        f" WHERE id = $1 AND {when} RETURNING id",
-        (
-            attempt_id,
-            outcome,
-            error.error_class if error else None,
-            error.detail if error else None,
-            error.http_status if error else None,
-            result.bytes if result else None,
-            result.sha256 if result else None,
-            key,
-        ),
+    return fetch_attempts.end_part(
+        attempt_id,
+        outcome,
+        error_class=error.error_class if error else None,
+        error_detail=error.detail if error else None,
+        http_status=error.http_status if error else None,
+        size_bytes=result.bytes if result else None,
+        sha256=result.sha256 if result else None,
+        object_key=key,
+        when=when,
     )
 
 

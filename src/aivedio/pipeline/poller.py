@@ -26,7 +26,6 @@ attempt is refunded, so a long generation never exhausts a retry budget):
 
 from __future__ import annotations
 
-import functools
 import random
 import time
 import uuid
@@ -53,7 +52,9 @@ from aivedio.pipeline.jobs import JobContext, Registry
 from aivedio.providers import check_task_id
 from aivedio.providers.seam import ProviderAdapter, ProviderTask, check_reported
 from aivedio.states import Entity, allowed
+from aivedio.store import generation_tasks
 from aivedio.store.database import Connection, map_db_errors
+from aivedio.store.generation_tasks import end_watch as end_watch  # the sweeper's too
 from aivedio.store.queue import Job, Queue
 from aivedio.store.records import transition
 
@@ -107,29 +108,21 @@ async def register_watch(
         raise NotFoundError(f"provider {provider!r} is not configured with an API to poll")
     pc = config.providers[provider]
     check_task_id(pc, provider_task_id)
+    doing = "registering a watched task"
     async with conn.transaction():
-        with map_db_errors("registering a watched task"):
+        with map_db_errors(doing):
             if pc.tenant:
-                owner = await conn.fetchval("SELECT id FROM tenants WHERE name = $1", pc.tenant)
+                owner = await generation_tasks.tenant_id_named(conn, pc.tenant, doing=doing)
                 if owner != tenant_id:
                     raise PolicyBlockedError(
                         f"provider_of_another_tenant: provider {provider!r} is another "
                         "tenant's account; its tasks cannot be watched for this tenant"
                     )
-            task_id = await conn.fetchval(
-                "INSERT INTO generation_tasks (id, tenant_id, provider, provider_task_id,"
-                " provider_status, watch) VALUES ($1, $2, $3, $4, 'SUBMITTED', true)"
-                " ON CONFLICT (provider, provider_task_id) DO NOTHING RETURNING id",
-                uuid.uuid4(),
-                tenant_id,
-                provider,
-                provider_task_id,
+            task_id = await generation_tasks.insert_watched_task(
+                conn, uuid.uuid4(), tenant_id, provider, provider_task_id, doing=doing
             )
-            row = await conn.fetchrow(
-                "SELECT id, tenant_id, provider_status FROM generation_tasks"
-                " WHERE provider = $1 AND provider_task_id = $2 FOR UPDATE",
-                provider,
-                provider_task_id,
+            row = await generation_tasks.lock_watched_task(
+                conn, provider, provider_task_id, doing=doing
             )
             assert row is not None
             if row["tenant_id"] != tenant_id:
@@ -138,37 +131,27 @@ async def register_watch(
                 )
             task_id = row["id"]
             finished = FINISHED_TASK_STATES.get(row["provider_status"])
-            inserted = await conn.fetchval(
-                "INSERT INTO task_watches (generation_task_id, tenant_id, provider,"
-                " provider_task_id, status, give_up_at) VALUES ($1, $2, $3, $4, $5,"
-                " now() + make_interval(secs => $6)) ON CONFLICT DO NOTHING RETURNING 1",
+            inserted = await generation_tasks.insert_watch(
+                conn,
                 task_id,
                 tenant_id,
                 provider,
                 provider_task_id,
                 finished or "WATCHING",
                 pc.watch_max_seconds,
+                doing=doing,
             )
-            watch = await conn.fetchrow(
-                "SELECT status, round FROM task_watches WHERE generation_task_id = $1", task_id
-            )
+            watch = await generation_tasks.watch_status(conn, task_id, doing=doing)
             assert watch is not None
             status, round_ = watch["status"], watch["round"]
             if status == "GAVE_UP" and finished is None:
                 # Registered again after the cause was fixed: a new round, a new poll job.
-                round_ = await conn.fetchval(
-                    "UPDATE task_watches SET status = 'WATCHING', round = round + 1,"
-                    " consecutive_failures = 0, updated_at = now(),"
-                    " give_up_at = now() + make_interval(secs => $2)"
-                    " WHERE generation_task_id = $1 RETURNING round",
-                    task_id,
-                    pc.watch_max_seconds,
+                round_ = await generation_tasks.restart_watch(
+                    conn, task_id, pc.watch_max_seconds, doing=doing
                 )
                 status = "WATCHING"
             if finished is None:
-                await conn.execute(
-                    "UPDATE generation_tasks SET watch = true WHERE id = $1 AND NOT watch", task_id
-                )
+                await generation_tasks.mark_task_watched(conn, task_id, doing=doing)
         job_id = None
         if status == "WATCHING":
             spec = jobs.poll_spec(task_id, tenant_id, round_)
@@ -234,6 +217,14 @@ class RateLimiter:
 
 @dataclass
 class PollerState:
+    """What the ``provider.poll`` jobs of one worker share: the request spacing per provider
+    and the jitter's randomness.
+
+    The poll job owns a watched task's ``task_watches`` row and the task's state while it is
+    watched (PROVIDER_RUNNING, PROVIDER_FAILED); a success is recorded by intake, as a
+    callback's is. It never submits or cancels a generation, and never downloads an output
+    (the fetch job intake enqueues does)."""
+
     limiter: RateLimiter = field(default_factory=RateLimiter)
     rng: random.Random = field(default_factory=random.Random)
 
@@ -246,19 +237,14 @@ async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:
     if stage is None:
         raise TransientError("this worker has no provider adapters configured")
     state: PollerState = ctx.services.setdefault("poller", PollerState())
-    return await poll_once(stage.s, state, uuid.UUID(str(job.payload["generation_task_id"])))
+    return await poll_once(stage.services, state, uuid.UUID(str(job.payload["generation_task_id"])))
 
 
 async def poll_once(services: Any, state: PollerState, task_uuid: uuid.UUID) -> dict[str, Any]:
     """One read of a watched task (``services`` is the fetch stage's FetchServices)."""
     config: Config = services.config
     pool = services.pool
-    watch = await pool.fetchrow(
-        "SELECT w.*, t.provider_status, t.version AS task_version FROM task_watches w"
-        " JOIN generation_tasks t ON t.id = w.generation_task_id"
-        " WHERE w.generation_task_id = $1",
-        task_uuid,
-    )
+    watch = await generation_tasks.load_watch(pool, task_uuid)
     if watch is None:
         return {"outcome": "not_watched"}
     if watch["status"] != "WATCHING":
@@ -297,13 +283,7 @@ async def poll_once(services: Any, state: PollerState, task_uuid: uuid.UUID) -> 
         return {"outcome": "failed", "provider_status": task.status}
     async with pool.acquire() as conn, conn.transaction():
         await _move_task(conn, task_uuid, "PROVIDER_RUNNING")
-        await conn.execute(
-            "UPDATE task_watches SET polls = polls + 1, consecutive_failures = 0,"
-            " last_provider_status = $2, last_polled_at = now(), updated_at = now()"
-            " WHERE generation_task_id = $1",
-            task_uuid,
-            task.status,
-        )
+        await generation_tasks.record_poll(conn, task_uuid, task.status)
     delay = next_poll_delay(
         interval_seconds=adapter.poll_interval_seconds,
         jitter_seconds=adapter.poll_jitter_seconds,
@@ -337,14 +317,8 @@ async def _failed_poll(
             failures=failures,
         )
         return {"outcome": "gave_up"}
-    await pool.execute(
-        "UPDATE task_watches SET polls = polls + 1, consecutive_failures = $2,"
-        " last_error_class = $3, last_error_detail = $4, last_polled_at = now(),"
-        " updated_at = now() WHERE generation_task_id = $1",
-        task_uuid,
-        failures,
-        exc.error_class,
-        exc.detail[:2000],
+    await generation_tasks.record_failed_poll(
+        pool, task_uuid, failures, exc.error_class, exc.detail[:2000]
     )
     delay = next_poll_delay(
         interval_seconds=adapter.poll_interval_seconds,
@@ -388,12 +362,8 @@ async def _succeeded(services: Any, watch: Any, task: ProviderTask) -> dict[str,
     return {"outcome": "succeeded", "outputs": len(recorded)}
 
 
-@functools.cache
 async def _move_task(conn: Connection, task_uuid: uuid.UUID, new: str) -> None:
-    row = await conn.fetchrow(
-        "SELECT provider_status, version FROM generation_tasks WHERE id = $1 FOR UPDATE",
-        task_uuid,
-    )
+    row = await generation_tasks.lock_task(conn, task_uuid)
     if row is not None and allowed(Entity.GENERATION_TASK, row["provider_status"], new):
         await transition(
             conn,
@@ -403,31 +373,6 @@ async def _move_task(conn: Connection, task_uuid: uuid.UUID, new: str) -> None:
             new=new,
             version=row["version"],
         )
-
-
-async def end_watch(
-    conn: Any,
-    task_uuid: uuid.UUID,
-    status: str,
-    *,
-    provider_status: str | None = None,
-    error: tuple[str, str] | None = None,
-) -> None:
-    await conn.execute(
-        "UPDATE task_watches SET status = $2, polls = polls + $3,"
-        " last_provider_status = coalesce($4, last_provider_status),"
-        " last_error_class = coalesce($5, last_error_class),"
-        " last_error_detail = coalesce($6, last_error_detail),"
-        " last_polled_at = now(), updated_at = now()"
-        " WHERE generation_task_id = $1 AND status = 'WATCHING'",
-        task_uuid,
-        status,
-        1 if provider_status else 0,
-        provider_status,
-        error[0] if error else None,
-        error[1][:2000] if error else None,
-    )
-    await conn.execute("UPDATE generation_tasks SET watch = false WHERE id = $1", task_uuid)
 
 
 def register(registry: Registry) -> None:

@@ -1,5 +1,6 @@
-"""The publish coordinator (seed 002 §11.2.7, §11.7.10; seed 004): the one place an asset
-becomes visible.
+"""The publish coordinator: the one place an asset becomes visible, whether it came from a
+provider's output or an upload. Nothing is visible before every item of the checklist below
+held, and what becomes visible at once is a complete, moderated revision.
 
 Checklist, before any transaction (objects cannot take part in one): the source object is
 there at its recorded size; every required output is SUCCEEDED and every file of it is in the
@@ -13,8 +14,8 @@ with, the current revision it expects to replace), the revision becomes READY wi
 it publishes, ``assets.current_revision`` moves by compare-and-set, a ``releases`` row is
 added, the generation task is linked, ``asset.ready`` goes to the outbox and the processing
 charge to the ledger; a check or a compare-and-set that fails raises in the statement and
-undoes all of it (``store.together.require``). A retry after an unknown outcome finds the
-revision READY and current: a no-op.
+undoes all of it (``store.together.require``; the statement is ``publish_release``). A
+retry after an unknown outcome finds the revision READY and current: a no-op.
 
 PLAYABLE first with the required set. Outputs of the same revision that finish later are
 never added to it: once they are all done, an ``enrich`` run publishes a new complete
@@ -27,7 +28,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -35,7 +35,6 @@ import asyncpg
 from aivedio.config.load import Config
 from aivedio.errors import (
     AivedioError,
-    DatabaseError,
     DeferredError,
     LeaseLostError,
     StaleStateError,
@@ -45,13 +44,19 @@ from aivedio.logs import get_logger
 from aivedio.pipeline import jobs
 from aivedio.pipeline.jobs import JobContext, Registry, publish_spec
 from aivedio.pipeline.media_objects import recorded_files
+from aivedio.pipeline.publish_release import NotPublishable, PointerMoved, Unmet, release
 from aivedio.states import Entity
-from aivedio.store import ledger, outbox
+from aivedio.store import publishing
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
-from aivedio.store.queue import Job, Queue, fenced, write_fenced
-from aivedio.store.records import stale, transition, transition_part
-from aivedio.store.together import Part, require, unmet, write_together
+from aivedio.store.publishing import (
+    CANCELLED,
+    DELETED,
+    NOT_CURRENT,
+    REBUILDING,
+)
+from aivedio.store.queue import Job, Queue
+from aivedio.store.records import transition
 
 Row = dict[str, Any]
 
@@ -120,16 +125,7 @@ async def publish_when_ready(
     verdict allow; here (``Here``) or by enqueueing the publish job. Called by each gate
     after its own commit, so the one that opens last always sees the other (READ
     COMMITTED); the publish is idempotent and the job key makes the enqueue so."""
-    row = await pool.fetchrow(
-        "SELECT r.moderation_verdict, r.status, a.tenant_id, r.required_outputs <@"
-        " coalesce((SELECT array_agg(variant_type) FROM asset_variants v"
-        "  WHERE v.asset_id = r.asset_id AND v.revision = r.revision"
-        "  AND v.status = 'SUCCEEDED'), ARRAY[]::text[]) AS complete"
-        " FROM asset_revisions r JOIN assets a ON a.id = r.asset_id"
-        " WHERE r.asset_id = $1 AND r.revision = $2",
-        asset_id,
-        revision,
-    )
+    row = await publishing.gates(pool, asset_id, revision)
     if row is None or row["status"] not in ("BUILDING", "READY"):
         return False
     # READY: published already, maybe by a delivery of this gate's job that died before the
@@ -145,35 +141,16 @@ async def publish_when_ready(
     return True
 
 
-class NotPublishable(Exception):
-    """A checklist item failed for a reason that waiting will not fix."""
-
-
-class PointerMoved(TransientError):
-    """Under the lock the current revision was not the one the publish replaces."""
-
-
-class Unmet(Exception):
-    """A check of the caller's own (``require``) failed: the release was undone."""
-
-    def __init__(self, code: str) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-UNIQUE_VIOLATION = "23505"
-# The codes of the release's own checks (``require``, migration 0015).
-GONE = "AVP01"  # deleted or cancelled since the revision started
-MOVED = "AVP02"  # the current revision is not the one replaced
-STALE = "AVP03"  # the revision (or the one replaced) moved on
-SHIFTED = "AVP04"  # the asset's state moved on
-NOT_CURRENT = "AVE01"  # an enrichment's base is not the current revision any more
-DELETED = "AVE02"
-CANCELLED = "AVE03"
-REBUILDING = "AVE04"
-
-
 class PublishStage:
+    """The ``publish`` job: the one place a revision becomes what an asset serves.
+
+    Owns the revision's way from BUILDING to READY (or ABANDONED), the asset's pointer and
+    its states PLAYABLE and ENRICHED, the superseding of the revision it replaces, the
+    enrichment revision n+1 made of revision n's finished outputs, and what the release
+    writes with them (``publish_release``). Never touches an object in the store (it reads
+    their sizes, never writes or deletes one), a render, or a moderation verdict (it reads
+    the verdict; the moderation stage gives it)."""
+
     def __init__(self, config: Config, pool: Pool, queue: Queue, store: ObjectStore) -> None:
         self.config = config
         self.pool = pool
@@ -287,30 +264,28 @@ class PublishStage:
         # Under the lock, what the checklist decided on must still hold: the versions the
         # revision started with (else not publishable) and the pointer it replaces.
         checks = {
-            "fresh": require(
-                "(SELECT delete_version = $1 AND cancel_version = $2 FROM lock)",
-                GONE,
-                "deleted or cancelled while publishing",
-                (revision["delete_version_at_start"], revision["cancel_version_at_start"]),
+            "fresh": publishing.versions_check(
+                revision["delete_version_at_start"], revision["cancel_version_at_start"]
             ),
-            "pointer": require(
-                "(SELECT current_revision IS NOT DISTINCT FROM $1::int FROM lock)",
-                MOVED,
-                "the current revision moved",
-                (previous,),
-            ),
+            "pointer": publishing.pointer_check(previous),
         }
         try:
-            await self._release(job, asset, checks, previous, revision_no, outputs, enriched)
+            await release(
+                self.pool,
+                self.config.ledger,
+                job,
+                asset,
+                checks,
+                previous,
+                revision_no,
+                outputs,
+                enriched,
+            )
         except NotPublishable as exc:  # undone; the job itself is fine
             await self._abandon(asset_id, revision_no, str(exc))
             return {"outcome": "not_published", "reason": str(exc)}
         except PointerMoved:
-            mine = await self.pool.fetchval(
-                "SELECT status FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
-                asset_id,
-                revision_no,
-            )
+            mine = await publishing.revision_status(self.pool, asset_id, revision_no)
             if mine in ("READY", "SUPERSEDED"):
                 # Another delivery published this very revision meanwhile (the job that
                 # opened the last gate and a publish job, both seeing both gates open).
@@ -328,12 +303,7 @@ class PublishStage:
             # render that finishes the last one enqueues it; checked here too, after our
             # commit, in case it finished while we published (the later check sees both).
             log.info("enrichment_pending", asset_id=str(asset_id), revision=revision_no)
-            pending = await self.pool.fetchval(
-                "SELECT count(*) FROM asset_variants WHERE asset_id = $1 AND revision = $2"
-                " AND status = 'PENDING'",
-                asset_id,
-                revision_no,
-            )
+            pending = await publishing.pending_outputs(self.pool, asset_id, revision_no)
             if pending == 0:
                 await enrich_now_or_later(
                     self.pool,
@@ -349,172 +319,6 @@ class PublishStage:
             "outputs": outputs,
             "enriched": enriched,
         }
-
-    async def _release(
-        self,
-        job: Job,
-        asset: asyncpg.Record,
-        checks: dict[str, Part],
-        previous: int | None,
-        revision_no: int,
-        outputs: list[str],
-        enriched: bool,
-        *,
-        enriches: int | None = None,
-        copy: dict[str, Part] | None = None,
-    ) -> None:
-        """Lock the task and the asset, check ``checks`` against the locked row, and release:
-        the revision READY with the outputs it publishes, the pointer switched, the previous
-        revision SUPERSEDED, the release row, the task's link, ``asset.ready`` and the
-        charge. The part a publish and an enrichment share, ONE statement fenced by the
-        job's lease, undone whole by any check or compare-and-set that fails (raised as
-        NotPublishable, PointerMoved, TransientError, StaleStateError, or Unmet for a check
-        of the caller's own). ``copy``: writes made under the lock that the release must
-        see (an enrichment's new revision), so a statement before it, in one transaction
-        with it; as is a first publish that makes the asset ENRICHED at once (a row changes
-        once per statement)."""
-        asset_id: uuid.UUID = asset["id"]
-        head: dict[str, Part] = {"lock": Part(LOCK_TASK_THEN_ASSET, (asset_id,)), **checks}
-        parts: dict[str, Part] = {} if copy else head
-        # The first write reads the last check, and so waits for the lock and the checks
-        # whatever order PostgreSQL runs the parts in (the task before the asset, as cancel
-        # locks them: no deadlock with it).
-        checked = f"EXISTS (SELECT 1 FROM {list(head)[-1]})"
-        parts["ready"] = transition_part(
-            Entity.REVISION,
-            (asset_id, revision_no),
-            expected="BUILDING",
-            new="READY",
-            values={"published_at": _now(), "published_outputs": outputs},
-            when=None if copy else checked,
-        )
-        later = self._switch(
-            parts,
-            asset_id,
-            asset["status"],
-            previous,
-            revision_no,
-            enriched,
-            when=None if copy else checked,
-        )
-        payload: dict[str, Any] = {
-            "asset_id": str(asset_id),
-            "revision": revision_no,
-            "previous_revision": previous,
-            "outputs": outputs,
-            "state": "ENRICHED" if enriched else "PLAYABLE",
-        }
-        if enriches is not None:
-            payload["enriches"] = enriches
-        parts["release"] = Part(RECORD_RELEASE, (asset_id, revision_no, previous, outputs))
-        parts["link"] = Part(LINK_TASK, (asset_id,))
-        parts["event"] = outbox.event_part(
-            "asset.ready", tenant_id=asset["tenant_id"], aggregate_id=asset_id, payload=payload
-        )
-        charge = None
-        if enriches is None:  # an enrichment republishes what was charged
-            charge = ledger.processing_charge_part(
-                self.config.ledger,
-                tenant_id=asset["tenant_id"],
-                asset_id=asset_id,
-                revision=revision_no,
-                media_seconds=(asset["duration_us"] or 0) / 1e6,
-            )
-        if charge is not None:
-            parts["charge"] = charge
-        won = "(SELECT count(*) FROM ready) = 1"
-        if "previous" in parts:
-            won += " AND (SELECT count(*) FROM previous) = 1"
-        parts["won"] = require(won, STALE, "the revision moved under the publish")
-        parts["switched"] = require(
-            "(SELECT count(*) FROM asset) = 1",
-            SHIFTED,
-            "the asset moved under the publish; will look again",
-        )
-        try:
-            async with self.pool.acquire() as conn:
-                if not copy and not later:
-                    got = await write_fenced(conn, job, parts, "recording the release")
-                else:
-                    async with fenced(conn, job):
-                        if copy:
-                            await write_together(conn, {**head, **copy}, "recording the revision")
-                        got = await write_together(conn, parts, "recording the release")
-                        if later:
-                            await transition(
-                                conn, Entity.ASSET, (asset_id,), expected="PLAYABLE", new="ENRICHED"
-                            )
-        except DatabaseError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) == UNIQUE_VIOLATION and copy:
-                # A revision took the enrichment's number since the load (a rebuild that
-                # committed while this waited at the lock): the retry decides afresh.
-                raise TransientError("another revision took the number; will look again") from exc
-            code = unmet(exc)
-            errors = {GONE: NotPublishable, MOVED: PointerMoved, SHIFTED: TransientError}
-            if code in errors:
-                raise errors[code](str(getattr(exc.__cause__, "message", exc))) from exc
-            if code == STALE:
-                raise stale(
-                    Entity.REVISION, (asset_id, revision_no), expected="BUILDING", new="READY"
-                ) from exc
-            if code is not None:
-                raise Unmet(code) from exc
-            raise
-        if charge is not None and got["charge"]:
-            ledger.log_processing_charge(charge)
-
-    def _switch(
-        self,
-        parts: dict[str, Part],
-        asset_id: uuid.UUID,
-        status: str,
-        previous: int | None,
-        revision_no: int,
-        enriched: bool,
-        *,
-        when: str | None,
-    ) -> bool:
-        """The parts that move the pointer and the asset's state (``asset``) and supersede
-        the previous revision (``previous``); whether PLAYABLE → ENRICHED follows after.
-
-        ``status`` is the asset's state as read before the lock: its transition is a
-        compare-and-set, and the statement's ``pointer`` check saw ``current_revision ==
-        previous`` under the lock, so the pointer moves with the state change or, when the
-        state stays, by a compare-and-set of its own. ``when``: a condition each of these
-        writes reads first (the statement's checks)."""
-        pointer = {"current_revision": revision_no}
-        later = False
-        if status == "PROCESSING":
-            parts["asset"] = transition_part(
-                Entity.ASSET,
-                (asset_id,),
-                expected="PROCESSING",
-                new="PLAYABLE",
-                values=pointer,
-                when=when,
-            )
-            later = enriched
-        elif enriched and status == "PLAYABLE":
-            parts["asset"] = transition_part(
-                Entity.ASSET,
-                (asset_id,),
-                expected="PLAYABLE",
-                new="ENRICHED",
-                values=pointer,
-                when=when,
-            )
-        else:
-            parts["asset"] = Part(
-                "UPDATE assets SET current_revision = $2, updated_at = now()"
-                " WHERE id = $1 AND current_revision IS NOT DISTINCT FROM $3"
-                f" AND {when or 'true'} RETURNING 1",
-                (asset_id, revision_no, previous),
-            )
-        if previous is not None:
-            parts["previous"] = transition_part(
-                Entity.REVISION, (asset_id, previous), expected="READY", new="SUPERSEDED", when=when
-            )
-        return later
 
     async def _abandon(self, asset_id: uuid.UUID, revision_no: int, reason: str) -> None:
         async with self.pool.acquire() as conn:
@@ -558,42 +362,15 @@ class PublishStage:
         # makes the insert fail, and the retry reads again.
         new_no = int(asset["max_revision"]) + 1
         checks = {
-            "current": require(
-                "(SELECT current_revision = $1 AND status IN ('PLAYABLE', 'ENRICHED') FROM lock)",
-                NOT_CURRENT,
-                "not the current revision",
-                (base_no,),
-            ),
-            "not_deleted": require(
-                "(SELECT delete_version = $1 FROM lock)",
-                DELETED,
-                "deleted",
-                (base["delete_version_at_start"],),
-            ),
-            "not_cancelled": require(
-                "(SELECT cancel_version = $1 FROM lock)",
-                CANCELLED,
-                "cancelled",
-                (base["cancel_version_at_start"],),
-            ),
+            "current": publishing.current_check(base_no),
+            "not_deleted": publishing.not_deleted_check(base["delete_version_at_start"]),
+            "not_cancelled": publishing.not_cancelled_check(base["cancel_version_at_start"]),
             # A rebuild (reprocess, integrity repair) will replace this revision: an
             # enrichment now would only be superseded, or move the pointer past it.
-            "no_rebuild": require(
-                "NOT EXISTS (SELECT 1 FROM asset_revisions WHERE asset_id = $1"
-                " AND revision > $2 AND status = 'BUILDING' AND enriches IS NULL)",
-                REBUILDING,
-                "a rebuild is under way",
-                (asset_id, base_no),
-            ),
+            "no_rebuild": publishing.no_rebuild_check(asset_id, base_no),
         }
         # The copy reads the last check, so it waits for the lock and the checks.
-        checked = " AND EXISTS (SELECT 1 FROM no_rebuild)"
-        copy = {
-            "revision": Part(COPY_REVISION.format(when=checked), (asset_id, new_no, base_no)),
-            "outputs": Part(
-                COPY_OUTPUTS.format(when=checked), (asset_id, new_no, base_no, outputs)
-            ),
-        }
+        copy = publishing.copy_parts(asset_id, new_no, base_no, outputs, after_part="no_rebuild")
         outcomes = {
             NOT_CURRENT: "not_current",
             DELETED: "deleted",
@@ -601,8 +378,18 @@ class PublishStage:
             REBUILDING: "superseded_by_rebuild",
         }
         try:
-            await self._release(
-                job, asset, checks, base_no, new_no, outputs, enriched, enriches=base_no, copy=copy
+            await release(
+                self.pool,
+                self.config.ledger,
+                job,
+                asset,
+                checks,
+                base_no,
+                new_no,
+                outputs,
+                enriched,
+                enriches=base_no,
+                copy=copy,
             )
         except Unmet as exc:
             if exc.code in outcomes:
@@ -624,68 +411,10 @@ class PublishStage:
     ) -> tuple[asyncpg.Record, Row | None, list[Row]]:
         """The asset, the revision and its outputs in one round trip (the revision and the
         outputs as JSON objects: only their JSON-typed columns are read)."""
-        asset = await self.pool.fetchrow(LOAD, asset_id, revision_no)
+        asset = await publishing.load(self.pool, asset_id, revision_no)
         if asset is None:
             raise StaleStateError(f"asset {asset_id} does not exist")
         return asset, asset["revision_row"], asset["variant_rows"]
-
-
-# The asset, with its revision (and the newest revision that could be published instead, a
-# rebuild's) and the revision's outputs.
-LOAD = """
-SELECT a.*,
-       (SELECT to_jsonb(r) || jsonb_build_object('newest_candidate',
-                (SELECT max(n.revision) FROM asset_revisions n
-                  WHERE n.asset_id = r.asset_id AND n.status IN ('BUILDING', 'READY')
-                    AND n.enriches IS NULL))
-          FROM asset_revisions r WHERE r.asset_id = a.id AND r.revision = $2) AS revision_row,
-       (SELECT max(m.revision) FROM asset_revisions m WHERE m.asset_id = a.id) AS max_revision,
-       (SELECT coalesce(jsonb_agg(to_jsonb(v) ORDER BY v.variant_type), '[]'::jsonb)
-          FROM asset_variants v WHERE v.asset_id = a.id AND v.revision = $2) AS variant_rows
-  FROM assets a WHERE a.id = $1
-"""
-
-LOCK_TASK_THEN_ASSET = """
-WITH task AS MATERIALIZED (
-    SELECT 1 FROM generation_tasks WHERE id = (SELECT o.generation_task_id
-      FROM assets a JOIN provider_outputs o ON o.id = a.source_provider_output_id
-     WHERE a.id = $1) FOR UPDATE)
-SELECT status, version, current_revision, delete_version, cancel_version
-  FROM assets WHERE id = $1 AND (SELECT count(*) FROM task) >= 0 FOR UPDATE
-"""
-
-COPY_REVISION = (
-    "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
-    " required_outputs, optional_outputs, plan, moderation_verdict,"
-    " moderation_version, moderation_reasons, delete_version_at_start,"
-    " cancel_version_at_start, enriches)"
-    " SELECT asset_id, $2, pipeline_version, 'BUILDING', required_outputs,"
-    " optional_outputs, plan, moderation_verdict, moderation_version,"
-    " moderation_reasons, delete_version_at_start, cancel_version_at_start, $3"
-    " FROM asset_revisions WHERE asset_id = $1 AND revision = $3{when} RETURNING 1"
-)
-
-COPY_OUTPUTS = (
-    "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
-    " mime_type, size_bytes, checksum_alg, checksum, width, height, bitrate, codec,"
-    " status, extra) SELECT gen_random_uuid(), asset_id, $2, variant_type,"
-    " object_key, mime_type, size_bytes, checksum_alg, checksum, width, height,"
-    " bitrate, codec, 'SUCCEEDED', extra FROM asset_variants"
-    " WHERE asset_id = $1 AND revision = $3 AND variant_type = ANY($4::text[]){when}"
-    " RETURNING 1"
-)
-
-RECORD_RELEASE = (
-    "INSERT INTO releases (asset_id, revision, previous_revision, outputs)"
-    " VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING RETURNING 1"
-)
-
-LINK_TASK = (
-    "UPDATE generation_tasks SET output_asset_id = $1, updated_at = now()"
-    " WHERE id = (SELECT generation_task_id FROM provider_outputs o JOIN assets a"
-    "   ON a.source_provider_output_id = o.id WHERE a.id = $1)"
-    " AND output_asset_id IS NULL RETURNING 1"
-)
 
 
 def _wanted(variant: Row) -> dict[str, int]:
@@ -697,10 +426,6 @@ def _wanted(variant: Row) -> dict[str, int]:
             variant["object_key"], variant["size_bytes"], None, files
         )
     }
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
 
 
 async def handle(ctx: JobContext, job: Job) -> dict[str, Any] | None:

@@ -1,5 +1,7 @@
-"""Moderation and the atomic publish through the worker, each race or failure of seed 002
-§11.8 made real: PostgreSQL, the local object store, real ffmpeg, a real HTTP moderator."""
+"""Moderation and the atomic publish through the worker, each race or failure they must
+survive made real (a second delivery, a lost lease, a delete or cancel at the lock, a
+moderator down, an object gone): PostgreSQL, the local object store, real ffmpeg, a real
+HTTP moderator."""
 
 from __future__ import annotations
 
