@@ -28,7 +28,6 @@ from aivedio.config.load import Config
 from aivedio.crypto import UrlCipher
 from aivedio.errors import ConfigError, NotFoundError, PolicyBlockedError, TransientError
 from aivedio.pipeline import jobs
-from aivedio.providers.hmac_callbacks import receipt_part
 from aivedio.providers.seam import (
     ProviderOutput,
     ProviderTask,
@@ -37,6 +36,7 @@ from aivedio.providers.seam import (
 )
 from aivedio.states import TERMINAL_OUTPUT_STATES, Entity
 from aivedio.store import generation_tasks, provider_outputs
+from aivedio.store.callback_receipts import receipt_part
 from aivedio.store.database import Connection
 from aivedio.store.ledger import generation_charge_part, log_generation_charge
 from aivedio.store.queue import JobSpec, Queue

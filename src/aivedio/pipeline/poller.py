@@ -54,7 +54,7 @@ from aivedio.providers.seam import ProviderAdapter, ProviderTask, check_reported
 from aivedio.states import Entity, allowed
 from aivedio.store import generation_tasks
 from aivedio.store.database import Connection, map_db_errors
-from aivedio.store.generation_tasks import end_watch as end_watch  # the sweeper's too
+from aivedio.store.generation_tasks import end_watch
 from aivedio.store.queue import Job, Queue
 from aivedio.store.records import transition
 

@@ -16,7 +16,6 @@ import time
 from aivedio.errors import PolicyBlockedError
 
 # The statement that accepts an event id once; re-exported for the intake, which records it.
-from aivedio.store.callback_receipts import receipt_part as receipt_part
 
 DEFAULT_SKEW_SECONDS = 300.0
 # Whole Unix seconds in ASCII digits: no sign, fraction, exponent, space, "_" or other

@@ -16,10 +16,10 @@ from typing import Any
 
 from aivedio.config.sweeper import SweeperConfig
 from aivedio.logs import get_logger
-from aivedio.pipeline import poller
 from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
 from aivedio.store import sweep_stalled
 from aivedio.store.database import Pool, map_db_errors
+from aivedio.store.generation_tasks import end_watch
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.queue import Queue
 from aivedio.store.uploads import reap_expired_uploads
@@ -167,7 +167,7 @@ class StalledWork:
         if not report.dry_run:
             with map_db_errors("giving up a watch"):
                 async with self.pool.acquire() as conn, conn.transaction():
-                    await poller.end_watch(
+                    await end_watch(
                         conn, row["generation_task_id"], "GAVE_UP", error=("poll_job_dead", detail)
                     )
         log.error(
