@@ -61,6 +61,8 @@ from aivedio.pipeline.media.plan import Plan, Rung
 from aivedio.pipeline.media.sniff import MP4
 from aivedio.pipeline.media.validate import MediaSummary
 from aivedio.states import Entity
+from aivedio.store import asset_variants, media_assets, media_pieces, revisions
+from aivedio.store.media_pieces import SPLIT_PIECE
 from aivedio.store.objects import keys
 from aivedio.store.queue import Job, JobSpec
 from aivedio.store.records import transition
@@ -72,7 +74,6 @@ SPLIT_KIND = jobs.CHUNK_SPLIT.name
 ENCODE_KIND = jobs.CHUNK_ENCODE.name
 ASSEMBLE_KIND = jobs.CHUNK_ASSEMBLE.name
 LANE = jobs.CHUNK_ENCODE.lane
-SPLIT_PIECE = "split"
 AUDIO_PIECE = "audio"
 
 
@@ -90,18 +91,6 @@ def chunk_outputs(plan: Plan) -> list[str]:
     if plan.chunking is None:
         return []
     return [o for o in CHUNK_OUTPUTS if o in plan.outputs]
-
-
-async def split_failed(pool: Any, asset_id: uuid.UUID, revision: int) -> bool:
-    """Whether this revision's split failed for good: its chunk outputs are then rendered
-    by the single pass instead (``ChunkStage._fall_back``)."""
-    status = await pool.fetchval(
-        "SELECT status FROM media_pieces WHERE asset_id = $1 AND revision = $2 AND piece = $3",
-        asset_id,
-        revision,
-        SPLIT_PIECE,
-    )
-    return bool(status == "FAILED")
 
 
 def _timeout(plan: Plan, media_seconds: float, per_run: float, per_second: float) -> float:
@@ -148,12 +137,7 @@ def start(
     """For the statement that creates a chunked revision: its first pieces (the split, and
     the audio, which needs no chunk), written when ``when`` holds, and their jobs."""
     pieces = [SPLIT_PIECE] + ([AUDIO_PIECE] if plan.audio != "none" else [])
-    part = Part(
-        "INSERT INTO media_pieces (asset_id, revision, piece, status)"
-        " SELECT $1::uuid, $2::int, p, 'PENDING' FROM unnest($3::text[]) AS t(p)"
-        f" WHERE {when} ON CONFLICT DO NOTHING RETURNING 1",
-        (asset_id, revision, pieces),
-    )
+    part = media_pieces.insert_pending_part(asset_id, revision, pieces, when=when)
     whole = _timeout(plan, plan.duration_seconds, per_run, per_second)
     return part, [
         _spec(
@@ -196,12 +180,7 @@ class ChunkStage:
         return asset_id, revision, piece, state
 
     async def _piece(self, asset_id: uuid.UUID, revision: int, piece: str) -> asyncpg.Record:
-        row: asyncpg.Record | None = await self.s.pool.fetchrow(
-            "SELECT * FROM media_pieces WHERE asset_id = $1 AND revision = $2 AND piece = $3",
-            asset_id,
-            revision,
-            piece,
-        )
+        row = await media_pieces.piece_row(self.s.pool, asset_id, revision, piece)
         if row is None:
             raise TransientError(f"piece {piece} of {asset_id}/{revision} is not recorded yet")
         return row
@@ -251,7 +230,7 @@ class ChunkStage:
     ) -> None:
         """A piece out of retries: the outputs made from pieces can no longer be made."""
         with anyio.CancelScope(shield=True):
-            async with self.s.pool.acquire() as conn:
+            async with media_assets.connection(self.s.pool, "failing a piece") as conn:
                 with contextlib.suppress(StaleStateError):
                     await transition(
                         conn,
@@ -261,7 +240,7 @@ class ChunkStage:
                         new="FAILED",
                         values={"detail": detail[:1000]},
                     )
-            if await split_failed(self.s.pool, asset_id, revision):
+            if await media_pieces.split_failed(self.s.pool, asset_id, revision):
                 return  # the single pass makes the chunk outputs now, not the pieces
             for output in chunk_outputs(plan):
                 await self.stage._mark_failed(asset_id, revision, output, f"{piece}: {detail}")
@@ -277,7 +256,9 @@ class ChunkStage:
             except NotFoundError:
                 return  # deleted meanwhile: nothing to make
             summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
-            async with self.s.pool.acquire() as conn, conn.transaction():
+            async with media_assets.connection(
+                self.s.pool, "falling back to the single pass", transaction=True
+            ) as conn:
                 try:
                     await transition(
                         conn,
@@ -289,14 +270,9 @@ class ChunkStage:
                     )
                 except StaleStateError:
                     return  # done meanwhile by another attempt, or already fallen back
-                pending = await conn.fetch(
-                    "SELECT variant_type FROM asset_variants WHERE asset_id = $1"
-                    " AND revision = $2 AND status = 'PENDING' AND variant_type = ANY($3::text[])",
-                    asset_id,
-                    revision,
-                    chunk_outputs(plan),
+                outputs = await asset_variants.pending_among(
+                    conn, asset_id, revision, chunk_outputs(plan)
                 )
-                outputs = [row["variant_type"] for row in pending]
                 specs = self.stage.render_specs(asset, revision, plan, summary, outputs)
                 await self.s.queue.enqueue(conn, specs)
             log.warning(
@@ -314,7 +290,9 @@ class ChunkStage:
             return live
         asset_id, revision, piece, state = live
         plan = msgspec.convert(state["plan"], Plan)
-        if piece != SPLIT_PIECE and await split_failed(self.s.pool, asset_id, revision):
+        if piece != SPLIT_PIECE and await media_pieces.split_failed(
+            self.s.pool, asset_id, revision
+        ):
             return {"outcome": "split_failed_single_pass"}
         try:
             result: dict[str, Any] = await body(asset_id, revision, piece, plan)
@@ -359,8 +337,10 @@ class ChunkStage:
             assert plan.chunking is not None
             specs: list[JobSpec] = []
             rungs = [r for r in plan.rungs if not r.copy]
-            async with self.s.pool.acquire() as conn, conn.transaction():
-                await _lock_revision(conn, asset_id, revision)
+            async with media_assets.connection(
+                self.s.pool, "recording the chunks", transaction=True
+            ) as conn:
+                await revisions.lock(conn, asset_id, revision)
                 try:
                     await transition(
                         conn,
@@ -415,12 +395,7 @@ class ChunkStage:
                                 later=later,
                             )
                         )
-                await conn.executemany(
-                    "INSERT INTO media_pieces (asset_id, revision, piece, status, object_key,"
-                    " size_bytes, sha256, frames) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-                    " ON CONFLICT DO NOTHING",
-                    rows,
-                )
+                await media_pieces.insert(conn, rows)
                 await self.s.queue.enqueue(conn, specs)
                 # Each chunk's first rendition leads: the others' jobs wait behind it, so
                 # that the lead, whichever worker takes it, encodes them all from one decode
@@ -534,8 +509,10 @@ class ChunkStage:
             metrics.media_processed(
                 plan.path, plan.mode, sum(p.wall_seconds for p in run.report.processes), span
             )
-        async with self.s.pool.acquire() as conn, conn.transaction():
-            await _lock_revision(conn, asset_id, revision)
+        async with media_assets.connection(
+            self.s.pool, "recording pieces", transaction=True
+        ) as conn:
+            await revisions.lock(conn, asset_id, revision)
             stale: list[str] = []
             for name, count, key, digest, size in uploaded:
                 try:
@@ -554,12 +531,7 @@ class ChunkStage:
                     )
                 except StaleStateError:
                     stale.append(key)
-            pending = await conn.fetchval(
-                "SELECT count(*) FROM media_pieces WHERE asset_id = $1 AND revision = $2"
-                " AND status <> 'DONE'",
-                asset_id,
-                revision,
-            )
+            pending = await media_pieces.unfinished(conn, asset_id, revision)
             if pending == 0 and len(stale) < len(uploaded):
                 timeout = _timeout(
                     plan,
@@ -602,14 +574,8 @@ class ChunkStage:
         holds back those not running yet (for as long as it may take: they come back by
         themselves if it dies) and encodes them from its one decode of the chunk."""
         names = [video_piece(r, index) for r in plan.rungs if not r.copy and r != rung]
-        rows = await self.s.pool.fetch(
-            "SELECT piece FROM media_pieces WHERE asset_id = $1 AND revision = $2"
-            " AND status = 'PENDING' AND piece = ANY($3::text[])",
-            asset_id,
-            revision,
-            names,
-        )
-        return [_key(ENCODE_KIND, asset_id, revision, plan, row["piece"]) for row in rows]
+        pending = await media_pieces.pending_among(self.s.pool, asset_id, revision, names)
+        return [_key(ENCODE_KIND, asset_id, revision, plan, name) for name in pending]
 
     # -- assemble --------------------------------------------------------------------------
 
@@ -617,23 +583,14 @@ class ChunkStage:
         async def body(
             asset_id: uuid.UUID, revision: int, piece: str, plan: Plan
         ) -> dict[str, Any]:
-            rows = await self.s.pool.fetch(
-                "SELECT * FROM media_pieces WHERE asset_id = $1 AND revision = $2",
-                asset_id,
-                revision,
-            )
+            rows = await media_pieces.of_revision(self.s.pool, asset_id, revision)
             pieces = {row["piece"]: row for row in rows}
             missing = sorted(name for name, row in pieces.items() if row["status"] != "DONE")
             if missing or SPLIT_PIECE not in pieces:
                 raise TransientError(f"pieces not done: {', '.join(missing[:5]) or 'split'}")
-            variants = await self.s.pool.fetch(
-                "SELECT variant_type FROM asset_variants WHERE asset_id = $1 AND revision = $2"
-                " AND status = 'PENDING' AND variant_type = ANY($3::text[])",
-                asset_id,
-                revision,
-                chunk_outputs(plan),
+            nodes = await asset_variants.pending_among(
+                self.s.pool, asset_id, revision, chunk_outputs(plan)
             )
-            nodes = [row["variant_type"] for row in variants]
             if not nodes:
                 return {"outcome": "already_done"}
             asset = await self.stage._asset(asset_id)
@@ -690,14 +647,6 @@ class ChunkStage:
             return {"outcome": "assembled", "done": done}
 
         return await self._guarded(job, body)
-
-
-async def _lock_revision(conn: Any, asset_id: uuid.UUID, revision: int) -> None:
-    await conn.execute(
-        "SELECT 1 FROM asset_revisions WHERE asset_id = $1 AND revision = $2 FOR UPDATE",
-        asset_id,
-        revision,
-    )
 
 
 async def _read_digest(store: Any, key: str) -> tuple[str, int]:

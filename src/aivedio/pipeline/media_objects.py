@@ -20,11 +20,10 @@ import msgspec
 
 from aivedio.errors import ChecksumMismatchError
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord
-from aivedio.states import Entity
-from aivedio.store.database import Pool, map_db_errors
+from aivedio.store import asset_variants
+from aivedio.store.database import Pool
 from aivedio.store.objects import keys
 from aivedio.store.objects.base import LocalFile, ObjectStore
-from aivedio.store.records import check_transition
 
 
 async def download_source(store: ObjectStore, asset: asyncpg.Record, target: Path) -> None:
@@ -75,25 +74,15 @@ async def record_variants(
 ) -> set[str]:
     """Move these outputs' PENDING variants to SUCCEEDED in one statement (a CAS per row);
     returns the variant types moved (one another run got to first is left out)."""
-    check_transition(Entity.VARIANT, "PENDING", "SUCCEEDED")
     if not records:
         return set()
     now = datetime.now(UTC)
     rows = [(r, r.primary_file()) for r in records]
-    with map_db_errors("recording outputs"):
-        moved = await pool.fetch(
-            "UPDATE asset_variants v SET status = 'SUCCEEDED', object_key = u.object_key,"
-            " mime_type = u.mime_type, size_bytes = u.size_bytes, checksum = u.checksum,"
-            " width = u.width, height = u.height, codec = u.codec, bitrate = u.bitrate,"
-            " extra = u.extra, completed_at = $13"
-            " FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[],"
-            "  $8::int[], $9::int[], $10::text[], $11::bigint[], $12::jsonb[])"
-            "  AS u(variant_type, object_key, mime_type, size_bytes, checksum, width, height,"
-            "  codec, bitrate, extra)"
-            " WHERE v.asset_id = $1 AND v.revision = $2 AND v.variant_type = u.variant_type"
-            " AND v.status = 'PENDING' RETURNING v.variant_type",
-            asset_id,
-            revision,
+    return await asset_variants.succeed(
+        pool,
+        asset_id,
+        revision,
+        [
             [r.variant_type for r, _ in rows],
             [f"{prefix}/{p.path}" for _, p in rows],
             [p.mime for _, p in rows],
@@ -111,9 +100,9 @@ async def record_variants(
                 }
                 for r, _ in rows
             ],
-            now,
-        )
-    return {row["variant_type"] for row in moved}
+        ],
+        now,
+    )
 
 
 def recorded_files(

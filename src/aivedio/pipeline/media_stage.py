@@ -82,8 +82,16 @@ from aivedio.pipeline.upkeep.backlog import DEFERRED_CLASS, BacklogMonitor
 from aivedio.pipeline.upkeep.lifecycle import retire_if_cancelled
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
-from aivedio.store import ledger, outbox
-from aivedio.store.database import Pool, map_db_errors
+from aivedio.store import (
+    asset_variants,
+    ledger,
+    media_assets,
+    media_crashes,
+    media_pieces,
+    outbox,
+    revisions,
+)
+from aivedio.store.database import Pool
 from aivedio.store.objects import keys
 from aivedio.store.objects.base import ObjectStore, open_object_store
 from aivedio.store.queue import Job, JobSpec, Queue
@@ -151,7 +159,7 @@ class MediaStage:
         if cancelled and await retire_if_cancelled(self.s.pool, asset_id, retain_days=retain_days):
             return {"outcome": "cancelled", "source_retained": True}
         if asset["status"] == "QUARANTINED":
-            async with self.s.pool.acquire() as conn:
+            async with media_assets.connection(self.s.pool, "starting the probe") as conn:
                 # Another delivery of this job may have moved it first: PROBING either way.
                 with contextlib.suppress(StaleStateError):
                     await transition(
@@ -170,7 +178,9 @@ class MediaStage:
             raise
 
     async def _probe_failed(self, asset_id: uuid.UUID, exc: AivedioError) -> None:
-        async with self.s.pool.acquire() as conn, conn.transaction():
+        async with media_assets.connection(
+            self.s.pool, "failing the probe", transaction=True
+        ) as conn:
             try:
                 await transition(
                     conn,
@@ -219,11 +229,8 @@ class MediaStage:
         asset = await self._asset(asset_id)
         if asset["status"] not in ("PLAYABLE", "ENRICHED"):
             return {"outcome": "not_published", "status": asset["status"]}
-        building = await self.s.pool.fetchval(
-            "SELECT revision FROM asset_revisions WHERE asset_id = $1 AND status = 'BUILDING'"
-            " AND revision > coalesce($2, 0) AND enriches IS NULL",
-            asset_id,
-            asset["current_revision"],
+        building = await revisions.building_rebuild(
+            self.s.pool, asset_id, asset["current_revision"]
         )
         if building is not None:
             return {"outcome": "already_building", "revision": building}
@@ -254,11 +261,7 @@ class MediaStage:
     async def _compensate(self, conn: Any, asset_id: uuid.UUID, reason: str) -> None:
         """The platform failed after the provider succeeded: the ledger's compensation (by
         policy, once per provider task), in the caller's transaction."""
-        row = await conn.fetchrow(
-            "SELECT a.tenant_id, o.provider, o.provider_task_id FROM assets a"
-            " JOIN provider_outputs o ON o.id = a.source_provider_output_id WHERE a.id = $1",
-            asset_id,
-        )
+        row = await media_assets.provider_charge(conn, asset_id)
         if row is None:
             return  # an upload: no provider charge to compensate
         await ledger.record_compensation(
@@ -275,8 +278,10 @@ class MediaStage:
         detail = ", ".join(verdict["reasons"]) + (
             f" ({verdict['detail']})" if verdict.get("detail") else ""
         )
-        async with self.s.pool.acquire() as conn, conn.transaction():
-            tenant_id = await conn.fetchval("SELECT tenant_id FROM assets WHERE id = $1", asset_id)
+        async with media_assets.connection(
+            self.s.pool, "recording invalid media", transaction=True
+        ) as conn:
+            tenant_id = await media_assets.tenant_of(conn, asset_id)
             await outbox.emit(
                 conn,
                 "asset.invalid",
@@ -322,23 +327,14 @@ class MediaStage:
         # enrichment may have taken the next number while its source was probed.
         revision = int(asset["next_revision"])
         if reprocess:
-            revision = int(
-                await self.s.pool.fetchval(
-                    "SELECT coalesce(max(revision), 0) + 1 FROM asset_revisions"
-                    " WHERE asset_id = $1",
-                    asset_id,
-                )
-            )
+            revision = await revisions.next_number(self.s.pool, asset_id)
         prefix = keys.revision_prefix(tenant_id, asset_id, revision)
         outputs = plan.outputs
         parts: dict[str, Part] = {}
         if reprocess:
             # A published asset keeps serving its current revision until the new one is
             # published; only the probe result is refreshed.
-            parts["asset"] = Part(
-                "UPDATE assets SET probe = $2, updated_at = now() WHERE id = $1 RETURNING 1",
-                (asset_id, verdict),
-            )
+            parts["asset"] = media_assets.refresh_probe_part(asset_id, verdict)
         else:
             parts["asset"] = transition_part(
                 Entity.ASSET,
@@ -361,40 +357,25 @@ class MediaStage:
             )
         # Everything below is written only when the asset's move (``asset``) won: this is one
         # statement, with no transaction to roll back.
-        won = "EXISTS (SELECT 1 FROM asset)"
-        parts["revision"] = Part(
-            "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
-            " required_outputs, optional_outputs, plan, delete_version_at_start,"
-            " cancel_version_at_start) SELECT $1::uuid, $2::int, $3::int, 'BUILDING',"
-            " $4::text[], $5::text[], $6::jsonb, $7::bigint, $8::bigint"
-            f" WHERE {won} RETURNING 1",
-            (
-                asset_id,
-                revision,
-                pipeline_version,
-                plan.required,
-                plan.optional,
-                msgspec.to_builtins(plan),
-                asset["delete_version"],
-                asset["cancel_version"],
-            ),
+        won = revisions.wrote("asset")
+        parts["revision"] = revisions.insert_part(
+            asset_id,
+            revision,
+            pipeline_version,
+            plan.required,
+            plan.optional,
+            msgspec.to_builtins(plan),
+            asset["delete_version"],
+            asset["cancel_version"],
+            when=won,
         )
-        parts["outputs"] = Part(
-            "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
-            " mime_type, size_bytes, checksum_alg, checksum, status) SELECT"
-            " gen_random_uuid(), $1, $2, o.variant_type, o.object_key, o.mime_type, 0,"
-            " 'sha256', '', 'PENDING' FROM unnest($3::text[], $4::text[], $5::text[])"
-            f" AS o(variant_type, object_key, mime_type) WHERE {won} RETURNING 1",
-            (
-                asset_id,
-                revision,
-                outputs,
-                [f"{prefix}/{_primary(o, plan)}" for o in outputs],
-                [
-                    MIME.get(Path(_primary(o, plan)).suffix, "application/octet-stream")
-                    for o in outputs
-                ],
-            ),
+        parts["outputs"] = asset_variants.insert_pending_part(
+            asset_id,
+            revision,
+            outputs,
+            [f"{prefix}/{_primary(o, plan)}" for o in outputs],
+            [MIME.get(Path(_primary(o, plan)).suffix, "application/octet-stream") for o in outputs],
+            when=won,
         )
         specs: list[JobSpec] = []
         by_chunks = chunk_stage.chunk_outputs(plan)
@@ -422,7 +403,7 @@ class MediaStage:
         if jobs is not None:
             parts.update(jobs.parts)
         # The asset's move, the revision, its outputs and jobs: one statement.
-        async with self.s.pool.acquire() as conn:
+        async with media_assets.connection(self.s.pool, "starting a revision") as conn:
             got = await write_together(conn, parts, "starting a revision")
         if jobs is not None:
             jobs.made(got)
@@ -537,17 +518,12 @@ class MediaStage:
         deferring: bool,
     ) -> dict[str, Any]:
         asset_id: uuid.UUID = asset["id"]
-        rows = await self.s.pool.fetch(
-            "SELECT variant_type, deferred_at IS NOT NULL AND deferred_at < now()"
-            " - make_interval(secs => $3) AS overdue FROM asset_variants WHERE asset_id = $1"
-            " AND revision = $2 AND status = 'PENDING'",
-            asset_id,
-            revision,
-            self.s.config.backlog.defer_max_seconds,
+        rows = await asset_variants.pending_with_overdue(
+            self.s.pool, asset_id, revision, self.s.config.backlog.defer_max_seconds
         )
         plan = msgspec.convert(state["plan"], Plan)
         by_chunks = set(chunk_stage.chunk_outputs(plan))  # the assembly makes these
-        if by_chunks and await chunk_stage.split_failed(self.s.pool, asset_id, revision):
+        if by_chunks and await media_pieces.split_failed(self.s.pool, asset_id, revision):
             # The source could not be cut: this revision's chunk outputs take the single pass.
             by_chunks = set()
             plan = msgspec.structs.replace(plan, chunking=None)
@@ -688,7 +664,7 @@ class MediaStage:
         """A render job of its own for each of ``outputs`` (same key as ever: idempotent)."""
         if not outputs:
             return
-        async with self.s.pool.acquire() as conn:
+        async with media_assets.connection(self.s.pool, "enqueuing renders") as conn:
             await self.s.queue.enqueue(
                 conn, self.render_specs(asset, revision, plan, summary, outputs)
             )
@@ -712,17 +688,12 @@ class MediaStage:
     ) -> None:
         """This job is finished with its output for good: any other output still pending
         gets its own job (the run that would have made it may never have started)."""
-        rows = await self.s.pool.fetch(
-            "SELECT variant_type FROM asset_variants WHERE asset_id = $1 AND revision = $2"
-            " AND status = 'PENDING'",
-            asset_id,
-            revision,
-        )
+        pending = await asset_variants.pending(self.s.pool, asset_id, revision)
         plan = msgspec.convert(state["plan"], Plan)
         skip = {done_with}
-        if not await chunk_stage.split_failed(self.s.pool, asset_id, revision):
+        if not await media_pieces.split_failed(self.s.pool, asset_id, revision):
             skip.update(chunk_stage.chunk_outputs(plan))
-        rest = [r["variant_type"] for r in rows if r["variant_type"] not in skip]
+        rest = [name for name in pending if name not in skip]
         if rest:
             asset = await self._asset(asset_id)
             summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
@@ -758,15 +729,7 @@ class MediaStage:
         """Mark PENDING outputs deferred (the first time only: that is what is counted)."""
         if not names:
             return
-        rows = await self.s.pool.fetch(
-            "UPDATE asset_variants SET deferred_at = now() WHERE asset_id = $1"
-            " AND revision = $2 AND variant_type = ANY($3::text[]) AND status = 'PENDING'"
-            " AND deferred_at IS NULL RETURNING variant_type",
-            asset_id,
-            revision,
-            list(names),
-        )
-        newly = sorted(r["variant_type"] for r in rows)
+        newly = sorted(await asset_variants.defer(self.s.pool, asset_id, revision, names))
         if not newly:
             return
         if hooks.metrics is not None:
@@ -807,14 +770,8 @@ class MediaStage:
         detail = "; ".join(
             f"{p.step}: {p.tool} killed by signal {-p.returncode}" for p in crashed[:5]
         )
-        await self.s.pool.execute(
-            "INSERT INTO media_crashes (job_id, lease_token, asset_id, kind, cause, detail)"
-            " VALUES ($1, $2, $3, $4, 'decoder_crashed', $5) ON CONFLICT DO NOTHING",
-            job.id,
-            job.lease_token,
-            asset_id,
-            job.kind,
-            detail[:1000],
+        await media_crashes.record_decoder_crash(
+            self.s.pool, job.id, job.lease_token, asset_id, job.kind, detail[:1000]
         )
         log.error(
             "media_decoder_crashed",
@@ -834,11 +791,7 @@ class MediaStage:
         limit = self.s.config.backlog.poison_crash_count
         if limit <= 0 or (known is not None and known < limit):
             return
-        crashes = await self.s.pool.fetch(
-            "SELECT job_id, kind, cause FROM media_crashes WHERE asset_id = $1"
-            " ORDER BY created_at, job_id",
-            asset_id,
-        )
+        crashes = await media_crashes.of_asset(self.s.pool, asset_id)
         if len(crashes) < limit:
             return
         listed = ", ".join(f"{c['cause']} in {c['kind']} job {c['job_id']}" for c in crashes[:6])
@@ -858,28 +811,16 @@ class MediaStage:
             "last_error_class": PoisonMediaError.error_class,
             "last_error_detail": detail[:1000],
         }
-        async with self.s.pool.acquire() as conn, conn.transaction():
-            asset = await conn.fetchrow(
-                "SELECT status, last_error_class FROM assets WHERE id = $1 FOR UPDATE", asset_id
-            )
+        async with media_assets.connection(
+            self.s.pool, "quarantining poison media", transaction=True
+        ) as conn:
+            asset = await media_assets.lock_state(conn, asset_id)
             if asset is None:
                 return
-            failed = await conn.fetch(
-                "UPDATE asset_variants SET status = 'FAILED', extra = $2, completed_at = now()"
-                " WHERE asset_id = $1 AND status = 'PENDING' RETURNING revision, variant_type",
-                asset_id,
-                {"error": detail[:1000]},
-            )
+            failed = await asset_variants.fail_asset(conn, asset_id, {"error": detail[:1000]})
             failed_revisions: set[int] = set()
             publishable = False
-            for rev in await conn.fetch(
-                "SELECT r.revision, r.required_outputs <@ coalesce((SELECT array_agg("
-                "v.variant_type) FROM asset_variants v WHERE v.asset_id = r.asset_id AND"
-                " v.revision = r.revision AND v.status = 'SUCCEEDED'), ARRAY[]::text[])"
-                " AS complete FROM asset_revisions r WHERE r.asset_id = $1"
-                " AND r.status = 'BUILDING'",
-                asset_id,
-            ):
+            for rev in await revisions.building_completeness(conn, asset_id):
                 if rev["complete"]:
                     publishable = True
                     continue
@@ -912,12 +853,8 @@ class MediaStage:
             elif asset["last_error_class"] != PoisonMediaError.error_class:
                 # Published (or about to be): it keeps serving; the error says why its
                 # remaining outputs will not come.
-                await conn.execute(
-                    "UPDATE assets SET last_error_class = $2, last_error_detail = $3,"
-                    " updated_at = now() WHERE id = $1",
-                    asset_id,
-                    values["last_error_class"],
-                    values["last_error_detail"],
+                await media_assets.set_error(
+                    conn, asset_id, values["last_error_class"], values["last_error_detail"]
                 )
         if not (ended or failed or failed_revisions):
             return
@@ -943,37 +880,27 @@ class MediaStage:
         not be made (seed §11.8.2), so they are FAILED, not left pending forever. (A
         published revision's pending outputs keep its whole prefix from garbage collection;
         once none is pending, the files a stopped run uploaded without recording go.)"""
-        async with self.s.pool.acquire() as conn:
-            stopped = await conn.fetch(
-                "UPDATE asset_variants SET status = 'FAILED', extra = $3, completed_at = now()"
-                " WHERE asset_id = $1 AND revision = $2 AND status = 'PENDING'"
-                " RETURNING variant_type",
-                asset_id,
-                revision,
-                {"error": "stopped: the asset was deleted or cancelled"},
-            )
+        stopped = await asset_variants.fail_revision(
+            self.s.pool,
+            asset_id,
+            revision,
+            {"error": "stopped: the asset was deleted or cancelled"},
+        )
         if stopped:
             log.info(
                 "outputs_stopped",
                 asset_id=str(asset_id),
                 revision=revision,
-                outputs=sorted(r["variant_type"] for r in stopped),
+                outputs=sorted(stopped),
             )
 
     async def _mark_failed(
         self, asset_id: uuid.UUID, revision: int, variant_type: str, detail: str
     ) -> None:
         """This job's own output is out of retries: FAILED, and the revision re-checked."""
-        async with self.s.pool.acquire() as conn:
-            await conn.execute(
-                "UPDATE asset_variants SET status = 'FAILED', extra = $4, completed_at = now()"
-                " WHERE asset_id = $1 AND revision = $2 AND variant_type = $3"
-                " AND status = 'PENDING'",
-                asset_id,
-                revision,
-                variant_type,
-                {"error": detail[:1000]},
-            )
+        await asset_variants.fail_one(
+            self.s.pool, asset_id, revision, variant_type, {"error": detail[:1000]}
+        )
         log.error(
             "variant_failed",
             asset_id=str(asset_id),
@@ -997,14 +924,7 @@ class MediaStage:
         ``here``: the render job that checks, with its worker's publish stage: a publish or
         an enrichment the check calls for runs in it (``publish.Here``)."""
         asked = set() if asked is None else asked
-        rows = await self.s.pool.fetch(
-            "SELECT v.variant_type, v.status, r.required_outputs, r.status AS revision_status,"
-            " r.moderation_verdict, a.tenant_id FROM asset_variants v"
-            " JOIN asset_revisions r USING (asset_id, revision)"
-            " JOIN assets a ON a.id = v.asset_id WHERE v.asset_id = $1 AND v.revision = $2",
-            asset_id,
-            revision,
-        )
+        rows = await revisions.outputs_state(self.s.pool, asset_id, revision)
         if not rows:
             return
         revision_status, tenant_id = rows[0]["revision_status"], rows[0]["tenant_id"]
@@ -1019,7 +939,9 @@ class MediaStage:
         if revision_status != "BUILDING":
             return
         if any(status.get(name) == "FAILED" for name in required):
-            async with self.s.pool.acquire() as conn, conn.transaction():
+            async with media_assets.connection(
+                self.s.pool, "failing the revision", transaction=True
+            ) as conn:
                 try:
                     await transition(
                         conn,
@@ -1028,11 +950,7 @@ class MediaStage:
                         expected="BUILDING",
                         new="FAILED",
                     )
-                    asset = await conn.fetchrow(
-                        "SELECT status, tenant_id, source_provider_output_id FROM assets"
-                        " WHERE id = $1",
-                        asset_id,
-                    )
+                    asset = await media_assets.state(conn, asset_id)
                     # A failed rebuild of a published asset leaves the published revision.
                     if asset is not None and asset["status"] == "PROCESSING":
                         await transition(
@@ -1068,7 +986,7 @@ class MediaStage:
         """The revision's moderation job, once per run (its key makes it once anyway)."""
         if "moderate" in asked:
             return
-        async with self.s.pool.acquire() as conn:
+        async with media_assets.connection(self.s.pool, "enqueuing the moderation") as conn:
             await self.s.queue.enqueue_one(conn, moderate_spec(asset_id, revision, tenant_id))
         asked.add("moderate")
 
@@ -1090,11 +1008,7 @@ class MediaStage:
         costs no round trip of its own: ``media_crashes`` (how many media jobs its source
         crashed: the poison rule), ``task_status`` (its generation task's provider status,
         None for an upload: a cancel) and ``next_revision`` (the number a new one takes)."""
-        with map_db_errors("loading the asset"):
-            row: asyncpg.Record | None = await self.s.pool.fetchrow(
-                f"SELECT {ASSET_COLUMNS} FROM assets a WHERE a.id = $1", asset_id
-            )
-        return row
+        return await media_assets.asset_row(self.s.pool, asset_id)
 
     async def _asset_and_revision(
         self, asset_id: uuid.UUID, revision: int, output: str
@@ -1102,17 +1016,7 @@ class MediaStage:
         """``_asset_row`` and ``_revision`` (with ``output``'s own state) in one round trip:
         the asset, and the revision's row with ``mine_status`` and ``mine_deferred_at``
         (None for a revision that does not exist)."""
-        with map_db_errors("loading the asset and its revision"):
-            row: asyncpg.Record | None = await self.s.pool.fetchrow(
-                f"SELECT {ASSET_COLUMNS}, (SELECT to_jsonb(r) FROM asset_revisions r"
-                "  WHERE r.asset_id = a.id AND r.revision = $2) AS revision_row,"
-                " m.status AS mine_status, m.deferred_at AS mine_deferred_at"
-                " FROM assets a LEFT JOIN asset_variants m ON m.asset_id = a.id"
-                " AND m.revision = $2 AND m.variant_type = $3 WHERE a.id = $1",
-                asset_id,
-                revision,
-                output,
-            )
+        row = await media_assets.asset_and_revision(self.s.pool, asset_id, revision, output)
         if row is None or row["revision_row"] is None:
             return row, None
         # As JSON: the revision's columns read here are JSON-typed (no timestamps).
@@ -1122,13 +1026,7 @@ class MediaStage:
 
     async def _revision(self, asset_id: uuid.UUID, revision: int) -> asyncpg.Record | None:
         """The revision's row (None when there is none)."""
-        with map_db_errors("loading the revision"):
-            row: asyncpg.Record | None = await self.s.pool.fetchrow(
-                "SELECT * FROM asset_revisions WHERE asset_id = $1 AND revision = $2",
-                asset_id,
-                revision,
-            )
-        return row
+        return await revisions.revision_row(self.s.pool, asset_id, revision)
 
     @asynccontextmanager
     async def _revision_lock(self, asset_id: uuid.UUID, revision: int) -> AsyncIterator[bool]:
@@ -1137,17 +1035,6 @@ class MediaStage:
         key = zlib.crc32(f"render:{asset_id}:{revision}".encode()) - 2**31
         async with self.s.locks.hold(key) as acquired:
             yield acquired
-
-
-# The asset's columns and what the media jobs decide on (``_asset_row``), from ``assets a``.
-ASSET_COLUMNS = (
-    "a.*, (SELECT count(*) FROM media_crashes c WHERE c.asset_id = a.id) AS media_crashes,"
-    " (SELECT g.provider_status FROM provider_outputs o"
-    "  JOIN generation_tasks g ON g.id = o.generation_task_id"
-    "  WHERE o.id = a.source_provider_output_id) AS task_status,"
-    " (SELECT coalesce(max(r.revision), 0) + 1 FROM asset_revisions r"
-    "  WHERE r.asset_id = a.id) AS next_revision"
-)
 
 
 def _will_retry(exc: AivedioError, job: Job) -> bool:
