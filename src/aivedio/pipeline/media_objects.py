@@ -10,11 +10,14 @@ job logic reads as job logic; each function takes the store or pool it needs.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+import anyio
 import asyncpg
 import msgspec
 
@@ -103,6 +106,58 @@ async def record_variants(
         ],
         now,
     )
+
+
+async def upload_work_object(store: ObjectStore, key: str, path: Path) -> tuple[str, int]:
+    """Write a work object and read it back: its SHA-256 and size as stored."""
+    async with await store.start_upload(key) as upload:
+        async with await anyio.open_file(path, "rb") as handle:
+            while block := await handle.read(1024 * 1024):
+                await upload.write(block)
+        await upload.complete()
+    digest, size = await _read_digest(store, key)
+    expected = await anyio.to_thread.run_sync(_file_digest, path)
+    if (digest, size) != expected:
+        raise ChecksumMismatchError(f"{key}: read back {size} bytes, sha256 {digest}")
+    return digest, size
+
+
+async def download_piece(store: ObjectStore, row: asyncpg.Record, target: Path) -> None:
+    """Download a recorded piece, checked against its recorded size and SHA-256."""
+    digest, size = await download(store, row["object_key"], target)
+    if digest != row["sha256"] or size != row["size_bytes"]:
+        raise ChecksumMismatchError(
+            f"{row['object_key']}: {size} bytes, sha256 {digest}; recorded"
+            f" {row['size_bytes']} bytes, sha256 {row['sha256']}"
+        )
+
+
+async def discard(store: ObjectStore, *object_keys: str) -> None:
+    """Delete objects, shielded from cancellation; one that cannot be deleted is left (the
+    sweeper's GC collects it)."""
+    with anyio.CancelScope(shield=True):
+        for key in object_keys:
+            with contextlib.suppress(Exception):
+                await store.delete(key)
+
+
+async def _read_digest(store: ObjectStore, key: str) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    async for block in store.get(key):
+        digest.update(block)
+        size += len(block)
+    return digest.hexdigest(), size
+
+
+def _file_digest(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        while block := handle.read(1024 * 1024):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
 
 
 def recorded_files(
