@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from aivedio.config.load import Config
-from aivedio.pipeline import chunk_stage
+from aivedio.pipeline import chunk_pieces
 from aivedio.pipeline.media.plan import Plan
 from aivedio.store.database import Pool
 from aivedio.store.objects import keys
@@ -173,7 +173,7 @@ async def test_a_worker_killed_mid_chunk_loses_only_that_chunks_attempt(
         running = await rig.pool.fetch(
             "SELECT id, lease_owner, payload->>'piece' AS piece FROM jobs WHERE kind = $1"
             " AND status = 'running' AND payload->>'piece' LIKE 'video:%'",
-            chunk_stage.ENCODE_KIND,
+            chunk_pieces.ENCODE_KIND,
         )
         for row in running:
             worker = by_owner.get(row["lease_owner"])
@@ -227,7 +227,7 @@ async def test_a_worker_killed_mid_chunk_loses_only_that_chunks_attempt(
     )
     assert {j["status"] for j in jobs} == {"succeeded"}
     again = [(j["kind"], j["payload"].get("piece")) for j in jobs if j["attempts"] != 1]
-    assert again == [(chunk_stage.ENCODE_KIND, piece)]
+    assert again == [(chunk_pieces.ENCODE_KIND, piece)]
     killed = next(j for j in jobs if j["id"] == job_id)
     assert killed["attempts"] == 2 and killed["lease_owner"] != doomed.owner
     events = [e for w in workers if w is not doomed for e in w.events()]
@@ -244,11 +244,13 @@ async def test_a_worker_killed_mid_chunk_loses_only_that_chunks_attempt(
         "SELECT piece, status, object_key FROM media_pieces WHERE asset_id = $1", asset_id
     )
     encoded = [r for r in plan.rungs if not r.copy]
-    expected = {chunk_stage.SPLIT_PIECE, chunk_stage.AUDIO_PIECE}
-    expected |= {chunk_stage.chunk_piece(i) for i in range(plan.chunking.count)}
-    expected |= {chunk_stage.video_piece(r, i) for r in encoded for i in range(plan.chunking.count)}
+    expected = {chunk_pieces.SPLIT_PIECE, chunk_pieces.AUDIO_PIECE}
+    expected |= {chunk_pieces.chunk_piece(i) for i in range(plan.chunking.count)}
+    expected |= {
+        chunk_pieces.video_piece(r, i) for r in encoded for i in range(plan.chunking.count)
+    }
     assert {p["piece"]: p["status"] for p in pieces} == dict.fromkeys(expected, "DONE")
-    encodes = [j for j in jobs if j["kind"] == chunk_stage.ENCODE_KIND]
+    encodes = [j for j in jobs if j["kind"] == chunk_pieces.ENCODE_KIND]
     outcomes = sorted((j["payload"]["piece"], j["result"]["outcome"]) for j in encodes)
     assert outcomes == sorted(
         (name, "encoded") for name in expected if name.startswith(("video:", "audio"))

@@ -43,141 +43,51 @@ import anyio
 import asyncpg
 import msgspec
 
-from aivedio.errors import (
-    AivedioError,
-    ChecksumMismatchError,
-    NotFoundError,
-    RenderError,
-    StaleStateError,
-    TransientError,
-)
+from aivedio.errors import AivedioError, NotFoundError, RenderError, StaleStateError, TransientError
 from aivedio.logs import get_logger
 from aivedio.metrics import WorkerMetrics
-from aivedio.pipeline import jobs, media_objects
+from aivedio.pipeline import media_objects
+from aivedio.pipeline.chunk_pieces import (
+    ASSEMBLE_KIND,
+    AUDIO_PIECE,
+    ENCODE_KIND,
+    SPLIT_PIECE,
+    chunk_outputs,
+    chunk_piece,
+    piece_key,
+    piece_spec,
+    piece_timeout,
+    video_piece,
+)
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord
-from aivedio.pipeline.media.chunks import CHUNK_OUTPUTS, chunk_name
+from aivedio.pipeline.media.chunks import chunk_name
 from aivedio.pipeline.media.plan import Plan, Rung
 from aivedio.pipeline.media.sniff import MP4
 from aivedio.pipeline.media.validate import MediaSummary
+from aivedio.pipeline.revisions import Revisions, will_retry
 from aivedio.states import Entity
+from aivedio.store import asset_variants, media_assets, media_pieces, revision_rows
 from aivedio.store.objects import keys
 from aivedio.store.queue import Job, JobSpec
 from aivedio.store.records import transition
-from aivedio.store.together import Part
 
 log = get_logger("aivedio.media")
 
-SPLIT_KIND = jobs.CHUNK_SPLIT.name
-ENCODE_KIND = jobs.CHUNK_ENCODE.name
-ASSEMBLE_KIND = jobs.CHUNK_ASSEMBLE.name
-LANE = jobs.CHUNK_ENCODE.lane
-SPLIT_PIECE = "split"
-AUDIO_PIECE = "audio"
-
-
-def video_piece(rung: Rung | str, index: int) -> str:
-    name = rung if isinstance(rung, str) else rung.name
-    return f"video:{name}:{index:04d}"
-
-
-def chunk_piece(index: int) -> str:
-    return f"chunk:{index:04d}"
-
-
-def chunk_outputs(plan: Plan) -> list[str]:
-    """The outputs the chunked path makes for this plan (none on the single pass)."""
-    if plan.chunking is None:
-        return []
-    return [o for o in CHUNK_OUTPUTS if o in plan.outputs]
-
-
-async def split_failed(pool: Any, asset_id: uuid.UUID, revision: int) -> bool:
-    """Whether this revision's split failed for good: its chunk outputs are then rendered
-    by the single pass instead (``ChunkStage._fall_back``)."""
-    status = await pool.fetchval(
-        "SELECT status FROM media_pieces WHERE asset_id = $1 AND revision = $2 AND piece = $3",
-        asset_id,
-        revision,
-        SPLIT_PIECE,
-    )
-    return bool(status == "FAILED")
-
-
-def _timeout(plan: Plan, media_seconds: float, per_run: float, per_second: float) -> float:
-    return (per_run + per_second * max(media_seconds, 0.0)) * 2 + 120
-
-
-def _key(kind: str, asset_id: uuid.UUID, revision: int, plan: Plan, piece: str) -> str:
-    return jobs.chunk_job_key(kind, asset_id, revision, piece, plan.pipeline_version)
-
-
-def _spec(
-    kind: str,
-    asset_id: uuid.UUID,
-    tenant_id: int,
-    revision: int,
-    plan: Plan,
-    piece: str,
-    timeout: float,
-    *,
-    later: float = 0.0,
-) -> JobSpec:
-    return jobs.chunk_spec(
-        jobs.CONTRACTS[kind],
-        asset_id,
-        tenant_id,
-        revision,
-        piece,
-        pipeline_version=plan.pipeline_version,
-        timeout=timeout,
-        later=later,
-    )
-
-
-def start(
-    asset_id: uuid.UUID,
-    tenant_id: int,
-    revision: int,
-    plan: Plan,
-    per_run: float,
-    per_second: float,
-    *,
-    when: str,
-) -> tuple[Part, list[JobSpec]]:
-    """For the statement that creates a chunked revision: its first pieces (the split, and
-    the audio, which needs no chunk), written when ``when`` holds, and their jobs."""
-    pieces = [SPLIT_PIECE] + ([AUDIO_PIECE] if plan.audio != "none" else [])
-    part = Part(
-        "INSERT INTO media_pieces (asset_id, revision, piece, status)"
-        " SELECT $1::uuid, $2::int, p, 'PENDING' FROM unnest($3::text[]) AS t(p)"
-        f" WHERE {when} ON CONFLICT DO NOTHING RETURNING 1",
-        (asset_id, revision, pieces),
-    )
-    whole = _timeout(plan, plan.duration_seconds, per_run, per_second)
-    return part, [
-        _spec(
-            SPLIT_KIND if p == SPLIT_PIECE else ENCODE_KIND,
-            asset_id,
-            tenant_id,
-            revision,
-            plan,
-            p,
-            whole,
-        )
-        for p in pieces
-    ]
-
 
 class ChunkStage:
-    """The three job kinds, on the media stage's services and revision checks.
+    """The three job kinds of the chunked render, on the media stage's services and its
+    revision bookkeeping (``Revisions``); ``will_retry(exc, job)`` is the queue's own retry
+    rule. It owns the ``media_pieces`` rows and the revision's ``work/`` objects; it never
+    probes, and records the chunk outputs only, through the shared bookkeeping."""
 
-    ``stage`` is the worker's ``MediaStage`` (typed loosely: that module registers these
-    kinds and imports this one); ``will_retry(exc, job)`` is the queue's own retry rule."""
-
-    def __init__(self, stage: Any, will_retry: Callable[[AivedioError, Job], bool]) -> None:
-        self.stage = stage
-        self.s = stage.s
+    def __init__(
+        self,
+        revisions: Revisions,
+        will_retry: Callable[[AivedioError, Job], bool] = will_retry,
+    ) -> None:
+        self.revisions = revisions
+        self.services = revisions.services
         self.will_retry = will_retry
 
     # -- shared ----------------------------------------------------------------------------
@@ -186,22 +96,17 @@ class ChunkStage:
         asset_id = uuid.UUID(str(job.payload["asset_id"]))
         revision = int(job.payload["revision"])
         piece = str(job.payload["piece"])
-        state = await self.stage._revision(asset_id, revision)
+        state = await self.revisions.revision(asset_id, revision)
         if state is None:
             return {"outcome": "no_such_revision"}
         if state["status"] != "BUILDING":
             return {"outcome": "revision_" + state["status"].lower()}
-        if await self.stage._stopped(asset_id, state):
+        if await self.revisions.stopped(asset_id, state):
             return {"outcome": "asset_deleted_or_cancelled"}
         return asset_id, revision, piece, state
 
     async def _piece(self, asset_id: uuid.UUID, revision: int, piece: str) -> asyncpg.Record:
-        row: asyncpg.Record | None = await self.s.pool.fetchrow(
-            "SELECT * FROM media_pieces WHERE asset_id = $1 AND revision = $2 AND piece = $3",
-            asset_id,
-            revision,
-            piece,
-        )
+        row = await media_pieces.piece_row(self.services.pool, asset_id, revision, piece)
         if row is None:
             raise TransientError(f"piece {piece} of {asset_id}/{revision} is not recorded yet")
         return row
@@ -209,49 +114,22 @@ class ChunkStage:
     def _run(self, root: Path, summary: MediaSummary, *, source_present: bool) -> MediaRun:
         """A run in ``root``; with ``source_present`` the source is already at
         ``root/source.bin`` (downloaded and checked), otherwise no step reads it."""
-        run = MediaRun(self.s.sandbox, root / "source.bin", root)
+        run = MediaRun(self.services.sandbox, root / "source.bin", root)
         run.assume_valid(summary, sniff=None if source_present else MP4)
         return run
 
     async def _source_run(
         self, root: Path, asset: asyncpg.Record, summary: MediaSummary
     ) -> MediaRun:
-        await media_objects.download_source(self.s.store, asset, root / "source.bin")
+        await media_objects.download_source(self.services.store, asset, root / "source.bin")
         return self._run(root, summary, source_present=True)
-
-    async def _upload(self, key: str, path: Path) -> tuple[str, int]:
-        """Write a work object and read it back: its SHA-256 and size as stored."""
-        async with await self.s.store.start_upload(key) as upload:
-            async with await anyio.open_file(path, "rb") as handle:
-                while block := await handle.read(1024 * 1024):
-                    await upload.write(block)
-            await upload.complete()
-        digest, size = await _read_digest(self.s.store, key)
-        expected = await anyio.to_thread.run_sync(_file_digest, path)
-        if (digest, size) != expected:
-            raise ChecksumMismatchError(f"{key}: read back {size} bytes, sha256 {digest}")
-        return digest, size
-
-    async def _download(self, row: asyncpg.Record, target: Path) -> None:
-        digest, size = await media_objects.download(self.s.store, row["object_key"], target)
-        if digest != row["sha256"] or size != row["size_bytes"]:
-            raise ChecksumMismatchError(
-                f"{row['object_key']}: {size} bytes, sha256 {digest}; recorded"
-                f" {row['size_bytes']} bytes, sha256 {row['sha256']}"
-            )
-
-    async def _discard(self, *object_keys: str) -> None:
-        with anyio.CancelScope(shield=True):
-            for key in object_keys:
-                with contextlib.suppress(Exception):
-                    await self.s.store.delete(key)
 
     async def _fail_outputs(
         self, asset_id: uuid.UUID, revision: int, plan: Plan, piece: str, detail: str
     ) -> None:
         """A piece out of retries: the outputs made from pieces can no longer be made."""
         with anyio.CancelScope(shield=True):
-            async with self.s.pool.acquire() as conn:
+            async with media_assets.connection(self.services.pool, "failing a piece") as conn:
                 with contextlib.suppress(StaleStateError):
                     await transition(
                         conn,
@@ -261,10 +139,10 @@ class ChunkStage:
                         new="FAILED",
                         values={"detail": detail[:1000]},
                     )
-            if await split_failed(self.s.pool, asset_id, revision):
+            if await media_pieces.split_failed(self.services.pool, asset_id, revision):
                 return  # the single pass makes the chunk outputs now, not the pieces
             for output in chunk_outputs(plan):
-                await self.stage._mark_failed(asset_id, revision, output, f"{piece}: {detail}")
+                await self.revisions.mark_failed(asset_id, revision, output, f"{piece}: {detail}")
 
     async def _fall_back(self, asset_id: uuid.UUID, revision: int, plan: Plan, detail: str) -> None:
         """The split out of retries (a source the segment muxer cannot cut as planned): the
@@ -273,11 +151,13 @@ class ChunkStage:
         chunks yet; the audio piece stops (``_guarded``)."""
         with anyio.CancelScope(shield=True):
             try:
-                asset = await self.stage._asset(asset_id)
+                asset = await self.revisions.asset(asset_id)
             except NotFoundError:
                 return  # deleted meanwhile: nothing to make
             summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
-            async with self.s.pool.acquire() as conn, conn.transaction():
+            async with media_assets.connection(
+                self.services.pool, "falling back to the single pass", transaction=True
+            ) as conn:
                 try:
                     await transition(
                         conn,
@@ -289,16 +169,11 @@ class ChunkStage:
                     )
                 except StaleStateError:
                     return  # done meanwhile by another attempt, or already fallen back
-                pending = await conn.fetch(
-                    "SELECT variant_type FROM asset_variants WHERE asset_id = $1"
-                    " AND revision = $2 AND status = 'PENDING' AND variant_type = ANY($3::text[])",
-                    asset_id,
-                    revision,
-                    chunk_outputs(plan),
+                outputs = await asset_variants.pending_among(
+                    conn, asset_id, revision, chunk_outputs(plan)
                 )
-                outputs = [row["variant_type"] for row in pending]
-                specs = self.stage.render_specs(asset, revision, plan, summary, outputs)
-                await self.s.queue.enqueue(conn, specs)
+                specs = self.revisions.render_specs(asset, revision, plan, summary, outputs)
+                await self.services.queue.enqueue(conn, specs)
             log.warning(
                 "chunked_split_failed_single_pass",
                 asset_id=str(asset_id),
@@ -314,7 +189,9 @@ class ChunkStage:
             return live
         asset_id, revision, piece, state = live
         plan = msgspec.convert(state["plan"], Plan)
-        if piece != SPLIT_PIECE and await split_failed(self.s.pool, asset_id, revision):
+        if piece != SPLIT_PIECE and await media_pieces.split_failed(
+            self.services.pool, asset_id, revision
+        ):
             return {"outcome": "split_failed_single_pass"}
         try:
             result: dict[str, Any] = await body(asset_id, revision, piece, plan)
@@ -343,24 +220,31 @@ class ChunkStage:
         ) -> dict[str, Any]:
             if (await self._piece(asset_id, revision, SPLIT_PIECE))["status"] != "PENDING":
                 return {"outcome": "already_done"}
-            asset = await self.stage._asset(asset_id)
+            asset = await self.revisions.asset(asset_id)
             summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
             work = self._work(asset_id, asset["tenant_id"], revision)
             attempt = f"{job.id}-{job.attempts}"
             made: list[tuple[str, str, int]] = []
-            with self.s.sandbox.scratch() as root:
+            with self.services.sandbox.scratch() as root:
                 run = await self._source_run(root, asset, summary)
                 steps = run.chunk_steps(plan)
                 for index, path in enumerate(await steps.split(run.sniff, run.source)):
                     key = f"{work}/chunks/{attempt}/{chunk_name(index)}"
-                    made.append((key, *await self._upload(key, path)))
+                    made.append(
+                        (
+                            key,
+                            *await media_objects.upload_work_object(self.services.store, key, path),
+                        )
+                    )
             total = sum(size for _, _, size in made)
             manifest = hashlib.sha256("".join(d for _, d, _ in made).encode()).hexdigest()
             assert plan.chunking is not None
             specs: list[JobSpec] = []
             rungs = [r for r in plan.rungs if not r.copy]
-            async with self.s.pool.acquire() as conn, conn.transaction():
-                await _lock_revision(conn, asset_id, revision)
+            async with media_assets.connection(
+                self.services.pool, "recording the chunks", transaction=True
+            ) as conn:
+                await revision_rows.lock(conn, asset_id, revision)
                 try:
                     await transition(
                         conn,
@@ -376,7 +260,7 @@ class ChunkStage:
                     )
                 except StaleStateError:
                     made_keys = [key for key, _, _ in made]
-                    await self._discard(*made_keys)
+                    await media_objects.discard(self.services.store, *made_keys)
                     return {"outcome": "already_done"}
                 rows: list[tuple[Any, ...]] = []
                 for index, (key, digest, size) in enumerate(made):
@@ -396,15 +280,15 @@ class ChunkStage:
                     for rung in rungs:
                         name = video_piece(rung, index)
                         rows.append((asset_id, revision, name, "PENDING", None, None, None, None))
-                        timeout = _timeout(
+                        timeout = piece_timeout(
                             plan,
                             span,
-                            self.s.config.media.process_timeout_seconds,
-                            self.s.config.media.process_timeout_per_media_second,
+                            self.services.config.media.process_timeout_seconds,
+                            self.services.config.media.process_timeout_per_media_second,
                         )
                         later = plan.chunking.starts[index] - plan.chunking.origin
                         specs.append(
-                            _spec(
+                            piece_spec(
                                 ENCODE_KIND,
                                 asset_id,
                                 asset["tenant_id"],
@@ -415,13 +299,8 @@ class ChunkStage:
                                 later=later,
                             )
                         )
-                await conn.executemany(
-                    "INSERT INTO media_pieces (asset_id, revision, piece, status, object_key,"
-                    " size_bytes, sha256, frames) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-                    " ON CONFLICT DO NOTHING",
-                    rows,
-                )
-                await self.s.queue.enqueue(conn, specs)
+                await media_pieces.insert(conn, rows)
+                await self.services.queue.enqueue(conn, specs)
                 # Each chunk's first rendition leads: the others' jobs wait behind it, so
                 # that the lead, whichever worker takes it, encodes them all from one decode
                 # of the chunk (they come back by themselves if it never does).
@@ -431,7 +310,7 @@ class ChunkStage:
                     if not s.payload["piece"].startswith(f"video:{rungs[0].name}:")
                 ]
                 if followers:
-                    await self.s.queue.hold(followers, specs[0].timeout_seconds, conn)
+                    await self.services.queue.hold(followers, specs[0].timeout_seconds, conn)
             log.info(
                 "chunks_split",
                 asset_id=str(asset_id),
@@ -453,7 +332,7 @@ class ChunkStage:
         ) -> dict[str, Any]:
             if (await self._piece(asset_id, revision, piece))["status"] != "PENDING":
                 return {"outcome": "already_done"}
-            asset = await self.stage._asset(asset_id)
+            asset = await self.revisions.asset(asset_id)
             summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
             work = self._work(asset_id, asset["tenant_id"], revision)
             attempt = f"{job.id}-{job.attempts}"
@@ -461,7 +340,7 @@ class ChunkStage:
             # (piece, path, frames, key) of each piece this run makes.
             made: list[tuple[str, Path, int | None, str]] = []
             try:
-                with self.s.sandbox.scratch() as root:
+                with self.services.sandbox.scratch() as root:
                     if piece == AUDIO_PIECE:
                         run = await self._source_run(root, asset, summary)
                         path = await run.chunk_steps(plan).audio(run.sniff, run.source, summary)
@@ -476,11 +355,11 @@ class ChunkStage:
                         rungs = [rung]
                         siblings = await self._siblings(asset_id, revision, plan, rung, index)
                         if job.attempts <= 1:
-                            held = await self.s.queue.hold(siblings, job.timeout_seconds)
+                            held = await self.services.queue.hold(siblings, job.timeout_seconds)
                             rungs += [
                                 r
                                 for r in steps.encoded_rungs
-                                if _key(
+                                if piece_key(
                                     ENCODE_KIND, asset_id, revision, plan, video_piece(r, index)
                                 )
                                 in held
@@ -488,17 +367,22 @@ class ChunkStage:
                         else:
                             # A retry encodes its own piece alone; siblings an attempt of
                             # this job held before it died do their own, now.
-                            await self.s.queue.wake_held(siblings)
+                            await self.services.queue.wake_held(siblings)
                         chunk_row = await self._piece(asset_id, revision, chunk_piece(index))
                         chunk = steps.chunk_path(index)
-                        await self._download(chunk_row, chunk)
+                        await media_objects.download_piece(self.services.store, chunk_row, chunk)
                         encoded = await steps.encode_many(rungs, index, chunk)
                         for r, (path, frames) in zip(rungs, encoded, strict=True):
                             key = f"{work}/pieces/{r.name}/{index:04d}.{attempt}.mp4"
                             made.append((video_piece(r, index), path, frames, key))
                         span = steps._span(index)
                     uploaded = [
-                        (name, frames, key, *await self._upload(key, path))
+                        (
+                            name,
+                            frames,
+                            key,
+                            *await media_objects.upload_work_object(self.services.store, key, path),
+                        )
                         for name, path, frames, key in made
                     ]
                 return await self._commit_pieces(
@@ -509,7 +393,7 @@ class ChunkStage:
                 if held:
                     with anyio.CancelScope(shield=True):
                         try:
-                            await self.s.queue.wake_held(held)
+                            await self.services.queue.wake_held(held)
                         except AivedioError as exc:  # they come back by themselves later
                             log.warning("wake_held_failed", jobs=len(held), detail=exc.detail)
 
@@ -534,8 +418,10 @@ class ChunkStage:
             metrics.media_processed(
                 plan.path, plan.mode, sum(p.wall_seconds for p in run.report.processes), span
             )
-        async with self.s.pool.acquire() as conn, conn.transaction():
-            await _lock_revision(conn, asset_id, revision)
+        async with media_assets.connection(
+            self.services.pool, "recording pieces", transaction=True
+        ) as conn:
+            await revision_rows.lock(conn, asset_id, revision)
             stale: list[str] = []
             for name, count, key, digest, size in uploaded:
                 try:
@@ -554,26 +440,21 @@ class ChunkStage:
                     )
                 except StaleStateError:
                     stale.append(key)
-            pending = await conn.fetchval(
-                "SELECT count(*) FROM media_pieces WHERE asset_id = $1 AND revision = $2"
-                " AND status <> 'DONE'",
-                asset_id,
-                revision,
-            )
+            pending = await media_pieces.unfinished(conn, asset_id, revision)
             if pending == 0 and len(stale) < len(uploaded):
-                timeout = _timeout(
+                timeout = piece_timeout(
                     plan,
                     plan.duration_seconds,
-                    self.s.config.media.process_timeout_seconds,
-                    self.s.config.media.process_timeout_per_media_second,
+                    self.services.config.media.process_timeout_seconds,
+                    self.services.config.media.process_timeout_per_media_second,
                 )
-                await self.s.queue.enqueue_one(
+                await self.services.queue.enqueue_one(
                     conn,
-                    _spec(
+                    piece_spec(
                         ASSEMBLE_KIND, asset_id, asset["tenant_id"], revision, plan, "all", timeout
                     ),
                 )
-        await self._discard(*stale)
+        await media_objects.discard(self.services.store, *stale)
         if len(stale) == len(uploaded):
             return {"outcome": "already_done"}
         pieces = [name for name, *_ in uploaded]
@@ -602,14 +483,8 @@ class ChunkStage:
         holds back those not running yet (for as long as it may take: they come back by
         themselves if it dies) and encodes them from its one decode of the chunk."""
         names = [video_piece(r, index) for r in plan.rungs if not r.copy and r != rung]
-        rows = await self.s.pool.fetch(
-            "SELECT piece FROM media_pieces WHERE asset_id = $1 AND revision = $2"
-            " AND status = 'PENDING' AND piece = ANY($3::text[])",
-            asset_id,
-            revision,
-            names,
-        )
-        return [_key(ENCODE_KIND, asset_id, revision, plan, row["piece"]) for row in rows]
+        pending = await media_pieces.pending_among(self.services.pool, asset_id, revision, names)
+        return [piece_key(ENCODE_KIND, asset_id, revision, plan, name) for name in pending]
 
     # -- assemble --------------------------------------------------------------------------
 
@@ -617,31 +492,22 @@ class ChunkStage:
         async def body(
             asset_id: uuid.UUID, revision: int, piece: str, plan: Plan
         ) -> dict[str, Any]:
-            rows = await self.s.pool.fetch(
-                "SELECT * FROM media_pieces WHERE asset_id = $1 AND revision = $2",
-                asset_id,
-                revision,
-            )
+            rows = await media_pieces.of_revision(self.services.pool, asset_id, revision)
             pieces = {row["piece"]: row for row in rows}
             missing = sorted(name for name, row in pieces.items() if row["status"] != "DONE")
             if missing or SPLIT_PIECE not in pieces:
                 raise TransientError(f"pieces not done: {', '.join(missing[:5]) or 'split'}")
-            variants = await self.s.pool.fetch(
-                "SELECT variant_type FROM asset_variants WHERE asset_id = $1 AND revision = $2"
-                " AND status = 'PENDING' AND variant_type = ANY($3::text[])",
-                asset_id,
-                revision,
-                chunk_outputs(plan),
+            nodes = await asset_variants.pending_among(
+                self.services.pool, asset_id, revision, chunk_outputs(plan)
             )
-            nodes = [row["variant_type"] for row in variants]
             if not nodes:
                 return {"outcome": "already_done"}
-            asset = await self.stage._asset(asset_id)
+            asset = await self.revisions.asset(asset_id)
             summary = msgspec.convert(asset["probe"]["media"], MediaSummary)
             prefix = keys.revision_prefix(asset["tenant_id"], asset_id, revision)
             assert plan.chunking is not None
             done: list[str] = []
-            with self.s.sandbox.scratch() as root:
+            with self.services.sandbox.scratch() as root:
                 if any(rung.copy for rung in plan.rungs):
                     # The copied rung and its audio come from the source itself.
                     run = await self._source_run(root, asset, summary)
@@ -649,25 +515,27 @@ class ChunkStage:
                     run = self._run(root, summary, source_present=False)
                 steps = run.chunk_steps(plan)
                 if plan.audio != "none":
-                    await self._download(pieces[AUDIO_PIECE], run.layout.audio)
+                    await media_objects.download_piece(
+                        self.services.store, pieces[AUDIO_PIECE], run.layout.audio
+                    )
                 for rung in steps.encoded_rungs:
                     joined: list[tuple[Path, int]] = []
                     for index in range(plan.chunking.count):
                         row = pieces[video_piece(rung, index)]
                         path = steps.piece_path(rung, index)
-                        await self._download(row, path)
+                        await media_objects.download_piece(self.services.store, row, path)
                         joined.append((path, int(row["frames"])))
                     await steps.join(rung, joined)
 
                 async def record_now(record: OutputRecord) -> None:
                     await media_objects.upload_and_verify(
-                        self.s.store, prefix, root / "out", record
+                        self.services.store, prefix, root / "out", record
                     )
                     if await media_objects.record_variant(
-                        self.s.pool, asset_id, revision, record, prefix
+                        self.services.pool, asset_id, revision, record, prefix
                     ):
                         done.append(record.variant_type)
-                        await self.stage._check_revision(asset_id, revision)
+                        await self.revisions.check_revision(asset_id, revision)
 
                 run.on_done = record_now
                 report = await run.package_encoded(plan, nodes)
@@ -680,40 +548,13 @@ class ChunkStage:
                 failed=sorted(failed),
                 job_id=job.id,
             )
-            await self.stage._check_revision(asset_id, revision)
+            await self.revisions.check_revision(asset_id, revision)
             if failed:
                 first = failed[sorted(failed)[0]]
                 raise RenderError(first.detail or f"{first.name} failed")
             # The work objects are garbage now (the sweeper's GC would collect them too).
             work = [row["object_key"] for row in rows if row["piece"] != SPLIT_PIECE]
-            await self._discard(*[key for key in work if key])
+            await media_objects.discard(self.services.store, *[key for key in work if key])
             return {"outcome": "assembled", "done": done}
 
         return await self._guarded(job, body)
-
-
-async def _lock_revision(conn: Any, asset_id: uuid.UUID, revision: int) -> None:
-    await conn.execute(
-        "SELECT 1 FROM asset_revisions WHERE asset_id = $1 AND revision = $2 FOR UPDATE",
-        asset_id,
-        revision,
-    )
-
-
-async def _read_digest(store: Any, key: str) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    async for block in store.get(key):
-        digest.update(block)
-        size += len(block)
-    return digest.hexdigest(), size
-
-
-def _file_digest(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as handle:
-        while block := handle.read(1024 * 1024):
-            digest.update(block)
-            size += len(block)
-    return digest.hexdigest(), size

@@ -10,21 +10,22 @@ job logic reads as job logic; each function takes the store or pool it needs.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+import anyio
 import asyncpg
 import msgspec
 
 from aivedio.errors import ChecksumMismatchError
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord
-from aivedio.states import Entity
-from aivedio.store.database import Pool, map_db_errors
-from aivedio.store.objects import keys
+from aivedio.store import asset_variants
+from aivedio.store.database import Pool
 from aivedio.store.objects.base import LocalFile, ObjectStore
-from aivedio.store.records import check_transition
 
 
 async def download_source(store: ObjectStore, asset: asyncpg.Record, target: Path) -> None:
@@ -75,25 +76,15 @@ async def record_variants(
 ) -> set[str]:
     """Move these outputs' PENDING variants to SUCCEEDED in one statement (a CAS per row);
     returns the variant types moved (one another run got to first is left out)."""
-    check_transition(Entity.VARIANT, "PENDING", "SUCCEEDED")
     if not records:
         return set()
     now = datetime.now(UTC)
     rows = [(r, r.primary_file()) for r in records]
-    with map_db_errors("recording outputs"):
-        moved = await pool.fetch(
-            "UPDATE asset_variants v SET status = 'SUCCEEDED', object_key = u.object_key,"
-            " mime_type = u.mime_type, size_bytes = u.size_bytes, checksum = u.checksum,"
-            " width = u.width, height = u.height, codec = u.codec, bitrate = u.bitrate,"
-            " extra = u.extra, completed_at = $13"
-            " FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[],"
-            "  $8::int[], $9::int[], $10::text[], $11::bigint[], $12::jsonb[])"
-            "  AS u(variant_type, object_key, mime_type, size_bytes, checksum, width, height,"
-            "  codec, bitrate, extra)"
-            " WHERE v.asset_id = $1 AND v.revision = $2 AND v.variant_type = u.variant_type"
-            " AND v.status = 'PENDING' RETURNING v.variant_type",
-            asset_id,
-            revision,
+    return await asset_variants.succeed(
+        pool,
+        asset_id,
+        revision,
+        [
             [r.variant_type for r, _ in rows],
             [f"{prefix}/{p.path}" for _, p in rows],
             [p.mime for _, p in rows],
@@ -111,19 +102,58 @@ async def record_variants(
                 }
                 for r, _ in rows
             ],
-            now,
+        ],
+        now,
+    )
+
+
+async def upload_work_object(store: ObjectStore, key: str, path: Path) -> tuple[str, int]:
+    """Write a work object and read it back: its SHA-256 and size as stored."""
+    async with await store.start_upload(key) as upload:
+        async with await anyio.open_file(path, "rb") as handle:
+            while block := await handle.read(1024 * 1024):
+                await upload.write(block)
+        await upload.complete()
+    digest, size = await _read_digest(store, key)
+    expected = await anyio.to_thread.run_sync(_file_digest, path)
+    if (digest, size) != expected:
+        raise ChecksumMismatchError(f"{key}: read back {size} bytes, sha256 {digest}")
+    return digest, size
+
+
+async def download_piece(store: ObjectStore, row: asyncpg.Record, target: Path) -> None:
+    """Download a recorded piece, checked against its recorded size and SHA-256."""
+    digest, size = await download(store, row["object_key"], target)
+    if digest != row["sha256"] or size != row["size_bytes"]:
+        raise ChecksumMismatchError(
+            f"{row['object_key']}: {size} bytes, sha256 {digest}; recorded"
+            f" {row['size_bytes']} bytes, sha256 {row['sha256']}"
         )
-    return {row["variant_type"] for row in moved}
 
 
-def recorded_files(
-    object_key: str, size_bytes: int | None, checksum: str | None, files: object
-) -> list[tuple[str, int | None, str | None]]:
-    """(key, size, sha256) of every file of a recorded output: its ``extra->'files'`` (paths
-    under the revision's root, as ``record_variants`` writes them), or its primary object
-    alone when it lists none or its key is off the layout. Publish and the integrity audit
-    both check an output's files through this one reading."""
-    base = keys.revision_root(object_key)
-    if not isinstance(files, list) or not files or base is None:
-        return [(object_key, size_bytes, checksum or None)]
-    return [(f"{base}/{f['path']}", f.get("size"), f.get("sha256")) for f in files]
+async def discard(store: ObjectStore, *object_keys: str) -> None:
+    """Delete objects, shielded from cancellation; one that cannot be deleted is left (the
+    sweeper's GC collects it)."""
+    with anyio.CancelScope(shield=True):
+        for key in object_keys:
+            with contextlib.suppress(Exception):
+                await store.delete(key)
+
+
+async def _read_digest(store: ObjectStore, key: str) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    async for block in store.get(key):
+        digest.update(block)
+        size += len(block)
+    return digest.hexdigest(), size
+
+
+def _file_digest(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        while block := handle.read(1024 * 1024):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size

@@ -43,12 +43,12 @@ from aivedio.errors import (
 from aivedio.logs import get_logger
 from aivedio.pipeline import jobs
 from aivedio.pipeline.jobs import JobContext, Registry, publish_spec
-from aivedio.pipeline.media_objects import recorded_files
 from aivedio.pipeline.publish_release import NotPublishable, PointerMoved, Unmet, release
 from aivedio.states import Entity
 from aivedio.store import publishing
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
+from aivedio.store.objects.keys import recorded_files
 from aivedio.store.publishing import (
     CANCELLED,
     DELETED,

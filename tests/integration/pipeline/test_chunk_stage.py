@@ -25,10 +25,11 @@ import pytest
 
 from aivedio.config.load import Config
 from aivedio.errors import RenderError
-from aivedio.pipeline import chunk_stage
+from aivedio.pipeline import chunk_pieces, chunk_stage
 from aivedio.pipeline.ffmpeg.chunk_steps import ChunkSteps
 from aivedio.pipeline.media.plan import Plan
-from aivedio.pipeline.media_stage import _will_retry, open_media_stage
+from aivedio.pipeline.media_stage import open_media_stage
+from aivedio.pipeline.revisions import will_retry
 from aivedio.store.database import Pool
 from aivedio.store.objects import keys
 from aivedio.store.queue import Queue
@@ -245,10 +246,10 @@ async def test_a_long_source_through_the_chunked_path_gives_exact_frames_in_sync
         and j["payload"]["piece"].startswith("video:")
     ]
     assert sorted(map(sorted, encoded)) == sorted(
-        sorted(chunk_stage.video_piece(r, i) for r in plan.rungs) for i in range(chunking.count)
+        sorted(chunk_pieces.video_piece(r, i) for r in plan.rungs) for i in range(chunking.count)
     )
     rendered = {j["payload"]["variant_type"] for j in jobs if j["kind"] == "render"}
-    assert not rendered & set(chunk_stage.CHUNK_OUTPUTS)
+    assert not rendered & set(chunk_pieces.CHUNK_OUTPUTS)
     pieces = await rig.pool.fetch(
         "SELECT piece, status, frames FROM media_pieces WHERE asset_id = $1", asset_id
     )
@@ -322,7 +323,7 @@ async def test_a_chunk_failing_twice_then_succeeding_changes_nothing(
         retried = await publish(rig, short_source)
     assert len(failures) == 2
     assert (await rig.asset(retried))["status"] in ("PLAYABLE", "ENRICHED")
-    piece = chunk_stage.video_piece(encoded[0], 1)
+    piece = chunk_pieces.video_piece(encoded[0], 1)
     jobs = {
         j["payload"].get("piece"): j
         for j in await history(rig, retried)
@@ -361,7 +362,7 @@ async def test_renditions_from_one_decode_match_those_encoded_one_by_one(
 
     count = plan.chunking.count
     assert made_by(await history(rig, together)) == sorted(
-        sorted(chunk_stage.video_piece(r, i) for r in plan.rungs) for i in range(count)
+        sorted(chunk_pieces.video_piece(r, i) for r in plan.rungs) for i in range(count)
     )
 
     async def hold_nothing(self: Queue, keys: Any, seconds: float, conn: Any = None) -> list[str]:
@@ -371,7 +372,7 @@ async def test_renditions_from_one_decode_match_those_encoded_one_by_one(
     async with running_worker(rig):
         alone = await publish(rig, source)
     assert made_by(await history(rig, alone)) == sorted(
-        [chunk_stage.video_piece(r, i)] for r in plan.rungs for i in range(count)
+        [chunk_pieces.video_piece(r, i)] for r in plan.rungs for i in range(count)
     )
     first = await download_revision(rig, together, tmp_path / "a")
     second = await download_revision(rig, alone, tmp_path / "b")
@@ -402,18 +403,18 @@ async def test_a_source_that_cannot_be_split_takes_the_single_pass(
     jobs = await history(rig, asset_id)
     (split_job,) = [j for j in jobs if j["kind"] == "chunk_split"]
     assert split_job["status"] == "dead" and split_job["attempts"] > 1  # retried, then gave up
-    assert not [j for j in jobs if j["kind"] == chunk_stage.ASSEMBLE_KIND]
+    assert not [j for j in jobs if j["kind"] == chunk_pieces.ASSEMBLE_KIND]
     assert not [
         j
         for j in jobs
-        if j["kind"] == chunk_stage.ENCODE_KIND and j["payload"]["piece"].startswith("video:")
+        if j["kind"] == chunk_pieces.ENCODE_KIND and j["payload"]["piece"].startswith("video:")
     ]
     rendered = {
         j["payload"]["variant_type"]
         for j in jobs
         if j["kind"] == "render" and j["status"] == "succeeded"
     }
-    assert set(chunk_stage.chunk_outputs(plan)) <= rendered
+    assert set(chunk_pieces.chunk_outputs(plan)) <= rendered
     local = tmp_path / "out"
     await download_revision(rig, asset_id, local)
     assert check_hls(local / "hls" / "master.m3u8") == []
@@ -427,7 +428,7 @@ async def test_a_source_that_cannot_be_split_takes_the_single_pass(
 async def test_a_duplicate_chunk_job_keeps_one_output(rig: Rig, short_source: Path) -> None:
     rig = short_chunks(rig)
     # Split, but leave the pieces to this test.
-    registry = registry_without(chunk_stage.ENCODE_KIND, chunk_stage.ASSEMBLE_KIND)
+    registry = registry_without(chunk_pieces.ENCODE_KIND, chunk_pieces.ASSEMBLE_KIND)
     asset_id = await rig.quarantine(short_source.read_bytes())
     await rig.enqueue_probe(asset_id)
     async with running_worker(rig, registry):
@@ -437,20 +438,20 @@ async def test_a_duplicate_chunk_job_keeps_one_output(rig: Rig, short_source: Pa
         )
     plan = msgspec.convert((await rig.revisions(asset_id))[0]["plan"], Plan)
     rung = next(r for r in plan.rungs if not r.copy)
-    piece = chunk_stage.video_piece(rung, 0)
+    piece = chunk_pieces.video_piece(rung, 0)
     payload = {"asset_id": str(asset_id), "revision": 1, "piece": piece}
     async with open_media_stage(rig.config, rig.pool, Queue(rig.pool), rig.store) as media:
-        stage = chunk_stage.ChunkStage(media, _will_retry)
+        stage = chunk_stage.ChunkStage(media.revisions, will_retry)
         results: list[dict[str, Any]] = []
 
         async def run(job_id: int) -> None:
-            job = fake_job(payload, chunk_stage.ENCODE_KIND, job_id=job_id)
+            job = fake_job(payload, chunk_pieces.ENCODE_KIND, job_id=job_id)
             results.append(await stage.encode(job))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(run, 1001)
             tg.start_soon(run, 1002)
-        again = await stage.encode(fake_job(payload, chunk_stage.ENCODE_KIND, job_id=1003))
+        again = await stage.encode(fake_job(payload, chunk_pieces.ENCODE_KIND, job_id=1003))
     assert sorted(r["outcome"] for r in results) == ["already_done", "encoded"]
     assert again["outcome"] == "already_done"
     row = await rig.pool.fetchrow(
@@ -469,7 +470,7 @@ async def test_a_long_videos_later_chunks_wait_behind_a_short_video_enqueued_aft
     """Claim order: a chunk is due as far after the default deadline as it lies into its
     video, so the short video's render (enqueued 30 s later) goes before the chunks that lie
     more than 30 s in, and after those that do not."""
-    from aivedio.pipeline.media_stage import _render_spec
+    from aivedio.pipeline.revisions import render_spec
     from tests.unit.pipeline.media.test_ffmpeg_args import make_plan
 
     tenant = await pool.fetchval("INSERT INTO tenants (name) VALUES ('t') RETURNING id")
@@ -479,8 +480,8 @@ async def test_a_long_videos_later_chunks_wait_behind_a_short_video_enqueued_aft
     start = datetime.now(UTC)
     async with pool.acquire() as conn:
         specs = [
-            chunk_stage._spec(
-                chunk_stage.ENCODE_KIND,
+            chunk_pieces.piece_spec(
+                chunk_pieces.ENCODE_KIND,
                 long_id,
                 tenant,
                 1,
@@ -492,7 +493,7 @@ async def test_a_long_videos_later_chunks_wait_behind_a_short_video_enqueued_aft
             for i in range(6)
         ]
         await queue.enqueue(conn, specs, now=start)
-        short = _render_spec(short_id, tenant, 1, "playback", plan, 60.0)
+        short = render_spec(short_id, tenant, 1, "playback", plan, 60.0)
         await queue.enqueue(conn, [short], now=start + timedelta(seconds=30))
     order = []
     while jobs := await queue.claim("media", 1, "test", 30.0):

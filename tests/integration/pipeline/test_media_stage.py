@@ -326,7 +326,7 @@ async def test_a_render_defers_while_another_holds_the_revision(rig: Rig, source
         assert again == {"outcome": "already_probed", "status": "PROCESSING"}
         assert await rig.pool.fetchval("SELECT count(*) FROM asset_revisions") == 1
         payload = {"asset_id": str(asset_id), "revision": 1, "variant_type": "playback"}
-        async with stage._revision_lock(asset_id, 1) as held:
+        async with stage.renders.revision_lock(asset_id, 1) as held:
             assert held
             with pytest.raises(DeferredError):
                 await stage.render(fake_job(payload, "render"))
@@ -382,7 +382,7 @@ async def test_a_last_attempt_failing_before_the_lock_leaves_no_output_without_a
             raise DatabaseError("opening the lock session: too many connections")
             yield True  # pragma: no cover
 
-        monkeypatch.setattr(stage, "_revision_lock", unreachable)
+        monkeypatch.setattr(stage.renders, "revision_lock", unreachable)
         payload = {"asset_id": str(asset_id), "revision": 1, "variant_type": "proxy"}
         with pytest.raises(DatabaseError):  # not the last attempt: retried, nothing changes
             await stage.render(fake_job(payload, "render", attempts=1))

@@ -28,7 +28,6 @@ from aivedio.config.sweeper import SweeperConfig
 from aivedio.errors import AivedioError, NotFoundError, Retry
 from aivedio.logs import get_logger
 from aivedio.pipeline.jobs import reprocess_spec
-from aivedio.pipeline.media_objects import recorded_files
 from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
 from aivedio.store import outbox
 from aivedio.store.database import Connection, Pool, map_db_errors
@@ -40,6 +39,7 @@ from aivedio.store.integrity_audit import (
 )
 from aivedio.store.objects import keys
 from aivedio.store.objects.base import ObjectStore
+from aivedio.store.objects.keys import recorded_files
 from aivedio.store.queue import Queue
 from aivedio.supervision import RowGuard
 

@@ -35,3 +35,16 @@ def revision_root(key: str) -> str | None:
     """``assets/t/a/rev/3/hls/x.m4s`` → ``assets/t/a/rev/3``; None off the layout."""
     found = _REVISION_ROOT.match(key)
     return found.group(1) if found else None
+
+
+def recorded_files(
+    object_key: str, size_bytes: int | None, checksum: str | None, files: object
+) -> list[tuple[str, int | None, str | None]]:
+    """(key, size, sha256) of every file of a recorded output: its ``extra->'files'`` (paths
+    under the revision's root, as ``record_variants`` writes them), or its primary object
+    alone when it lists none or its key is off the layout. Publish and the integrity audit
+    both check an output's files through this one reading."""
+    base = revision_root(object_key)
+    if not isinstance(files, list) or not files or base is None:
+        return [(object_key, size_bytes, checksum or None)]
+    return [(f"{base}/{f['path']}", f.get("size"), f.get("sha256")) for f in files]

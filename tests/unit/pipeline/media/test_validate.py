@@ -886,17 +886,17 @@ def test_poster_sprite_and_waveform_settings() -> None:
 
 
 def test_one_packet_scan_of_every_stream_only_where_its_output_is_bounded() -> None:
-    from aivedio.pipeline.ffmpeg.media_run import ONE_SCAN_MAX_PACKETS, _one_scan
+    from aivedio.pipeline.ffmpeg.packet_scans import ONE_SCAN_MAX_PACKETS, one_scan
 
-    assert _one_scan(summary())  # 10 s, 30 fps, AAC at 48 kHz
-    assert not _one_scan(summary(audio_streams=2))  # another track would be printed
-    assert not _one_scan(summary(subtitle_streams=1))
-    assert not _one_scan(summary(audio_codec="opus"))  # packet rate not known (2.5 ms frames)
+    assert one_scan(summary())  # 10 s, 30 fps, AAC at 48 kHz
+    assert not one_scan(summary(audio_streams=2))  # another track would be printed
+    assert not one_scan(summary(subtitle_streams=1))
+    assert not one_scan(summary(audio_codec="opus"))  # packet rate not known (2.5 ms frames)
     hour = summary(duration_seconds=3600.0, frame_rate=60.0, real_frame_rate=60.0)
-    assert _one_scan(hour)  # ~385,000 packets
+    assert one_scan(hour)  # ~385,000 packets
     per_second = 120.0 + 48000 / 1024
     longest = ONE_SCAN_MAX_PACKETS / per_second
-    assert _one_scan(summary(duration_seconds=longest - 1, frame_rate=120.0, real_frame_rate=120.0))
-    assert not _one_scan(
+    assert one_scan(summary(duration_seconds=longest - 1, frame_rate=120.0, real_frame_rate=120.0))
+    assert not one_scan(
         summary(duration_seconds=longest + 1, frame_rate=120.0, real_frame_rate=120.0)
     )

@@ -1,0 +1,172 @@
+"""Finalizing a run's outputs: each node's files checked (faststart, JPEG magic, the
+sprite sheets' count), its indexes written (HLS master playlist, WebVTT, waveform JSON,
+keyframe index) and every file described (size, SHA-256) in its ``OutputRecord``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from aivedio.errors import RenderError
+from aivedio.pipeline.ffmpeg.outputs import OutputRecord, describe, require_faststart, require_jpeg
+from aivedio.pipeline.ffmpeg.packet_scans import PacketScans, packet_args
+from aivedio.pipeline.media import hls, keyframes, thumbnails, waveform
+from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media.validate import MediaSummary
+
+
+class Finalizing(PacketScans):
+    """The last step of every node: from files in ``out/`` to a verified record."""
+
+    async def _finalize(self, node: str, plan: Plan, summary: MediaSummary) -> OutputRecord:
+        layout = self.layout
+        top = plan.top
+        required = node in plan.required
+        if node == "playback":
+            require_faststart(layout.playback)
+            return await self._record(
+                node,
+                "playback.mp4",
+                [layout.playback],
+                required,
+                width=top.width,
+                height=top.height,
+                codec="h264",
+            )
+        if node == "poster":
+            require_jpeg(layout.poster)
+            return await self._record(node, "poster.jpg", [layout.poster], required)
+        if node == "proxy":
+            require_faststart(layout.proxy)
+            assert plan.proxy is not None
+            return await self._record(
+                node,
+                "proxy.mp4",
+                [layout.proxy],
+                required,
+                width=plan.proxy.width,
+                height=plan.proxy.height,
+                codec="h264",
+            )
+        if node == "hls":
+            renditions = [
+                hls.Rendition(
+                    name=r.name,
+                    width=r.width,
+                    height=r.height,
+                    frame_rate=summary.frame_rate if r.copy else plan.frame_rate,
+                    has_audio=summary.audio_codec is not None,
+                )
+                for r in plan.rungs
+            ]
+            files: list[Path] = []
+            for rendition in renditions:
+                files += hls.files_of(layout.hls, rendition.name)
+            master = layout.hls / "master.m3u8"
+            master.write_text(hls.master_playlist(layout.hls, renditions))
+            return await self._record(
+                node,
+                "hls/master.m3u8",
+                [master, *files],
+                required,
+                width=top.width,
+                height=top.height,
+                codec="h264",
+            )
+        if node == "sprite":
+            return await self._finalize_sprite(plan, summary, required)
+        if node == "waveform":
+            return await self._finalize_waveform(plan, summary, required)
+        if node == "keyframes":
+            return await self._finalize_keyframes(plan, required)
+        raise ValueError(f"unknown output {node!r}")
+
+    async def _finalize_sprite(
+        self, plan: Plan, summary: MediaSummary, required: bool
+    ) -> OutputRecord:
+        layout = self.layout
+        sheet_layout = thumbnails.sprite_layout(
+            plan.duration_seconds,
+            interval=plan.sprite_interval,
+            columns=self.media.sprite_columns,
+            rows=self.media.sprite_rows,
+        )
+        sheets = sorted(layout.sprites.glob("sprite_*.jpg"))
+        if len(sheets) < sheet_layout.sheets:
+            raise RenderError(f"sprite: {len(sheets)} sheets made, {sheet_layout.sheets} expected")
+        sheets = sheets[: sheet_layout.sheets]
+        for sheet in sheets:
+            require_jpeg(sheet)
+        width, height = thumbnails.jpeg_dimensions(sheets[0])
+        thumb_w = width // self.media.sprite_columns
+        thumb_h = height // self.media.sprite_rows
+        vtt = layout.sprites / "thumbnails.vtt"
+        vtt.write_text(
+            thumbnails.webvtt_index(sheet_layout, thumb_width=thumb_w, thumb_height=thumb_h)
+        )
+        return await self._record(
+            "sprite",
+            "sprites/thumbnails.vtt",
+            [vtt, *sheets],
+            required,
+            width=thumb_w,
+            height=thumb_h,
+        )
+
+    async def _finalize_waveform(
+        self, plan: Plan, summary: MediaSummary, required: bool
+    ) -> OutputRecord:
+        layout = self.layout
+        if summary.audio_codec is None:
+            peaks = waveform.silent_waveform(
+                plan.duration_seconds, plan.waveform_sample_rate, plan.waveform_zooms
+            )
+        else:
+            peaks = await anyio.to_thread.run_sync(
+                lambda: waveform.compute_peaks(
+                    layout.pcm, sample_rate=plan.waveform_sample_rate, zooms=plan.waveform_zooms
+                )
+            )
+        paths = waveform.write_waveforms(peaks, layout.waveform)
+        primary = f"waveform/waveform_{plan.waveform_zooms[0]}.json"
+        return await self._record("waveform", primary, paths, required)
+
+    async def _finalize_keyframes(self, plan: Plan, required: bool) -> OutputRecord:
+        layout = self.layout
+        if not layout.playback.exists():
+            raise RenderError("keyframes: the playback MP4 is not there (it failed)")
+        text = await self._ffprobe_csv("keyframes", packet_args(None, layout.playback))
+        index = keyframes.keyframe_index(
+            keyframes.parse_packets(text), duration_seconds=plan.duration_seconds
+        )
+        layout.keyframes.write_bytes(msgspec.json.encode(index))
+        return await self._record("keyframes", "keyframes.json", [layout.keyframes], required)
+
+    async def _record(
+        self,
+        node: str,
+        primary: str,
+        paths: list[Path],
+        required: bool,
+        *,
+        width: int | None = None,
+        height: int | None = None,
+        codec: str | None = None,
+    ) -> OutputRecord:
+        out = self.layout.out
+        files = await anyio.to_thread.run_sync(lambda: [describe(p, out) for p in paths])
+        record = OutputRecord(
+            variant_type=node,
+            primary=primary,
+            files=files,
+            required=required,
+            width=width,
+            height=height,
+            codec=codec,
+        )
+        if node in ("playback", "proxy") and self.report and self.report.plan:
+            seconds = max(self.report.plan.duration_seconds, 0.001)
+            record.bitrate = int(record.primary_file().size * 8 / seconds)
+        return record

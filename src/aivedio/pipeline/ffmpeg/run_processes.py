@@ -1,0 +1,122 @@
+"""The processes of a media run: the scratch layout, the sandboxed ffmpeg and ffprobe runs
+recorded in the run's report (a long ffmpeg run logs its progress), and the chunked path's
+steps on the same processes. ``MediaRun`` plans and runs the DAG on top of this."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aivedio.config.media import MediaConfig
+from aivedio.errors import RenderError
+from aivedio.logs import get_logger
+from aivedio.pipeline.ffmpeg.chunk_steps import ChunkSteps
+from aivedio.pipeline.ffmpeg.outputs import OutputRecord, Report
+from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
+from aivedio.pipeline.media.ffmpeg_args import Layout
+from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media.sniff import Sniff
+from aivedio.pipeline.media.validate import MediaSummary
+
+log = get_logger("aivedio.media")
+
+
+PROGRESS_LOG_SECONDS = 10.0
+
+OnDone = Callable[[OutputRecord], Awaitable[None]]
+
+
+class RunProcesses:
+    """One source's scratch directory and the processes run over it, each recorded."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        source: Path,
+        root: Path,
+        *,
+        on_done: OnDone | None = None,
+        parallel: int = 1,
+    ) -> None:
+        """``on_done(record)`` runs as each output is verified (the worker uploads and
+        records it then, so the required set is published without waiting for the rest);
+        if it raises, that output counts as failed. ``parallel``: ffmpeg processes at once
+        on the chunked path (the media lane's slots)."""
+        self.on_done = on_done
+        self.parallel = max(1, parallel)
+        self.sandbox = sandbox
+        self.media: MediaConfig = sandbox.media
+        self.source = source
+        self.layout = Layout(root)
+        self.report: Report | None = None
+        self._sniff: Sniff | None = None
+        self._summary: MediaSummary | None = None
+
+    async def _ffmpeg(self, step: str, args: list[str], duration: float) -> RunResult:
+        assert self.report is not None
+        progress = _ProgressLog(step, duration)
+        result = await self.sandbox.run(
+            "ffmpeg",
+            args,
+            cwd=self.layout.work,
+            deadline_seconds=media_deadline(self.media, duration),
+            on_progress=progress,
+        )
+        self.report.record(step, result)
+        if not result.ok:
+            result.raise_if_exhausted()
+            raise RenderError(f"{step}: {result.error_detail()}")
+        return result
+
+    async def _ffprobe_csv(self, step: str, args: list[str]) -> str:
+        assert self.report is not None
+        result = await self.sandbox.run(
+            "ffprobe",
+            args,
+            cwd=self.layout.work,
+            deadline_seconds=self.media.probe_timeout_seconds,
+            capture_stdout=True,
+        )
+        self.report.record(step, result)
+        if not result.ok:
+            result.raise_if_exhausted()
+            raise RenderError(f"{step}: {result.error_detail()}")
+        return result.stdout.decode("utf-8", "replace")
+
+    @property
+    def sniff(self) -> Sniff:
+        assert self._sniff is not None, "inspect() or assume_valid() first"
+        return self._sniff
+
+    def chunk_steps(self, plan: Plan) -> ChunkSteps:
+        """The chunked path's steps, running their processes as this run's."""
+        return ChunkSteps(self._ffmpeg, self._ffprobe_csv, self.media, plan, self.layout)
+
+
+class _ProgressLog:
+    """Logs a long ffmpeg run's progress (``-progress pipe:1``) every PROGRESS_LOG_SECONDS."""
+
+    def __init__(self, step: str, duration: float) -> None:
+        self.step = step
+        self.duration = duration
+        self.started = time.monotonic()
+        self.last = self.started
+
+    def __call__(self, block: dict[str, str]) -> None:
+        now = time.monotonic()
+        if now - self.last < PROGRESS_LOG_SECONDS:
+            return
+        self.last = now
+        try:
+            done = int(block.get("out_time_us", "0")) / 1e6
+        except ValueError:
+            done = 0.0
+        log.info(
+            "render_progress",
+            step=self.step,
+            media_seconds=round(done, 2),
+            of_seconds=round(self.duration, 2),
+            speed=block.get("speed"),
+            elapsed_seconds=round(now - self.started, 1),
+        )

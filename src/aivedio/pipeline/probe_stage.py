@@ -1,0 +1,331 @@
+"""The ``probe`` job (one per asset) and ``reprocess`` (a new revision of a published asset).
+
+``probe``: fetch the quarantined source into a scratch directory, check it against the
+checksum recorded at fetch, run the verdict (sniff, probe, validate, decode check). Invalid
+media moves the asset to INVALID_MEDIA with its reason codes and the job ends (never
+retried). Valid media gets, in one statement: the media columns, the plan, a BUILDING
+revision, one PENDING variant per output and ONE render job, for the first output (a
+chunked plan's split and audio jobs too, see ``chunk_stage``), keyed
+``render:{asset}:{revision}:{variant_type}:v{pipeline_version}``. A probe out of retries for
+a reason that is not the media's fault fails the asset (PROCESSING_FAILED) with the
+ledger's compensation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import msgspec
+
+from aivedio.errors import AivedioError, DeferredError, StaleStateError
+from aivedio.logs import get_logger
+from aivedio.pipeline import chunk_pieces, media_objects
+from aivedio.pipeline.ffmpeg.media_run import MediaRun
+from aivedio.pipeline.ffmpeg.outputs import MIME, PRIMARY
+from aivedio.pipeline.ffmpeg.verdict import verdict_json
+from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media.validate import MediaSummary
+from aivedio.pipeline.media_poison import PoisonGuard
+from aivedio.pipeline.media_seams import NO_SEAMS, WorkerSeams
+from aivedio.pipeline.revisions import Revisions, render_spec, render_timeout, will_retry
+from aivedio.pipeline.upkeep.lifecycle import retire_if_cancelled
+from aivedio.states import Entity
+from aivedio.store import asset_variants, media_assets, outbox, revision_rows
+from aivedio.store.objects import keys
+from aivedio.store.queue import Job, JobSpec
+from aivedio.store.records import stale, transition, transition_part
+from aivedio.store.together import Part, write_together
+
+log = get_logger("aivedio.media")
+
+
+class ProbeStage:
+    """The probe and reprocess jobs: from a stored source to a BUILDING revision with its
+    first jobs (or to INVALID_MEDIA). It never renders an output and never publishes."""
+
+    def __init__(self, revisions: Revisions, poison: PoisonGuard) -> None:
+        self.revisions = revisions
+        self.poison = poison
+        self.services = revisions.services
+
+    async def probe(self, job: Job, seams: WorkerSeams = NO_SEAMS) -> dict[str, Any]:
+        asset_id = uuid.UUID(str(job.payload["asset_id"]))
+        asset = await self.revisions.asset(asset_id)
+        if asset["status"] not in ("QUARANTINED", "PROBING"):
+            return {"outcome": "already_probed", "status": asset["status"]}
+        retain_days = self.services.config.moderation.reject_retention_days
+        cancelled = asset["task_status"] == "CANCELLED"  # checked again under its lock
+        if cancelled and await retire_if_cancelled(
+            self.services.pool, asset_id, retain_days=retain_days
+        ):
+            return {"outcome": "cancelled", "source_retained": True}
+        if asset["status"] == "QUARANTINED":
+            async with media_assets.connection(self.services.pool, "starting the probe") as conn:
+                # Another delivery of this job may have moved it first: PROBING either way.
+                with contextlib.suppress(StaleStateError):
+                    await transition(
+                        conn, Entity.ASSET, (asset_id,), expected="QUARANTINED", new="PROBING"
+                    )
+        try:
+            await self.poison.refuse_poison(job, asset_id, seams, known=asset["media_crashes"])
+            return await self._probe(job, asset, seams)
+        except DeferredError:
+            raise
+        except AivedioError as exc:
+            # Out of retries (the queue's own rule): the asset must not wait in PROBING.
+            if not will_retry(exc, job):
+                with anyio.CancelScope(shield=True):
+                    await self._probe_failed(asset_id, exc)
+            raise
+
+    async def _probe_failed(self, asset_id: uuid.UUID, exc: AivedioError) -> None:
+        async with media_assets.connection(
+            self.services.pool, "failing the probe", transaction=True
+        ) as conn:
+            try:
+                await transition(
+                    conn,
+                    Entity.ASSET,
+                    (asset_id,),
+                    expected="PROBING",
+                    new="PROCESSING_FAILED",
+                    values={
+                        "last_error_class": exc.error_class,
+                        "last_error_detail": exc.detail[:1000],
+                    },
+                )
+            except StaleStateError:
+                return
+            await self.revisions.compensate(conn, asset_id, f"probe_failed:{exc.error_class}")
+        log.error(
+            "probe_failed",
+            asset_id=str(asset_id),
+            error_class=exc.error_class,
+            detail=exc.detail[:300],
+        )
+
+    async def _probe(self, job: Job, asset: asyncpg.Record, seams: WorkerSeams) -> dict[str, Any]:
+        asset_id: uuid.UUID = asset["id"]
+        media = self.services.config.media
+        with self.services.sandbox.scratch() as root:
+            source = root / "source.bin"
+            await media_objects.download_source(self.services.store, asset, source)
+            run = MediaRun(self.services.sandbox, source, root)
+            # A crash in the verdict itself is the verdict (INVALID_MEDIA, decoder_crashed);
+            # one in the keyframe scans after it fails the attempt and counts as a crash.
+            async with self.poison.watch_crashes(job, asset_id, run, seams):
+                report = await run.run(plan_only=True)
+            verdict = verdict_json(report.verdict)
+            if not report.verdict.valid:
+                return await self._invalid(asset_id, verdict)
+            assert report.plan is not None and report.verdict.media is not None
+            return await self._start_revision(
+                asset, report.verdict.media, report.plan, verdict, job, media.pipeline_version
+            )
+
+    async def reprocess(self, job: Job, seams: WorkerSeams = NO_SEAMS) -> dict[str, Any]:
+        """A new revision from the retained source under the current pipeline version; the
+        published revision serves until the new one is published. Nothing is re-fetched."""
+        asset_id = uuid.UUID(str(job.payload["asset_id"]))
+        asset = await self.revisions.asset(asset_id)
+        if asset["status"] not in ("PLAYABLE", "ENRICHED"):
+            return {"outcome": "not_published", "status": asset["status"]}
+        building = await revision_rows.building_rebuild(
+            self.services.pool, asset_id, asset["current_revision"]
+        )
+        if building is not None:
+            return {"outcome": "already_building", "revision": building}
+        await self.poison.refuse_poison(job, asset_id, seams)
+        with self.services.sandbox.scratch() as root:
+            source = root / "source.bin"
+            await media_objects.download_source(self.services.store, asset, source)
+            run = MediaRun(self.services.sandbox, source, root)
+            async with self.poison.watch_crashes(job, asset_id, run, seams):
+                report = await run.run(plan_only=True)
+            verdict = verdict_json(report.verdict)
+            if not report.verdict.valid or report.plan is None:
+                log.warning(
+                    "reprocess_source_invalid", asset_id=str(asset_id), reasons=verdict["reasons"]
+                )
+                return {"outcome": "invalid_media", "reasons": verdict["reasons"]}
+            assert report.verdict.media is not None
+            return await self._start_revision(
+                asset,
+                report.verdict.media,
+                report.plan,
+                verdict,
+                job,
+                self.services.config.media.pipeline_version,
+                reprocess=True,
+            )
+
+    async def _invalid(self, asset_id: uuid.UUID, verdict: dict[str, Any]) -> dict[str, Any]:
+        detail = ", ".join(verdict["reasons"]) + (
+            f" ({verdict['detail']})" if verdict.get("detail") else ""
+        )
+        async with media_assets.connection(
+            self.services.pool, "recording invalid media", transaction=True
+        ) as conn:
+            tenant_id = await media_assets.tenant_of(conn, asset_id)
+            await outbox.emit(
+                conn,
+                "asset.invalid",
+                tenant_id=tenant_id,
+                aggregate_id=asset_id,
+                payload={"asset_id": str(asset_id), "reasons": verdict["reasons"]},
+            )
+            await transition(
+                conn,
+                Entity.ASSET,
+                (asset_id,),
+                expected="PROBING",
+                new="INVALID_MEDIA",
+                values={
+                    "probe": verdict,
+                    "last_error_class": "invalid_media",
+                    "last_error_detail": detail[:1000],
+                },
+            )
+        log.warning("asset_invalid_media", asset_id=str(asset_id), reasons=verdict["reasons"])
+        return {
+            "outcome": "invalid_media",
+            "reasons": verdict["reasons"],
+            "network_isolated": verdict["network_isolated"],
+        }
+
+    async def _start_revision(
+        self,
+        asset: asyncpg.Record,
+        summary: MediaSummary,
+        plan: Plan,
+        verdict: dict[str, Any],
+        job: Job,
+        pipeline_version: int,
+        *,
+        reprocess: bool = False,
+    ) -> dict[str, Any]:
+        asset_id: uuid.UUID = asset["id"]
+        tenant_id: int = asset["tenant_id"]
+        num, den = _rate_fraction(summary.frame_rate)
+        # A new asset's first revision: the number read with the asset (``asset_row``; the
+        # move out of PROBING below makes one run the one). A rebuild reads it now: an
+        # enrichment may have taken the next number while its source was probed.
+        revision = int(asset["next_revision"])
+        if reprocess:
+            revision = await revision_rows.next_number(self.services.pool, asset_id)
+        prefix = keys.revision_prefix(tenant_id, asset_id, revision)
+        outputs = plan.outputs
+        parts: dict[str, Part] = {}
+        if reprocess:
+            # A published asset keeps serving its current revision until the new one is
+            # published; only the probe result is refreshed.
+            parts["asset"] = media_assets.refresh_probe_part(asset_id, verdict)
+        else:
+            parts["asset"] = transition_part(
+                Entity.ASSET,
+                (asset_id,),
+                expected="PROBING",
+                new="PROCESSING",
+                values={
+                    "probe": verdict,
+                    "media_type": "video",
+                    "duration_us": int(summary.duration_seconds * 1_000_000),
+                    "width": summary.display_width,
+                    "height": summary.display_height,
+                    "video_codec": summary.video_codec,
+                    "audio_codec": summary.audio_codec,
+                    "frame_rate_num": num,
+                    "frame_rate_den": den,
+                    "last_error_class": None,
+                    "last_error_detail": None,
+                },
+            )
+        # Everything below is written only when the asset's move (``asset``) won: this is one
+        # statement, with no transaction to roll back.
+        won = revision_rows.wrote("asset")
+        parts["revision"] = revision_rows.insert_part(
+            asset_id,
+            revision,
+            pipeline_version,
+            plan.required,
+            plan.optional,
+            msgspec.to_builtins(plan),
+            asset["delete_version"],
+            asset["cancel_version"],
+            when=won,
+        )
+        parts["outputs"] = asset_variants.insert_pending_part(
+            asset_id,
+            revision,
+            outputs,
+            [f"{prefix}/{_primary(o, plan)}" for o in outputs],
+            [MIME.get(Path(_primary(o, plan)).suffix, "application/octet-stream") for o in outputs],
+            when=won,
+        )
+        specs: list[JobSpec] = []
+        by_chunks = chunk_pieces.chunk_outputs(plan)
+        if by_chunks:
+            media = self.services.config.media
+            parts["pieces"], chunk_specs = chunk_pieces.start(
+                asset_id,
+                tenant_id,
+                revision,
+                plan,
+                media.process_timeout_seconds,
+                media.process_timeout_per_media_second,
+                when=won,
+            )
+            specs += chunk_specs
+        # One render job, for the first output the chunk jobs do not make: its first run
+        # renders every pending output in one DAG run. An output it fails gets a job of its
+        # own then, the outputs it puts off one together (``_spawn``), and a job that finds
+        # its output made spawns jobs for the rest (``_spawn_rest``): no output ever waits
+        # without a job that will make it.
+        lead = [o for o in outputs if o not in by_chunks][:1]
+        timeout = render_timeout(self.services.config, summary)
+        specs += [render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
+        jobs = self.services.queue.enqueuing(specs, name="jobs", when=won)
+        if jobs is not None:
+            parts.update(jobs.parts)
+        # The asset's move, the revision, its outputs and jobs: one statement.
+        async with media_assets.connection(self.services.pool, "starting a revision") as conn:
+            got = await write_together(conn, parts, "starting a revision")
+        if jobs is not None:
+            jobs.made(got)
+        if not got["asset"] and reprocess:
+            raise StaleStateError(f"asset {asset_id} disappeared")
+        if not got["asset"]:
+            raise stale(Entity.ASSET, (asset_id,), expected="PROBING", new="PROCESSING")
+        log.info(
+            "revision_building",
+            asset_id=str(asset_id),
+            revision=revision,
+            mode=plan.mode,
+            path=plan.path,
+            outputs=plan.outputs,
+            job_id=job.id,
+        )
+        return {
+            "outcome": "processing",
+            "revision": revision,
+            "plan": plan.mode,
+            "path": plan.path,
+            "network_isolated": verdict["network_isolated"],
+        }
+
+
+def _primary(output: str, plan: Plan) -> str:
+    return PRIMARY[output].format(zoom=plan.waveform_zooms[0])
+
+
+def _rate_fraction(rate: float) -> tuple[int | None, int | None]:
+    if rate <= 0:
+        return None, None
+    fraction = Fraction(rate).limit_denominator(1001)
+    return fraction.numerator, fraction.denominator
