@@ -375,7 +375,7 @@ class ChunkStage:
                         for r, (path, frames) in zip(rungs, encoded, strict=True):
                             key = f"{work}/pieces/{r.name}/{index:04d}.{attempt}.mp4"
                             made.append((video_piece(r, index), path, frames, key))
-                        span = steps._span(index)
+                        span = steps.span(index)
                     uploaded = [
                         (
                             name,

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from aivedio.config.load import Config
 from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
-from aivedio.pipeline.publish import Here, PublishStage
+from aivedio.pipeline.publish import InJobPublish, PublishStage
 from aivedio.pipeline.upkeep.backlog import BacklogMonitor
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
@@ -27,8 +27,8 @@ class WorkerSeams:
     metrics: WorkerMetrics | None = None
     publisher: PublishStage | None = None
 
-    def here(self, job: Job) -> Here | None:
-        return Here(self.publisher, job) if self.publisher is not None else None
+    def here(self, job: Job) -> InJobPublish | None:
+        return InJobPublish(self.publisher, job) if self.publisher is not None else None
 
     async def deferring(self) -> bool:
         if self.backlog is None:

@@ -47,7 +47,7 @@ from aivedio.pipeline import jobs
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.jobs import JobContext, Registry
 from aivedio.pipeline.media.sniff import MP4, input_args
-from aivedio.pipeline.publish import Here, PublishStage, publish_when_ready
+from aivedio.pipeline.publish import InJobPublish, PublishStage, publish_when_ready
 from aivedio.states import Entity
 from aivedio.store import moderation_verdicts, outbox
 from aivedio.store.database import Pool
@@ -349,8 +349,8 @@ class ModerationStage:
 
     async def moderate(self, job: Job, publisher: PublishStage | None = None) -> dict[str, Any]:
         """``publisher``: the worker's publish stage, when it has one; then a verdict that
-        opens the last gate publishes in this job (``publish.Here``)."""
-        here = Here(publisher, job) if publisher is not None else None
+        opens the last gate publishes in this job (``publish.InJobPublish``)."""
+        here = InJobPublish(publisher, job) if publisher is not None else None
         asset_id = uuid.UUID(str(job.payload["asset_id"]))
         revision = int(job.payload["revision"])
         row = await moderation_verdicts.load_for_moderation(self.pool, asset_id, revision)
@@ -418,7 +418,7 @@ class ModerationStage:
         revision: int,
         tenant_id: int,
         decision: Decision,
-        here: Here | None = None,
+        here: InJobPublish | None = None,
     ) -> None:
         await VerdictRecorder(self.config, self.pool, self.queue).record(
             asset_id, revision, tenant_id, decision, here
@@ -439,7 +439,7 @@ class VerdictRecorder:
         revision: int,
         tenant_id: int,
         decision: Decision,
-        here: Here | None = None,
+        here: InJobPublish | None = None,
     ) -> None:
         """Store the verdict with the revision and act on it, in one transaction (one
         statement unless it rejects). ``here``: an allow that opens the last gate publishes

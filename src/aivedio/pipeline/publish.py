@@ -67,7 +67,7 @@ LANE = jobs.PUBLISH.lane
 
 
 @dataclass(frozen=True)
-class Here:
+class InJobPublish:
     """The job that opened the last gate, with its worker's publish stage: the publish (or
     the enrichment) runs in that job, fenced by its lease, instead of in a job of its own
     that would wait for a claim. A crash before it is done leaves that job to be retried,
@@ -108,7 +108,7 @@ async def enrich_now_or_later(
     asset_id: uuid.UUID,
     revision: int,
     tenant_id: int,
-    here: Here | None,
+    here: InJobPublish | None,
 ) -> None:
     """Revision ``revision`` is published and all its outputs are done: its enrichment, here
     or by a job."""
@@ -119,10 +119,10 @@ async def enrich_now_or_later(
 
 
 async def publish_when_ready(
-    pool: Pool, queue: Queue, asset_id: uuid.UUID, revision: int, here: Here | None = None
+    pool: Pool, queue: Queue, asset_id: uuid.UUID, revision: int, here: InJobPublish | None = None
 ) -> bool:
     """Publish once both gates are open: the required set SUCCEEDED and the moderation
-    verdict allow; here (``Here``) or by enqueueing the publish job. Called by each gate
+    verdict allow; here (``InJobPublish``) or by enqueueing the publish job. Called by each gate
     after its own commit, so the one that opens last always sees the other (READ
     COMMITTED); the publish is idempotent and the job key makes the enqueue so."""
     row = await publishing.gates(pool, asset_id, revision)
@@ -243,7 +243,7 @@ class PublishStage:
                     asset_id,
                     revision_no,
                     asset["tenant_id"],
-                    Here(self, job),
+                    InJobPublish(self, job),
                 )
             return {"outcome": "already_published", "revision": revision_no}
         if revision["status"] != "BUILDING":
@@ -311,7 +311,7 @@ class PublishStage:
                     asset_id,
                     revision_no,
                     asset["tenant_id"],
-                    Here(self, job),
+                    InJobPublish(self, job),
                 )
         return {
             "outcome": "published",

@@ -25,7 +25,7 @@ from aivedio.pipeline.jobs import moderate_spec
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.validate import MediaSummary
 from aivedio.pipeline.media_seams import MediaServices
-from aivedio.pipeline.publish import Here, enrich_now_or_later, publish_when_ready
+from aivedio.pipeline.publish import InJobPublish, enrich_now_or_later, publish_when_ready
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
 from aivedio.store import asset_variants, ledger, media_assets, revision_rows
@@ -87,14 +87,14 @@ class Revisions:
         asset_id: uuid.UUID,
         revision: int,
         asked: set[str] | None = None,
-        here: Here | None = None,
+        here: InJobPublish | None = None,
     ) -> None:
         """After an output is recorded or failed: a FAILED required output fails a building
         revision and its asset; a complete required set goes to moderation (then publish);
         a published revision whose outputs are all done goes to enrichment. ``asked``: the
         jobs this run already enqueued (a render checks more than once), not asked again.
         ``here``: the render job that checks, with its worker's publish stage: a publish or
-        an enrichment the check calls for runs in it (``publish.Here``)."""
+        an enrichment the check calls for runs in it (``publish.InJobPublish``)."""
         asked = set() if asked is None else asked
         rows = await revision_rows.outputs_state(self.services.pool, asset_id, revision)
         if not rows:

@@ -21,7 +21,7 @@ from aivedio.errors import LeaseLostError, RenderError, TransientError
 from aivedio.pipeline.ffmpeg import media_run
 from aivedio.pipeline.jobs import publish_spec
 from aivedio.pipeline.media_stage import open_media_stage
-from aivedio.pipeline.publish import Here, PublishStage, publish_when_ready
+from aivedio.pipeline.publish import InJobPublish, PublishStage, publish_when_ready
 from aivedio.pipeline.upkeep.lifecycle import cancel_task, delete_asset
 from aivedio.store.database import Pool
 from aivedio.store.queue import Queue
@@ -200,7 +200,9 @@ async def test_a_publish_that_cannot_finish_in_the_gate_job_is_left_to_a_publish
     asset = await rig.asset(asset_id)
     await rig.store.delete(asset["source_object_key"])  # the checklist fails: transient
     queue = Queue(rig.pool)
-    here = Here(PublishStage(rig.config, rig.pool, queue, rig.store), fake_job({}, "moderate"))
+    here = InJobPublish(
+        PublishStage(rig.config, rig.pool, queue, rig.store), fake_job({}, "moderate")
+    )
     assert await publish_when_ready(rig.pool, queue, asset_id, 1, here)
     assert (await rig.asset(asset_id))["current_revision"] is None
     left = await rig.pool.fetch("SELECT payload FROM jobs WHERE kind = 'publish'")

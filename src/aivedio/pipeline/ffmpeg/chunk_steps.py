@@ -66,7 +66,7 @@ class ChunkSteps:
         """The rungs made from chunks (a copied top rung comes from the source itself)."""
         return [rung for rung in self.plan.rungs if not rung.copy]
 
-    def _span(self, index: int) -> float:
+    def span(self, index: int) -> float:
         c = self.chunking
         stop = c.grid_end if index + 1 == c.count else c.grid_starts[index + 1]
         return stop - c.grid_starts[index]
@@ -126,7 +126,7 @@ class ChunkSteps:
             output.parent.mkdir(parents=True, exist_ok=True)
         args = pieces_args(self.plan, self.chunking, index, outputs, self.media, chunk)
         names = "+".join(rung.name for rung in rungs)
-        await self.ffmpeg(f"encode[{names}:{index}]", args, self._span(index))
+        await self.ffmpeg(f"encode[{names}:{index}]", args, self.span(index))
         expected = self.chunking.output_frames(index, self.plan.frame_rate)
         made: list[tuple[Path, int]] = []
         for rung, output in outputs:
