@@ -48,6 +48,7 @@ from aivedio.crypto import UrlCipher
 from aivedio.errors import (
     AivedioError,
     ChecksumMismatchError,
+    DatabaseError,
     DeferredError,
     InvalidResponseError,
     LeaseLostError,
@@ -75,7 +76,7 @@ from aivedio.providers.seam import ProviderAdapter
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
 from aivedio.store import provider_outputs
-from aivedio.store.database import Pool
+from aivedio.store.database import Connection, Pool
 from aivedio.store.objects import keys
 from aivedio.store.objects.base import ObjectInfo, ObjectStore
 from aivedio.store.queue import Job, Queue, fenced, write_fenced
@@ -403,7 +404,7 @@ class FetchStage:
                     # STORED is final and its asset is made with it, so a move that won
                     # finds none: should one exist anyway, it gets its probe here.
                     async with fenced(conn, job_now):
-                        found = await provider_outputs.asset_of(conn, output.id)
+                        found = await _asset_of(conn, output.id)
                         asset_id = uuid.UUID(str(found))
                         await self.services.queue.enqueue_one(
                             conn, probe_spec(asset_id, output.tenant_id)
@@ -447,3 +448,16 @@ def register(registry: Registry) -> None:
     # hour by default) ends a transfer first, and the stage then records the failure; the
     # job's deadline must stay well above it or it would cancel the stage before it can.
     registry.bind(jobs.FETCH, handle)
+
+
+async def _asset_of(conn: Connection, output_id: uuid.UUID) -> Any:
+    """The stored output's asset; a server error here is the store step's transient
+    failure ("recording the stored output failed"), like the statements around it."""
+    try:
+        return await provider_outputs.asset_of(conn, output_id)
+    except DatabaseError as exc:
+        if isinstance(exc.__cause__, asyncpg.PostgresError):
+            raise TransientError(
+                f"recording the stored output failed: {exc.__cause__}"
+            ) from exc.__cause__
+        raise

@@ -15,8 +15,6 @@ import time
 
 from aivedio.errors import PolicyBlockedError
 
-# The statement that accepts an event id once; re-exported for the intake, which records it.
-
 DEFAULT_SKEW_SECONDS = 300.0
 # Whole Unix seconds in ASCII digits: no sign, fraction, exponent, space, "_" or other
 # script's digits, all of which float() and int() would take.

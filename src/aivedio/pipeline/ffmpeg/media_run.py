@@ -21,7 +21,13 @@ from pathlib import Path
 import anyio
 
 from aivedio.config.media import ToleranceConfig
-from aivedio.errors import AivedioError, InvalidMediaError, RenderError, ResourceExhaustedError
+from aivedio.errors import (
+    AivedioError,
+    DatabaseError,
+    InvalidMediaError,
+    RenderError,
+    ResourceExhaustedError,
+)
 from aivedio.pipeline.ffmpeg.finalize import Finalizing
 from aivedio.pipeline.ffmpeg.outputs import NodeOutcome, Report
 from aivedio.pipeline.ffmpeg.sandbox import RunResult
@@ -317,6 +323,8 @@ class MediaRun(Finalizing):
             if self.on_done is not None:
                 try:
                     await self.on_done(record)
+                except DatabaseError:
+                    raise  # the database is down, not the output: the job retries
                 except AivedioError as exc:
                     self._fail(node, exc)
                     continue

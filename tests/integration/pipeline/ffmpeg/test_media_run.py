@@ -1034,3 +1034,42 @@ def test_a_source_under_the_minimums_is_refused_before_any_render(
     assert report.verdict.reasons == [reason]
     assert report.plan is None and report.nodes == {}
     assert not Layout(root).out.exists() or not any(Layout(root).out.iterdir())
+
+
+# -- what the caller's recording of an output may raise ---------------------------------------
+
+
+def _run_recording(source: Path, root: Path, raised: Exception) -> Report:
+    async def on_done(record: Any) -> None:
+        if record.variant_type == "poster":
+            raise raised
+
+    async def main() -> Report:
+        run = MediaRun(Sandbox(SMALL), source, root, on_done=on_done)
+        return await run.run(wants=["playback", "poster"])
+
+    return anyio.run(main)
+
+
+def test_an_output_its_caller_cannot_record_fails_alone(runs: Runs) -> None:
+    report = _run_recording(
+        runs.source("remux"), runs.root / "runs" / "record-fails", RenderError("upload refused")
+    )
+    assert report.nodes["poster"].status == "failed"
+    assert "poster" not in report.outputs
+    assert report.nodes["playback"].status == "done"
+
+
+def test_a_database_failure_while_recording_stops_the_run_instead_of_failing_the_output(
+    runs: Runs,
+) -> None:
+    """The database being down is not the output's fault: the run stops with the error (the
+    job retries it with the database's retry class) and no node is marked failed for it."""
+    from aivedio.errors import DatabaseError
+
+    with pytest.raises(DatabaseError, match="checking the revision"):
+        _run_recording(
+            runs.source("remux"),
+            runs.root / "runs" / "record-database",
+            DatabaseError("checking the revision: connection lost"),
+        )
