@@ -4,7 +4,7 @@ Only the owner's tenant (another tenant gets the same 404 as a missing id) and o
 published revision: 409 ``not_published`` while it is still being made, and for an upload
 whose session is not completed (open, failed or expired: the detail names the state), since
 that video exists (``POST /v1/videos`` made it, its status answers) but has no asset yet.
-The token is scoped to that revision's prefix (seed 002 §11.7.7): one token opens the master
+The token is scoped to that revision's prefix: one token opens the master
 playlist, every rendition and segment under it, the MP4, poster, sprites and waveform, and
 nothing else.
 """

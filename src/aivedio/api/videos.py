@@ -1,4 +1,4 @@
-"""Uploads (seed 004): ``POST /v1/videos`` opens an upload session, the bytes go where its
+"""Uploads: ``POST /v1/videos`` opens an upload session, the bytes go where its
 ``upload`` instructions say, ``POST /v1/videos/{id}/complete`` confirms them and hands the
 source to the pipeline, ``GET /v1/videos/{id}/status`` shows where it is.
 
@@ -22,8 +22,8 @@ source to the pipeline, ``GET /v1/videos/{id}/status`` shows where it is.
   mismatch fails the session (422, reason recorded) and deletes the object.
 * **Every tenant sees only its own videos**: another tenant's id answers 404 exactly like a
   missing one. Ids that are not UUIDs are missing videos too (404).
-* **Backlog pressure refuses new sessions** (seed 004: when the transcode backlog grows,
-  limit new uploads first): ``POST /v1/videos`` answers 503 ``overloaded`` with
+* **Backlog pressure refuses new sessions** (when the transcode backlog grows, new
+  uploads are limited first): ``POST /v1/videos`` answers 503 ``overloaded`` with
   ``Retry-After`` while ``pipeline/upkeep/backlog.py`` says so (a reading cached per check interval,
   so a burst of refused clients costs the database one query). Sessions already open still
   upload and complete; provider callbacks are never refused.

@@ -67,7 +67,7 @@ class MediaConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # uses are ignored and listed in the verdict.
     max_pixels: int = 4096 * 4096
     max_streams: int = 32
-    # Validation rules (seed 002 §11.7.5). The minimums refuse a picture or a clip too small
+    # Validation rules of a source. The minimums refuse a picture or a clip too small
     # to render (a 1x1 or 4000x2 video, a single frame): each side of the coded and of the
     # displayed size, and the file's and the video track's own duration.
     min_width: int = 16

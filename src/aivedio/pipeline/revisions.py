@@ -78,8 +78,8 @@ class Revisions:
         return await revision_rows.revision_row(self.services.pool, asset_id, revision)
 
     async def stopped(self, asset_id: uuid.UUID, revision: asyncpg.Record) -> bool:
-        """Deleted or cancelled since the revision started: no more rendering (seed §11.8.2
-        stops optional work at once)."""
+        """Deleted or cancelled since the revision started: no more rendering (a user's
+        decision stops optional work at once)."""
         return stopped_since(await self.asset_row(asset_id), revision)
 
     async def check_revision(
@@ -184,7 +184,7 @@ class Revisions:
 
     async def stop_outputs(self, asset_id: uuid.UUID, revision: int) -> None:
         """Deleted or cancelled since the revision started: its outputs still PENDING will
-        not be made (seed §11.8.2), so they are FAILED, not left pending forever. (A
+        not be made (the user stopped the asset), so they are FAILED, not left pending forever. (A
         published revision's pending outputs keep its whole prefix from garbage collection;
         once none is pending, the files a stopped run uploaded without recording go.)"""
         stopped = await asset_variants.fail_revision(

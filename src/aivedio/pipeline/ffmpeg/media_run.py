@@ -4,7 +4,7 @@ Nodes are outputs (``playback``, ``poster``, ``hls``, ``proxy``, ``sprite``, ``w
 ``keyframes``). Where it pays, one ffmpeg decode feeds several nodes (``render.encode_args``);
 if such a shared pass fails, the required nodes are retried together without the optional
 ones, then each optional node alone, so a failed optional node never blocks the required
-set (seed 004) and a failed node is retried alone.
+set and a failed node is retried alone.
 
 Every node's files are verified (exist, non-empty, the right magic, faststart where it
 matters) and hashed before the node counts as done; the records and the checks live in
