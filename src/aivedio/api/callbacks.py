@@ -45,7 +45,7 @@ from aivedio.providers.hmac_callbacks import CallbackRejected, verify_signature
 from aivedio.providers.seam import MAX_OUTPUT_BYTES, ProviderOutput, ProviderTask
 from aivedio.states import Entity, allowed
 from aivedio.store.callback_receipts import lock_task_by_provider_id
-from aivedio.store.database import Connection
+from aivedio.store.database import Connection, acquired, transaction
 from aivedio.store.records import transition
 
 log = get_logger("aivedio.api.callbacks")
@@ -165,7 +165,7 @@ async def callback(request: web.Request) -> web.Response:
     status = event.status.upper()
     if status == "SUCCEEDED" and not event.outputs:
         raise _reject(ctx, provider, 422, "malformed", "a SUCCEEDED callback lists its outputs")
-    async with ctx.pool.acquire() as conn, conn.transaction():
+    async with acquired(ctx.pool) as conn, transaction(conn):
         # The receipt and the task's tenant: one round trip.
         received = await receive(conn, ctx.config, provider, event.task_id, event.event_id)
         if not received.fresh:

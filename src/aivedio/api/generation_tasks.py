@@ -24,6 +24,7 @@ from aivedio.api.problems import ApiError
 from aivedio.errors import MalformedInputError, NotFoundError, PolicyBlockedError
 from aivedio.logs import get_logger
 from aivedio.pipeline.poller import register_watch
+from aivedio.store.database import acquired
 from aivedio.untrusted import whole
 
 log = get_logger("aivedio.api")
@@ -68,7 +69,7 @@ async def watch_task(request: web.Request) -> web.Response:
         raise ApiError(400, f"request body: {exc.detail}", exc.reason, field=exc.field) from None
     tenant_id = tenant_of(request)
     try:
-        async with ctx.pool.acquire() as conn:
+        async with acquired(ctx.pool) as conn:
             watch = await register_watch(
                 conn,
                 queue=ctx.queue,

@@ -46,7 +46,7 @@ from aivedio.providers import VENDORS, fal_webhooks, standard_webhooks
 from aivedio.providers.base import CallbackHint
 from aivedio.providers.hmac_callbacks import CallbackRejected
 from aivedio.providers.seam import ProviderTask, check_reported
-from aivedio.store.database import Connection
+from aivedio.store.database import Connection, acquired, transaction
 
 log = get_logger("aivedio.api.callbacks")
 JWKS_REFETCH_SECONDS = 60.0
@@ -285,7 +285,7 @@ async def handle(
         raise reject(400, "malformed", f"callback body: {exc.detail}", exc.field) from None
     except AivedioError as exc:
         raise reject(400, "malformed", f"callback body: {exc.detail}") from None
-    async with ctx.pool.acquire() as conn, conn.transaction():
+    async with acquired(ctx.pool) as conn, transaction(conn):
         # The receipt (when the body has an event id) and the task's tenant: one round trip.
         received = await receive(conn, ctx.config, provider, hint.task_id, event_id)
         if not received.fresh:

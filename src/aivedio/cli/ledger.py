@@ -22,7 +22,7 @@ from aivedio import untrusted
 from aivedio.cli.common import EXIT_OK, print_json, usage
 from aivedio.config.load import Config
 from aivedio.errors import MalformedInputError
-from aivedio.store.database import open_pool
+from aivedio.store.database import acquired, open_pool
 from aivedio.store.ledger import LedgerEntry, Total, entries, summarize
 from aivedio.store.tenant_reads import tenant_id_by_name_or_id
 
@@ -99,7 +99,7 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:
             tenant_id: int | None = None
             if args.tenant is not None:
-                async with pool.acquire() as conn:
+                async with acquired(pool) as conn:
                     tenant_id = await tenant_id_by_name_or_id(conn, args.tenant)
                 if tenant_id is None:
                     return _usage(f"no tenant {args.tenant!r} (by name or id)")

@@ -18,7 +18,7 @@ from aivedio.cli.common import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, parse_uuids,
 from aivedio.config.load import Config
 from aivedio.errors import NotFoundError
 from aivedio.store import asset_reads
-from aivedio.store.database import map_db_errors, open_pool
+from aivedio.store.database import acquired, map_db_errors, open_pool
 from aivedio.store.queue import Queue
 
 
@@ -95,7 +95,7 @@ def cmd_reprocess(config: Config, args: argparse.Namespace) -> int:
                         code = EXIT_USAGE
                         continue
                     spec = reprocess_spec(asset_id, row["tenant_id"], config.media.pipeline_version)
-                    async with pool.acquire() as conn:
+                    async with acquired(pool) as conn:
                         enqueued = await queue.enqueue_one(conn, spec)
                 print_json(
                     {

@@ -23,9 +23,11 @@ from aivedio.config.load import Config, load_config, masked
 from aivedio.errors import AivedioError, ConfigError, DatabaseError, MalformedInputError
 from aivedio.store import migrations, task_reads
 from aivedio.store.database import (
+    acquired,
     map_db_errors,
     open_connection,
     open_pool,
+    transaction,
     until_database_answers,
 )
 from aivedio.store.queue import Queue
@@ -81,7 +83,7 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
 
             async def check_migrations() -> list[Any]:
                 with map_db_errors("checking migrations"):
-                    async with pool.acquire() as conn:
+                    async with acquired(pool) as conn:
                         return list(await migrations.pending(conn))
 
             # A worker (re)started while PostgreSQL restarts waits for it a little.
@@ -208,7 +210,7 @@ def cmd_jobs_enqueue(config: Config, args: argparse.Namespace) -> int:
             ]
             created = 0
             for start in range(0, len(specs), 1000):
-                async with pool.acquire() as conn, conn.transaction():
+                async with acquired(pool) as conn, transaction(conn):
                     results = await queue.enqueue(conn, specs[start : start + 1000])
                 created += sum(r.created for r in results)
         print_json({"kind": args.kind, "requested": args.count, "created": created})
@@ -254,7 +256,7 @@ def cmd_ingest(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with (
             open_pool(config.database, min_size=1, max_size=2) as pool,
-            pool.acquire() as conn,
+            acquired(pool) as conn,
         ):
             queue = Queue(
                 pool, default_start_within_seconds=config.queue.default_start_within_seconds

@@ -13,7 +13,7 @@ import msgspec
 
 from aivedio.cli.common import EXIT_OK, print_json
 from aivedio.config.load import Config
-from aivedio.store.database import open_pool
+from aivedio.store.database import acquired, open_pool
 
 
 def cmd_watch(config: Config, args: argparse.Namespace) -> int:
@@ -24,7 +24,7 @@ def cmd_watch(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with (
             open_pool(config.database, min_size=1, max_size=1) as pool,
-            pool.acquire() as conn,
+            acquired(pool) as conn,
         ):
             queue = Queue(
                 pool, default_start_within_seconds=config.queue.default_start_within_seconds

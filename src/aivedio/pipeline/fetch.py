@@ -76,7 +76,7 @@ from aivedio.providers.seam import ProviderAdapter
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
 from aivedio.store import provider_outputs
-from aivedio.store.database import Connection, Pool
+from aivedio.store.database import Connection, Pool, acquired
 from aivedio.store.objects import keys
 from aivedio.store.objects.base import ObjectInfo, ObjectStore
 from aivedio.store.queue import Job, Queue, fenced, write_fenced
@@ -256,7 +256,7 @@ class FetchStage:
                 f"provider {output.provider} refused our API credentials: {exc.detail}"
             ) from None
         blob, key_id = self.services.cipher.encrypt(fresh.url, bound_to=str(output.id))
-        async with self.services.pool.acquire() as conn, fenced(conn, records.current_job.get()):
+        async with acquired(self.services.pool) as conn, fenced(conn, records.current_job.get()):
             version = await transition(
                 conn,
                 Entity.PROVIDER_OUTPUT,

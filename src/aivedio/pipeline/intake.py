@@ -37,7 +37,7 @@ from aivedio.providers.seam import (
 from aivedio.states import TERMINAL_OUTPUT_STATES, Entity
 from aivedio.store import generation_tasks, provider_outputs
 from aivedio.store.callback_receipts import receipt_part
-from aivedio.store.database import Connection
+from aivedio.store.database import Connection, transaction
 from aivedio.store.ledger import generation_charge_part, log_generation_charge
 from aivedio.store.queue import JobSpec, Queue
 from aivedio.store.records import transition
@@ -106,7 +106,7 @@ async def record_provider_output(
 
     # The caller's transaction when there is one (a savepoint would cost two round trips
     # and no caller goes on after a failure), else one of its own.
-    own = nullcontext() if conn.is_in_transaction() else conn.transaction()
+    own = nullcontext() if conn.is_in_transaction() else transaction(conn)
     async with own:
         if not task_known:
             new = await _record_new_task(

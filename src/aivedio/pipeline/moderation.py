@@ -50,7 +50,7 @@ from aivedio.pipeline.media.sniff import MP4, input_args
 from aivedio.pipeline.publish import InJobPublish, PublishStage, publish_when_ready
 from aivedio.states import Entity
 from aivedio.store import moderation_verdicts, outbox
-from aivedio.store.database import Pool
+from aivedio.store.database import Pool, acquired, transaction
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.queue import Job, Queue
 from aivedio.store.records import transition
@@ -446,9 +446,9 @@ class VerdictRecorder:
         in that job; without it (an operator's verdict) a publish job is enqueued."""
         reasons = list(decision.reasons)
         status = {"allow": "ALLOWED", "reject": "REJECTED", "review": "REVIEW"}
-        async with self.pool.acquire() as conn, AsyncExitStack() as tx:
+        async with acquired(self.pool) as conn, AsyncExitStack() as tx:
             if decision.decision == "reject":
-                await tx.enter_async_context(conn.transaction())
+                await tx.enter_async_context(transaction(conn))
             updated = await moderation_verdicts.store_verdict(
                 conn,
                 asset_id,

@@ -22,7 +22,7 @@ from aivedio.errors import AivedioError, NotFoundError, StaleStateError
 from aivedio.logs import get_logger
 from aivedio.states import Entity
 from aivedio.store import fetch_attempts, provider_outputs
-from aivedio.store.database import Pool
+from aivedio.store.database import Pool, acquired
 from aivedio.store.ledger import record_compensation
 from aivedio.store.outbox import emit
 from aivedio.store.queue import Job, fenced, write_fenced
@@ -128,7 +128,7 @@ async def _move_fenced(
         version=output.version,
         values=values,
     )
-    async with pool.acquire() as conn:
+    async with acquired(pool) as conn:
         got = await write_fenced(
             conn, current_job.get(), {"move": move, **also}, "moving a provider output"
         )
@@ -148,7 +148,7 @@ async def mark_lost(
 ) -> None:
     """OUTPUT_LOST, the ``output.lost`` event and the ledger's compensation (by the
     ``ledger`` policy; None: the default one), in one transaction."""
-    async with pool.acquire() as conn, fenced(conn, current_job.get()):
+    async with acquired(pool) as conn, fenced(conn, current_job.get()):
         await transition(
             conn,
             Entity.PROVIDER_OUTPUT,

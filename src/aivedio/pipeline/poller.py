@@ -53,7 +53,7 @@ from aivedio.providers import check_task_id
 from aivedio.providers.seam import ProviderAdapter, ProviderTask, check_reported
 from aivedio.states import Entity, allowed
 from aivedio.store import generation_tasks
-from aivedio.store.database import Connection, map_db_errors
+from aivedio.store.database import Connection, acquired, map_db_errors, transaction
 from aivedio.store.generation_tasks import end_watch
 from aivedio.store.queue import Job, Queue
 from aivedio.store.records import transition
@@ -109,7 +109,7 @@ async def register_watch(
     pc = config.providers[provider]
     check_task_id(pc, provider_task_id)
     doing = "registering a watched task"
-    async with conn.transaction():
+    async with transaction(conn):
         with map_db_errors(doing):
             if pc.tenant:
                 owner = await generation_tasks.tenant_id_named(conn, pc.tenant, doing=doing)
@@ -274,14 +274,14 @@ async def poll_once(services: Any, state: PollerState, task_uuid: uuid.UUID) -> 
     if task.status == "SUCCEEDED":
         return await _succeeded(services, watch, task)
     if task.status in ("FAILED", "CANCELLED"):
-        async with pool.acquire() as conn, conn.transaction():
+        async with acquired(pool) as conn, transaction(conn):
             await _move_task(conn, task_uuid, "PROVIDER_FAILED")
             await end_watch(conn, task_uuid, "FAILED", provider_status=task.status)
         log.info(
             "watch_ended", provider=provider, task_id=task.provider_task_id, status=task.status
         )
         return {"outcome": "failed", "provider_status": task.status}
-    async with pool.acquire() as conn, conn.transaction():
+    async with acquired(pool) as conn, transaction(conn):
         await _move_task(conn, task_uuid, "PROVIDER_RUNNING")
         await generation_tasks.record_poll(conn, task_uuid, task.status)
     delay = next_poll_delay(
@@ -342,7 +342,7 @@ async def _failed_poll(
 
 async def _succeeded(services: Any, watch: Any, task: ProviderTask) -> dict[str, Any]:
     task_uuid = watch["generation_task_id"]
-    async with services.pool.acquire() as conn, conn.transaction():
+    async with acquired(services.pool) as conn, transaction(conn):
         recorded = await record_task_outputs(
             conn,
             queue=services.queue,

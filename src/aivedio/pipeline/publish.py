@@ -46,7 +46,7 @@ from aivedio.pipeline.jobs import JobContext, Registry, publish_spec
 from aivedio.pipeline.publish_release import NotPublishable, PointerMoved, Unmet, release
 from aivedio.states import Entity
 from aivedio.store import publishing
-from aivedio.store.database import Pool
+from aivedio.store.database import Pool, acquired
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.objects.keys import recorded_files
 from aivedio.store.publishing import (
@@ -114,7 +114,7 @@ async def enrich_now_or_later(
     or by a job."""
     if here is not None and await here.run(asset_id, revision, enrich=True):
         return
-    async with pool.acquire() as conn:
+    async with acquired(pool) as conn:
         await queue.enqueue_one(conn, publish_spec(asset_id, revision, tenant_id, enrich=True))
 
 
@@ -134,7 +134,7 @@ async def publish_when_ready(
         return False
     if here is not None and await here.run(asset_id, revision):
         return True
-    async with pool.acquire() as conn:
+    async with acquired(pool) as conn:
         created = await queue.enqueue_one(conn, publish_spec(asset_id, revision, row["tenant_id"]))
     if created.created:
         log.info("publish_enqueued", asset_id=str(asset_id), revision=revision)
@@ -321,7 +321,7 @@ class PublishStage:
         }
 
     async def _abandon(self, asset_id: uuid.UUID, revision_no: int, reason: str) -> None:
-        async with self.pool.acquire() as conn:
+        async with acquired(self.pool) as conn:
             try:
                 await transition(
                     conn,

@@ -24,7 +24,7 @@ from aivedio.config.ledger import LedgerConfig
 from aivedio.errors import DatabaseError, TransientError
 from aivedio.states import Entity
 from aivedio.store import ledger, outbox, publishing
-from aivedio.store.database import Pool
+from aivedio.store.database import Pool, acquired
 from aivedio.store.publishing import GONE, MOVED, SHIFTED, STALE
 from aivedio.store.queue import Job, fenced, write_fenced
 from aivedio.store.records import stale, transition, transition_part
@@ -126,7 +126,7 @@ async def release(
     parts["won"] = publishing.won_check(with_previous="previous" in parts)
     parts["switched"] = publishing.switched_check()
     try:
-        async with pool.acquire() as conn:
+        async with acquired(pool) as conn:
             if not copy and not later:
                 got = await write_fenced(conn, job, parts, "recording the release")
             else:

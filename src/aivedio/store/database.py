@@ -266,5 +266,39 @@ async def open_connection(
         await conn.close()
 
 
+@asynccontextmanager
+async def acquired(
+    pool: Pool, doing: str = "taking a database connection"
+) -> AsyncIterator[Connection]:
+    """A pooled connection for the block, given back after it. A driver error in taking or
+    giving it back is a DatabaseError naming ``doing``; the block's own errors are its own
+    (an OSError of a file in the block stays an OSError)."""
+    with map_db_errors(doing):
+        conn = await pool.acquire()
+    try:
+        yield conn
+    finally:
+        with map_db_errors(doing):
+            await pool.release(conn)
+
+
+@asynccontextmanager
+async def transaction(conn: Connection, doing: str = "a transaction") -> AsyncIterator[None]:
+    """``conn.transaction()`` whose begin, commit and rollback map driver errors to a
+    DatabaseError naming ``doing``; the block's own errors are its own. Nested in another
+    transaction, it is a savepoint, as asyncpg's."""
+    tx = conn.transaction()
+    with map_db_errors(f"beginning {doing}"):
+        await tx.start()
+    try:
+        yield
+    except BaseException:
+        with map_db_errors(f"rolling back {doing}"):
+            await tx.rollback()
+        raise
+    with map_db_errors(f"committing {doing}"):
+        await tx.commit()
+
+
 def row_dict(record: Any) -> dict[str, Any]:
     return dict(record.items())

@@ -53,7 +53,7 @@ from aivedio.pipeline.upkeep.integrity import (
 from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
 from aivedio.pipeline.upkeep.sweep_scans import StalledWork
 from aivedio.pipeline.upkeep.sweep_stuck_assets import StuckAssets
-from aivedio.store.database import Pool, map_db_errors, open_connection
+from aivedio.store.database import Pool, acquired, map_db_errors, open_connection
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.objects.opening import open_object_store
 from aivedio.store.queue import Enqueued, Job, Queue
@@ -198,7 +198,7 @@ class Sweeper:
         wait = float(job.payload.get("not_before", 0)) - now.timestamp()
         if wait > 0:
             raise DeferredError("the next sweep is not due yet", retry_after_seconds=wait)
-        async with self.pool.acquire() as conn:
+        async with acquired(self.pool) as conn:
             following = sweep_spec(now, self.cfg.interval_seconds, following=True)
             with map_db_errors("enqueueing the next sweep"):
                 nxt = await self.queue.enqueue_one(conn, following)
@@ -216,7 +216,7 @@ async def seed_periodic_sweep(pool: Pool, queue: Queue, cfg: SweeperConfig) -> E
     # The acquire too: a worker starting while PostgreSQL restarts gets a DatabaseError
     # (a clean exit its supervisor restarts), not a raw socket error.
     with map_db_errors("seeding the periodic sweep"):
-        async with pool.acquire() as conn:
+        async with acquired(pool) as conn:
             return await queue.enqueue_one(
                 conn, sweep_spec(_utcnow(), cfg.interval_seconds, following=False)
             )
