@@ -19,7 +19,7 @@ from aivedio.config.load import Config
 from aivedio.errors import ConfigError
 from aivedio.logs import get_logger
 from aivedio.store import migrations
-from aivedio.store.database import acquired, map_db_errors, open_connection, open_pool
+from aivedio.store.database import map_db_errors, open_connection, open_pool
 
 log = get_logger("aivedio.api")
 
@@ -41,7 +41,7 @@ def cmd_api(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_pool(config.database, max_size=config.api.pool_max_size) as pool:
             with map_db_errors("checking migrations"):
-                async with acquired(pool) as conn:
+                async with pool.acquire() as conn:
                     pending = await migrations.pending(conn)
             if pending:
                 raise ConfigError(

@@ -83,7 +83,7 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
 
             async def check_migrations() -> list[Any]:
                 with map_db_errors("checking migrations"):
-                    async with acquired(pool) as conn:
+                    async with pool.acquire() as conn:
                         return list(await migrations.pending(conn))
 
             # A worker (re)started while PostgreSQL restarts waits for it a little.

@@ -30,7 +30,7 @@ from aivedio.logs import get_logger
 from aivedio.pipeline.jobs import reprocess_spec
 from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
 from aivedio.store import outbox
-from aivedio.store.database import Connection, Pool, acquired, map_db_errors, transaction
+from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.integrity_audit import (
     alerted_rebuild,
     audit_sample,
@@ -261,7 +261,7 @@ class IntegrityAudit:
         source_ok = source is not None and source.size == row["source_size_bytes"]
         rebuild = self.cfg.rebuild_on_integrity_failure and source_ok
         with map_db_errors("recording an integrity failure"):
-            async with acquired(self.pool) as conn, transaction(conn):
+            async with self.pool.acquire() as conn, conn.transaction():
                 current = await lock_current_revision(conn, asset_id)
                 if current != revision:
                     action = "skipped_superseded"

@@ -25,7 +25,7 @@ from aivedio.logs import get_logger
 from aivedio.states import LIVE_ASSET_STATES, Entity
 from aivedio.store import lifecycle_records as records
 from aivedio.store import outbox
-from aivedio.store.database import Connection, Pool, acquired, map_db_errors, transaction
+from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.records import transition
 
 log = get_logger("aivedio.lifecycle")
@@ -34,7 +34,7 @@ log = get_logger("aivedio.lifecycle")
 async def delete_asset(pool: Pool, asset_id: uuid.UUID, *, reason: str = "deleted") -> bool:
     """Delete an asset; False when it was already deleted. Idempotent."""
     with map_db_errors("deleting the asset"):
-        async with acquired(pool) as conn, transaction(conn):
+        async with pool.acquire() as conn, conn.transaction():
             row = await records.lock_asset(conn, asset_id)
             if row is None:
                 raise NotFoundError(f"no asset {asset_id}")
@@ -50,7 +50,7 @@ async def cancel_task(
 ) -> dict[str, Any]:
     """Cancel a generation task: nothing of it is published; bytes already paid for are kept."""
     with map_db_errors("cancelling the generation task"):
-        async with acquired(pool) as conn, transaction(conn):
+        async with pool.acquire() as conn, conn.transaction():
             task = await records.lock_task(conn, provider, provider_task_id)
             if task is None:
                 raise NotFoundError(f"no generation task {provider}/{provider_task_id}")
@@ -128,7 +128,7 @@ async def retire_if_cancelled(pool: Pool, asset_id: uuid.UUID, *, retain_days: f
     """For an asset created after its task was cancelled (the fetch rescued the bytes): retire
     it without processing, keeping the source for the retention period. True if retired."""
     with map_db_errors("retiring a cancelled asset"):
-        async with acquired(pool) as conn, transaction(conn):
+        async with pool.acquire() as conn, conn.transaction():
             if not await is_cancelled(conn, asset_id):
                 return False
             row = await records.lock_asset(conn, asset_id)

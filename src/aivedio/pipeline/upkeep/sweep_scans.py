@@ -18,7 +18,7 @@ from aivedio.config.sweeper import SweeperConfig
 from aivedio.logs import get_logger
 from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
 from aivedio.store import sweep_stalled
-from aivedio.store.database import Pool, acquired, map_db_errors, transaction
+from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.generation_tasks import end_watch
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.queue import Queue
@@ -166,7 +166,7 @@ class StalledWork:
         detail = f"{task}: WATCHING, poll job of round {row['round']} gone"
         if not report.dry_run:
             with map_db_errors("giving up a watch"):
-                async with acquired(self.pool) as conn, transaction(conn):
+                async with self.pool.acquire() as conn, conn.transaction():
                     await end_watch(
                         conn, row["generation_task_id"], "GAVE_UP", error=("poll_job_dead", detail)
                     )

@@ -20,7 +20,7 @@ from aivedio.pipeline.jobs import moderate_spec, probe_spec, publish_spec
 from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
 from aivedio.states import Entity
 from aivedio.store import sweep_stuck
-from aivedio.store.database import Pool, acquired, map_db_errors, transaction
+from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.queue import Enqueued, JobSpec, Queue
 from aivedio.store.records import transition
 from aivedio.supervision import RowGuard
@@ -94,7 +94,7 @@ class StuckAssets:
         """(created, previous job row). A key that was ever used is a no-op in the queue, so
         a dead job's stage cannot be re-enqueued; the caller decides what that means."""
         with map_db_errors(sweep_stuck.ACTION):
-            async with acquired(self.pool) as conn:
+            async with self.pool.acquire() as conn:
                 previous = await sweep_stuck.job_for_key(conn, spec.idempotency_key)
                 if previous is not None or report.dry_run:
                     return previous is None, previous
@@ -188,7 +188,7 @@ class StuckAssets:
             return
         values = {"last_error_class": "stuck", "last_error_detail": detail[:1000]}
         with map_db_errors(sweep_stuck.ACTION):
-            async with acquired(self.pool) as conn, transaction(conn):
+            async with self.pool.acquire() as conn, conn.transaction():
                 if revision is not None:
                     await transition(
                         conn,

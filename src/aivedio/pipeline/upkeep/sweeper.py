@@ -216,7 +216,7 @@ async def seed_periodic_sweep(pool: Pool, queue: Queue, cfg: SweeperConfig) -> E
     # The acquire too: a worker starting while PostgreSQL restarts gets a DatabaseError
     # (a clean exit its supervisor restarts), not a raw socket error.
     with map_db_errors("seeding the periodic sweep"):
-        async with acquired(pool) as conn:
+        async with pool.acquire() as conn:
             return await queue.enqueue_one(
                 conn, sweep_spec(_utcnow(), cfg.interval_seconds, following=False)
             )
