@@ -38,6 +38,7 @@ SMOKES: dict[str, list[str]] = {
     "overheads.py": ["--database-url", SERVER_DSN],
     "publish.py": ["--dsn", SERVER_DSN],
     "queue.py": ["--server-dsn", SERVER_DSN],
+    "time_to_playable.py": ["--server-dsn", SERVER_DSN],
 }
 # Not benchmarks by themselves: the workloads a benchmark runs as its children (they need
 # its servers), run by that benchmark's smoke mode.
