@@ -430,12 +430,28 @@ def merge_runs(runs: list[list[str]]) -> list[str]:
     return [*(arg for group in inputs for arg in group), *outputs]
 
 
+# The poster's opening reads this much of the source past its seek point, at most: merged
+# with the playback's copy (``merge_runs``), an unbounded opening is decoded to the end of
+# the file after its one frame was written (ffmpeg 5.1 keeps decoding an input while any
+# output of the process is open), which cost a 1080p source a second of CPU for one JPEG.
+POSTER_READ_FRAMES = 4
+POSTER_READ_MIN_SECONDS = 0.25
+
+
+def poster_read_seconds(plan: Plan) -> float:
+    """How much of the source the poster's seeked opening reads: a few frames."""
+    rate = plan.frame_rate if plan.frame_rate > 0 else 1.0
+    return max(POSTER_READ_MIN_SECONDS, POSTER_READ_FRAMES / rate)
+
+
 def poster_seek_args(
     plan: Plan, media: MediaConfig, sniff: Sniff, source: Path, layout: Layout
 ) -> list[str]:
     return [
         "-ss",
         f"{plan.poster_seconds:.3f}",
+        "-t",
+        f"{poster_read_seconds(plan):.3f}",
         *input_args(sniff, source, max_streams=media.max_streams, max_pixels=media.max_pixels),
         "-map",
         plan.video_map,

@@ -558,6 +558,8 @@ def test_poster_seek_is_an_input_seek_of_one_frame(layout: Layout) -> None:
     assert_source_input(args, at)
     assert args.index("-ss") < at  # before -i: a fast input seek
     assert values(args, "-ss") == ["1.250"]
+    # Bounded: merged with the playback's copy, an unbounded opening decodes to the end.
+    assert args.index("-t") < at and values(args, "-t") == ["0.250"]
     assert values(args, "-map") == ["0:0"]
     assert values(args, "-frames:v") == ["1"]
     assert args[-3:] == ["-f", "image2", str(layout.poster)]
