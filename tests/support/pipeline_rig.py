@@ -55,6 +55,14 @@ def rig_config(config: Config, tmp_path: Path, **moderation: Any) -> Config:
     )
 
 
+def without_fast_path(config: Config) -> Config:
+    """The queue path alone: the probe's render, moderate and publish jobs each in turn
+    (``[media] fast_path = false``), for tests of what happens between those jobs."""
+    return msgspec.structs.replace(
+        config, media=msgspec.structs.replace(config.media, fast_path=False)
+    )
+
+
 @dataclass
 class Rig:
     config: Config

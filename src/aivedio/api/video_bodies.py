@@ -100,8 +100,10 @@ class VideoAccepted(msgspec.Struct, frozen=True, kw_only=True):
 
 class TimelineEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One event, oldest first. ``stage``: ``upload``, ``asset``, ``fetch``, a job kind
-    (``probe``, ``render:playback``, ``moderate``, ``publish``…) or ``publish`` for a release;
-    ``event``: what happened (a job's status, a fetch outcome, ``released``…)."""
+    (``probe``, ``render:playback``, ``moderate``, ``publish``…), ``publish`` for a release,
+    or a phase of a job that did several stages' work (``probe:render``, ``probe:moderation``
+    …, with its length in ``seconds``); ``event``: what happened (a job's status, a fetch
+    outcome, ``released``, ``done``…)."""
 
     at: datetime
     stage: str
@@ -115,6 +117,7 @@ class TimelineEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     revision: int | None = None
     previous_revision: int | None = None
     outputs: list[str] | None = None
+    seconds: float | None = None
 
 
 class UploadSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -193,7 +193,8 @@ def _at(value: Any) -> str:
 
 def _entry_line(entry: dict[str, Any]) -> str:
     error = f"  [{entry['error_class']}]" if entry.get("error_class") else ""
-    return f"  {_at(entry['at'])}  {entry['stage']:<18} {entry['event']}{error}"
+    took = f"  {entry['seconds']:.3f} s" if isinstance(entry.get("seconds"), int | float) else ""
+    return f"  {_at(entry['at'])}  {entry['stage']:<18} {entry['event']}{took}{error}"
 
 
 def _asset_text(status: dict[str, Any]) -> str:

@@ -86,6 +86,11 @@ class MediaConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # none | sampled (head, middle and tail) | full
     decode_check: str = "sampled"
     decode_sample_seconds: float = 1.0
+    # The probe job's fast path (pipeline/fast_path.py): a single-pass source's required set,
+    # its decode check (then always a full decode: the moderation frames need every frame)
+    # and its moderation in the probe job, published in that job. Off: a render job, then a
+    # moderate job, then the publish, as separate jobs.
+    fast_path: bool = True
     tolerances: dict[str, ToleranceConfig] = msgspec.field(default_factory=dict)
     # Plan and outputs.
     ladder: list[RungConfig] = msgspec.field(default_factory=_default_ladder)

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 import asyncpg
@@ -79,32 +80,33 @@ async def record_variants(
     if not records:
         return set()
     now = datetime.now(UTC)
-    rows = [(r, r.primary_file()) for r in records]
     return await asset_variants.succeed(
-        pool,
-        asset_id,
-        revision,
-        [
-            [r.variant_type for r, _ in rows],
-            [f"{prefix}/{p.path}" for _, p in rows],
-            [p.mime for _, p in rows],
-            [p.size for _, p in rows],
-            [p.sha256 for _, p in rows],
-            [r.width for r, _ in rows],
-            [r.height for r, _ in rows],
-            [r.codec for r, _ in rows],
-            [r.bitrate for r, _ in rows],
-            [
-                {
-                    "files": [msgspec.to_builtins(f) for f in r.files],
-                    "total_bytes": r.size,
-                    "required": r.required,
-                }
-                for r, _ in rows
-            ],
-        ],
-        now,
+        pool, asset_id, revision, variant_columns(records, prefix), now
     )
+
+
+def variant_columns(records: Sequence[OutputRecord], prefix: str) -> list[list[Any]]:
+    """The variant columns of made outputs, one list per column (``asset_variants``)."""
+    rows = [(r, r.primary_file()) for r in records]
+    return [
+        [r.variant_type for r, _ in rows],
+        [f"{prefix}/{p.path}" for _, p in rows],
+        [p.mime for _, p in rows],
+        [p.size for _, p in rows],
+        [p.sha256 for _, p in rows],
+        [r.width for r, _ in rows],
+        [r.height for r, _ in rows],
+        [r.codec for r, _ in rows],
+        [r.bitrate for r, _ in rows],
+        [
+            {
+                "files": [msgspec.to_builtins(f) for f in r.files],
+                "total_bytes": r.size,
+                "required": r.required,
+            }
+            for r, _ in rows
+        ],
+    ]
 
 
 async def upload_work_object(store: ObjectStore, key: str, path: Path) -> tuple[str, int]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from aivedio.config.load import Config
 from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
+from aivedio.pipeline.moderation import ModerationStage
 from aivedio.pipeline.publish import InJobPublish, PublishStage
 from aivedio.pipeline.upkeep.backlog import BacklogMonitor
 from aivedio.store.database import Pool
@@ -19,13 +20,15 @@ from aivedio.store.session_locks import SessionLocks
 @dataclass(frozen=True)
 class WorkerSeams:
     """What a job of this stage takes from its worker: the shared backlog reading (deferral
-    of optional outputs), the worker's metrics and its publish stage. All optional: without
-    them nothing is deferred, nothing counted, and a render that opens the last gate
-    enqueues the publish instead of publishing in its own job."""
+    of optional outputs), the worker's metrics, its publish stage and its moderation stage.
+    All optional: without them nothing is deferred, nothing counted, a render that opens
+    the last gate enqueues the publish instead of publishing in its own job, and the probe
+    takes no fast path (``pipeline/fast_path.py`` moderates and publishes in its job)."""
 
     backlog: BacklogMonitor | None = None
     metrics: WorkerMetrics | None = None
     publisher: PublishStage | None = None
+    moderation: ModerationStage | None = None
 
     def here(self, job: Job) -> InJobPublish | None:
         return InJobPublish(self.publisher, job) if self.publisher is not None else None

@@ -21,6 +21,7 @@ from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.jobs import JobContext, Registry
 from aivedio.pipeline.media_poison import PoisonGuard
 from aivedio.pipeline.media_seams import NO_SEAMS, MediaServices, WorkerSeams
+from aivedio.pipeline.moderation import ModerationStage
 from aivedio.pipeline.probe_stage import ProbeStage
 from aivedio.pipeline.publish import PublishStage
 from aivedio.pipeline.render_stage import RenderStage
@@ -95,10 +96,12 @@ def _seams(ctx: JobContext) -> WorkerSeams:
     backlog = ctx.services.get("backlog")
     metrics = ctx.services.get("metrics")
     publisher = ctx.services.get("publish")
+    moderation = ctx.services.get("moderation")
     return WorkerSeams(
         backlog=backlog if isinstance(backlog, BacklogMonitor) else None,
         metrics=metrics if isinstance(metrics, WorkerMetrics) else None,
         publisher=publisher if isinstance(publisher, PublishStage) else None,
+        moderation=moderation if isinstance(moderation, ModerationStage) else None,
     )
 
 

@@ -44,9 +44,9 @@ from aivedio.errors import (
 )
 from aivedio.logs import get_logger
 from aivedio.pipeline import jobs
+from aivedio.pipeline.ffmpeg.frames import Frame, playback_frames_args, read_frames
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.jobs import JobContext, Registry
-from aivedio.pipeline.media.sniff import MP4, input_args
 from aivedio.pipeline.publish import InJobPublish, PublishStage, publish_when_ready
 from aivedio.states import Entity
 from aivedio.store import moderation_verdicts, outbox
@@ -67,13 +67,6 @@ class ModeratorUnavailableError(AivedioError):
 
     error_class = "moderation_unavailable"
     retry = Retry.BACKOFF
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    kind: str  # first | middle | last | scene
-    seconds: float
-    jpeg: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,114 +209,24 @@ def make_moderator(config: ModerationConfig) -> Moderator:
     raise ConfigError(f"config error: moderation.backend: {config.backend!r} unknown")
 
 
-# The scene frames' times, as the metadata filter prints them (in the scratch directory).
-SCENE_TIMES = "scene_times.txt"
-
-
 # -- frames --------------------------------------------------------------------------------
 
 
 async def sample_frames(
     sandbox: Sandbox, video: Path, duration: float, config: ModerationConfig, scratch: Path
 ) -> list[Frame]:
-    """First, middle and last frames, then up to ``max_scene_frames`` at scene changes.
-
-    One sandboxed ffmpeg makes them all: the video opened three times (from the start, at
-    the middle, one second before the end), each opening scaled into its own JPEG, and the
-    first one also through the scene filter, whose frames' times the ``metadata`` filter
-    writes to a file in the scratch directory (read back as numbers; stderr is not parsed).
-    Moderation sits on the path to publish: the seeks make the three stills cheap, and the
-    scene pass decodes the video once, as it did when each ran in a process of its own."""
-    width = config.frame_width
-    scale = f"scale='min({width},iw)':-2"
-    middle = max(duration / 2, 0.0)
-    seconds = {"first": 0.0, "middle": middle, "last": max(duration - 1, 0.0)}
-    inputs = [
-        "-ss",
-        "0",
-        *input_args(MP4, video),
-        "-ss",
-        f"{middle:.3f}",
-        *input_args(MP4, video),
-        "-sseof",
-        "-1",
-        *input_args(MP4, video),
-    ]
-    # trim: a still's branch ends at its frame. Without it the graph goes on decoding that
-    # opening (and scaling the first's) to the end: twice the CPU on a long video.
-    still = f"trim=end_frame=1,{scale}"
-    graph = [f"[1:v]{still}[middle]", f"[2:v]{scale}[last]"]
-    stills = ["-q:v", "4", "-update", "1"]
-    outputs = [
-        "-map",
-        "[first]",
-        "-frames:v",
-        "1",
-        *stills,
-        str(scratch / "first.jpg"),
-        "-map",
-        "[middle]",
-        "-frames:v",
-        "1",
-        *stills,
-        str(scratch / "middle.jpg"),
-        "-map",
-        "[last]",
-        *stills,
-        str(scratch / "last.jpg"),
-    ]
-    if config.max_scene_frames:
-        select = f"select='gt(scene,{config.scene_threshold})'"
-        graph[:0] = [
-            "[0:v]split=2[whole][scenes]",
-            f"[whole]{still}[first]",
-            f"[scenes]{select},metadata=mode=print:file={SCENE_TIMES},{scale}[scene]",
-        ]
-        outputs += [
-            "-map",
-            "[scene]",
-            "-fps_mode",
-            "passthrough",
-            "-frames:v",
-            str(config.max_scene_frames),
-            "-q:v",
-            "4",
-            str(scratch / "scene_%03d.jpg"),
-        ]
-    else:
-        graph[:0] = [f"[0:v]{still}[first]"]
+    """First, middle and last frames, then up to ``max_scene_frames`` at scene changes, from
+    a playback MP4, in one sandboxed ffmpeg (``frames.playback_frames_args``)."""
     result = await sandbox.run(
         "ffmpeg",
-        [*inputs, "-filter_complex", ";".join(graph), *outputs],
+        playback_frames_args(video, duration, config, scratch),
         cwd=scratch,
         deadline_seconds=sandbox.media.process_timeout_seconds + duration,
     )
     if not result.ok:
         result.raise_if_exhausted()
         raise ModeratorUnavailableError(f"frame sampling failed: {result.error_detail()}")
-
-    def read() -> list[Frame]:
-        frames = [
-            Frame(kind, at, (scratch / f"{kind}.jpg").read_bytes())
-            for kind, at in seconds.items()
-            if (scratch / f"{kind}.jpg").exists()
-        ]
-        printed = scratch / SCENE_TIMES
-        lines = printed.read_text("utf-8", "replace").splitlines() if printed.exists() else []
-        times = [_pts_time(line) for line in lines if "pts_time:" in line]
-        for index, path in enumerate(sorted(scratch.glob("scene_*.jpg"))):
-            at = times[index] if index < len(times) else 0.0
-            frames.append(Frame("scene", at, path.read_bytes()))
-        return frames
-
-    return await anyio.to_thread.run_sync(read)
-
-
-def _pts_time(line: str) -> float:
-    try:
-        return float(line.split("pts_time:", 1)[1].split()[0])
-    except (IndexError, ValueError):
-        return 0.0
+    return await read_frames(scratch, duration)
 
 
 # -- the job ---------------------------------------------------------------------------------

@@ -4,17 +4,26 @@
 checksum recorded at fetch, run the verdict (sniff, probe, validate, decode check). Invalid
 media moves the asset to INVALID_MEDIA with its reason codes and the job ends (never
 retried). Valid media gets, in one statement: the media columns, the plan, a BUILDING
-revision, one PENDING variant per output and ONE render job, for the first output (a
+revision, one variant per output and ONE render job, for the first output still to make (a
 chunked plan's split and audio jobs too, see ``chunk_stage``), keyed
 ``render:{asset}:{revision}:{variant_type}:v{pipeline_version}``. A probe out of retries for
 a reason that is not the media's fault fails the asset (PROCESSING_FAILED) with the
 ledger's compensation.
+
+The fast path (``fast_path``; on by default, for every plan that is not chunked): between
+the plan and that statement, the probe job makes the required set, runs the decode check
+with the moderation frames and asks the moderator, all at once; the statement then records
+the required outputs SUCCEEDED and the moderator's allow with the revision, its render job
+is the enrichment's, and the probe job publishes. A delivery of the job that finds the asset
+PROCESSING (an earlier one died after its statement) looks at the publish gates again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
+from collections.abc import Sequence
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -26,13 +35,17 @@ import msgspec
 from aivedio.errors import AivedioError, DeferredError, StaleStateError
 from aivedio.logs import get_logger
 from aivedio.pipeline import chunk_pieces, media_objects
+from aivedio.pipeline.fast_path import FastPath, Made, Phases
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
-from aivedio.pipeline.ffmpeg.outputs import MIME, PRIMARY
+from aivedio.pipeline.ffmpeg.outputs import MIME, PRIMARY, OutputRecord
 from aivedio.pipeline.ffmpeg.verdict import verdict_json
+from aivedio.pipeline.jobs import moderate_spec
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.validate import MediaSummary
 from aivedio.pipeline.media_poison import PoisonGuard
 from aivedio.pipeline.media_seams import NO_SEAMS, WorkerSeams
+from aivedio.pipeline.moderation import Decision
+from aivedio.pipeline.publish import publish_when_ready
 from aivedio.pipeline.revisions import Revisions, render_spec, render_timeout, will_retry
 from aivedio.pipeline.upkeep.lifecycle import retire_if_cancelled
 from aivedio.states import Entity
@@ -58,6 +71,12 @@ class ProbeStage:
         asset_id = uuid.UUID(str(job.payload["asset_id"]))
         asset = await self.revisions.asset(asset_id)
         if asset["status"] not in ("QUARANTINED", "PROBING"):
+            if asset["status"] == "PROCESSING" and job.attempts > 1:
+                # An earlier delivery recorded its revision (the fast path's), then died
+                # before acting on its verdict: the revision is looked at again (moderation
+                # asked for if it has none, the publish if both gates are open).
+                revision = int(asset["next_revision"]) - 1
+                await self.revisions.check_revision(asset_id, revision, here=seams.here(job))
             return {"outcome": "already_probed", "status": asset["status"]}
         retain_days = self.services.config.moderation.reject_retention_days
         cancelled = asset["task_status"] == "CANCELLED"  # checked again under its lock
@@ -113,21 +132,104 @@ class ProbeStage:
     async def _probe(self, job: Job, asset: asyncpg.Record, seams: WorkerSeams) -> dict[str, Any]:
         asset_id: uuid.UUID = asset["id"]
         media = self.services.config.media
+        phases = Phases()
+        fast = media.fast_path and seams.moderation is not None and seams.publisher is not None
         with self.services.sandbox.scratch() as root:
+            started = time.monotonic()
             source = root / "source.bin"
             await media_objects.download_source(self.services.store, asset, source)
+            phases.add("source", started)
+            started = time.monotonic()
             run = MediaRun(self.services.sandbox, source, root)
             # A crash in the verdict itself is the verdict (INVALID_MEDIA, decoder_crashed);
             # one in the keyframe scans after it fails the attempt and counts as a crash.
+            # The fast path's decode check runs with its frames, beside the render.
             async with self.poison.watch_crashes(job, asset_id, run, seams):
-                report = await run.run(plan_only=True)
-            verdict = verdict_json(report.verdict)
+                report = await run.run(plan_only=True, decode=not fast)
+                phases.add("probe", started)
+                if report.verdict.valid and fast and not self._fast(report.plan):
+                    started = time.monotonic()
+                    await run.check_decode()  # the queue path's check, deferred above
+                    phases.add("decode_check", started)
             if not report.verdict.valid:
-                return await self._invalid(asset_id, verdict)
+                return await self._invalid(asset_id, verdict_json(report.verdict))
             assert report.plan is not None and report.verdict.media is not None
-            return await self._start_revision(
-                asset, report.verdict.media, report.plan, verdict, job, media.pipeline_version
+            if not (fast and self._fast(report.plan)):
+                return await self.start_revision(
+                    asset,
+                    report.verdict.media,
+                    report.plan,
+                    verdict_json(report.verdict),
+                    job,
+                    media.pipeline_version,
+                )
+            assert seams.moderation is not None
+            revision = int(asset["next_revision"])
+            async with self.poison.watch_crashes(job, asset_id, run, seams):
+                made = await FastPath(self.services, seams.moderation).make(
+                    run, report.plan, asset, revision, phases
+                )
+            verdict = verdict_json(made.verdict)
+            if not made.verdict.valid:
+                return await self._invalid(asset_id, verdict)
+            started = time.monotonic()
+            result = await self.start_revision(
+                asset,
+                report.verdict.media,
+                report.plan,
+                verdict,
+                job,
+                media.pipeline_version,
+                made=made.outputs,
+                decision=made.decision,
             )
+            phases.add("record", started)
+        started = time.monotonic()
+        await self._after_fast(job, asset, revision, made, seams)
+        phases.add("publish" if _allowed(made.decision) else "verdict", started)
+        result.update(
+            fast_path=True,
+            made=[r.variant_type for r in made.outputs],
+            failed=made.failed,
+            decision=made.decision.decision if made.decision else None,
+            frames=made.frames,
+            phases=phases.as_result(),
+        )
+        if made.unavailable:
+            result["moderation_unavailable"] = made.unavailable[:300]
+        return result
+
+    def _fast(self, plan: Plan | None) -> bool:
+        """The fast path takes a single-pass plan (a chunked one spreads over the fleet)."""
+        return plan is not None and plan.chunking is None
+
+    async def _after_fast(
+        self, job: Job, asset: asyncpg.Record, revision: int, made: Made, seams: WorkerSeams
+    ) -> None:
+        """After the fast path's record: an allow publishes in this job once the required
+        set is complete (else the render that completes it does); a reject or a review is
+        stored and acted on as the moderate job would (the moderate job made with the
+        revision finds it and ends); no decision leaves the moderate job to ask again."""
+        asset_id: uuid.UUID = asset["id"]
+        decision = made.decision
+        if decision is None:
+            return
+        if _allowed(decision):
+            log.info(
+                "moderation_verdict",
+                asset_id=str(asset_id),
+                revision=revision,
+                decision=decision.decision,
+                reasons=decision.reasons,
+                version=decision.version,
+                fast_path=True,
+            )
+            await publish_when_ready(
+                self.services.pool, self.services.queue, asset_id, revision, seams.here(job)
+            )
+            return
+        assert seams.moderation is not None
+        await seams.moderation.record(asset_id, revision, asset["tenant_id"], decision)
 
     async def reprocess(self, job: Job, seams: WorkerSeams = NO_SEAMS) -> dict[str, Any]:
         """A new revision from the retained source under the current pipeline version; the
@@ -155,7 +257,7 @@ class ProbeStage:
                 )
                 return {"outcome": "invalid_media", "reasons": verdict["reasons"]}
             assert report.verdict.media is not None
-            return await self._start_revision(
+            return await self.start_revision(
                 asset,
                 report.verdict.media,
                 report.plan,
@@ -199,7 +301,7 @@ class ProbeStage:
             "network_isolated": verdict["network_isolated"],
         }
 
-    async def _start_revision(
+    async def start_revision(
         self,
         asset: asyncpg.Record,
         summary: MediaSummary,
@@ -209,7 +311,14 @@ class ProbeStage:
         pipeline_version: int,
         *,
         reprocess: bool = False,
+        made: Sequence[OutputRecord] = (),
+        decision: Decision | None = None,
     ) -> dict[str, Any]:
+        """The asset PROCESSING (a rebuild: its probe refreshed), a BUILDING revision, a
+        variant per output and the jobs that make the rest, in one statement. ``made``:
+        outputs the fast path made, uploaded and verified (SUCCEEDED at once); ``decision``:
+        its moderator's (an allow is stored with the revision; anything else, or none, with
+        the playback made, leaves the moderate job to ask by its rules)."""
         asset_id: uuid.UUID = asset["id"]
         tenant_id: int = asset["tenant_id"]
         num, den = _rate_fraction(summary.frame_rate)
@@ -222,6 +331,7 @@ class ProbeStage:
         prefix = keys.revision_prefix(tenant_id, asset_id, revision)
         outputs = plan.outputs
         parts: dict[str, Part] = {}
+        allowed = decision is not None and decision.decision == "allow"
         if reprocess:
             # A published asset keeps serving its current revision until the new one is
             # published; only the probe result is refreshed.
@@ -244,6 +354,7 @@ class ProbeStage:
                     "frame_rate_den": den,
                     "last_error_class": None,
                     "last_error_detail": None,
+                    **({"moderation_status": "ALLOWED"} if allowed else {}),
                 },
             )
         # Everything below is written only when the asset's move (``asset``) won: this is one
@@ -259,15 +370,22 @@ class ProbeStage:
             asset["delete_version"],
             asset["cancel_version"],
             when=won,
+            allowed=(decision.version, list(decision.reasons)) if decision and allowed else None,
         )
+        done = {r.variant_type for r in made}
+        todo = [o for o in outputs if o not in done]
         parts["outputs"] = asset_variants.insert_pending_part(
             asset_id,
             revision,
-            outputs,
-            [f"{prefix}/{_primary(o, plan)}" for o in outputs],
-            [MIME.get(Path(_primary(o, plan)).suffix, "application/octet-stream") for o in outputs],
+            todo,
+            [f"{prefix}/{_primary(o, plan)}" for o in todo],
+            [MIME.get(Path(_primary(o, plan)).suffix, "application/octet-stream") for o in todo],
             when=won,
         )
+        if made:
+            parts["made"] = asset_variants.insert_made_part(
+                asset_id, revision, media_objects.variant_columns(made, prefix), when=won
+            )
         specs: list[JobSpec] = []
         by_chunks = chunk_pieces.chunk_outputs(plan)
         if by_chunks:
@@ -287,9 +405,16 @@ class ProbeStage:
         # own then, the outputs it puts off one together (``_spawn``), and a job that finds
         # its output made spawns jobs for the rest (``_spawn_rest``): no output ever waits
         # without a job that will make it.
-        lead = [o for o in outputs if o not in by_chunks][:1]
+        lead = [o for o in todo if o not in by_chunks][:1]
         timeout = render_timeout(self.services.config, summary)
         specs += [render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
+        if "playback" in done and decision is None:
+            # Moderation starts once the playback exists: a render that records it asks; the
+            # playback made here with no decision in hand (the moderator was unavailable),
+            # this statement does. A reject or a review in hand is stored right after it
+            # (``_after_fast``); a crash in between leaves it to this job's retry, which
+            # asks for moderation (``check_revision``).
+            specs.append(moderate_spec(asset_id, revision, tenant_id))
         jobs = self.services.queue.enqueuing(specs, name="jobs", when=won)
         if jobs is not None:
             parts.update(jobs.parts)
@@ -329,3 +454,7 @@ def _rate_fraction(rate: float) -> tuple[int | None, int | None]:
         return None, None
     fraction = Fraction(rate).limit_denominator(1001)
     return fraction.numerator, fraction.denominator
+
+
+def _allowed(decision: Decision | None) -> bool:
+    return decision is not None and decision.decision == "allow"

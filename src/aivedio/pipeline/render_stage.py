@@ -24,6 +24,7 @@ one DAG run; the enrichment path publishes them.
 from __future__ import annotations
 
 import random
+import shutil
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -35,7 +36,13 @@ import anyio
 import asyncpg
 import msgspec
 
-from aivedio.errors import AivedioError, DeferredError, RenderError, ResourceExhaustedError
+from aivedio.errors import (
+    AivedioError,
+    DeferredError,
+    NotFoundError,
+    RenderError,
+    ResourceExhaustedError,
+)
 from aivedio.logs import get_logger
 from aivedio.pipeline import chunk_pieces, media_objects
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
@@ -98,7 +105,16 @@ class RenderStage:
                 and not self._overdue(deferred_at)
             ):
                 if deferred_at is None:  # marked once; later looks change nothing
-                    await self._defer_outputs(asset_id, revision, [variant_type], seams)
+                    # A first attempt renders every pending output: all the optional ones
+                    # wait with it (the fast path's revision leads with an optional one).
+                    names = [variant_type]
+                    if job.attempts <= 1:
+                        required = set(state["required_outputs"])
+                        pending = await asset_variants.pending(
+                            self.services.pool, asset_id, revision
+                        )
+                        names = [n for n in pending if n not in required] or names
+                    await self._defer_outputs(asset_id, revision, names, seams)
                 raise self._deferred(variant_type, seams, deferred_at)
             async with self.revision_lock(asset_id, revision) as acquired:
                 if not acquired:
@@ -226,6 +242,9 @@ class RenderStage:
                 await media_objects.download(
                     self.services.store, f"{prefix}/playback.mp4", run.layout.playback
                 )
+            if "hls" in group and "playback" not in group and not plan.top.copy:
+                await self._reuse_top_rung(run, plan, prefix)
+
             ran = False
             try:
                 async with self.poison.watch_crashes(job, asset_id, run, seams):
@@ -295,6 +314,23 @@ class RenderStage:
         if put_off:
             result["deferred"] = put_off
         return result
+
+    async def _reuse_top_rung(self, run: MediaRun, plan: Plan, prefix: str) -> None:
+        """The playback's video IS the top rung's encode (one x264 pass feeds both): when the
+        playback is made already (the fast path published it first), the ladder encodes the
+        rungs below it and takes that one from it. Not made yet: the rung is encoded."""
+        if not run.layout.playback.exists():
+            try:
+                await media_objects.download(
+                    self.services.store, f"{prefix}/playback.mp4", run.layout.playback
+                )
+            except NotFoundError:
+                return
+        run.layout.work.mkdir(parents=True, exist_ok=True)
+        await anyio.to_thread.run_sync(
+            shutil.copyfile, run.layout.playback, run.layout.rung_video(plan.top)
+        )
+        run.encoded_rungs.add(plan.top.name)
 
     async def _spawn(
         self,

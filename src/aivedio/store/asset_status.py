@@ -14,7 +14,7 @@ an output and then its asset (``aivedio status --follow``) can tell which it has
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from aivedio.logs import redact_text
@@ -27,6 +27,32 @@ FINAL_ASSET_STATES = frozenset(
 # A provider output that ends here never gets an asset. (STORED is final too, but it is
 # recorded in the transaction that creates the asset: from then on the asset answers.)
 FINAL_OUTPUT_STATES_WITHOUT_ASSET = frozenset({"OUTPUT_LOST", "INVALID_RESPONSE"})
+
+
+def _phases(job: Any) -> list[dict[str, Any]]:
+    """A job that did several stages' work (the probe job's fast path: render, decode check
+    and frames, moderation, publish) recorded each phase's start and length in its result:
+    one timeline entry each, ``{job kind}:{phase}``, so a reader sees where the time went."""
+    phases = job["phases"]
+    started = job["started_at"]
+    if not isinstance(phases, list) or started is None:
+        return []
+    entries = []
+    for phase in phases:
+        if not isinstance(phase, dict) or not isinstance(phase.get("phase"), str):
+            continue
+        at, seconds = phase.get("at_seconds"), phase.get("seconds")
+        if not isinstance(at, int | float) or not isinstance(seconds, int | float):
+            continue
+        entries.append(
+            {
+                "at": _iso(started + timedelta(seconds=at)),
+                "stage": f"{job['kind']}:{phase['phase']}",
+                "event": "done",
+                "seconds": seconds,
+            }
+        )
+    return entries
 
 
 def _iso(value: Any) -> Any:
@@ -64,9 +90,10 @@ async def asset_status(pool: Pool, asset_id: uuid.UUID) -> dict[str, Any] | None
         timeline.extend(await fetch_entries(pool, asset["source_provider_output_id"]))
     jobs = await pool.fetch(
         "SELECT kind, status, attempts, last_error_class, started_at, finished_at, payload,"
-        " created_at FROM job_history WHERE payload->>'asset_id' = $1"
+        " created_at, result->'phases' AS phases FROM job_history"
+        " WHERE payload->>'asset_id' = $1"
         " UNION ALL SELECT kind, status, attempts, last_error_class, started_at, NULL,"
-        " payload, created_at FROM jobs WHERE payload->>'asset_id' = $1",
+        " payload, created_at, NULL FROM jobs WHERE payload->>'asset_id' = $1",
         str(asset_id),
     )
     for job in jobs:
@@ -83,6 +110,7 @@ async def asset_status(pool: Pool, asset_id: uuid.UUID) -> dict[str, Any] | None
                 "error_class": None if job["status"] == "succeeded" else job["last_error_class"],
             }
         )
+        timeline.extend(_phases(job))
     for release in await pool.fetch(
         "SELECT revision, previous_revision, published_at, outputs FROM releases"
         " WHERE asset_id = $1 ORDER BY published_at",

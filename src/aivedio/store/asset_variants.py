@@ -21,6 +21,19 @@ from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.records import check_transition
 from aivedio.store.together import Part
 
+# Outputs made and verified before their revision existed (the probe job's fast path):
+# inserted SUCCEEDED with the columns ``SUCCEED`` would set.
+INSERT_MADE = (
+    "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
+    " mime_type, size_bytes, checksum_alg, checksum, status, width, height, codec, bitrate,"
+    " extra, completed_at) SELECT gen_random_uuid(), $1, $2, u.variant_type, u.object_key,"
+    " u.mime_type, u.size_bytes, 'sha256', u.checksum, 'SUCCEEDED', u.width, u.height,"
+    " u.codec, u.bitrate, u.extra, now()"
+    " FROM unnest($3::text[], $4::text[], $5::text[], $6::bigint[], $7::text[],"
+    "  $8::int[], $9::int[], $10::text[], $11::bigint[], $12::jsonb[])"
+    "  AS u(variant_type, object_key, mime_type, size_bytes, checksum, width, height,"
+    "  codec, bitrate, extra) WHERE {when} RETURNING 1"
+)
 INSERT_PENDING = (
     "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
     " mime_type, size_bytes, checksum_alg, checksum, status) SELECT"
@@ -88,6 +101,16 @@ def insert_pending_part(
         INSERT_PENDING.format(when=when),
         (asset_id, revision, list(outputs), list(object_keys), list(mime_types)),
     )
+
+
+def insert_made_part(
+    asset_id: uuid.UUID, revision: int, columns: Sequence[Sequence[Any]], *, when: str
+) -> Part:
+    """For ``write_together``: outputs already made, uploaded and verified, as SUCCEEDED
+    variants of a revision the same statement starts. ``columns``: as ``succeed``'s. The
+    row never was PENDING; what it records is that move's."""
+    check_transition(Entity.VARIANT, "PENDING", "SUCCEEDED")
+    return Part(INSERT_MADE.format(when=when), (asset_id, revision, *columns))
 
 
 async def pending(pool: Pool, asset_id: uuid.UUID, revision: int) -> list[str]:

@@ -1,9 +1,10 @@
 """The asset row as the media jobs read and write it (table ``assets``).
 
 The media jobs decide on more than the row: how often its source crashed a media job (the
-poison rule), its generation task's provider status (a cancel) and the number its next
-revision takes. ``ASSET_COLUMNS`` reads them with the row, so none costs a round trip of its
-own. Status changes go through ``store.records.transition``; what is here sets no status.
+poison rule), its generation task's provider status (a cancel), the provider's safety labels
+of its output (what moderation is told) and the number its next revision takes.
+``ASSET_COLUMNS`` reads them with the row, so none costs a round trip of its own. Status
+changes go through ``store.records.transition``; what is here sets no status.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ ASSET_COLUMNS = (
     " (SELECT g.provider_status FROM provider_outputs o"
     "  JOIN generation_tasks g ON g.id = o.generation_task_id"
     "  WHERE o.id = a.source_provider_output_id) AS task_status,"
+    " (SELECT o.safety_labels FROM provider_outputs o"
+    "  WHERE o.id = a.source_provider_output_id) AS safety_labels,"
     " (SELECT coalesce(max(r.revision), 0) + 1 FROM asset_revisions r"
     "  WHERE r.asset_id = a.id) AS next_revision"
 )

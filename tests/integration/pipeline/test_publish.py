@@ -26,7 +26,14 @@ from aivedio.pipeline.upkeep.lifecycle import cancel_task, delete_asset
 from aivedio.store.database import Pool
 from aivedio.store.queue import Queue
 from tests.support.media_fixtures import MediaCache, h264_faststart
-from tests.support.pipeline_rig import Rig, fake_job, make_rig, registry_without, running_worker
+from tests.support.pipeline_rig import (
+    Rig,
+    fake_job,
+    make_rig,
+    registry_without,
+    running_worker,
+    without_fast_path,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -397,6 +404,7 @@ async def test_delete_during_processing_publishes_nothing(
         return await original(self, node, *args)
 
     monkeypatch.setattr(media_run.MediaRun, "_finalize", slow_finalize)
+    rig.config = without_fast_path(rig.config)  # the fast path's twin: test_fast_path
     asset_id = await rig.quarantine(source)
     await rig.enqueue_probe(asset_id)
     async with running_worker(rig):

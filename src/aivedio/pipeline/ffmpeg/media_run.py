@@ -31,7 +31,7 @@ from aivedio.errors import (
 from aivedio.pipeline.ffmpeg.finalize import Finalizing
 from aivedio.pipeline.ffmpeg.outputs import NodeOutcome, Report
 from aivedio.pipeline.ffmpeg.sandbox import RunResult
-from aivedio.pipeline.ffmpeg.verdict import Verdict, inspect_file
+from aivedio.pipeline.ffmpeg.verdict import Verdict, checked_verdict, inspect_file
 from aivedio.pipeline.media.chunks import CHUNK_OUTPUTS
 from aivedio.pipeline.media.ffmpeg_args import (
     EncodeJob,
@@ -74,12 +74,22 @@ class MediaRun(Finalizing):
         )
 
     async def inspect(
-        self, *, declared: Declared | None = None, tolerance: ToleranceConfig | None = None
+        self,
+        *,
+        declared: Declared | None = None,
+        tolerance: ToleranceConfig | None = None,
+        decode: bool = True,
     ) -> Report:
+        """The verdict; ``decode=False`` defers its decode check (``check_decode``)."""
         started = time.monotonic()
         runs: list[RunResult] = []
         verdict, _ = await inspect_file(
-            self.sandbox, self.source, declared=declared, tolerance=tolerance, record=runs
+            self.sandbox,
+            self.source,
+            declared=declared,
+            tolerance=tolerance,
+            record=runs,
+            decode=decode,
         )
         self.report = Report(verdict=verdict, origin=started)
         for run in runs:
@@ -97,13 +107,17 @@ class MediaRun(Finalizing):
         tolerance: ToleranceConfig | None = None,
         plan: Plan | None = None,
         plan_only: bool = False,
+        decode: bool = True,
     ) -> Report:
         """Inspect (unless already done), plan, and produce ``wants`` (default: all).
-        ``plan_only``: stop after the plan (the probe job), a plan good for every output."""
+        ``plan_only``: stop after the plan (the probe job), a plan good for every output.
+        ``decode=False``: the inspection's decode check is deferred (``check_decode``)."""
         started = time.monotonic()
         wants = None if wants is None else list(wants)
         inspected_before = self.report is not None
-        report = self.report or await self.inspect(declared=declared, tolerance=tolerance)
+        report = self.report or await self.inspect(
+            declared=declared, tolerance=tolerance, decode=decode
+        )
         if not report.verdict.valid:
             report.wall_seconds = time.monotonic() - started
             return report
@@ -139,6 +153,27 @@ class MediaRun(Finalizing):
         if inspected_before:
             report.wall_seconds += report.steps.get("inspect", 0.0)
         return report
+
+    async def check_decode(self) -> Verdict:
+        """Run the decode check ``inspect(decode=False)`` deferred; the report's verdict
+        becomes the checked one (invalid if the check failed)."""
+        assert self.report is not None and self._sniff is not None
+        runs: list[RunResult] = []
+        started = time.monotonic()
+        try:
+            self.report.verdict = await checked_verdict(
+                self.sandbox,
+                self.report.verdict,
+                self._sniff,
+                self.source,
+                cwd=self.layout.work,
+                record=runs,
+            )
+        finally:
+            for run in runs:
+                self.report.record(f"inspect:{run.tool}", run)
+            self.report.steps["decode_check"] = time.monotonic() - started
+        return self.report.verdict
 
     async def package_encoded(self, plan: Plan, nodes: list[str]) -> Report:
         """The chunked assembly: the rung videos (and the audio) are already in ``work/``;
@@ -267,7 +302,7 @@ class MediaRun(Finalizing):
         wants = set(nodes)
         has_audio = summary.audio_codec is not None
         started = time.monotonic()
-        job = encode_job(plan, wants, has_audio=has_audio)
+        job = encode_job(plan, wants, has_audio=has_audio, encoded=self.encoded_rungs)
         if encoded:
             job = EncodeJob(
                 rungs=(), proxy=False, poster=False, sprite=False, pcm=False, audio=False

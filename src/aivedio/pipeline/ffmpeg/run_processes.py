@@ -52,6 +52,8 @@ class RunProcesses:
         self.report: Report | None = None
         self._sniff: Sniff | None = None
         self._summary: MediaSummary | None = None
+        # Rungs whose video a caller put in ``work/`` already (``Layout.rung_video``).
+        self.encoded_rungs: set[str] = set()
 
     async def _ffmpeg(self, step: str, args: list[str], duration: float) -> RunResult:
         assert self.report is not None

@@ -20,6 +20,9 @@ from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
 from aivedio.pipeline.media.sniff import Sniff, input_args, sniff_file
 from aivedio.pipeline.media.validate import Declared, MediaSummary, validate
 
+# A valid verdict whose decode check is still to run (``inspect_file(decode=False)``).
+DEFERRED = "deferred"
+
 
 class Verdict(msgspec.Struct, kw_only=True, omit_defaults=False):
     verdict: str  # "valid" | "invalid"
@@ -27,7 +30,7 @@ class Verdict(msgspec.Struct, kw_only=True, omit_defaults=False):
     reasons: list[str]
     container: str
     media: MediaSummary | None
-    decode_check: str  # none | sampled | full | skipped
+    decode_check: str  # none | sampled | full | skipped | deferred (not yet run)
     network_isolated: bool | None
     detail: str | None = None
 
@@ -92,8 +95,12 @@ async def inspect_file(
     declared: Declared | None = None,
     tolerance: ToleranceConfig | None = None,
     record: list[RunResult] | None = None,
+    decode: bool = True,
 ) -> tuple[Verdict, ProbeOutput | None]:
-    """Sniff, probe, validate and decode-check ``path``; see the module docstring."""
+    """Sniff, probe, validate and decode-check ``path``; see the module docstring.
+    ``decode=False``: the decode check is left to the caller (``checked_verdict``, or the
+    probe job's fast path, whose frames pass decodes the whole source); the verdict says
+    ``decode_check="deferred"`` until then."""
     media = sandbox.media
     sniff = sniff_file(path)
     if not sniff.accepted:
@@ -108,7 +115,7 @@ async def inspect_file(
         summary, reasons = validate(probe, media, declared=declared, tolerance=tolerance)
         if reasons or summary is None:
             return _invalid(sniff.kind, reasons, summary, "skipped", isolated), probe
-        if media.decode_check != "none":
+        if media.decode_check != "none" and decode:
             try:
                 await decode_check(sandbox, sniff, path, summary, cwd=scratch, record=record)
             except InvalidMediaError as exc:
@@ -123,10 +130,39 @@ async def inspect_file(
             reasons=[],
             container=sniff.kind,
             media=summary,
-            decode_check=media.decode_check,
+            decode_check=media.decode_check if decode else DEFERRED,
             network_isolated=isolated,
         ),
         probe,
+    )
+
+
+async def checked_verdict(
+    sandbox: Sandbox,
+    verdict: Verdict,
+    sniff: Sniff,
+    path: Path,
+    *,
+    cwd: Path,
+    record: list[RunResult] | None = None,
+) -> Verdict:
+    """A valid verdict whose decode check was deferred, with that check run now: still
+    valid, or invalid with the check's reasons."""
+    if not verdict.valid or verdict.decode_check != DEFERRED or verdict.media is None:
+        return verdict
+    mode = sandbox.media.decode_check
+    if mode != "none":
+        try:
+            await decode_check(sandbox, sniff, path, verdict.media, cwd=cwd, record=record)
+        except InvalidMediaError as exc:
+            return decode_failed(verdict, exc, mode)
+    return msgspec.structs.replace(verdict, decode_check=mode)
+
+
+def decode_failed(verdict: Verdict, exc: InvalidMediaError, mode: str) -> Verdict:
+    """``verdict`` (valid, its decode check deferred) after that check failed."""
+    return _invalid(
+        verdict.container, exc.reasons, verdict.media, mode, verdict.network_isolated, exc.detail
     )
 
 

@@ -120,11 +120,15 @@ class EncodeJob:
         return not (self.rungs or self.proxy or self.poster or self.sprite or self.pcm)
 
 
-def encode_job(plan: Plan, wants: set[str], *, has_audio: bool) -> EncodeJob:
-    """The branches an encode pass needs to serve ``wants``."""
+def encode_job(
+    plan: Plan, wants: set[str], *, has_audio: bool, encoded: Collection[str] = ()
+) -> EncodeJob:
+    """The branches an encode pass needs to serve ``wants``. ``encoded``: rungs whose video
+    is already in ``work/`` (the top rung of a transcode, taken from the playback the fast
+    path published: the same encode, made once)."""
     rungs: list[Rung] = []
     if "hls" in wants:
-        rungs = [r for r in plan.rungs if not r.copy]
+        rungs = [r for r in plan.rungs if not r.copy and r.name not in encoded]
     if "playback" in wants and not plan.top.copy and plan.top not in rungs:
         rungs.insert(0, plan.top)
     needs_audio_file = plan.mode == "transcode" and ("playback" in wants or "hls" in wants)

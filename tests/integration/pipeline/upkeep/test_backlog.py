@@ -377,9 +377,11 @@ async def test_a_source_crashing_the_decoder_twice_is_quarantined_with_no_third_
     rig: Rig, source: bytes, tmp_path: Path
 ) -> None:
     script, log = crashing_ffmpeg(tmp_path)
-    # The probe uses ffprobe only (no decode check), so the source is planned; every render
-    # then crashes.
-    media = msgspec.structs.replace(rig.config.media, ffmpeg=str(script), decode_check="none")
+    # The probe uses ffprobe only (no decode check, no fast path), so the source is planned;
+    # every render then crashes. (The fast path's crashes: test_fast_path.)
+    media = msgspec.structs.replace(
+        rig.config.media, ffmpeg=str(script), decode_check="none", fast_path=False
+    )
     rig.config = msgspec.structs.replace(
         with_backlog(rig.config, near_expiry_outputs=0), media=media
     )

@@ -1,0 +1,213 @@
+"""The probe job's fast path: a stored source's required set, decode check and moderation
+in one job, from the bytes already in its scratch directory.
+
+Why. Through the queue alone an asset took four jobs before it played: the probe (ffprobe,
+a sampled decode check, the plan), a render (the required set), a moderate job (the
+playback downloaded back and decoded again for its frames, then the moderator) and the
+publish, each starting when the one before had ended. For an eight-second clip that one
+copy and one JPEG make playable, the waits and the decodes that repeated each other were
+most of the five seconds to PLAYABLE.
+
+What. When the worker has a moderation stage and a publish stage, ``[media] fast_path`` is
+on and the plan is a single pass (a source long enough to be chunked keeps the queue path),
+the probe job goes on after its plan with two things at once:
+
+* the frames pass (``ffmpeg/frames.py``): ONE decode of the whole source, which is the
+  decode check (``-xerror``: a full check, stronger than the sampled one, at no extra cost,
+  since the scene frames need every frame decoded) and makes the moderation frames; the
+  moderator is asked as soon as they exist, so its latency overlaps the render;
+* the required set (``MediaRun``): the copy and the poster of a remux, or the playback
+  rendition and the poster from one decode of a transcode; each output uploaded under the
+  revision prefix and read back (size, SHA-256) the moment it is made.
+
+Guarantees. A failed decode check cancels the render and the asset is INVALID_MEDIA; no
+frame of it reaches the moderator; nothing is recorded, so nothing can be published (what
+was uploaded under the unrecorded revision prefix is an orphan for the sweeper's GC). The
+moderator's verdict is fail-closed as in the ``moderate`` job: only an allow is stored with
+the revision; anything else (reject, review, unavailable) leaves a moderate job, whose rules
+then apply. Every object is verified before its row says SUCCEEDED. The probe job's lease
+fences every write, and the record is one statement (``ProbeStage.start_revision``), so a
+crash before it leaves the asset in PROBING for the job's retry, which starts over, and a
+crash after it leaves a revision exactly as the queue path would (the render job of the
+enrichment, or the probe job's retry, publishes it).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import asyncpg
+import msgspec
+
+from aivedio.errors import AivedioError, InvalidMediaError
+from aivedio.logs import get_logger
+from aivedio.pipeline import media_objects
+from aivedio.pipeline.ffmpeg.frames import Frame, source_frames
+from aivedio.pipeline.ffmpeg.media_run import MediaRun
+from aivedio.pipeline.ffmpeg.outputs import OutputRecord
+from aivedio.pipeline.ffmpeg.sandbox import RunResult
+from aivedio.pipeline.ffmpeg.verdict import Verdict, decode_failed
+from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media_seams import MediaServices
+from aivedio.pipeline.moderation import (
+    Decision,
+    ModerationStage,
+    ModeratorUnavailableError,
+    Request,
+)
+from aivedio.store.objects import keys
+
+log = get_logger("aivedio.media")
+
+# The decode check the frames pass amounts to (a whole decode under -xerror).
+FULL = "full"
+
+
+@dataclass
+class Phases:
+    """Each phase of the fast path: its start (seconds after the job's own start) and
+    length, for the job's result and the status timeline."""
+
+    origin: float = field(default_factory=time.monotonic)
+    done: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def add(self, name: str, started: float) -> None:
+        now = time.monotonic()
+        self.done[name] = (round(started - self.origin, 4), round(now - started, 4))
+
+    def as_result(self) -> list[dict[str, Any]]:
+        return [
+            {"phase": name, "at_seconds": at, "seconds": seconds}
+            for name, (at, seconds) in sorted(self.done.items(), key=lambda kv: kv[1][0])
+        ]
+
+
+@dataclass
+class Made:
+    """What the fast path made: the verdict with its decode check run (invalid when it
+    failed), the required outputs uploaded and verified, the required outputs that failed,
+    and the moderator's decision (None when it gave none: ``unavailable`` says why)."""
+
+    verdict: Verdict
+    outputs: list[OutputRecord]
+    failed: list[str]
+    decision: Decision | None
+    unavailable: str = ""
+    frames: int = 0
+
+
+class FastPath:
+    """Runs the frames pass and the required set at once; records nothing (the probe
+    stage records what it made, ``ProbeStage.start_revision``)."""
+
+    def __init__(self, services: MediaServices, moderation: ModerationStage) -> None:
+        self.services = services
+        self.moderation = moderation
+
+    async def make(
+        self,
+        run: MediaRun,
+        plan: Plan,
+        asset: asyncpg.Record,
+        revision: int,
+        phases: Phases,
+    ) -> Made:
+        """``run``: inspected with its decode check deferred, its plan made."""
+        report = run.report
+        assert report is not None and report.verdict.media is not None
+        summary = report.verdict.media
+        asset_id: uuid.UUID = asset["id"]
+        prefix = keys.revision_prefix(asset["tenant_id"], asset_id, revision)
+        made: list[OutputRecord] = []
+        errors: list[AivedioError] = []
+
+        async def upload(record: OutputRecord) -> None:
+            await media_objects.upload_and_verify(
+                self.services.store, prefix, run.layout.out, record
+            )
+            made.append(record)
+
+        async def render() -> None:
+            started = time.monotonic()
+            try:
+                await run.run(wants=plan.required, plan=plan)
+            except AivedioError as exc:
+                errors.append(exc)
+            phases.add("render", started)
+
+        run.on_done = upload
+        verdict = report.verdict
+        decision: Decision | None = None
+        unavailable = ""
+        frames: list[Frame] = []
+        runs: list[RunResult] = []
+        scratch = run.layout.root / "frames"
+        scratch.mkdir(parents=True, exist_ok=True)
+        checking = self.services.config.media.decode_check != "none"
+        async with anyio.create_task_group() as group:
+            group.start_soon(render)
+            started = time.monotonic()
+            try:
+                frames = await source_frames(
+                    self.services.sandbox,
+                    run.sniff,
+                    run.source,
+                    summary,
+                    self.moderation.config,
+                    scratch,
+                    check=checking,
+                    record=runs,
+                )
+            except InvalidMediaError as exc:
+                verdict = decode_failed(verdict, exc, FULL)
+                group.cancel_scope.cancel()  # nothing of an invalid source is made
+            except AivedioError as exc:
+                errors.append(exc)
+                group.cancel_scope.cancel()
+            else:
+                verdict = msgspec.structs.replace(
+                    verdict, decode_check=FULL if checking else "none"
+                )
+                phases.add("decode_check_and_frames", started)
+                started = time.monotonic()
+                decision, unavailable = await self._ask(asset, revision, verdict, frames)
+                phases.add("moderation", started)
+            finally:
+                for result in runs:
+                    report.record("frames", result)
+        if errors and verdict.valid:
+            raise errors[0]
+        failed = [n for n in plan.required if n not in {r.variant_type for r in made}]
+        return Made(verdict, made, failed, decision, unavailable, len(frames))
+
+    async def _ask(
+        self, asset: asyncpg.Record, revision: int, verdict: Verdict, frames: list[Frame]
+    ) -> tuple[Decision | None, str]:
+        """The moderator's decision on the frames; None (and why) when it cannot give one:
+        fail-closed, the moderate job asks again by its own rules."""
+        media = msgspec.to_builtins(verdict.media)
+        labels = [str(x) for x in (asset["safety_labels"] or [])]
+        try:
+            decision = await self.moderation.moderator.check(
+                Request(
+                    asset_id=asset["id"],
+                    revision=revision,
+                    media=media,
+                    provider_labels=labels,
+                    frames=frames,
+                )
+            )
+        except ModeratorUnavailableError as exc:
+            log.warning(
+                "moderation_unavailable",
+                asset_id=str(asset["id"]),
+                revision=revision,
+                detail=exc.detail,
+                fast_path=True,
+            )
+            return None, exc.detail
+        return decision, ""

@@ -1,0 +1,242 @@
+"""Frames for moderation, and the pass that takes them from the source with its decode check.
+
+Moderation looks at stills: the first, middle and last frames, and up to
+``max_scene_frames`` at scene changes (the ``scene`` score of ffmpeg's ``select`` filter; the
+times the ``metadata`` filter prints to a file, read back as numbers, never parsed from
+stderr). Two ways to take them:
+
+* ``sample_frames`` (the ``moderate`` job): from the playback MP4 a render already made, the
+  video opened three times (from the start, at the middle, one second before the end).
+* ``source_frames_args`` (the probe job's fast path): from the source itself, ONE opening
+  decoded from the first packet to the last, split into the stills and the scene branch,
+  the audio decoded too, under ``-xerror``. That decode is the decode check: a source whose
+  tail does not decode fails the pass, which is a verdict on the media (INVALID_MEDIA), and
+  the moderator never sees a frame of it. The scene branch needs every frame decoded
+  anyway, so the full check costs nothing over the sampled one, and the frames exist before
+  any output is made: moderation no longer waits for the playback. For a remux the frames
+  are the playback's own (the same bitstream); for a transcode they are what it was
+  encoded from.
+
+Every still is scaled to at most ``frame_width`` wide and written as a JPEG in the scratch
+directory; ``read_frames`` collects them with their times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from aivedio.config.moderation import ModerationConfig
+from aivedio.errors import RenderError
+from aivedio.pipeline.ffmpeg.probe import invalid, limit_reason
+from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox
+from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
+from aivedio.pipeline.media.validate import MediaSummary
+
+# The scene frames' times, as the metadata filter prints them (in the scratch directory).
+SCENE_TIMES = "scene_times.txt"
+STILLS = ("first", "middle", "last")
+JPEG_QUALITY = "4"
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    kind: str  # first | middle | last | scene
+    seconds: float
+    jpeg: bytes
+
+
+def still_times(duration: float) -> dict[str, float]:
+    """Where the first, middle and last stills are taken (the last: the final frame of the
+    last second)."""
+    return {"first": 0.0, "middle": max(duration / 2, 0.0), "last": max(duration - 1, 0.0)}
+
+
+def _scale(config: ModerationConfig) -> str:
+    return f"scale='min({config.frame_width},iw)':-2"
+
+
+def _scene_branch(config: ModerationConfig) -> str:
+    select = f"select='gt(scene,{config.scene_threshold})'"
+    return f"{select},metadata=mode=print:file={SCENE_TIMES},{_scale(config)}"
+
+
+def _scene_output(config: ModerationConfig, scratch: Path) -> list[str]:
+    return [
+        "-map",
+        "[scene]",
+        "-fps_mode",
+        "passthrough",
+        "-frames:v",
+        str(config.max_scene_frames),
+        "-q:v",
+        JPEG_QUALITY,
+        str(scratch / "scene_%03d.jpg"),
+    ]
+
+
+def _still_output(label: str, scratch: Path, *, one: bool) -> list[str]:
+    frames = ["-frames:v", "1"] if one else []
+    path = str(scratch / f"{label}.jpg")
+    return ["-map", f"[{label}]", *frames, "-q:v", JPEG_QUALITY, "-update", "1", path]
+
+
+def playback_frames_args(
+    video: Path, duration: float, config: ModerationConfig, scratch: Path
+) -> list[str]:
+    """``sample_frames``' ffmpeg: three openings of a playback MP4 (start, middle, one second
+    before the end); the first one also through the scene filter. The seeks make the three
+    stills cheap, and the scene pass decodes the video once."""
+    scale = _scale(config)
+    middle = still_times(duration)["middle"]
+    inputs = [
+        "-ss",
+        "0",
+        *input_args(MP4, video),
+        "-ss",
+        f"{middle:.3f}",
+        *input_args(MP4, video),
+        "-sseof",
+        "-1",
+        *input_args(MP4, video),
+    ]
+    # trim: a still's branch ends at its frame. Without it the graph goes on decoding that
+    # opening (and scaling the first's) to the end: twice the CPU on a long video.
+    still = f"trim=end_frame=1,{scale}"
+    graph = [f"[1:v]{still}[middle]", f"[2:v]{scale}[last]"]
+    outputs = [
+        *_still_output("first", scratch, one=True),
+        *_still_output("middle", scratch, one=True),
+        *_still_output("last", scratch, one=False),
+    ]
+    if config.max_scene_frames:
+        graph[:0] = [
+            "[0:v]split=2[whole][scenes]",
+            f"[whole]{still}[first]",
+            f"[scenes]{_scene_branch(config)}[scene]",
+        ]
+        outputs += _scene_output(config, scratch)
+    else:
+        graph[:0] = [f"[0:v]{still}[first]"]
+    return [*inputs, "-filter_complex", ";".join(graph), *outputs]
+
+
+def source_frames_args(
+    sniff: Sniff,
+    source: Path,
+    summary: MediaSummary,
+    config: ModerationConfig,
+    scratch: Path,
+    *,
+    max_streams: int,
+    max_pixels: int,
+    check: bool = True,
+) -> list[str]:
+    """The fast path's pass over the source: one opening, decoded whole, split into the
+    three stills and the scene branch; the audio decoded into the null muxer. ``check``:
+    under ``-xerror`` (the decode check), so any decode error fails the process. Streams are
+    named by absolute index: the stream validated is the stream decoded and looked at."""
+    video, audio = summary.video_stream_index, summary.audio_stream_index
+    times = still_times(summary.duration_seconds)
+    scale = _scale(config)
+    branches = ["first", "middle", "last"] + (["scenes"] if config.max_scene_frames else [])
+    # Each still's branch ends at its frame (trim), the last one's keeps overwriting its
+    # file (-update 1) until the final frame: nothing is held in memory, nothing reversed.
+    graph = [
+        f"[0:{video}]split={len(branches)}" + "".join(f"[v_{b}]" for b in branches),
+        f"[v_first]trim=end_frame=1,{scale}[first]",
+        f"[v_middle]trim=start={times['middle']:.3f},trim=end_frame=1,{scale}[middle]",
+        f"[v_last]trim=start={times['last']:.3f},{scale}[last]",
+    ]
+    outputs = [
+        *_still_output("first", scratch, one=True),
+        *_still_output("middle", scratch, one=True),
+        *_still_output("last", scratch, one=False),
+    ]
+    if config.max_scene_frames:
+        graph.append(f"[v_scenes]{_scene_branch(config)}[scene]")
+        outputs += _scene_output(config, scratch)
+    if audio is not None:
+        outputs += ["-map", f"0:{audio}", "-f", "null", "-"]
+    opening = input_args(sniff, source, max_streams=max_streams, max_pixels=max_pixels)
+    return [
+        *(["-xerror"] if check else []),
+        *opening,
+        "-filter_complex",
+        ";".join(graph),
+        *outputs,
+    ]
+
+
+async def source_frames(
+    sandbox: Sandbox,
+    sniff: Sniff,
+    source: Path,
+    summary: MediaSummary,
+    config: ModerationConfig,
+    scratch: Path,
+    *,
+    check: bool = True,
+    record: list[RunResult] | None = None,
+) -> list[Frame]:
+    """Run ``source_frames_args`` in the sandbox and read the frames. With ``check``, a
+    failed pass is the decode check's verdict (``InvalidMediaError``: ``decode_failed``, or
+    the parser limit or crash that stopped it); without, ``RenderError``. Running out of
+    time or memory is ``ResourceExhaustedError`` either way."""
+    media = sandbox.media
+    result = await sandbox.run(
+        "ffmpeg",
+        source_frames_args(
+            sniff,
+            source,
+            summary,
+            config,
+            scratch,
+            max_streams=media.max_streams,
+            max_pixels=media.max_pixels,
+            check=check,
+        ),
+        cwd=scratch,
+        deadline_seconds=media.process_timeout_seconds + summary.duration_seconds,
+        record=record,
+    )
+    if not result.ok:
+        if not check:
+            # No decode check asked for: a failed pass is a failed render step (a crash
+            # counts toward the poison rule), never a verdict on the media.
+            result.raise_if_exhausted()
+            raise RenderError(f"frames: {result.error_detail()}")
+        reason = limit_reason(result)
+        if reason is None:
+            result.raise_if_exhausted()
+        raise invalid(reason or "decode_failed", result.error_detail())
+    return await read_frames(scratch, summary.duration_seconds)
+
+
+async def read_frames(scratch: Path, duration: float) -> list[Frame]:
+    """The stills and scene frames a pass wrote to ``scratch``, with their times."""
+
+    def read() -> list[Frame]:
+        frames = [
+            Frame(kind, at, (scratch / f"{kind}.jpg").read_bytes())
+            for kind, at in still_times(duration).items()
+            if (scratch / f"{kind}.jpg").exists()
+        ]
+        printed = scratch / SCENE_TIMES
+        lines = printed.read_text("utf-8", "replace").splitlines() if printed.exists() else []
+        times = [pts_time(line) for line in lines if "pts_time:" in line]
+        for index, path in enumerate(sorted(scratch.glob("scene_*.jpg"))):
+            at = times[index] if index < len(times) else 0.0
+            frames.append(Frame("scene", at, path.read_bytes()))
+        return frames
+
+    return await anyio.to_thread.run_sync(read)
+
+
+def pts_time(line: str) -> float:
+    try:
+        return float(line.split("pts_time:", 1)[1].split()[0])
+    except (IndexError, ValueError):
+        return 0.0

@@ -1,0 +1,327 @@
+"""The probe job's fast path through a worker: real PostgreSQL, the local store, real ffmpeg.
+
+The required set, the decode check with the moderation frames, the moderator and the
+publish in the probe job; what it must never give up: a failed decode check publishes
+nothing, a moderator that fails keeps the asset private, a second delivery adds nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from aivedio.config.load import Config
+from aivedio.pipeline.media_stage import open_media_stage
+from aivedio.pipeline.moderation import open_moderation_stage
+from aivedio.pipeline.publish import PublishStage
+from aivedio.store.asset_status import asset_status
+from aivedio.store.database import Pool
+from aivedio.store.objects import keys
+from aivedio.store.queue import Queue
+from tests.integration.pipeline.test_publish import moderator_server
+from tests.support import media_fixtures as mf
+from tests.support.media_fixtures import MediaCache
+from tests.support.pipeline_rig import Rig, make_rig, running_worker
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def media_cache(tmp_path_factory: pytest.TempPathFactory) -> MediaCache:
+    return MediaCache(tmp_path_factory.mktemp("media"))
+
+
+@pytest.fixture(scope="module")
+def source(media_cache: MediaCache) -> bytes:
+    return media_cache.get(
+        "h264", mf.h264_moov_at_end, width=320, height=240, seconds=2
+    ).read_bytes()
+
+
+@pytest.fixture
+async def rig(config: Config, pool: Pool, tmp_path: Path) -> AsyncIterator[Rig]:
+    async with make_rig(config, pool, tmp_path) as r:
+        yield r
+
+
+async def kinds_of(rig: Rig, asset_id: Any) -> list[str]:
+    rows = await rig.pool.fetch(
+        "SELECT kind FROM job_history WHERE payload->>'asset_id' = $1"
+        " UNION ALL SELECT kind FROM jobs WHERE payload->>'asset_id' = $1",
+        str(asset_id),
+    )
+    return sorted(r["kind"] for r in rows)
+
+
+async def probe_result(rig: Rig, asset_id: Any) -> dict[str, Any]:
+    result: dict[str, Any] = await rig.pool.fetchval(
+        "SELECT result FROM job_history WHERE kind = 'probe' AND payload->>'asset_id' = $1",
+        str(asset_id),
+    )
+    return result
+
+
+async def test_the_probe_job_makes_moderates_and_publishes_the_required_set(
+    rig: Rig, source: bytes
+) -> None:
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait("SELECT 1 FROM assets WHERE status = 'ENRICHED'")
+        await rig.wait_idle(asset_id)
+    asset = await rig.asset(asset_id)
+    assert asset["moderation_status"] == "ALLOWED"
+    # The decode check ran with the frames: a whole decode, recorded as such.
+    assert asset["probe"]["decode_check"] == "full"
+    first, *_ = await rig.revisions(asset_id)
+    assert first["moderation_verdict"] == "allow" and first["moderated_at"] is not None
+    assert first["status"] in ("READY", "SUPERSEDED")
+    # No moderate job and no publish job: the probe moderated and published; its render
+    # job made the optional outputs (the enrichment).
+    kinds = await kinds_of(rig, asset_id)
+    assert "moderate" not in kinds
+    assert kinds.count("probe") == 1 and kinds.count("render") == 1
+    result = await probe_result(rig, asset_id)
+    assert result["fast_path"] is True and result["decision"] == "allow"
+    assert sorted(result["made"]) == ["playback", "poster"] and result["failed"] == []
+    assert result["frames"] >= 3
+    phases = [p["phase"] for p in result["phases"]]
+    for phase in ("probe", "decode_check_and_frames", "moderation", "render", "record"):
+        assert phase in phases
+    assert phases[-1] == "publish"
+    # The outputs the probe made are what the store holds, verified at their recorded size.
+    playback = (await rig.variants(asset_id))["playback"]
+    prefix = keys.revision_prefix(rig.tenant_id, asset_id, 1)
+    assert playback["object_key"] == f"{prefix}/playback.mp4"
+    info = await rig.store.head(playback["object_key"])
+    assert info is not None and info.size == playback["size_bytes"]
+    # The status timeline shows each phase of the probe job with its time.
+    status = await asset_status(rig.pool, asset_id)
+    assert status is not None
+    stages = [e["stage"] for e in status["timeline"]]
+    assert "probe:render" in stages and "probe:moderation" in stages
+    entry = next(e for e in status["timeline"] if e["stage"] == "probe:render")
+    assert entry["seconds"] >= 0 and entry["event"] == "done"
+
+
+async def test_a_failed_decode_check_on_the_fast_path_publishes_nothing(
+    config: Config, pool: Pool, tmp_path: Path, media_cache: MediaCache
+) -> None:
+    body = media_cache.get("tail", mf.tail_corrupted).read_bytes()
+    allow = {"decision": "allow", "reasons": [], "version": "m1"}
+    async with (
+        moderator_server([allow]) as (url, seen),
+        make_rig(config, pool, tmp_path, backend="http", url=url) as rig,
+    ):
+        asset_id = await rig.quarantine(body)
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig):
+            await rig.wait("SELECT 1 FROM assets WHERE status = 'INVALID_MEDIA'")
+            await rig.wait_idle(asset_id)
+        asset = await rig.asset(asset_id)
+        assert asset["probe"]["reasons"] == ["decode_failed"]
+        assert asset["probe"]["decode_check"] == "full"
+        assert asset["current_revision"] is None
+        assert await rig.revisions(asset_id) == []
+        assert await rig.variants(asset_id) == {}
+        assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 0
+        assert seen == []  # no frame of an invalid source reached the moderator
+        events = [e["event_type"] for e in await rig.events(asset_id)]
+        assert events == ["asset.invalid"]
+        assert await kinds_of(rig, asset_id) == ["probe"]
+
+
+async def test_a_moderator_that_times_out_keeps_the_asset_private(
+    config: Config, pool: Pool, tmp_path: Path, source: bytes
+) -> None:
+    from aiohttp import web
+
+    calls: list[float] = []
+
+    async def slow(request: web.Request) -> web.Response:
+        calls.append(anyio.current_time())
+        await anyio.sleep(5)
+        return web.json_response({"decision": "allow", "reasons": [], "version": "late"})
+
+    app = web.Application(client_max_size=64 << 20)
+    app.router.add_post("/moderate", slow)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/moderate"
+    try:
+        async with make_rig(
+            config, pool, tmp_path, backend="http", url=url, timeout_seconds=0.3
+        ) as rig:
+            asset_id = await rig.quarantine(source)
+            await rig.enqueue_probe(asset_id)
+            async with running_worker(rig):
+                # The fast path asked, then the moderate job it left asked again.
+                await rig.wait(
+                    "SELECT 1 FROM job_history j WHERE kind = 'probe'"
+                    " AND result->>'moderation_unavailable' IS NOT NULL"
+                )
+                while len(calls) < 2:
+                    await anyio.sleep(0.05)
+                asset = await rig.asset(asset_id)
+                assert asset["status"] == "PROCESSING"
+                assert asset["current_revision"] is None
+                assert asset["moderation_status"] != "ALLOWED"
+                (revision,) = await rig.revisions(asset_id)
+                assert revision["status"] == "BUILDING"
+                assert revision["moderation_verdict"] is None
+                assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 0
+                # The required set is made; only the verdict is missing.
+                variants = await rig.variants(asset_id)
+                assert variants["playback"]["status"] == "SUCCEEDED"
+                assert await rig.pool.fetchval(
+                    "SELECT 1 FROM jobs WHERE kind = 'moderate' AND payload->>'asset_id' = $1",
+                    str(asset_id),
+                )
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_reject_in_hand_is_stored_by_the_probe_and_publishes_nothing(
+    config: Config, pool: Pool, tmp_path: Path, source: bytes
+) -> None:
+    verdict = {"decision": "reject", "reasons": ["violence"], "version": "m7"}
+    async with (
+        moderator_server([verdict]) as (url, seen),
+        make_rig(config, pool, tmp_path, backend="http", url=url) as rig,
+    ):
+        asset_id = await rig.quarantine(source)
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig):
+            await rig.wait("SELECT 1 FROM assets WHERE status = 'REJECTED'")
+            await rig.wait_idle(asset_id)
+        assert len(seen) == 1  # the moderate job found the verdict and did not ask again
+        assert (await rig.asset(asset_id))["current_revision"] is None
+        assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 0
+        (revision,) = await rig.revisions(asset_id)
+        assert revision["status"] == "FAILED" and revision["moderation_reasons"] == ["violence"]
+
+
+async def test_a_second_delivery_of_the_probe_adds_nothing(rig: Rig, source: bytes) -> None:
+    import msgspec
+
+    asset_id = await rig.quarantine(source)
+    queue = Queue(rig.pool)
+    async with (
+        open_media_stage(rig.config, rig.pool, queue, rig.store) as media,
+        open_moderation_stage(rig.config, rig.pool, queue, rig.store) as moderation,
+    ):
+        from aivedio.pipeline.media_seams import WorkerSeams
+
+        seams = WorkerSeams(
+            publisher=PublishStage(rig.config, rig.pool, queue, rig.store), moderation=moderation
+        )
+        await rig.enqueue_probe(asset_id)
+        (job,) = await queue.claim("media", 1, "test", 60)  # a real lease: publish is fenced
+        results = []
+        # Two deliveries at once (a lease that expired under a slow first one) and a late
+        # third: one revision, one release.
+        async with anyio.create_task_group() as tg:
+
+            async def deliver() -> None:
+                try:
+                    results.append(await media.probe(job, seams))
+                except Exception as exc:  # the loser's stale move, which the queue retries
+                    results.append({"outcome": type(exc).__name__})
+
+            tg.start_soon(deliver)
+            tg.start_soon(deliver)
+        again = msgspec.structs.replace(job, attempts=2)
+        results.append(await media.probe(again, seams))
+    outcomes = sorted(r["outcome"] for r in results)
+    assert outcomes.count("processing") == 1, results
+    assert results[-1]["outcome"] == "already_probed"
+    revisions = await rig.revisions(asset_id)
+    assert [r["revision"] for r in revisions] == [1]
+    assert revisions[0]["status"] == "READY"
+    assert (
+        await rig.pool.fetchval("SELECT count(*) FROM releases WHERE asset_id = $1", asset_id) == 1
+    )
+    assert (await rig.asset(asset_id))["status"] == "PLAYABLE"
+
+
+async def test_without_the_fast_path_the_queue_path_still_publishes(
+    config: Config, pool: Pool, tmp_path: Path, source: bytes
+) -> None:
+    import msgspec
+
+    async with make_rig(config, pool, tmp_path) as rig:
+        rig.config = msgspec.structs.replace(
+            rig.config, media=msgspec.structs.replace(rig.config.media, fast_path=False)
+        )
+        asset_id = await rig.quarantine(source)
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig):
+            await rig.wait("SELECT 1 FROM assets WHERE status = 'ENRICHED'")
+            await rig.wait_idle(asset_id)
+        kinds = await kinds_of(rig, asset_id)
+        assert "moderate" in kinds
+        result = await probe_result(rig, asset_id)
+        assert "fast_path" not in result
+        assert (await rig.asset(asset_id))["probe"]["decode_check"] == "sampled"
+
+
+async def test_a_delete_during_the_fast_path_publishes_nothing(
+    rig: Rig, source: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aivedio.pipeline.ffmpeg import media_run
+    from aivedio.pipeline.upkeep.lifecycle import delete_asset
+
+    original = media_run.MediaRun._finalize
+    gate = anyio.Event()
+
+    async def slow_finalize(self: media_run.MediaRun, node: str, *args: Any) -> Any:
+        await gate.wait()  # the delete lands while the probe makes the required set
+        return await original(self, node, *args)
+
+    monkeypatch.setattr(media_run.MediaRun, "_finalize", slow_finalize)
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait("SELECT 1 FROM jobs WHERE kind = 'probe' AND status = 'running'")
+        await rig.wait("SELECT 1 FROM assets WHERE status = 'PROBING'")
+        assert await delete_asset(rig.pool, asset_id)
+        gate.set()
+        await rig.wait_idle(asset_id)
+    asset = await rig.asset(asset_id)
+    assert asset["status"] == "DELETED" and asset["current_revision"] is None
+    assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 0
+    assert await rig.revisions(asset_id) == []
+    assert [e["event_type"] for e in await rig.events(asset_id)] == ["asset.deleted"]
+
+
+async def test_a_source_crashing_the_fast_path_twice_is_quarantined(
+    rig: Rig, source: bytes, tmp_path: Path
+) -> None:
+    import msgspec
+
+    from tests.integration.pipeline.upkeep.test_backlog import calls, crashing_ffmpeg
+
+    script, log = crashing_ffmpeg(tmp_path)
+    # No decode check: the frames pass crashing is a failed step (the poison rule counts
+    # it), not a verdict; with the check, a crash is the verdict (decoder_crashed).
+    media = msgspec.structs.replace(rig.config.media, ffmpeg=str(script), decode_check="none")
+    rig.config = msgspec.structs.replace(rig.config, media=media)
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait("SELECT 1 FROM assets WHERE status = 'PROCESSING_FAILED'")
+        await rig.wait_idle(asset_id, timeout=120)
+        made = calls(log)
+        await anyio.sleep(1.0)
+        assert calls(log) == made  # nothing runs ffmpeg on it any more
+    asset = await rig.asset(asset_id)
+    assert asset["last_error_class"] == "poison_media"
+    crashes = await rig.pool.fetch("SELECT * FROM media_crashes WHERE asset_id = $1", asset_id)
+    assert [c["kind"] for c in crashes] == ["probe", "probe"]
+    assert await rig.revisions(asset_id) == []
+    assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 0
