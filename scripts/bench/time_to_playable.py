@@ -391,6 +391,7 @@ PHASES_SQL = """
 SELECT o.provider_task_id, a.id AS asset_id, a.status, o.fetch_status,
        (SELECT min(e.at) FROM stage_events e WHERE e.entity = 'provider_output'
            AND e.provider_output_id = o.id AND e.state = 'STORED') AS stored_at,
+       p.started_at AS probe_started_at, p.result->'phases' AS probe_phases,
        (SELECT min(e.at) FROM stage_events e WHERE e.entity = 'asset'
            AND e.asset_id = a.id AND e.state = 'PROCESSING') AS probed_at,
        (SELECT min(j.started_at) FROM (SELECT kind, payload, started_at FROM job_history
@@ -406,18 +407,51 @@ SELECT o.provider_task_id, a.id AS asset_id, a.status, o.fetch_status,
            AND e.asset_id = a.id AND e.state = 'ENRICHED') AS enriched_at,
        (SELECT count(*) FROM job_history j WHERE j.payload->>'asset_id' = a.id::text) AS jobs
   FROM provider_outputs o LEFT JOIN assets a ON a.source_provider_output_id = o.id
+  LEFT JOIN LATERAL (SELECT started_at, result FROM job_history j WHERE j.kind = 'probe'
+                      AND j.payload->>'asset_id' = a.id::text
+                      ORDER BY j.finished_at DESC LIMIT 1) p ON true
  WHERE o.provider = 'sim' AND o.provider_task_id = ANY($1::text[])
 """
-# (label, column): each phase's end, in timeline order; its start is the previous one's end.
+# (label, column): when each phase ended, in seconds after the callback. On the fast path
+# (the probe job makes, moderates and publishes the required set) the probe, playback and
+# moderation marks come from the phases the probe job recorded in its result; the render
+# and the frames pass run at once, so their marks need not be in this order.
 PHASES = (
     ("fetch stored", "stored_at"),
-    ("probe done", "probed_at"),
-    ("render started", "render_started_at"),
-    ("playback recorded", "playback_at"),
+    ("probe job started", "probe_started_at"),
+    ("probe done (verdict, plan)", "probed_at"),
+    ("playback made and stored", "playback_at"),
     ("moderation verdict", "moderated_at"),
     ("published (PLAYABLE)", "playable_at"),
     ("enriched", "enriched_at"),
 )
+WHERE_FROM = {
+    "stored_at": "stage_events provider_output STORED",
+    "probe_started_at": "job_history.started_at of the probe job",
+    "probed_at": "probe job's phase `probe`; else stage_events asset PROCESSING",
+    "playback_at": "probe job's phase `render`; else asset_variants.completed_at",
+    "moderated_at": "probe job's phase `moderation`; else asset_revisions.moderated_at",
+    "playable_at": "stage_events asset PLAYABLE",
+    "enriched_at": "stage_events asset ENRICHED",
+}
+# The probe job's own phases on the fast path (``result.phases``), by name.
+FAST_PHASES = ("source", "probe", "decode_check_and_frames", "moderation", "render", "record")
+FAST_PHASES += ("publish",)
+# Which mark each fast-path phase's end gives.
+FAST_MARKS = {"probe": "probed_at", "render": "playback_at", "moderation": "moderated_at"}
+
+
+def fast_phases(row: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The probe job's phases (start after the job's start, and length), when it took
+    the fast path; empty otherwise."""
+    phases = row.get("probe_phases")
+    if isinstance(phases, str):
+        phases = json.loads(phases)
+    if not isinstance(phases, list):
+        return {}
+    return {
+        p["phase"]: {"at": float(p["at_seconds"]), "seconds": float(p["seconds"])} for p in phases
+    }
 
 
 async def record_one(
@@ -621,6 +655,12 @@ def analyse(
                 col: (row[col].timestamp() - t0 if row.get(col) is not None else None)
                 for _, col in PHASES
             }
+            fast = fast_phases(row)
+            if fast and marks["probe_started_at"] is not None:
+                for name, col in FAST_MARKS.items():
+                    if name in fast:
+                        end = fast[name]["at"] + fast[name]["seconds"]
+                        marks[col] = marks["probe_started_at"] + end
             per_output.append(
                 {
                     "task_id": task_id,
@@ -628,6 +668,7 @@ def analyse(
                     "final": final.get(task_id),
                     "jobs": row.get("jobs"),
                     "since_callback_s": marks,
+                    "fast_path_phases": fast,
                 }
             )
         playable = [
@@ -640,19 +681,26 @@ def analyse(
             for p in per_output
             if p["since_callback_s"]["enriched_at"] is not None
         ]
-        # Each phase: from the previous phase's end (the callback for the first), per output.
+        # Each phase: when it ended, seconds after the callback.
         phases: dict[str, Any] = {}
-        earlier: list[str] = []
         for label, col in PHASES:
-            deltas = []
-            for p in per_output:
-                m = p["since_callback_s"]
-                # From the last earlier phase recorded (the callback if none).
-                start = next((m[c] for c in reversed(earlier) if m[c] is not None), 0.0)
-                if m[col] is not None:
-                    deltas.append(m[col] - start)
-            phases[label] = {"column": col, **summarise(deltas)}
-            earlier.append(col)
+            ends = [
+                p["since_callback_s"][col]
+                for p in per_output
+                if p["since_callback_s"][col] is not None
+            ]
+            phases[label] = {"column": col, **summarise(ends)}
+        # The probe job's phases on the fast path: each one's length.
+        fast_lengths = {
+            name: summarise(
+                [
+                    p["fast_path_phases"][name]["seconds"]
+                    for p in per_output
+                    if name in p["fast_path_phases"]
+                ]
+            )
+            for name in FAST_PHASES
+        }
         runs = floor_runs.get(case, [])
         step_names = list(runs[0]["steps"]) if runs else []
         floor = {
@@ -680,6 +728,8 @@ def analyse(
             "callback_to_playable_s": summarise(playable),
             "callback_to_enriched_s": summarise(enriched),
             "phases": phases,
+            "fast_path_phases": fast_lengths,
+            "jobs_per_asset": summarise([float(p["jobs"] or 0) for p in per_output]),
             "floor": floor,
             "floor_reference_s": reference,
         }
@@ -780,22 +830,32 @@ def report(r: dict[str, Any]) -> None:
             "result file is the baseline for a later one)"
         )
     out()
-    out("Phases, p50 of each (from the previous phase's end; the first from the callback's send):")
+    out("When each phase ended, seconds after the callback's send, p50:")
     out()
     out("| phase | read from | " + " | ".join(f"({c})" for c in r["cases"]) + " |")
     out("|---|---|" + "---:|" * len(r["cases"]))
     for label, col in PHASES:
-        where = {
-            "stored_at": "stage_events provider_output STORED",
-            "probed_at": "stage_events asset PROCESSING",
-            "render_started_at": "jobs/job_history.started_at, first render",
-            "playback_at": "asset_variants.completed_at, playback",
-            "moderated_at": "asset_revisions.moderated_at",
-            "playable_at": "stage_events asset PLAYABLE",
-            "enriched_at": "stage_events asset ENRICHED",
-        }[col]
-        cells = " | ".join(f"{e['phases'][label]['p50']:.3f} s" for e in r["cases"].values())
-        out(f"| {label} | {where} | {cells} |")
+        cells = " | ".join(
+            f"{e['phases'][label]['p50']:.3f} s" if e["phases"][label]["n"] else "-"
+            for e in r["cases"].values()
+        )
+        out(f"| {label} | {WHERE_FROM[col]} | {cells} |")
+    jobs = " | ".join(f"{e['jobs_per_asset']['p50']:.0f}" for e in r["cases"].values())
+    out(f"| jobs per asset | job_history | {jobs} |")
+    if any(e["fast_path_phases"]["probe"]["n"] for e in r["cases"].values()):
+        out()
+        out("The probe job's phases on the fast path, length p50 (render and frames at once):")
+        out()
+        out("| phase | " + " | ".join(f"({c})" for c in r["cases"]) + " |")
+        out("|---|" + "---:|" * len(r["cases"]))
+        for name in FAST_PHASES:
+            cells = " | ".join(
+                f"{e['fast_path_phases'][name]['p50']:.3f} s"
+                if e["fast_path_phases"][name]["n"]
+                else "-"
+                for e in r["cases"].values()
+            )
+            out(f"| {name} | {cells} |")
     out()
     out("Floor steps, median of the runs:")
     out()
@@ -823,9 +883,12 @@ def sanity(r: dict[str, Any]) -> list[str]:
             if e[what]["n"] != n or not positive(e[what]["p50"]):
                 problems.append(f"({case}): {what} {e[what]}")
         for label, p in e["phases"].items():
-            # PLAYABLE -> ENRICHED may take no time at all (nothing optional left to make).
-            if p["n"] != n or not p["p50"] >= (0 if label == "enriched" else 1e-9):
+            if p["n"] != n or not positive(p["p50"]):
                 problems.append(f"({case}): phase {label} {p}")
+        playable = e["phases"]["published (PLAYABLE)"]["p50"]
+        for label in ("probe done (verdict, plan)", "playback made and stored"):
+            if not e["phases"][label]["p50"] <= playable:
+                problems.append(f"({case}): {label} after PLAYABLE")
         for step, seconds in e["floor"]["steps_median_s"].items():
             if not positive(seconds):
                 problems.append(f"({case}): floor step {step} = {seconds}")

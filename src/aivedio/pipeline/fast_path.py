@@ -89,10 +89,12 @@ class Phases:
 @dataclass
 class Made:
     """What the fast path made: the verdict with its decode check run (invalid when it
-    failed), the required outputs uploaded and verified, the required outputs that failed,
-    and the moderator's decision (None when it gave none: ``unavailable`` says why)."""
+    failed), the plan, the required outputs uploaded and verified, the required outputs
+    that failed, and the moderator's decision (None when it gave none: ``unavailable``
+    says why)."""
 
     verdict: Verdict
+    plan: Plan | None  # None when the verdict is invalid
     outputs: list[OutputRecord]
     failed: list[str]
     decision: Decision | None
@@ -109,14 +111,10 @@ class FastPath:
         self.moderation = moderation
 
     async def make(
-        self,
-        run: MediaRun,
-        plan: Plan,
-        asset: asyncpg.Record,
-        revision: int,
-        phases: Phases,
+        self, run: MediaRun, asset: asyncpg.Record, revision: int, phases: Phases
     ) -> Made:
-        """``run``: inspected with its decode check deferred, its plan made."""
+        """``run``: inspected, its decode check deferred. The frames pass starts at once;
+        the plan (the source's keyframe scans) and then the required set beside it."""
         report = run.report
         assert report is not None and report.verdict.media is not None
         summary = report.verdict.media
@@ -131,10 +129,19 @@ class FastPath:
             )
             made.append(record)
 
+        plans: list[Plan] = []
+
         async def render() -> None:
             started = time.monotonic()
             try:
-                await run.run(wants=plan.required, plan=plan)
+                planned = await run.run(plan_only=True)
+                assert planned.plan is not None
+                plans.append(planned.plan)
+                phases.add("plan", started)
+                started = time.monotonic()
+                # A chunked plan spreads its encode over the fleet: nothing made here.
+                wants = planned.plan.required if planned.plan.chunking is None else []
+                await run.run(wants=wants, plan=planned.plan)
             except AivedioError as exc:
                 errors.append(exc)
             phases.add("render", started)
@@ -181,8 +188,11 @@ class FastPath:
                     report.record("frames", result)
         if errors and verdict.valid:
             raise errors[0]
+        if not verdict.valid:
+            return Made(verdict, None, [], [], None, "", len(frames))
+        (plan,) = plans
         failed = [n for n in plan.required if n not in {r.variant_type for r in made}]
-        return Made(verdict, made, failed, decision, unavailable, len(frames))
+        return Made(verdict, plan, made, failed, decision, unavailable, len(frames))
 
     async def _ask(
         self, asset: asyncpg.Record, revision: int, verdict: Verdict, frames: list[Frame]

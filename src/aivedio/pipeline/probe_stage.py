@@ -32,6 +32,7 @@ import anyio
 import asyncpg
 import msgspec
 
+from aivedio.config.media import MediaConfig
 from aivedio.errors import AivedioError, DeferredError, StaleStateError
 from aivedio.logs import get_logger
 from aivedio.pipeline import chunk_pieces, media_objects
@@ -145,16 +146,20 @@ class ProbeStage:
             # one in the keyframe scans after it fails the attempt and counts as a crash.
             # The fast path's decode check runs with its frames, beside the render.
             async with self.poison.watch_crashes(job, asset_id, run, seams):
-                report = await run.run(plan_only=True, decode=not fast)
+                report = await run.inspect(decode=not fast)
                 phases.add("probe", started)
-                if report.verdict.valid and fast and not self._fast(report.plan):
+                if report.verdict.valid and fast and _may_chunk(media, report.verdict.media):
+                    fast = False
                     started = time.monotonic()
                     await run.check_decode()  # the queue path's check, deferred above
                     phases.add("decode_check", started)
+                if report.verdict.valid and not fast:
+                    report = await run.run(plan_only=True)
             if not report.verdict.valid:
                 return await self._invalid(asset_id, verdict_json(report.verdict))
-            assert report.plan is not None and report.verdict.media is not None
-            if not (fast and self._fast(report.plan)):
+            assert report.verdict.media is not None
+            if not fast:
+                assert report.plan is not None
                 return await self.start_revision(
                     asset,
                     report.verdict.media,
@@ -167,16 +172,17 @@ class ProbeStage:
             revision = int(asset["next_revision"])
             async with self.poison.watch_crashes(job, asset_id, run, seams):
                 made = await FastPath(self.services, seams.moderation).make(
-                    run, report.plan, asset, revision, phases
+                    run, asset, revision, phases
                 )
             verdict = verdict_json(made.verdict)
             if not made.verdict.valid:
                 return await self._invalid(asset_id, verdict)
+            assert made.plan is not None and made.verdict.media is not None
             started = time.monotonic()
             result = await self.start_revision(
                 asset,
-                report.verdict.media,
-                report.plan,
+                made.verdict.media,
+                made.plan,
                 verdict,
                 job,
                 media.pipeline_version,
@@ -198,10 +204,6 @@ class ProbeStage:
         if made.unavailable:
             result["moderation_unavailable"] = made.unavailable[:300]
         return result
-
-    def _fast(self, plan: Plan | None) -> bool:
-        """The fast path takes a single-pass plan (a chunked one spreads over the fleet)."""
-        return plan is not None and plan.chunking is None
 
     async def _after_fast(
         self, job: Job, asset: asyncpg.Record, revision: int, made: Made, seams: WorkerSeams
@@ -458,3 +460,11 @@ def _rate_fraction(rate: float) -> tuple[int | None, int | None]:
 
 def _allowed(decision: Decision | None) -> bool:
     return decision is not None and decision.decision == "allow"
+
+
+def _may_chunk(media: MediaConfig, summary: MediaSummary | None) -> bool:
+    """A source long enough that its plan may spread its encode over the fleet (chunks):
+    the queue path, with the configured decode check (a whole decode of a long source is
+    not what its first output should wait for)."""
+    duration = summary.duration_seconds if summary is not None else 0.0
+    return 0 < media.chunk_threshold_seconds < duration
