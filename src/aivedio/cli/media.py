@@ -99,7 +99,10 @@ def cmd_process(config: Config, args: argparse.Namespace) -> int:
         sandbox = Sandbox(config.media)
         with sandbox.scratch() as root:
             run = MediaRun(sandbox, path, root, parallel=_media_slots(config))
-            report = await run.run(wants=wants, declared=_declared(args), tolerance=tolerance)
+            # The decode check beside the outputs (a failed one discards them all).
+            report = await run.run_checked(
+                wants=wants, declared=_declared(args), tolerance=tolerance
+            )
             if report.verdict.valid:
                 files = [f.path for r in report.outputs.values() for f in r.files]
                 await anyio.to_thread.run_sync(_move, run.layout.out, out, files)

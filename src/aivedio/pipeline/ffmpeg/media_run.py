@@ -154,12 +154,42 @@ class MediaRun(Finalizing):
             report.wall_seconds += report.steps.get("inspect", 0.0)
         return report
 
+    async def run_checked(
+        self,
+        *,
+        wants: Iterable[str] | None = None,
+        declared: Declared | None = None,
+        tolerance: ToleranceConfig | None = None,
+    ) -> Report:
+        """``run`` with the decode check beside the outputs instead of before them: the
+        verdict without it, then the check and the DAG at once. A failed check cancels the
+        DAG and the report's verdict is invalid (what was made is not to be used)."""
+        started = time.monotonic()
+        report = await self.inspect(declared=declared, tolerance=tolerance, decode=False)
+        if not report.verdict.valid:
+            report.wall_seconds = time.monotonic() - started
+            return report
+        async with anyio.create_task_group() as group:
+
+            async def produce() -> None:
+                await self.run(wants=wants)
+
+            group.start_soon(produce)
+            verdict = await self.check_decode()
+            if not verdict.valid:
+                group.cancel_scope.cancel()
+        if not report.verdict.valid:
+            report.outputs.clear()  # made from media that does not decode: never used
+        report.wall_seconds = time.monotonic() - started
+        return report
+
     async def check_decode(self) -> Verdict:
         """Run the decode check ``inspect(decode=False)`` deferred; the report's verdict
         becomes the checked one (invalid if the check failed)."""
         assert self.report is not None and self._sniff is not None
         runs: list[RunResult] = []
         started = time.monotonic()
+        self.layout.make_dirs(wants=())  # the process's cwd
         try:
             self.report.verdict = await checked_verdict(
                 self.sandbox,

@@ -680,6 +680,22 @@ def test_cli_process_refuses_an_html_page_and_writes_nothing(runs: Runs) -> None
     assert not out.exists() or list(out.iterdir()) == []
 
 
+def test_cli_process_runs_the_decode_check_beside_the_outputs_and_keeps_none_that_fail_it(
+    runs: Runs,
+) -> None:
+    source = runs.cache.get("tail", mf.tail_corrupted)
+    out = runs.root / "cli-tail"
+    run = aivedio("process", str(source), "--out", str(out), "--only", "playback,poster")
+    assert run.code == 5, run.stderr
+    summary = run.summary
+    assert summary["verdict"]["reasons"] == ["decode_failed"]
+    assert summary["outputs"] == {}
+    assert not out.exists() or list(out.iterdir()) == []
+    # The check ran beside the outputs: started with them, after the probe.
+    steps = {p["step"]: p for p in summary["processes"]}
+    assert "inspect:ffmpeg" in steps and "inspect:ffprobe" in steps
+
+
 def test_cli_process_refuses_a_non_empty_out(runs: Runs) -> None:
     out = runs.root / "cli-busy"
     out.mkdir()
