@@ -25,11 +25,13 @@ frame of it reaches the moderator; nothing is recorded, so nothing can be publis
 was uploaded under the unrecorded revision prefix is an orphan for the sweeper's GC). The
 moderator's verdict is fail-closed as in the ``moderate`` job: only an allow is stored with
 the revision; anything else (reject, review, unavailable) leaves a moderate job, whose rules
-then apply. Every object is verified before its row says SUCCEEDED. The probe job's lease
-fences every write, and the record is one statement (``ProbeStage.start_revision``), so a
-crash before it leaves the asset in PROBING for the job's retry, which starts over, and a
-crash after it leaves a revision exactly as the queue path would (the render job of the
-enrichment, or the probe job's retry, publishes it).
+then apply. A worker that does not run the control lane (a media-only node, which needs no
+egress beyond PostgreSQL and the object store) never asks: its moderate job does. Every
+object is verified before its row says SUCCEEDED. The record is one statement
+(``ProbeStage.start_revision``) whose compare-and-set on the asset makes one delivery the
+one, so a crash before it leaves the asset in PROBING for the job's retry, which starts
+over, and a crash after it leaves a revision exactly as the queue path would (the render job
+of the enrichment, or the probe job's retry, publishes it).
 """
 
 from __future__ import annotations
@@ -111,10 +113,18 @@ class FastPath:
         self.moderation = moderation
 
     async def make(
-        self, run: MediaRun, asset: asyncpg.Record, revision: int, phases: Phases
+        self,
+        run: MediaRun,
+        asset: asyncpg.Record,
+        revision: int,
+        phases: Phases,
+        *,
+        ask: bool = True,
     ) -> Made:
         """``run``: inspected, its decode check deferred. The frames pass starts at once;
-        the plan (the source's keyframe scans) and then the required set beside it."""
+        the plan (the source's keyframe scans) and then the required set beside it.
+        ``ask=False``: the moderator is not asked here (a media-only node talks to nothing
+        but PostgreSQL and the object store); the moderate job asks."""
         report = run.report
         assert report is not None and report.verdict.media is not None
         summary = report.verdict.media
@@ -180,9 +190,10 @@ class FastPath:
                     verdict, decode_check=FULL if checking else "none"
                 )
                 phases.add("decode_check_and_frames", started)
-                started = time.monotonic()
-                decision, unavailable = await self._ask(asset, revision, verdict, frames)
-                phases.add("moderation", started)
+                if ask:
+                    started = time.monotonic()
+                    decision, unavailable = await self._ask(asset, revision, verdict, frames)
+                    phases.add("moderation", started)
             finally:
                 for result in runs:
                     report.record("frames", result)

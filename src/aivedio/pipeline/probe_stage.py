@@ -172,12 +172,19 @@ class ProbeStage:
             revision = int(asset["next_revision"])
             async with self.poison.watch_crashes(job, asset_id, run, seams):
                 made = await FastPath(self.services, seams.moderation).make(
-                    run, asset, revision, phases
+                    run, asset, revision, phases, ask=self._moderates_here()
                 )
             verdict = verdict_json(made.verdict)
             if not made.verdict.valid:
                 return await self._invalid(asset_id, verdict)
             assert made.plan is not None and made.verdict.media is not None
+            if seams.metrics is not None and run.report is not None:
+                seams.metrics.media_processed(
+                    made.plan.path,
+                    made.plan.mode,
+                    sum(p.wall_seconds for p in run.report.processes),
+                    made.plan.duration_seconds,
+                )
             started = time.monotonic()
             result = await self.start_revision(
                 asset,
@@ -205,6 +212,13 @@ class ProbeStage:
             result["moderation_unavailable"] = made.unavailable[:300]
         return result
 
+    def _moderates_here(self) -> bool:
+        """Whether this worker runs the control lane, where moderate jobs run: only then
+        does its probe ask the moderator. A media-only node (``slots = 0`` for the other
+        lanes) needs no egress beyond PostgreSQL and the object store, fast path or not."""
+        lane = self.services.config.worker.lanes.get("control")
+        return lane is not None and lane.slots > 0
+
     async def _after_fast(
         self, job: Job, asset: asyncpg.Record, revision: int, made: Made, seams: WorkerSeams
     ) -> None:
@@ -226,8 +240,15 @@ class ProbeStage:
                 version=decision.version,
                 fast_path=True,
             )
+            here = seams.here(job)
+            if here is not None and not made.failed:
+                # Both gates were opened by this job's own statement: no need to read them
+                # back (the publish checks everything again under its lock).
+                if await here.run(asset_id, revision):
+                    return
+                here = None  # it could not publish now: the publish job does
             await publish_when_ready(
-                self.services.pool, self.services.queue, asset_id, revision, seams.here(job)
+                self.services.pool, self.services.queue, asset_id, revision, here
             )
             return
         assert seams.moderation is not None

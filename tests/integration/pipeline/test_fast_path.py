@@ -325,3 +325,38 @@ async def test_a_source_crashing_the_fast_path_twice_is_quarantined(
     assert [c["kind"] for c in crashes] == ["probe", "probe"]
     assert await rig.revisions(asset_id) == []
     assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 0
+
+
+async def test_a_media_only_node_makes_the_required_set_but_never_asks_the_moderator(
+    config: Config, pool: Pool, tmp_path: Path, source: bytes
+) -> None:
+    import msgspec
+
+    from aivedio.config.worker import LaneConfig
+    from tests.support.pipeline_rig import registry_without
+
+    allow = {"decision": "allow", "reasons": [], "version": "m1"}
+    async with (
+        moderator_server([allow]) as (url, seen),
+        make_rig(config, pool, tmp_path, backend="http", url=url) as rig,
+    ):
+        # Only the media lane: egress to PostgreSQL and the object store alone.
+        worker = msgspec.structs.replace(rig.config.worker, lanes={"media": LaneConfig(slots=2)})
+        rig.config = msgspec.structs.replace(rig.config, worker=worker)
+        asset_id = await rig.quarantine(source)
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig, registry_without("moderate")):
+            await rig.wait(
+                "SELECT 1 FROM jobs WHERE kind = 'moderate' AND payload->>'asset_id' = $1",
+                str(asset_id),
+            )
+            await rig.wait(
+                "SELECT 1 FROM job_history WHERE kind = 'probe' AND status = 'succeeded'"
+            )
+        assert seen == []
+        result = await probe_result(rig, asset_id)
+        assert result["fast_path"] is True and result["decision"] is None
+        assert sorted(result["made"]) == ["playback", "poster"]
+        asset = await rig.asset(asset_id)
+        assert asset["status"] == "PROCESSING" and asset["current_revision"] is None
+        assert asset["probe"]["decode_check"] == "full"

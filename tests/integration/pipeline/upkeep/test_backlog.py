@@ -256,10 +256,14 @@ async def test_under_pressure_only_the_required_set_is_made_then_enrichment_afte
         " AND result->>'outcome' = 'rendered'",
         str(asset_id),
     )
-    # Two DAG runs: the required set under pressure, then every deferred output together.
-    assert sorted(sorted(r["result"]["done"]) for r in rendered) == sorted(
-        [sorted(REQUIRED), sorted(OPTIONAL)]
+    # The required set made by the probe job (the fast path) under pressure, then every
+    # deferred output together in one DAG run.
+    assert [sorted(r["result"]["done"]) for r in rendered] == [sorted(OPTIONAL)]
+    probe = await rig.pool.fetchval(
+        "SELECT result FROM job_history WHERE payload->>'asset_id' = $1 AND kind = 'probe'",
+        str(asset_id),
     )
+    assert sorted(probe["made"]) == sorted(REQUIRED)
 
 
 # -- uploads refused ---------------------------------------------------------------------------
@@ -429,8 +433,8 @@ async def test_a_source_whose_worker_died_twice_is_quarantined_before_a_third_ru
     asset_id = await rig.quarantine(source)
     job_id = await rig.enqueue_probe(asset_id)
     queue = Queue(rig.pool)
-    for _ in range(2):  # a worker claims the probe and dies: its lease expires
-        (claimed,) = await queue.claim("media", 1, "doomed-worker", 0.05)
+    for death in range(2):  # a worker claims the probe and dies: its lease expires
+        (claimed,) = await queue.claim("media", 1, f"doomed-worker-{death}", 0.05)
         assert claimed.id == job_id
         await anyio.sleep(0.1)
         assert [(r[0], r[3]) for r in await queue.reap()] == [(job_id, "queued")]
@@ -463,3 +467,38 @@ async def test_the_crashing_ffmpeg_really_dies_of_a_crash_signal(tmp_path: Path)
     result = await sandbox.run("ffmpeg", ["-version"], cwd=tmp_path, deadline_seconds=10)
     assert result.crashed and calls(log) == 1
     assert os.path.exists(log)
+
+
+async def test_a_worker_that_died_holding_two_jobs_of_a_source_is_one_crash(
+    rig: Rig, source: bytes
+) -> None:
+    # The fast path's probe job and the render of its enrichment run at once on one worker:
+    # its death expires both leases, which is one crash of the source, not two (two would
+    # quarantine a valid source after a single lost node), in one reap or in two.
+    from aivedio.store import media_crashes
+
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    spec = REGISTRY.spec(
+        "render",
+        f"render:{asset_id}:1:hls:v1",
+        tenant_id=rig.tenant_id,
+        payload={"asset_id": str(asset_id), "revision": 1, "variant_type": "hls"},
+    )
+    queue = Queue(rig.pool)
+    async with rig.pool.acquire() as conn:
+        await queue.enqueue_one(conn, spec)
+    assert len(await queue.claim("media", 1, "doomed-worker", 0.05)) == 1
+    await anyio.sleep(0.1)
+    assert len(await queue.reap()) == 1
+    assert len(await queue.claim("media", 1, "doomed-worker", 0.05)) == 1
+    await anyio.sleep(0.1)
+    assert len(await queue.reap()) == 1
+    rows = await rig.pool.fetch("SELECT * FROM media_crashes WHERE asset_id = $1", asset_id)
+    assert len(rows) == 2  # each job's expiry is on record
+    assert len(await media_crashes.of_asset(rig.pool, asset_id)) == 1
+    # The death of another worker (a restarted one is another owner) is a second crash.
+    assert len(await queue.claim("media", 1, "doomed-worker-2", 0.05)) == 1
+    await anyio.sleep(0.1)
+    await queue.reap()
+    assert len(await media_crashes.of_asset(rig.pool, asset_id)) == 2
