@@ -283,6 +283,9 @@ backend = "local"
 allow_all = true
 
 [media]
+# The single pass is the render job's, timed from its revision's start: not the probe
+# job's fast path (which makes the outputs before the revision row exists).
+fast_path = false
 # 0: every source takes the single pass.
 chunk_threshold_seconds = {threshold:g}
 chunk_seconds = {chunk_seconds:g}

@@ -279,7 +279,19 @@ def run_floor(
             )
         if name.startswith("fetch") and done.stdout.split()[0] != sha256:
             raise SystemExit(f"floor fetch: sha256 {done.stdout.split()[0]} != {sha256}")
-    return {"steps": steps, "total": sum(steps.values())}
+    # Not part of the floor, shown beside it: the one decode of the whole source
+    # that the decode check and the moderation frames need (nothing is published without
+    # them), by hand, alone on the machine.
+    started = time.monotonic()
+    decode = ["ffmpeg", "-nostdin", "-v", "error", "-xerror", "-i", str(work / "source.mp4")]
+    done = subprocess.run([*decode, "-f", "null", "-"], capture_output=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"floor whole decode failed ({done.returncode})")
+    return {
+        "steps": steps,
+        "total": sum(steps.values()),
+        "whole_decode": time.monotonic() - started,
+    }
 
 
 # -- the moderator stand-in ----------------------------------------------------------------------
@@ -615,7 +627,7 @@ async def bench(
                 out(
                     f"  floor: {floor['total']:.3f} s ("
                     + ", ".join(f"{k} {v:.3f} s" for k, v in floor["steps"].items())
-                    + ")"
+                    + f"); whole decode {floor['whole_decode']:.3f} s"
                 )
             t0, state = await record_one(obs, base, callback_secret, outputs[task_id], args.timeout)
             sent[task_id], final[task_id] = t0, state
@@ -706,6 +718,7 @@ def analyse(
         floor = {
             "runs": runs,
             "total_median_s": median([r["total"] for r in runs]),
+            "whole_decode_median_s": median([r["whole_decode"] for r in runs]),
             "steps_median_s": {s: median([r["steps"][s] for r in runs]) for s in step_names},
         }
         # The figure the target compares with: the whole hand-run for (a) and (c), the bare
@@ -864,6 +877,8 @@ def report(r: dict[str, Any]) -> None:
         out(
             f"- ({case}) total {f['total_median_s']:.3f} s: "
             + ", ".join(f"{k} {v:.3f} s" for k, v in f["steps_median_s"].items())
+            + f"; beside it, the whole decode (`ffmpeg -xerror -i SRC -f null -`, the pass"
+            f" the decode check and the moderation frames share) {f['whole_decode_median_s']:.3f} s"
         )
     mod = r["moderator_stand_in"]
     out(
@@ -892,6 +907,8 @@ def sanity(r: dict[str, Any]) -> list[str]:
         for step, seconds in e["floor"]["steps_median_s"].items():
             if not positive(seconds):
                 problems.append(f"({case}): floor step {step} = {seconds}")
+        if not positive(e["floor"]["whole_decode_median_s"]):
+            problems.append(f"({case}): whole decode = {e['floor']['whole_decode_median_s']}")
         if not positive(e["floor_reference_s"]):
             problems.append(f"({case}): floor = {e['floor_reference_s']}")
     if r["moderator_stand_in"]["requests"] < r["args"]["outputs"]:

@@ -37,7 +37,6 @@ of the enrichment, or the probe job's retry, publishes it).
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +44,10 @@ import anyio
 import asyncpg
 import msgspec
 
-from aivedio.errors import AivedioError, InvalidMediaError
+from aivedio.errors import AivedioError, DatabaseError, InvalidMediaError, StaleStateError
 from aivedio.logs import get_logger
 from aivedio.pipeline import media_objects
-from aivedio.pipeline.ffmpeg.frames import Frame, source_frames
+from aivedio.pipeline.ffmpeg.frames import STILLS, Frame, source_frames
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord
 from aivedio.pipeline.ffmpeg.sandbox import RunResult
@@ -61,7 +60,9 @@ from aivedio.pipeline.moderation import (
     ModeratorUnavailableError,
     Request,
 )
+from aivedio.store import media_assets
 from aivedio.store.objects import keys
+from aivedio.store.queue import Job, write_fenced
 
 log = get_logger("aivedio.media")
 
@@ -114,6 +115,7 @@ class FastPath:
 
     async def make(
         self,
+        job: Job,
         run: MediaRun,
         asset: asyncpg.Record,
         revision: int,
@@ -128,18 +130,14 @@ class FastPath:
         report = run.report
         assert report is not None and report.verdict.media is not None
         summary = report.verdict.media
-        asset_id: uuid.UUID = asset["id"]
-        prefix = keys.revision_prefix(asset["tenant_id"], asset_id, revision)
-        made: list[OutputRecord] = []
-        errors: list[AivedioError] = []
-
-        async def upload(record: OutputRecord) -> None:
-            await media_objects.upload_and_verify(
-                self.services.store, prefix, run.layout.out, record
-            )
-            made.append(record)
-
+        finalized: list[OutputRecord] = []
+        stored: list[OutputRecord] = []
+        errors: list[Exception] = []
         plans: list[Plan] = []
+        scope = anyio.CancelScope()
+
+        async def collect(record: OutputRecord) -> None:
+            finalized.append(record)
 
         async def render() -> None:
             started = time.monotonic()
@@ -152,64 +150,123 @@ class FastPath:
                 # A chunked plan spreads its encode over the fleet: nothing made here.
                 wants = planned.plan.required if planned.plan.chunking is None else []
                 await run.run(wants=wants, plan=planned.plan)
-            except AivedioError as exc:
+                stored.extend(await self._store(job, run, asset, revision, finalized))
+            except Exception as exc:  # re-raised after the group, as itself
                 errors.append(exc)
+                scope.cancel()
             phases.add("render", started)
 
-        run.on_done = upload
+        run.on_done = collect
         verdict = report.verdict
         decision: Decision | None = None
         unavailable = ""
         frames: list[Frame] = []
         runs: list[RunResult] = []
         scratch = run.layout.root / "frames"
-        scratch.mkdir(parents=True, exist_ok=True)
         checking = self.services.config.media.decode_check != "none"
-        async with anyio.create_task_group() as group:
-            group.start_soon(render)
-            started = time.monotonic()
-            try:
-                frames = await source_frames(
-                    self.services.sandbox,
-                    run.sniff,
-                    run.source,
-                    summary,
-                    self.moderation.config,
-                    scratch,
-                    check=checking,
-                    record=runs,
-                )
-            except InvalidMediaError as exc:
-                verdict = decode_failed(verdict, exc, FULL)
-                group.cancel_scope.cancel()  # nothing of an invalid source is made
-            except AivedioError as exc:
-                errors.append(exc)
-                group.cancel_scope.cancel()
-            else:
-                verdict = msgspec.structs.replace(
-                    verdict, decode_check=FULL if checking else "none"
-                )
-                phases.add("decode_check_and_frames", started)
-                if ask:
-                    started = time.monotonic()
-                    decision, unavailable = await self._ask(asset, revision, verdict, frames)
-                    phases.add("moderation", started)
-            finally:
-                for result in runs:
-                    report.record("frames", result)
-        if errors and verdict.valid:
-            raise errors[0]
+        with scope:
+            async with anyio.create_task_group() as group:
+                group.start_soon(render)
+                started = time.monotonic()
+                try:
+                    scratch.mkdir(parents=True, exist_ok=True)
+                    frames = await source_frames(
+                        self.services.sandbox,
+                        run.sniff,
+                        run.source,
+                        summary,
+                        self.moderation.config,
+                        scratch,
+                        check=checking,
+                        record=runs,
+                    )
+                except InvalidMediaError as exc:
+                    verdict = decode_failed(verdict, exc, FULL)
+                    scope.cancel()  # nothing of an invalid source is made
+                except Exception as exc:  # re-raised after the group, as itself
+                    errors.append(exc)
+                    scope.cancel()
+                else:
+                    verdict = msgspec.structs.replace(
+                        verdict, decode_check=FULL if checking else "none"
+                    )
+                    phases.add("decode_check_and_frames", started)
+                    if ask:
+                        started = time.monotonic()
+                        decision, unavailable = await self._ask(asset, revision, verdict, frames)
+                        phases.add("moderation", started)
+                finally:
+                    for result in runs:
+                        report.record("frames", result)
         if not verdict.valid:
             return Made(verdict, None, [], [], None, "", len(frames))
+        if errors:
+            raise errors[0]
         (plan,) = plans
-        failed = [n for n in plan.required if n not in {r.variant_type for r in made}]
-        return Made(verdict, plan, made, failed, decision, unavailable, len(frames))
+        failed = [n for n in plan.required if n not in {r.variant_type for r in stored}]
+        return Made(verdict, plan, stored, failed, decision, unavailable, len(frames))
+
+    async def _store(
+        self,
+        job: Job,
+        run: MediaRun,
+        asset: asyncpg.Record,
+        revision: int,
+        records: list[OutputRecord],
+    ) -> list[OutputRecord]:
+        """Upload the made outputs under the revision prefix and read each back; the ones
+        stored. Only while this delivery holds the job's lease and the asset is still in
+        PROBING: a delivery that lost its lease to another (which may have recorded and
+        published this very revision) never writes its keys. An output that cannot be
+        stored is left to the render job (as one the run failed)."""
+        if not records:
+            return []
+        async with media_assets.connection(self.services.pool, "checking the probe") as conn:
+            got = await write_fenced(
+                conn,
+                job,
+                {"probing": media_assets.still_probing_part(asset["id"])},
+                "checking the probe is still this delivery's",
+            )
+        if not got["probing"]:
+            raise StaleStateError(f"asset {asset['id']} is no longer PROBING: not ours to store")
+        prefix = keys.revision_prefix(asset["tenant_id"], asset["id"], revision)
+        stored = []
+        for record in records:
+            try:
+                await media_objects.upload_and_verify(
+                    self.services.store, prefix, run.layout.out, record
+                )
+            except DatabaseError:
+                raise
+            except AivedioError as exc:
+                log.warning(
+                    "output_not_stored",
+                    asset_id=str(asset["id"]),
+                    revision=revision,
+                    variant_type=record.variant_type,
+                    error_class=exc.error_class,
+                    detail=exc.detail[:300],
+                )
+                continue
+            stored.append(record)
+        return stored
 
     async def _ask(
         self, asset: asyncpg.Record, revision: int, verdict: Verdict, frames: list[Frame]
     ) -> tuple[Decision | None, str]:
         """The moderator's decision on the frames; None (and why) when it cannot give one:
-        fail-closed, the moderate job asks again by its own rules."""
+        fail-closed, the moderate job asks again by its own rules (from the playback)."""
+        missing = sorted(set(STILLS) - {frame.kind for frame in frames})
+        if missing:
+            # A still the pass did not make is a look the moderator would not get.
+            log.warning(
+                "moderation_frames_missing",
+                asset_id=str(asset["id"]),
+                revision=revision,
+                missing=missing,
+            )
+            return None, f"frames missing: {', '.join(missing)}"
         media = msgspec.to_builtins(verdict.media)
         labels = [str(x) for x in (asset["safety_labels"] or [])]
         try:
@@ -222,13 +279,16 @@ class FastPath:
                     frames=frames,
                 )
             )
-        except ModeratorUnavailableError as exc:
+        except Exception as exc:
+            # Whatever went wrong asking, there is no decision: fail-closed.
+            detail = exc.detail if isinstance(exc, ModeratorUnavailableError) else repr(exc)
             log.warning(
                 "moderation_unavailable",
                 asset_id=str(asset["id"]),
                 revision=revision,
-                detail=exc.detail,
+                detail=detail[:300],
+                error_class=type(exc).__name__,
                 fast_path=True,
             )
-            return None, exc.detail
+            return None, detail
         return decision, ""

@@ -269,8 +269,14 @@ class ModerationStage:
         if row["moderation_verdict"] == "allow":
             await publish_when_ready(self.pool, self.queue, asset_id, revision, here)
             return {"outcome": "already_allowed"}
-        if row["moderation_verdict"] in ("reject", "review"):
-            return {"outcome": f"already_{row['moderation_verdict']}"}
+        if row["moderation_verdict"] == "reject":
+            # Stored with the revision by the probe's fast path, which died before acting
+            # on it (or is acting on it now: idempotent): the rejection is finished here.
+            reasons = [str(x) for x in (row["moderation_reasons"] or [])]
+            await self.finish_reject(asset_id, revision, row["tenant_id"], reasons)
+            return {"outcome": "already_reject"}
+        if row["moderation_verdict"] == "review":
+            return {"outcome": "already_review"}
         if row["playback_key"] is None:
             raise DeferredError("the playback output is not there yet", retry_after_seconds=5)
         media = dict(row["media"] or {})
@@ -327,6 +333,13 @@ class ModerationStage:
             asset_id, revision, tenant_id, decision, here
         )
 
+    async def finish_reject(
+        self, asset_id: uuid.UUID, revision: int, tenant_id: int, reasons: list[str]
+    ) -> None:
+        await VerdictRecorder(self.config, self.pool, self.queue).finish_reject(
+            asset_id, revision, tenant_id, reasons
+        )
+
 
 @dataclass
 class VerdictRecorder:
@@ -377,6 +390,15 @@ class VerdictRecorder:
             reasons=reasons,
             version=decision.version,
         )
+
+    async def finish_reject(
+        self, asset_id: uuid.UUID, revision: int, tenant_id: int, reasons: list[str]
+    ) -> None:
+        """A reject already stored with the revision (the probe's fast path stores the
+        decision in hand in the statement that starts it): the revision FAILED, the asset
+        REJECTED, its source kept for appeal, ``asset.rejected``; nothing if done already."""
+        async with acquired(self.pool) as conn, transaction(conn):
+            await self._reject(conn, asset_id, revision, tenant_id, reasons)
 
     async def _reject(
         self, conn: Any, asset_id: uuid.UUID, revision: int, tenant_id: int, reasons: list[str]

@@ -72,10 +72,11 @@ class ProbeStage:
         asset_id = uuid.UUID(str(job.payload["asset_id"]))
         asset = await self.revisions.asset(asset_id)
         if asset["status"] not in ("QUARANTINED", "PROBING"):
-            if asset["status"] == "PROCESSING" and job.attempts > 1:
-                # An earlier delivery recorded its revision (the fast path's), then died
-                # before acting on its verdict: the revision is looked at again (moderation
-                # asked for if it has none, the publish if both gates are open).
+            if asset["status"] == "PROCESSING":
+                # An earlier delivery may have recorded its revision (the fast path's), then
+                # died or been drained before acting on its verdict: the revision is looked
+                # at again (moderation asked for if it has none, the publish if both gates
+                # are open). Idempotent, so every such delivery does it.
                 revision = int(asset["next_revision"]) - 1
                 await self.revisions.check_revision(asset_id, revision, here=seams.here(job))
             return {"outcome": "already_probed", "status": asset["status"]}
@@ -172,7 +173,7 @@ class ProbeStage:
             revision = int(asset["next_revision"])
             async with self.poison.watch_crashes(job, asset_id, run, seams):
                 made = await FastPath(self.services, seams.moderation).make(
-                    run, asset, revision, phases, ask=self._moderates_here()
+                    job, run, asset, revision, phases, ask=self._moderates_here()
                 )
             verdict = verdict_json(made.verdict)
             if not made.verdict.valid:
@@ -222,24 +223,26 @@ class ProbeStage:
     async def _after_fast(
         self, job: Job, asset: asyncpg.Record, revision: int, made: Made, seams: WorkerSeams
     ) -> None:
-        """After the fast path's record: an allow publishes in this job once the required
-        set is complete (else the render that completes it does); a reject or a review is
-        stored and acted on as the moderate job would (the moderate job made with the
-        revision finds it and ends); no decision leaves the moderate job to ask again."""
+        """After the fast path's record, which stored the decision in hand with the
+        revision: an allow publishes in this job once the required set is complete (else
+        the render that completes it does); a reject ends the revision and the asset as the
+        moderate job would (that job, made with the revision, finishes it should this one
+        die first); a review waits for a person; no decision leaves the moderate job to
+        ask again."""
         asset_id: uuid.UUID = asset["id"]
         decision = made.decision
         if decision is None:
             return
+        log.info(
+            "moderation_verdict",
+            asset_id=str(asset_id),
+            revision=revision,
+            decision=decision.decision,
+            reasons=decision.reasons,
+            version=decision.version,
+            fast_path=True,
+        )
         if _allowed(decision):
-            log.info(
-                "moderation_verdict",
-                asset_id=str(asset_id),
-                revision=revision,
-                decision=decision.decision,
-                reasons=decision.reasons,
-                version=decision.version,
-                fast_path=True,
-            )
             here = seams.here(job)
             if here is not None and not made.failed:
                 # Both gates were opened by this job's own statement: no need to read them
@@ -251,8 +254,11 @@ class ProbeStage:
                 self.services.pool, self.services.queue, asset_id, revision, here
             )
             return
-        assert seams.moderation is not None
-        await seams.moderation.record(asset_id, revision, asset["tenant_id"], decision)
+        if decision.decision == "reject":
+            assert seams.moderation is not None
+            await seams.moderation.finish_reject(
+                asset_id, revision, asset["tenant_id"], list(decision.reasons)
+            )
 
     async def reprocess(self, job: Job, seams: WorkerSeams = NO_SEAMS) -> dict[str, Any]:
         """A new revision from the retained source under the current pipeline version; the
@@ -354,7 +360,7 @@ class ProbeStage:
         prefix = keys.revision_prefix(tenant_id, asset_id, revision)
         outputs = plan.outputs
         parts: dict[str, Part] = {}
-        allowed = decision is not None and decision.decision == "allow"
+        statuses = {"allow": "ALLOWED", "reject": "REJECTED", "review": "REVIEW"}
         if reprocess:
             # A published asset keeps serving its current revision until the new one is
             # published; only the probe result is refreshed.
@@ -377,7 +383,7 @@ class ProbeStage:
                     "frame_rate_den": den,
                     "last_error_class": None,
                     "last_error_detail": None,
-                    **({"moderation_status": "ALLOWED"} if allowed else {}),
+                    **({"moderation_status": statuses[decision.decision]} if decision else {}),
                 },
             )
         # Everything below is written only when the asset's move (``asset``) won: this is one
@@ -393,7 +399,9 @@ class ProbeStage:
             asset["delete_version"],
             asset["cancel_version"],
             when=won,
-            allowed=(decision.version, list(decision.reasons)) if decision and allowed else None,
+            verdict=(
+                (decision.decision, decision.version, list(decision.reasons)) if decision else None
+            ),
         )
         done = {r.variant_type for r in made}
         todo = [o for o in outputs if o not in done]
@@ -431,12 +439,12 @@ class ProbeStage:
         lead = [o for o in todo if o not in by_chunks][:1]
         timeout = render_timeout(self.services.config, summary)
         specs += [render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
-        if "playback" in done and decision is None:
+        if "playback" in done and (decision is None or decision.decision == "reject"):
             # Moderation starts once the playback exists: a render that records it asks; the
-            # playback made here with no decision in hand (the moderator was unavailable),
-            # this statement does. A reject or a review in hand is stored right after it
-            # (``_after_fast``); a crash in between leaves it to this job's retry, which
-            # asks for moderation (``check_revision``).
+            # playback made here with no decision in hand (the moderator was unavailable, or
+            # not asked on this node), this statement does. A decision in hand is stored
+            # with the revision; a reject is acted on right after (``_after_fast``), and
+            # this job, which finds it stored, finishes it if this one dies first.
             specs.append(moderate_spec(asset_id, revision, tenant_id))
         jobs = self.services.queue.enqueuing(specs, name="jobs", when=won)
         if jobs is not None:

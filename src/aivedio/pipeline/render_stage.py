@@ -42,6 +42,7 @@ from aivedio.errors import (
     NotFoundError,
     RenderError,
     ResourceExhaustedError,
+    TransientError,
 )
 from aivedio.logs import get_logger
 from aivedio.pipeline import chunk_pieces, media_objects
@@ -243,7 +244,7 @@ class RenderStage:
                     self.services.store, f"{prefix}/playback.mp4", run.layout.playback
                 )
             if "hls" in group and "playback" not in group and not plan.top.copy:
-                await self._reuse_top_rung(run, plan, prefix)
+                await self._reuse_top_rung(run, plan, asset_id, revision)
 
             ran = False
             try:
@@ -315,17 +316,31 @@ class RenderStage:
             result["deferred"] = put_off
         return result
 
-    async def _reuse_top_rung(self, run: MediaRun, plan: Plan, prefix: str) -> None:
+    async def _reuse_top_rung(
+        self, run: MediaRun, plan: Plan, asset_id: uuid.UUID, revision: int
+    ) -> None:
         """The playback's video IS the top rung's encode (one x264 pass feeds both): when the
-        playback is made already (the fast path published it first), the ladder encodes the
-        rungs below it and takes that one from it. Not made yet: the rung is encoded."""
-        if not run.layout.playback.exists():
-            try:
-                await media_objects.download(
-                    self.services.store, f"{prefix}/playback.mp4", run.layout.playback
-                )
-            except NotFoundError:
-                return
+        playback is recorded already (the fast path published it first), the ladder encodes
+        the rungs below it and takes that one from it, read back at its recorded size and
+        SHA-256. Not recorded, or not readable as recorded: the rung is encoded."""
+        row = await asset_variants.made_one(self.services.pool, asset_id, revision, "playback")
+        if row is None:
+            return
+        try:
+            digest, size = await media_objects.download(
+                self.services.store, row["object_key"], run.layout.playback
+            )
+        except (NotFoundError, TransientError, OSError):
+            return
+        if (digest, size) != (row["checksum"], row["size_bytes"]):
+            log.warning(
+                "playback_not_as_recorded",
+                asset_id=str(asset_id),
+                revision=revision,
+                key=row["object_key"],
+            )
+            run.layout.playback.unlink(missing_ok=True)
+            return
         run.layout.work.mkdir(parents=True, exist_ok=True)
         await anyio.to_thread.run_sync(
             shutil.copyfile, run.layout.playback, run.layout.rung_video(plan.top)

@@ -21,6 +21,10 @@ from aivedio.store.database import Connection, Pool, map_db_errors
 from aivedio.store.records import check_transition
 from aivedio.store.together import Part
 
+MADE_ONE = (
+    "SELECT object_key, size_bytes, checksum FROM asset_variants WHERE asset_id = $1"
+    " AND revision = $2 AND variant_type = $3 AND status = 'SUCCEEDED'"
+)
 # Outputs made and verified before their revision existed (the probe job's fast path):
 # inserted SUCCEEDED with the columns ``SUCCEED`` would set.
 INSERT_MADE = (
@@ -111,6 +115,15 @@ def insert_made_part(
     row never was PENDING; what it records is that move's."""
     check_transition(Entity.VARIANT, "PENDING", "SUCCEEDED")
     return Part(INSERT_MADE.format(when=when), (asset_id, revision, *columns))
+
+
+async def made_one(
+    pool: Pool, asset_id: uuid.UUID, revision: int, variant_type: str
+) -> asyncpg.Record | None:
+    """One output of the revision if it SUCCEEDED: its object key, size and SHA-256."""
+    with map_db_errors("loading an output"):
+        row: asyncpg.Record | None = await pool.fetchrow(MADE_ONE, asset_id, revision, variant_type)
+    return row
 
 
 async def pending(pool: Pool, asset_id: uuid.UUID, revision: int) -> list[str]:

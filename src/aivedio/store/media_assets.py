@@ -43,6 +43,7 @@ PROVIDER_CHARGE = (
     " JOIN provider_outputs o ON o.id = a.source_provider_output_id WHERE a.id = $1"
 )
 TENANT = "SELECT tenant_id FROM assets WHERE id = $1"
+STILL_PROBING = "SELECT 1 FROM assets WHERE id = $1 AND status = 'PROBING'"
 STATE = "SELECT status, tenant_id, source_provider_output_id FROM assets WHERE id = $1"
 LOCK_STATE = "SELECT status, last_error_class FROM assets WHERE id = $1 FOR UPDATE"
 SET_ERROR = (
@@ -65,6 +66,12 @@ async def connection(
                     yield conn
             else:
                 yield conn
+
+
+def still_probing_part(asset_id: uuid.UUID) -> Part:
+    """For ``write_fenced``: one row while the asset is still PROBING (no delivery of its
+    probe has recorded its revision yet)."""
+    return Part(STILL_PROBING, (asset_id,))
 
 
 async def asset_row(pool: Pool, asset_id: uuid.UUID) -> asyncpg.Record | None:

@@ -19,7 +19,8 @@ async def load_for_moderation(
     provider's safety labels and the playback output's object key (None until it is done)."""
     with map_db_errors("reading the revision to moderate"):
         return await pool.fetchrow(
-            "SELECT r.status, r.moderation_verdict, a.status AS asset_status, a.tenant_id,"
+            "SELECT r.status, r.moderation_verdict, r.moderation_reasons,"
+            " a.status AS asset_status, a.tenant_id,"
             " a.probe->'media' AS media, o.safety_labels,"
             " (SELECT object_key FROM asset_variants v WHERE v.asset_id = r.asset_id"
             "   AND v.revision = r.revision AND v.variant_type = 'playback'"

@@ -29,15 +29,15 @@ INSERT = (
     " $4::text[], $5::text[], $6::jsonb, $7::bigint, $8::bigint"
     " WHERE {when} RETURNING 1"
 )
-# The fast path's revision: born with the moderator's allow (the verdict the moderate job
-# would store on it: ``moderation_verdicts.store_verdict``).
-INSERT_ALLOWED = (
+# The fast path's revision: born with the moderator's decision in hand (the verdict the
+# moderate job would store on it: ``moderation_verdicts.store_verdict``).
+INSERT_DECIDED = (
     "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
     " required_outputs, optional_outputs, plan, delete_version_at_start,"
     " cancel_version_at_start, moderation_verdict, moderation_version,"
     " moderation_reasons, moderated_at) SELECT $1::uuid, $2::int, $3::int, 'BUILDING',"
-    " $4::text[], $5::text[], $6::jsonb, $7::bigint, $8::bigint, 'allow', $9::text,"
-    " $10::jsonb, now() WHERE {when} RETURNING 1"
+    " $4::text[], $5::text[], $6::jsonb, $7::bigint, $8::bigint, $9::text, $10::text,"
+    " $11::jsonb, now() WHERE {when} RETURNING 1"
 )
 OUTPUTS_STATE = (
     "SELECT v.variant_type, v.status, r.required_outputs, r.status AS revision_status,"
@@ -93,16 +93,16 @@ def insert_part(
     cancel_version: int,
     *,
     when: str,
-    allowed: tuple[str, list[str]] | None = None,
+    verdict: tuple[str, str, list[str]] | None = None,
 ) -> Part:
     """For ``write_together``: a new BUILDING revision, written only when ``when`` holds.
-    ``allowed``: the moderator's allow (its version and reasons), stored with it."""
+    ``verdict``: the moderator's decision in hand (decision, version, reasons), stored with
+    it."""
     args: tuple[Any, ...] = (asset_id, revision, pipeline_version, required, optional, plan)
     args += (delete_version, cancel_version)
-    if allowed is None:
+    if verdict is None:
         return Part(INSERT.format(when=when), args)
-    version, reasons = allowed
-    return Part(INSERT_ALLOWED.format(when=when), (*args, version, reasons))
+    return Part(INSERT_DECIDED.format(when=when), (*args, *verdict))
 
 
 async def outputs_state(pool: Pool, asset_id: uuid.UUID, revision: int) -> list[asyncpg.Record]:

@@ -31,7 +31,7 @@ import anyio
 from aivedio.config.moderation import ModerationConfig
 from aivedio.errors import RenderError
 from aivedio.pipeline.ffmpeg.probe import invalid, limit_reason
-from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox
+from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
 from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.media.validate import MediaSummary
 
@@ -46,6 +46,13 @@ class Frame:
     kind: str  # first | middle | last | scene
     seconds: float
     jpeg: bytes
+
+
+def video_seconds(summary: MediaSummary) -> float:
+    """How long the video track itself lasts (the container's duration counts an audio track
+    longer than the video, and a late start)."""
+    seconds = summary.video_duration_seconds or summary.duration_seconds
+    return seconds if seconds > 0 else 0.0
 
 
 def still_times(duration: float) -> dict[str, float]:
@@ -139,13 +146,16 @@ def source_frames_args(
     under ``-xerror`` (the decode check), so any decode error fails the process. Streams are
     named by absolute index: the stream validated is the stream decoded and looked at."""
     video, audio = summary.video_stream_index, summary.audio_stream_index
-    times = still_times(summary.duration_seconds)
+    times = still_times(video_seconds(summary))
     scale = _scale(config)
     branches = ["first", "middle", "last"] + (["scenes"] if config.max_scene_frames else [])
+    # The video's own clock from 0 (setpts): a container that starts late, or an audio
+    # track longer than the video, must not move the stills' times past its last frame.
     # Each still's branch ends at its frame (trim), the last one's keeps overwriting its
     # file (-update 1) until the final frame: nothing is held in memory, nothing reversed.
     graph = [
-        f"[0:{video}]split={len(branches)}" + "".join(f"[v_{b}]" for b in branches),
+        f"[0:{video}]setpts=PTS-STARTPTS,split={len(branches)}"
+        + "".join(f"[v_{b}]" for b in branches),
         f"[v_first]trim=end_frame=1,{scale}[first]",
         f"[v_middle]trim=start={times['middle']:.3f},trim=end_frame=1,{scale}[middle]",
         f"[v_last]trim=start={times['last']:.3f},{scale}[last]",
@@ -182,10 +192,12 @@ async def source_frames(
     record: list[RunResult] | None = None,
 ) -> list[Frame]:
     """Run ``source_frames_args`` in the sandbox and read the frames. With ``check``, a
-    failed pass is the decode check's verdict (``InvalidMediaError``: ``decode_failed``, or
-    the parser limit or crash that stopped it); without, ``RenderError``. Running out of
-    time or memory is ``ResourceExhaustedError`` either way."""
+    failed pass over media whose plain whole decode fails too is the decode check's verdict
+    (``InvalidMediaError``: ``decode_failed``, or the parser limit or crash that stopped
+    it); any other failed pass is ``RenderError``. Running out of time or memory is
+    ``ResourceExhaustedError``."""
     media = sandbox.media
+    seconds = video_seconds(summary)
     result = await sandbox.run(
         "ffmpeg",
         source_frames_args(
@@ -199,20 +211,42 @@ async def source_frames(
             check=check,
         ),
         cwd=scratch,
-        deadline_seconds=media.process_timeout_seconds + summary.duration_seconds,
+        deadline_seconds=media_deadline(media, summary.duration_seconds),
         record=record,
     )
     if not result.ok:
-        if not check:
-            # No decode check asked for: a failed pass is a failed render step (a crash
-            # counts toward the poison rule), never a verdict on the media.
-            result.raise_if_exhausted()
-            raise RenderError(f"frames: {result.error_detail()}")
-        reason = limit_reason(result)
-        if reason is None:
-            result.raise_if_exhausted()
-        raise invalid(reason or "decode_failed", result.error_detail())
-    return await read_frames(scratch, summary.duration_seconds)
+        result.raise_if_exhausted()
+        if check:
+            # The pass also filters, encodes JPEGs and writes files, which can fail for
+            # reasons that are not the media's (a file limit, the scratch disk): only a
+            # plain whole decode that fails too is a verdict on it.
+            confirm = await sandbox.run(
+                "ffmpeg",
+                plain_decode_args(sniff, source, summary, media.max_streams, media.max_pixels),
+                cwd=scratch,
+                deadline_seconds=media_deadline(media, summary.duration_seconds),
+                record=record,
+            )
+            if not confirm.ok:
+                reason = limit_reason(confirm)
+                if reason is None:
+                    confirm.raise_if_exhausted()
+                raise invalid(reason or "decode_failed", confirm.error_detail())
+        # A failed pass over media that decodes is a failed render step (a crash counts
+        # toward the poison rule), never a verdict on the media.
+        raise RenderError(f"frames: {result.error_detail()}")
+    return await read_frames(scratch, seconds)
+
+
+def plain_decode_args(
+    sniff: Sniff, source: Path, summary: MediaSummary, max_streams: int, max_pixels: int
+) -> list[str]:
+    """The whole decode alone (video and audio into the null muxer, ``-xerror``): what
+    confirms that a failed frames pass failed on the media itself."""
+    video, audio = summary.video_stream_index, summary.audio_stream_index
+    maps = ["-map", f"0:{video}", *(["-map", f"0:{audio}"] if audio is not None else [])]
+    opening = input_args(sniff, source, max_streams=max_streams, max_pixels=max_pixels)
+    return ["-xerror", *opening, *maps, "-f", "null", "-"]
 
 
 async def read_frames(scratch: Path, duration: float) -> list[Frame]:
