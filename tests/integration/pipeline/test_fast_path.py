@@ -360,3 +360,37 @@ async def test_a_media_only_node_makes_the_required_set_but_never_asks_the_moder
         asset = await rig.asset(asset_id)
         assert asset["status"] == "PROCESSING" and asset["current_revision"] is None
         assert asset["probe"]["decode_check"] == "full"
+
+
+async def test_a_reject_stored_by_a_probe_that_died_is_finished_by_the_moderate_job(
+    config: Config, pool: Pool, tmp_path: Path, source: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aivedio.pipeline.probe_stage import ProbeStage
+
+    async def died(*_args: Any, **_kwargs: Any) -> None:
+        return None  # the probe's statement committed; the job died before acting on it
+
+    verdict = {"decision": "reject", "reasons": ["violence"], "version": "m7"}
+    async with (
+        moderator_server([verdict]) as (url, seen),
+        make_rig(config, pool, tmp_path, backend="http", url=url) as rig,
+    ):
+        monkeypatch.setattr(ProbeStage, "_after_fast", died)
+        asset_id = await rig.quarantine(source)
+        await rig.enqueue_probe(asset_id)
+        from tests.support.pipeline_rig import registry_without
+
+        async with running_worker(rig, registry_without("moderate")):
+            await rig.wait("SELECT 1 FROM job_history WHERE kind = 'probe'")
+        # What the dead probe left: the reject stored with the revision, and a moderate job.
+        (revision,) = await rig.revisions(asset_id)
+        assert (revision["status"], revision["moderation_verdict"]) == ("BUILDING", "reject")
+        assert (await rig.asset(asset_id))["status"] == "PROCESSING"
+        async with running_worker(rig):
+            await rig.wait("SELECT 1 FROM assets WHERE status = 'REJECTED'")
+            await rig.wait_idle(asset_id)
+        assert len(seen) == 1  # the moderator was asked once, by the probe
+        assert (await rig.asset(asset_id))["current_revision"] is None
+        assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 0
+        events = [e["event_type"] for e in await rig.events(asset_id)]
+        assert events == ["asset.rejected"]
