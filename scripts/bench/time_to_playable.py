@@ -18,19 +18,27 @@ Sources, made with ffmpeg once and kept in ``var/bench-ttp/media``:
 For each case, N outputs (``--outputs``, default 10) are recorded ONE AT A TIME: one signed
 SUCCEEDED callback through the API's provider route, and the next only once the previous
 asset is ENRICHED, so nothing ever queues. The callback's send time (this machine's clock,
-as PostgreSQL's ``now()``) is t0; every other time is read from the database afterwards:
+as PostgreSQL's ``now()``) is t0; every other time is read from the database afterwards,
+as when each phase ended:
 
-============================  ==============================================================
-phase                         read from
-============================  ==============================================================
-fetch stored                  ``stage_events``: the provider output's ``STORED`` event
-asset probed                  ``stage_events``: the asset's ``PROCESSING`` event (probe done)
-render started                ``job_history.started_at`` of the asset's first ``render`` job
-playback recorded             ``asset_variants.completed_at`` of its ``playback`` variant
-moderation verdict            ``asset_revisions.moderated_at``
-published (PLAYABLE)          ``stage_events``: the asset's ``PLAYABLE`` event
-enriched                      ``stage_events``: the asset's ``ENRICHED`` event
-============================  ==============================================================
+===========================  ===============================================================
+phase                        read from
+===========================  ===============================================================
+fetch stored                 ``stage_events``: the provider output's ``STORED`` event
+probe job started            ``job_history.started_at`` of the asset's probe job
+probe done (verdict, plan)   the probe job's phase ``probe`` (its ``result.phases``, on the
+                             fast path); else ``stage_events``: the asset's ``PROCESSING``
+playback made and stored     the probe job's phase ``render``; else the playback variant's
+                             ``asset_variants.completed_at``
+moderation verdict           the probe job's phase ``moderation``; else
+                             ``asset_revisions.moderated_at``
+published (PLAYABLE)         ``stage_events``: the asset's ``PLAYABLE`` event
+enriched                     ``stage_events``: the asset's ``ENRICHED`` event
+===========================  ===============================================================
+
+On the fast path the render and the frames pass (decode check and moderation frames) run at
+once, so their marks need not come in this order; the probe job's phases are also reported
+by length.
 
 The floor, in the same run on the same file (``--floor-runs`` times per case, spread among
 its outputs, median), by hand one step after another, wall time each: ``curl -s --cacert
@@ -38,7 +46,9 @@ CA URL | tee FILE | sha256sum`` (from the same provider), ``ffprobe``, ``ffmpeg 
 -movflags +faststart`` and one poster frame (``ffmpeg -ss 0.5 -frames:v 1``). For (b) the
 copy step is a bare ``ffmpeg`` transcode of the playback rendition alone, with the x264
 preset and the top rung's CRF/maxrate/bufsize of the default ``[media]`` config
-(``aivedio.config.media``); its target compares against that transcode alone.
+(``aivedio.config.media``); its target compares against that transcode alone. Beside the
+floor, not in it: the whole decode (``ffmpeg -xerror -i FILE -f null -``) that the decode
+check and the moderation frames need, by hand, alone.
 
 Targets (issue 24): (a) p50 <= 1.0 s and <= 3x the floor; (b) p50 <= 1.3x the bare transcode;
 (c) p50 <= 1.2 s; every case's callback -> ENRICHED not slower than today's (``--baseline

@@ -30,7 +30,7 @@ import anyio
 
 from aivedio.config.moderation import ModerationConfig
 from aivedio.errors import RenderError
-from aivedio.pipeline.ffmpeg.probe import invalid, limit_reason
+from aivedio.pipeline.ffmpeg.probe import raise_decode_failed
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
 from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.media.validate import MediaSummary
@@ -228,10 +228,7 @@ async def source_frames(
                 record=record,
             )
             if not confirm.ok:
-                reason = limit_reason(confirm)
-                if reason is None:
-                    confirm.raise_if_exhausted()
-                raise invalid(reason or "decode_failed", confirm.error_detail())
+                raise_decode_failed(confirm)
         # A failed pass over media that decodes is a failed render step (a crash counts
         # toward the poison rule), never a verdict on the media.
         raise RenderError(f"frames: {result.error_detail()}")

@@ -11,7 +11,7 @@ import math
 import re
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 
@@ -152,6 +152,16 @@ async def run_ffprobe(
     except msgspec.DecodeError as exc:
         raise invalid("probe_unreadable", f"ffprobe output did not decode: {exc}") from None
     return output, result
+
+
+def raise_decode_failed(result: RunResult) -> NoReturn:
+    """A decode that failed: ``ResourceExhaustedError`` when it ran out of time or memory,
+    else the verdict (``InvalidMediaError``: the parser limit or crash that stopped it, or
+    ``decode_failed``)."""
+    reason = limit_reason(result)
+    if reason is None:
+        result.raise_if_exhausted()
+    raise invalid(reason or "decode_failed", result.error_detail())
 
 
 def invalid(reason: str, detail: str = "", reasons: list[str] | None = None) -> InvalidMediaError:

@@ -15,7 +15,7 @@ import msgspec
 
 from aivedio.config.media import MediaConfig, ToleranceConfig
 from aivedio.errors import InvalidMediaError
-from aivedio.pipeline.ffmpeg.probe import ProbeOutput, invalid, limit_reason, run_ffprobe
+from aivedio.pipeline.ffmpeg.probe import ProbeOutput, raise_decode_failed, run_ffprobe
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
 from aivedio.pipeline.media.sniff import Sniff, input_args, sniff_file
 from aivedio.pipeline.media.validate import Declared, MediaSummary, validate
@@ -81,10 +81,7 @@ async def decode_check(
         record=record,
     )
     if not result.ok:
-        reason = limit_reason(result)
-        if reason is None:
-            result.raise_if_exhausted()
-        raise invalid(reason or "decode_failed", result.error_detail())
+        raise_decode_failed(result)
     return result
 
 
