@@ -765,6 +765,8 @@ def timeline_line(entry: dict[str, Any], t0: float) -> str:
     notes: list[str] = []
     if entry.get("finished_at"):
         notes.append(f"{at(entry['finished_at']) - at(entry['at']):.2f} s")
+    elif isinstance(entry.get("seconds"), int | float):  # a phase of a job: how long it took
+        notes.append(f"{entry['seconds']:.2f} s")
     if entry.get("bytes"):
         notes.append(megabytes(int(entry["bytes"])))
     if entry.get("http_status"):
@@ -776,7 +778,7 @@ def timeline_line(entry: dict[str, Any], t0: float) -> str:
     if entry.get("error_class"):
         notes.append(f"[{entry['error_class']}]")
     return (
-        f"  {at(entry['at']) - t0:+7.2f}s  {entry['stage']:<18} {entry['event']:<16} "
+        f"  {at(entry['at']) - t0:+7.2f}s  {entry['stage']:<29} {entry['event']:<16} "
         + "  ".join(notes)
     ).rstrip()
 

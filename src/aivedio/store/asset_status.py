@@ -46,7 +46,8 @@ def _phases(job: Any) -> list[dict[str, Any]]:
             continue
         entries.append(
             {
-                "at": _iso(started + timedelta(seconds=at)),
+                # When it was done, as the event says; ``seconds`` how long it took.
+                "at": _iso(started + timedelta(seconds=at + seconds)),
                 "stage": f"{job['kind']}:{phase['phase']}",
                 "event": "done",
                 "seconds": seconds,
