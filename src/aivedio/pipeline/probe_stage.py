@@ -61,7 +61,10 @@ log = get_logger("aivedio.media")
 
 class ProbeStage:
     """The probe and reprocess jobs: from a stored source to a BUILDING revision with its
-    first jobs (or to INVALID_MEDIA). It never renders an output and never publishes."""
+    first jobs (or to INVALID_MEDIA). On the fast path it also has the required set made and
+    the moderator asked (``FastPath``, which records nothing), records them with the
+    revision and publishes it through the worker's publish stage; otherwise it never renders
+    an output and never publishes. It never renders an optional output."""
 
     def __init__(self, revisions: Revisions, poison: PoisonGuard) -> None:
         self.revisions = revisions
