@@ -10,12 +10,14 @@ chunked plan's split and audio jobs too, see ``chunk_stage``), keyed
 a reason that is not the media's fault fails the asset (PROCESSING_FAILED) with the
 ledger's compensation.
 
-The fast path (``fast_path``; on by default, for every plan that is not chunked): between
-the plan and that statement, the probe job makes the required set, runs the decode check
-with the moderation frames and asks the moderator, all at once; the statement then records
-the required outputs SUCCEEDED and the moderator's allow with the revision, its render job
-is the enrichment's, and the probe job publishes. A delivery of the job that finds the asset
-PROCESSING (an earlier one died after its statement) looks at the publish gates again.
+The fast path (``fast_path``; on by default, for every source too short to be chunked):
+after the verdict, the probe job runs the decode check with the moderation frames (one
+decode of the whole source) and, beside it, plans and makes the required set, and asks the
+moderator as soon as the frames exist; the statement then records the made outputs
+SUCCEEDED and the moderator's decision with the revision, its render job is the
+enrichment's, and the probe job publishes. A delivery of the job that finds the asset
+PROCESSING (an earlier one died or was drained after its statement) looks at the revision
+again.
 """
 
 from __future__ import annotations
