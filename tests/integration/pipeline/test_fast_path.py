@@ -15,6 +15,7 @@ import anyio
 import pytest
 
 from aivedio.config.load import Config
+from aivedio.errors import StaleStateError
 from aivedio.pipeline.media_stage import open_media_stage
 from aivedio.pipeline.moderation import open_moderation_stage
 from aivedio.pipeline.publish import PublishStage
@@ -394,3 +395,77 @@ async def test_a_reject_stored_by_a_probe_that_died_is_finished_by_the_moderate_
         assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 0
         events = [e["event_type"] for e in await rig.events(asset_id)]
         assert events == ["asset.rejected"]
+
+
+async def test_frames_without_all_three_stills_are_never_shown_to_the_moderator(
+    config: Config, pool: Pool, tmp_path: Path, source: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pass that yields the first still alone (a source whose middle and end it could not
+    # picture) must not be judged on it: the moderate job looks at the playback instead.
+    from aivedio.pipeline import fast_path
+
+    real = fast_path.source_frames
+
+    async def first_only(*args: Any, **kwargs: Any) -> Any:
+        frames = await real(*args, **kwargs)
+        return [f for f in frames if f.kind == "first"]
+
+    monkeypatch.setattr(fast_path, "source_frames", first_only)
+    allow = {"decision": "allow", "reasons": [], "version": "m1"}
+    async with (
+        moderator_server([allow]) as (url, seen),
+        make_rig(config, pool, tmp_path, backend="http", url=url) as rig,
+    ):
+        asset_id = await rig.quarantine(source)
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig):
+            await rig.wait("SELECT 1 FROM assets WHERE status = 'ENRICHED'")
+            await rig.wait_idle(asset_id)
+        result = await probe_result(rig, asset_id)
+        assert result["decision"] is None
+        assert result["moderation_unavailable"] == "frames missing: last, middle"
+        # The moderate job asked, with the playback's first, middle and last frames.
+        assert len(seen) == 1
+        assert [f["kind"] for f in seen[0]["frames"]][:3] == ["first", "middle", "last"]
+        assert "moderate" in await kinds_of(rig, asset_id)
+
+
+async def test_a_delivery_that_is_no_longer_the_one_never_writes_its_outputs(
+    rig: Rig, source: bytes
+) -> None:
+    # Another delivery recorded the revision (the asset left PROBING): this one's outputs,
+    # made from the same source, must not overwrite what that one stored and published.
+    from aivedio.pipeline.fast_path import FastPath
+    from aivedio.pipeline.ffmpeg.outputs import OutputFile, OutputRecord
+    from aivedio.store.objects import keys as object_keys
+
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    queue = Queue(rig.pool)
+    (job,) = await queue.claim("media", 1, "test", 60)
+    await rig.pool.execute("UPDATE assets SET status = 'PROCESSING' WHERE id = $1", asset_id)
+    asset = await rig.pool.fetchrow("SELECT id, tenant_id FROM assets WHERE id = $1", asset_id)
+    out = rig.store  # the store the rig's worker would use
+
+    class Layout:
+        def __init__(self, root: Path) -> None:
+            self.out = root
+
+    class Run:
+        layout = Layout(Path("/nonexistent"))
+
+    record = OutputRecord(
+        variant_type="poster",
+        primary="poster.jpg",
+        files=[OutputFile(path="poster.jpg", size=1, sha256="0" * 64, mime="image/jpeg")],
+        required=True,
+    )
+    async with (
+        open_media_stage(rig.config, rig.pool, queue, rig.store) as media,
+        open_moderation_stage(rig.config, rig.pool, queue, rig.store) as moderation,
+    ):
+        path = FastPath(media.services, moderation)
+        with pytest.raises(StaleStateError):
+            await path._store(job, Run(), asset, 1, [record])  # type: ignore[arg-type]
+    prefix = object_keys.revision_prefix(rig.tenant_id, asset_id, 1)
+    assert [info async for info in out.list(prefix + "/")] == []
