@@ -106,13 +106,22 @@ def worker_config(database: str, tmp_path: Path) -> Path:
     return path
 
 
-async def until(rig: Rig, sql: str, *args: object, timeout: float = 60) -> None:
-    await rig.wait(sql, *args, timeout=timeout)
+async def doomed_worker_with_its_asset(
+    rig: Rig, database: str, tmp_path: Path, workers: list[WorkerProcess], source: bytes
+) -> tuple[Path, WorkerProcess, uuid.UUID]:
+    """The worker to kill, started, and an asset in quarantine with its probe job (what the
+    fetch's stored statement leaves): the config, that worker, the asset."""
+    config = worker_config(database, tmp_path)
+    doomed = WorkerProcess(config, tmp_path / "doomed.log")
+    workers.append(doomed)
+    asset_id = await rig.quarantine(source)
+    await rig.enqueue_probe(asset_id)
+    return config, doomed, asset_id
 
 
 async def published_once(rig: Rig, asset_id: uuid.UUID) -> None:
     """ENRICHED, exactly one release of revision 1, nothing dead, nothing left running."""
-    await until(rig, "SELECT 1 FROM assets WHERE id = $1 AND status = 'ENRICHED'", asset_id)
+    await rig.wait("SELECT 1 FROM assets WHERE id = $1 AND status = 'ENRICHED'", asset_id)
     await rig.wait_idle(asset_id)
     releases = await rig.pool.fetch(
         "SELECT revision FROM releases WHERE asset_id = $1 ORDER BY revision", asset_id
@@ -134,12 +143,10 @@ async def test_killed_as_its_probe_starts_right_after_the_source_is_stored(
 ) -> None:
     # The fetch's own statement stores the source with its probe job; the quarantined
     # asset and that job are what it leaves. The kill comes as soon as they exist.
-    config = worker_config(database, tmp_path)
-    doomed = WorkerProcess(config, tmp_path / "doomed.log")
-    workers.append(doomed)
-    asset_id = await rig.quarantine(long_source)
-    await rig.enqueue_probe(asset_id)
-    await until(rig, "SELECT 1 FROM jobs WHERE kind = 'probe' AND status = 'running'")
+    config, doomed, asset_id = await doomed_worker_with_its_asset(
+        rig, database, tmp_path, workers, long_source
+    )
+    await rig.wait("SELECT 1 FROM jobs WHERE kind = 'probe' AND status = 'running'")
     doomed.kill()
     assert not alive(doomed.proc.pid)
     assert (await rig.asset(asset_id))["status"] in ("QUARANTINED", "PROBING")
@@ -151,11 +158,9 @@ async def test_killed_as_its_probe_starts_right_after_the_source_is_stored(
 async def test_killed_mid_render_of_the_fast_path(
     rig: Rig, database: str, tmp_path: Path, workers: list[WorkerProcess], long_source: bytes
 ) -> None:
-    config = worker_config(database, tmp_path)
-    doomed = WorkerProcess(config, tmp_path / "doomed.log")
-    workers.append(doomed)
-    asset_id = await rig.quarantine(long_source)
-    await rig.enqueue_probe(asset_id)
+    config, doomed, asset_id = await doomed_worker_with_its_asset(
+        rig, database, tmp_path, workers, long_source
+    )
     # The probe job's frames pass (the whole decode) running in the doomed worker's sandbox.
     deadline = time.monotonic() + 60
     seen = False
@@ -184,21 +189,19 @@ async def test_killed_mid_render_of_the_fast_path(
 async def test_killed_between_the_verdict_and_the_publish(
     rig: Rig, database: str, tmp_path: Path, workers: list[WorkerProcess], long_source: bytes
 ) -> None:
-    config = worker_config(database, tmp_path)
     async with rig.pool.acquire() as hold:
         tx = hold.transaction()
         await tx.start()
         # Reads of releases go on; the publish's insert waits, inside its transaction.
         await hold.execute("LOCK TABLE releases IN EXCLUSIVE MODE")
-        doomed = WorkerProcess(config, tmp_path / "doomed.log")
-        workers.append(doomed)
-        asset_id = await rig.quarantine(long_source)
-        await rig.enqueue_probe(asset_id)
+        config, doomed, asset_id = await doomed_worker_with_its_asset(
+            rig, database, tmp_path, workers, long_source
+        )
         waiting = (
             "SELECT array_agg(l.pid) FROM pg_locks l WHERE NOT l.granted"
             " AND l.relation = 'releases'::regclass"
         )
-        await until(rig, waiting, timeout=90)
+        await rig.wait(waiting, timeout=90)
         doomed.kill()
         assert not alive(doomed.proc.pid)
         # Its connections end with it (the server would notice only at its next read).

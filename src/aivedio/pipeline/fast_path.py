@@ -9,29 +9,31 @@ copy and one JPEG make playable, the waits and the decodes that repeated each ot
 most of the five seconds to PLAYABLE.
 
 What. When the worker has a moderation stage and a publish stage, ``[media] fast_path`` is
-on and the plan is a single pass (a source long enough to be chunked keeps the queue path),
-the probe job goes on after its plan with two things at once:
+on and the source is too short to be chunked, the probe job goes on after its verdict with
+two things at once:
 
 * the frames pass (``ffmpeg/frames.py``): ONE decode of the whole source, which is the
-  decode check (``-xerror``: a full check, stronger than the sampled one, at no extra cost,
-  since the scene frames need every frame decoded) and makes the moderation frames; the
-  moderator is asked as soon as they exist, so its latency overlaps the render;
-* the required set (``MediaRun``): the copy and the poster of a remux, or the playback
-  rendition and the poster from one decode of a transcode; each output uploaded under the
-  revision prefix and read back (size, SHA-256) the moment it is made.
+  decode check (``-xerror``: a full check, stronger than the sampled one; the scene frames
+  need every frame decoded anyway) and makes the moderation frames; the moderator is asked
+  as soon as they exist, so its latency overlaps the render;
+* the plan, then the required set (``MediaRun``): the copy and the poster of a remux, or the
+  playback rendition and the poster from one decode of a transcode; uploaded under the
+  revision prefix and read back (size, SHA-256) once this delivery has checked that it
+  still holds the job's lease and the asset is still PROBING.
 
 Guarantees. A failed decode check cancels the render and the asset is INVALID_MEDIA; no
-frame of it reaches the moderator; nothing is recorded, so nothing can be published (what
-was uploaded under the unrecorded revision prefix is an orphan for the sweeper's GC). The
-moderator's verdict is fail-closed as in the ``moderate`` job: only an allow is stored with
-the revision; anything else (reject, review, unavailable) leaves a moderate job, whose rules
-then apply. A worker that does not run the control lane (a media-only node, which needs no
-egress beyond PostgreSQL and the object store) never asks: its moderate job does. Every
-object is verified before its row says SUCCEEDED. The record is one statement
-(``ProbeStage.start_revision``) whose compare-and-set on the asset makes one delivery the
-one, so a crash before it leaves the asset in PROBING for the job's retry, which starts
-over, and a crash after it leaves a revision exactly as the queue path would (the render job
-of the enrichment, or the probe job's retry, publishes it).
+frame of it reaches the moderator; nothing is recorded, so nothing can be published. The
+moderator's decision in hand is stored with the revision; only an allow opens the gate, a
+reject is acted on (and finished by the moderate job made with the revision should the probe
+die first), a review waits for a person, and no decision (unavailable, a still missing)
+leaves the moderate job, whose fail-closed rules then apply. A worker that does not run the
+control lane (a media-only node, which needs no egress beyond PostgreSQL and the object
+store) never asks: its moderate job does. Every object is verified before its row says
+SUCCEEDED. The record is one statement (``ProbeStage.start_revision``) whose
+compare-and-set on the asset makes one delivery the one, so a crash before it leaves the
+asset in PROBING for the job's retry, which starts over (objects it uploaded are overwritten
+by that retry or collected by the sweeper's GC), and a crash after it leaves a revision the
+render job of the enrichment, or the probe job's next delivery, moves on.
 """
 
 from __future__ import annotations

@@ -124,7 +124,8 @@ async def upload_work_object(store: ObjectStore, key: str, path: Path) -> tuple[
 
 
 async def download_piece(store: ObjectStore, row: asyncpg.Record, target: Path) -> None:
-    """Download a recorded piece, checked against its recorded size and SHA-256."""
+    """Download a recorded object (a chunk piece, a made output: ``object_key``,
+    ``size_bytes``, ``sha256``), checked against its recorded size and SHA-256."""
     digest, size = await download(store, row["object_key"], target)
     if digest != row["sha256"] or size != row["size_bytes"]:
         raise ChecksumMismatchError(

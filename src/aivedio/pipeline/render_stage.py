@@ -38,6 +38,7 @@ import msgspec
 
 from aivedio.errors import (
     AivedioError,
+    ChecksumMismatchError,
     DeferredError,
     NotFoundError,
     RenderError,
@@ -327,17 +328,14 @@ class RenderStage:
         if row is None:
             return
         try:
-            digest, size = await media_objects.download(
-                self.services.store, row["object_key"], run.layout.playback
-            )
-        except (NotFoundError, TransientError, OSError):
-            return
-        if (digest, size) != (row["checksum"], row["size_bytes"]):
+            await media_objects.download_piece(self.services.store, row, run.layout.playback)
+        except (NotFoundError, TransientError, ChecksumMismatchError, OSError) as exc:
             log.warning(
-                "playback_not_as_recorded",
+                "playback_not_reused",
                 asset_id=str(asset_id),
                 revision=revision,
                 key=row["object_key"],
+                error=str(exc)[:300],
             )
             run.layout.playback.unlink(missing_ok=True)
             return

@@ -22,7 +22,7 @@ from aivedio.store.records import check_transition
 from aivedio.store.together import Part
 
 MADE_ONE = (
-    "SELECT object_key, size_bytes, checksum FROM asset_variants WHERE asset_id = $1"
+    "SELECT object_key, size_bytes, checksum AS sha256 FROM asset_variants WHERE asset_id = $1"
     " AND revision = $2 AND variant_type = $3 AND status = 'SUCCEEDED'"
 )
 # Outputs made and verified before their revision existed (the probe job's fast path):
@@ -120,7 +120,8 @@ def insert_made_part(
 async def made_one(
     pool: Pool, asset_id: uuid.UUID, revision: int, variant_type: str
 ) -> asyncpg.Record | None:
-    """One output of the revision if it SUCCEEDED: its object key, size and SHA-256."""
+    """One output of the revision if it SUCCEEDED: ``object_key``, ``size_bytes``, ``sha256``
+    (the columns ``media_objects.download_piece`` checks a download against)."""
     with map_db_errors("loading an output"):
         row: asyncpg.Record | None = await pool.fetchrow(MADE_ONE, asset_id, revision, variant_type)
     return row

@@ -23,9 +23,9 @@ from aivedio.store.asset_status import asset_status
 from aivedio.store.database import Pool
 from aivedio.store.objects import keys
 from aivedio.store.queue import Queue
-from tests.integration.pipeline.test_publish import moderator_server
 from tests.support import media_fixtures as mf
 from tests.support.media_fixtures import MediaCache
+from tests.support.moderator import moderator_server
 from tests.support.pipeline_rig import Rig, make_rig, running_worker
 
 pytestmark = pytest.mark.anyio
@@ -139,52 +139,36 @@ async def test_a_failed_decode_check_on_the_fast_path_publishes_nothing(
 async def test_a_moderator_that_times_out_keeps_the_asset_private(
     config: Config, pool: Pool, tmp_path: Path, source: bytes
 ) -> None:
-    from aiohttp import web
-
-    calls: list[float] = []
-
-    async def slow(request: web.Request) -> web.Response:
-        calls.append(anyio.current_time())
-        await anyio.sleep(5)
-        return web.json_response({"decision": "allow", "reasons": [], "version": "late"})
-
-    app = web.Application(client_max_size=64 << 20)
-    app.router.add_post("/moderate", slow)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}/moderate"
-    try:
-        async with make_rig(
-            config, pool, tmp_path, backend="http", url=url, timeout_seconds=0.3
-        ) as rig:
-            asset_id = await rig.quarantine(source)
-            await rig.enqueue_probe(asset_id)
-            async with running_worker(rig):
-                # The fast path asked, then the moderate job it left asked again.
-                await rig.wait(
-                    "SELECT 1 FROM job_history j WHERE kind = 'probe'"
-                    " AND result->>'moderation_unavailable' IS NOT NULL"
-                )
-                while len(calls) < 2:
-                    await anyio.sleep(0.05)
-                asset = await rig.asset(asset_id)
-                assert asset["status"] == "PROCESSING"
-                assert asset["current_revision"] is None
-                assert asset["moderation_status"] != "ALLOWED"
-                (revision,) = await rig.revisions(asset_id)
-                assert revision["status"] == "BUILDING"
-                assert revision["moderation_verdict"] is None
-                assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 0
-                # The required set is made; only the verdict is missing.
-                variants = await rig.variants(asset_id)
-                assert variants["playback"]["status"] == "SUCCEEDED"
-                assert await rig.pool.fetchval(
-                    "SELECT 1 FROM jobs WHERE kind = 'moderate' AND payload->>'asset_id' = $1",
-                    str(asset_id),
-                )
-    finally:
-        await runner.cleanup()
+    late = {"decision": "allow", "reasons": [], "version": "late"}
+    async with (
+        moderator_server([late], delay_seconds=5) as (url, calls),
+        make_rig(config, pool, tmp_path, backend="http", url=url, timeout_seconds=0.3) as rig,
+    ):
+        asset_id = await rig.quarantine(source)
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig):
+            # The fast path asked, then the moderate job it left asked again.
+            await rig.wait(
+                "SELECT 1 FROM job_history j WHERE kind = 'probe'"
+                " AND result->>'moderation_unavailable' IS NOT NULL"
+            )
+            while len(calls) < 2:
+                await anyio.sleep(0.05)
+            asset = await rig.asset(asset_id)
+            assert asset["status"] == "PROCESSING"
+            assert asset["current_revision"] is None
+            assert asset["moderation_status"] != "ALLOWED"
+            (revision,) = await rig.revisions(asset_id)
+            assert revision["status"] == "BUILDING"
+            assert revision["moderation_verdict"] is None
+            assert await rig.pool.fetchval("SELECT count(*) FROM releases") == 0
+            # The required set is made; only the verdict is missing.
+            variants = await rig.variants(asset_id)
+            assert variants["playback"]["status"] == "SUCCEEDED"
+            assert await rig.pool.fetchval(
+                "SELECT 1 FROM jobs WHERE kind = 'moderate' AND payload->>'asset_id' = $1",
+                str(asset_id),
+            )
 
 
 async def test_a_reject_in_hand_is_stored_by_the_probe_and_publishes_nothing(
@@ -469,3 +453,38 @@ async def test_a_delivery_that_is_no_longer_the_one_never_writes_its_outputs(
             await path._store(job, Run(), asset, 1, [record])  # type: ignore[arg-type]
     prefix = object_keys.revision_prefix(rig.tenant_id, asset_id, 1)
     assert [info async for info in out.list(prefix + "/")] == []
+
+
+async def test_a_transcodes_ladder_takes_its_top_rung_from_the_published_playback(
+    rig: Rig, media_cache: MediaCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aivedio.pipeline.ffmpeg import media_run
+    from tests.support.hls_check import check_hls
+
+    encoded: list[list[str]] = []
+    real = media_run.encode_job
+
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        job = real(*args, **kwargs)
+        encoded.append([rung.name for rung in job.rungs])
+        return job
+
+    monkeypatch.setattr(media_run, "encode_job", watched)
+    asset_id = await rig.quarantine(media_cache.get("hevc", mf.hevc_mkv).read_bytes())
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait("SELECT 1 FROM assets WHERE status = 'ENRICHED'", timeout=120)
+        await rig.wait_idle(asset_id)
+    # The top rung (240p) encoded once, for the playback; the ladder's run encodes the rest.
+    top = [names for names in encoded if names]
+    assert top == [["240p"], ["180p"]], encoded
+    # And the ladder is whole and aligned, the reused rung with the encoded one.
+    assert (await rig.asset(asset_id))["current_revision"] == 2
+    # The enrichment (revision 2) releases what revision 1's runs made, under its prefix.
+    prefix = keys.revision_prefix(rig.tenant_id, asset_id, 1)
+    local = tmp_path / "published"
+    async for info in rig.store.list(prefix + "/"):
+        path = local / info.key[len(prefix) + 1 :]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(await rig.store.get_bytes(info.key, max_bytes=1 << 30))
+    assert check_hls(local / "hls" / "master.m3u8") == []

@@ -8,13 +8,11 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
-from aiohttp import web
 
 from aivedio.config.load import Config
 from aivedio.errors import LeaseLostError, RenderError, TransientError
@@ -26,6 +24,7 @@ from aivedio.pipeline.upkeep.lifecycle import cancel_task, delete_asset
 from aivedio.store.database import Pool
 from aivedio.store.queue import Queue
 from tests.support.media_fixtures import MediaCache, h264_faststart
+from tests.support.moderator import moderator_server
 from tests.support.pipeline_rig import (
     Rig,
     fake_job,
@@ -474,32 +473,6 @@ async def test_a_render_that_finds_its_published_asset_cancelled_fails_what_is_p
         asset_id,
     )
     assert pending == 0  # nothing keeps the revision's prefix from GC any more
-
-
-@asynccontextmanager
-async def moderator_server(answers: list[Any]) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
-    """A moderation service on loopback: each request pops an answer (a status, or a JSON
-    decision) and is recorded."""
-    seen: list[dict[str, Any]] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        seen.append(await request.json())
-        answer = answers.pop(0) if len(answers) > 1 else answers[0]
-        if isinstance(answer, int):
-            return web.Response(status=answer)
-        return web.json_response(answer)
-
-    app = web.Application(client_max_size=64 << 20)
-    app.router.add_post("/moderate", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}/moderate", seen
-    finally:
-        await runner.cleanup()
 
 
 async def test_moderation_down_keeps_the_asset_private_until_it_returns(
