@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -49,12 +50,13 @@ import msgspec
 from aivedio.errors import AivedioError, DatabaseError, InvalidMediaError, StaleStateError
 from aivedio.logs import get_logger
 from aivedio.pipeline import media_objects
-from aivedio.pipeline.ffmpeg.frames import STILLS, Frame, source_frames
+from aivedio.pipeline.ffmpeg.frames import STILLS, Frame, PosterShot, source_frames
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord
 from aivedio.pipeline.ffmpeg.sandbox import RunResult
 from aivedio.pipeline.ffmpeg.verdict import Verdict, decode_failed
-from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media.plan import Plan, poster_seconds, transcode_reasons
+from aivedio.pipeline.media.validate import MediaSummary
 from aivedio.pipeline.media_seams import MediaServices
 from aivedio.pipeline.moderation import (
     Decision,
@@ -141,22 +143,36 @@ class FastPath:
         async def collect(record: OutputRecord) -> None:
             finalized.append(record)
 
+        scratch = run.layout.root / "frames"
+        poster = self._poster_shot(summary, scratch)
+        framed = anyio.Event()
+
         async def render() -> None:
             started = time.monotonic()
             try:
                 planned = await run.run(plan_only=True)
-                assert planned.plan is not None
-                plans.append(planned.plan)
+                plan = planned.plan
+                assert plan is not None
+                plans.append(plan)
                 phases.add("plan", started)
                 started = time.monotonic()
                 # A chunked plan spreads its encode over the fleet: nothing made here.
-                wants = planned.plan.required if planned.plan.chunking is None else []
-                await run.run(wants=wants, plan=planned.plan)
+                wants = plan.required if plan.chunking is None else []
+                # A remux's poster comes from the frames pass: not a second decode here.
+                adopt = poster is not None and plan.mode == "remux" and "poster" in wants
+                await run.run(wants=[w for w in wants if not (adopt and w == "poster")], plan=plan)
                 stored.extend(await self._store(job, run, asset, revision, finalized))
+                phases.add("render", started)
+                if adopt and poster is not None:
+                    await framed.wait()
+                    started = time.monotonic()
+                    finalized.clear()
+                    await run.adopt("poster", poster.path, plan)
+                    stored.extend(await self._store(job, run, asset, revision, finalized))
+                    phases.add("poster", started)
             except Exception as exc:  # re-raised after the group, as itself
                 errors.append(exc)
                 scope.cancel()
-            phases.add("render", started)
 
         run.on_done = collect
         verdict = report.verdict
@@ -164,7 +180,6 @@ class FastPath:
         unavailable = ""
         frames: list[Frame] = []
         runs: list[RunResult] = []
-        scratch = run.layout.root / "frames"
         checking = self.services.config.media.decode_check != "none"
         with scope:
             async with anyio.create_task_group() as group:
@@ -180,8 +195,10 @@ class FastPath:
                         self.moderation.config,
                         scratch,
                         check=checking,
+                        poster=poster,
                         record=runs,
                     )
+                    framed.set()
                 except InvalidMediaError as exc:
                     verdict = decode_failed(verdict, exc, FULL)
                     scope.cancel()  # nothing of an invalid source is made
@@ -207,6 +224,15 @@ class FastPath:
         (plan,) = plans
         failed = [n for n in plan.required if n not in {r.variant_type for r in stored}]
         return Made(verdict, plan, stored, failed, decision, unavailable, len(frames))
+
+    def _poster_shot(self, summary: MediaSummary, scratch: Path) -> PosterShot | None:
+        """The poster the frames pass takes when the plan will be a remux (the plan copies
+        the video, so its poster is a frame of the source at the source's size); a
+        transcode's poster comes from its encode pass's own decode."""
+        media = self.services.config.media
+        if transcode_reasons(summary) or "poster" not in media.required_outputs:
+            return None
+        return PosterShot(poster_seconds(summary, media), scratch / "poster.jpg")
 
     async def _store(
         self,

@@ -213,6 +213,8 @@ class ProbeStage:
             decision=made.decision.decision if made.decision else None,
             frames=made.frames,
             phases=phases.as_result(),
+            # The sandboxed processes the job ran, in order: what its time was spent on.
+            processes=[p.step for p in run.report.processes] if run.report else [],
         )
         if made.unavailable:
             result["moderation_unavailable"] = made.unavailable[:300]

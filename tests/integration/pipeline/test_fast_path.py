@@ -94,6 +94,14 @@ async def test_the_probe_job_makes_moderates_and_publishes_the_required_set(
     for phase in ("probe", "decode_check_and_frames", "moderation", "render", "record"):
         assert phase in phases
     assert phases[-1] == "publish"
+    # A remux's poster is a frame the pass over the source took: the render only copied.
+    assert "poster" in phases
+    assert "frames" in result["processes"] and "package" in result["processes"]
+    assert not [step for step in result["processes"] if "poster_seek" in step]
+    poster = (await rig.variants(asset_id))["poster"]
+    assert poster["object_key"] == f"{keys.revision_prefix(rig.tenant_id, asset_id, 1)}/poster.jpg"
+    held = await rig.store.head(poster["object_key"])
+    assert held is not None and held.size == poster["size_bytes"]
     # The outputs the probe made are what the store holds, verified at their recorded size.
     playback = (await rig.variants(asset_id))["playback"]
     prefix = keys.revision_prefix(rig.tenant_id, asset_id, 1)

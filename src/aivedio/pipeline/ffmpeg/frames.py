@@ -32,6 +32,7 @@ from aivedio.config.moderation import ModerationConfig
 from aivedio.errors import RenderError
 from aivedio.pipeline.ffmpeg.probe import raise_decode_failed
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
+from aivedio.pipeline.media.ffmpeg_args import POSTER_JPEG_QUALITY
 from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.media.validate import MediaSummary
 
@@ -39,6 +40,16 @@ from aivedio.pipeline.media.validate import MediaSummary
 SCENE_TIMES = "scene_times.txt"
 STILLS = ("first", "middle", "last")
 JPEG_QUALITY = "4"
+
+
+@dataclass(frozen=True, slots=True)
+class PosterShot:
+    """A remux's poster, taken by the fast path's pass over the source: the frame at
+    ``seconds`` on the video's own clock, at the video's own size, as a JPEG at ``path``
+    (what the render's input seek makes, without decoding the source a second time)."""
+
+    seconds: float
+    path: Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,15 +151,18 @@ def source_frames_args(
     max_streams: int,
     max_pixels: int,
     check: bool = True,
+    poster: PosterShot | None = None,
 ) -> list[str]:
     """The fast path's pass over the source: one opening, decoded whole, split into the
-    three stills and the scene branch; the audio decoded into the null muxer. ``check``:
-    under ``-xerror`` (the decode check), so any decode error fails the process. Streams are
-    named by absolute index: the stream validated is the stream decoded and looked at."""
+    three stills and the scene branch (and ``poster``'s); the audio decoded into the null
+    muxer. ``check``: under ``-xerror`` (the decode check), so any decode error fails the
+    process. Streams are named by absolute index: the stream validated is the stream
+    decoded and looked at."""
     video, audio = summary.video_stream_index, summary.audio_stream_index
     times = still_times(video_seconds(summary))
     scale = _scale(config)
     branches = ["first", "middle", "last"] + (["scenes"] if config.max_scene_frames else [])
+    branches += ["poster"] if poster is not None else []
     # The video's own clock from 0 (setpts): a container that starts late, or an audio
     # track longer than the video, must not move the stills' times past its last frame.
     # Each still's branch ends at its frame (trim), the last one's keeps overwriting its
@@ -168,6 +182,10 @@ def source_frames_args(
     if config.max_scene_frames:
         graph.append(f"[v_scenes]{_scene_branch(config)}[scene]")
         outputs += _scene_output(config, scratch)
+    if poster is not None:
+        graph.append(f"[v_poster]trim=start={poster.seconds:.3f},trim=end_frame=1[poster]")
+        outputs += ["-map", "[poster]", "-frames:v", "1", "-q:v", POSTER_JPEG_QUALITY]
+        outputs += ["-update", "1", "-f", "image2", str(poster.path)]
     if audio is not None:
         outputs += ["-map", f"0:{audio}", "-f", "null", "-"]
     opening = input_args(sniff, source, max_streams=max_streams, max_pixels=max_pixels)
@@ -189,6 +207,7 @@ async def source_frames(
     scratch: Path,
     *,
     check: bool = True,
+    poster: PosterShot | None = None,
     record: list[RunResult] | None = None,
 ) -> list[Frame]:
     """Run ``source_frames_args`` in the sandbox and read the frames. With ``check``, a
@@ -209,6 +228,7 @@ async def source_frames(
             max_streams=media.max_streams,
             max_pixels=media.max_pixels,
             check=check,
+            poster=poster,
         ),
         cwd=scratch,
         deadline_seconds=media_deadline(media, summary.duration_seconds),

@@ -221,6 +221,27 @@ class MediaRun(Finalizing):
                     self._fail(node, exc)
         return self.report
 
+    async def adopt(self, node: str, made: Path, plan: Plan) -> Report:
+        """``node`` made by another pass over this very source (the fast path's pass over
+        the source takes a remux's poster while it decodes it): moved to its place in the
+        layout, then finalized and verified as if this run had made it. When that pass did
+        not write it, the node is made here as usual."""
+        assert self.report is not None and self._summary is not None
+        places = {"poster": self.layout.poster}
+        if node not in places:
+            raise ValueError(f"no other pass makes {node!r}")
+        self.layout.make_dirs(plan, {node})
+        if not await anyio.Path(made).is_file():
+            return await self.run(wants=[node], plan=plan)
+        await anyio.Path(made).replace(places[node])
+        if self.report.wanted is not None:
+            self.report.wanted.add(node)
+        try:
+            await self._finalize_nodes([node], plan, self._summary, 0.0)
+        except (RenderError, ResourceExhaustedError, InvalidMediaError, OSError) as exc:
+            self._fail(node, exc)
+        return self.report
+
     async def _produce(self, plan: Plan, summary: MediaSummary, want: set[str]) -> None:
         if plan.chunking is not None:
             chunked = [n for n in CHUNK_OUTPUTS if n in want]
@@ -381,7 +402,14 @@ class MediaRun(Finalizing):
             named.append("poster_seek")
         if runs:  # one process for every output that needs no encode pass
             await self._ffmpeg("+".join(named), merge_runs(runs), plan.duration_seconds)
-        shared = time.monotonic() - started
+        await self._finalize_nodes(nodes, plan, summary, time.monotonic() - started)
+
+    async def _finalize_nodes(
+        self, nodes: list[str], plan: Plan, summary: MediaSummary, shared: float
+    ) -> None:
+        """Finalize and verify each node whose files are in the layout, and hand it to
+        ``on_done``; ``shared``: the seconds of the processes that made them."""
+        assert self.report is not None
         for node in nodes:
             node_started = time.monotonic()
             record = await self._finalize(node, plan, summary)

@@ -234,7 +234,7 @@ def encode_args(
         args += ["-map", "[o_px]", *_x264(plan.proxy, media, [], gop=media.proxy_gop_frames)]
         args += ["-keyint_min", gop_p, "-bf", "0", "-an", "-f", "mp4", str(layout.proxy_video)]
     if job.poster:
-        args += ["-map", "[o_po]", "-frames:v", "1", "-q:v", "2", "-update", "1"]
+        args += ["-map", "[o_po]", "-frames:v", "1", "-q:v", POSTER_JPEG_QUALITY, "-update", "1"]
         args += ["-f", "image2", str(layout.poster)]
     if job.sprite:
         args += ["-map", "[o_sp]", "-q:v", "5", "-f", "image2"]
@@ -434,6 +434,9 @@ def merge_runs(runs: list[list[str]]) -> list[str]:
     return [*(arg for group in inputs for arg in group), *outputs]
 
 
+# The poster's JPEG quality (ffmpeg's -q:v, 2 the best but one), wherever it is made.
+POSTER_JPEG_QUALITY = "2"
+
 # The poster's opening reads this much of the source past its seek point, at most: merged
 # with the playback's copy (``merge_runs``), an unbounded opening is decoded to the end of
 # the file after its one frame was written (ffmpeg 5.1 keeps decoding an input while any
@@ -462,7 +465,7 @@ def poster_seek_args(
         "-frames:v",
         "1",
         "-q:v",
-        "2",
+        POSTER_JPEG_QUALITY,
         "-update",
         "1",
         "-f",

@@ -160,6 +160,14 @@ def output_frame_rate(s: MediaSummary) -> tuple[float, str]:
     return rate, f"{rate:.6g}"
 
 
+def poster_seconds(s: MediaSummary, media: MediaConfig) -> float:
+    """Where the poster is taken: ``poster_at_ratio`` of the way into the video track (which
+    may end long before an audio track), at most ``poster_max_seconds``."""
+    duration = max(s.duration_seconds, 0.0)
+    pictured = min(duration, s.video_duration_seconds or duration)
+    return min(pictured * media.poster_at_ratio, media.poster_max_seconds)
+
+
 def make_plan(
     s: MediaSummary,
     media: MediaConfig,
@@ -253,8 +261,6 @@ def make_plan(
     else:
         audio = "aac"
     duration = max(s.duration_seconds, 0.0)
-    # The poster is a frame of the video track, which may end long before an audio track.
-    pictured = min(duration, s.video_duration_seconds or duration)
     chunking = None
     # Only encoding is worth spreading: a remux whose ladder is the copied rung alone is not.
     encodes = any(not rung.copy for rung in rungs)
@@ -278,7 +284,7 @@ def make_plan(
         cut_points=cut_points,
         gop_frames=max(1, math.ceil(rate * media.segment_seconds)),
         proxy=proxy,
-        poster_seconds=min(pictured * media.poster_at_ratio, media.poster_max_seconds),
+        poster_seconds=poster_seconds(s, media),
         sprite_interval=media.sprite_interval_seconds,
         sprite_width=media.sprite_width,
         sprite_height=_size_for_width(media.sprite_width, s)[1],

@@ -3,6 +3,8 @@ one sandboxed decode, and what a failure of it means."""
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,9 +13,11 @@ from aivedio.config.media import MediaConfig
 from aivedio.config.moderation import ModerationConfig
 from aivedio.errors import InvalidMediaError, RenderError
 from aivedio.pipeline.ffmpeg import frames as frames_module
-from aivedio.pipeline.ffmpeg.frames import Frame, source_frames
+from aivedio.pipeline.ffmpeg.frames import Frame, PosterShot, source_frames
+from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.ffmpeg.verdict import inspect_file
+from aivedio.pipeline.media.plan import poster_seconds
 from aivedio.pipeline.media.sniff import sniff_file
 from tests.support import media_fixtures as mf
 from tests.support.media_fixtures import MediaCache
@@ -89,3 +93,76 @@ async def test_without_the_check_a_failed_pass_is_a_failed_step(
     # The tail still does not decode, but no decode check was asked for: no verdict.
     got = await frames_of(cache.get("tail", mf.tail_corrupted), tmp_path, check=False)
     assert [f.kind for f in got][:1] == ["first"]
+
+
+async def test_the_pass_takes_a_remuxs_poster_as_the_renders_seek_would(
+    cache: MediaCache, tmp_path: Path
+) -> None:
+    # The fast path takes a remux's poster in its pass over the source instead of decoding
+    # the source a second time: the same frame at the same size and quality as the seek.
+    source = cache.get("av", mf.h264_faststart, seconds=3)
+    media = MediaConfig(decode_check="none", scratch_dir=str(tmp_path / "s"))
+    sandbox = Sandbox(media)
+    verdict, _ = await inspect_file(sandbox, source)
+    assert verdict.media is not None
+    at = poster_seconds(verdict.media, media)
+    out = tmp_path / "frames"
+    out.mkdir()
+    shot = PosterShot(at, tmp_path / "poster.jpg")
+    got = await source_frames(
+        sandbox, sniff_file(source), source, verdict.media, ModerationConfig(), out, poster=shot
+    )
+    assert {"first", "middle", "last"} <= {f.kind for f in got}
+    run = MediaRun(sandbox, source, tmp_path / "seek")
+    report = await run.run(wants=["poster"])
+    assert report.plan is not None and report.plan.poster_seconds == at
+    assert "poster" in report.outputs and shot.path.read_bytes()[:2] == b"\xff\xd8"
+    assert frame_md5(shot.path) == frame_md5(run.layout.poster)
+
+
+def frame_md5(jpeg: Path) -> str:
+    """The decoded picture's MD5 (two JPEGs of the same frame, whatever their bytes)."""
+    done = subprocess.run(
+        ["ffmpeg", "-v", "error", "-i", str(jpeg), "-f", "md5", "-"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+async def test_a_poster_another_pass_made_is_adopted_and_one_it_did_not_is_made_here(
+    cache: MediaCache, tmp_path: Path
+) -> None:
+    source = cache.get("av", mf.h264_faststart, seconds=3)
+    sandbox = Sandbox(MediaConfig(decode_check="none", scratch_dir=str(tmp_path / "s")))
+    # Adopted: the file is moved into the layout and verified; no process runs for it.
+    run = MediaRun(sandbox, source, tmp_path / "adopt")
+    plan = (await run.run(plan_only=True)).plan
+    assert plan is not None
+    made = tmp_path / "made.jpg"
+    subprocess.run(
+        ["ffmpeg", "-v", "error", "-i", str(source), "-frames:v", "1", "-q:v", "2", str(made)],
+        check=True,
+    )
+    before = len(run.report.processes) if run.report else 0
+    report = await run.adopt("poster", made, plan)
+    assert report.nodes["poster"].status == "done" and not made.exists()
+    assert len(report.processes) == before
+    digest = hashlib.sha256(run.layout.poster.read_bytes()).hexdigest()
+    assert report.outputs["poster"].primary_file().sha256 == digest
+    # Not written by the other pass: made here by the seek, as without it.
+    again = MediaRun(sandbox, source, tmp_path / "fallback")
+    plan = (await again.run(plan_only=True)).plan
+    assert plan is not None
+    report = await again.adopt("poster", tmp_path / "missing.jpg", plan)
+    assert report.nodes["poster"].status == "done"
+    assert any("poster_seek" in p.step for p in report.processes)
+    # Not JPEG bytes: a failed node, never a recorded output.
+    broken = MediaRun(sandbox, source, tmp_path / "broken")
+    plan = (await broken.run(plan_only=True)).plan
+    assert plan is not None
+    bad = tmp_path / "bad.jpg"
+    bad.write_bytes(b"not a picture")
+    report = await broken.adopt("poster", bad, plan)
+    assert report.nodes["poster"].status == "failed" and "poster" not in report.outputs
