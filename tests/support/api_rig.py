@@ -23,7 +23,7 @@ import msgspec
 
 from aivedio.api.app import run_app
 from aivedio.api.context import ApiContext
-from aivedio.api.tokens import TokenSigner
+from aivedio.api.tokens import TokenSigner, signer_from
 from aivedio.config.load import Config, StorageConfig
 from aivedio.pipeline.services import url_cipher
 from aivedio.store.api_keys import create_key
@@ -121,7 +121,8 @@ async def open_api(
             store=store,
             queue=Queue(pool),
             cipher=url_cipher(cfg),
-            signer=TokenSigner(TOKEN_KEY),
+            # [[api.playback_keys]] when a test lists them, else the one HS256 key.
+            signer=signer_from(cfg.api) if cfg.api.playback_keys else TokenSigner.hs256(TOKEN_KEY),
         )
         port = await tg.start(run_app, ctx, "127.0.0.1", 0)
         yield Api(Rig(cfg, pool, store, tenant_id), ctx, f"http://127.0.0.1:{port}", http, key)

@@ -15,6 +15,7 @@ from aivedio.api import (
     events,
     generation_tasks,
     health,
+    jwks,
     media,
     playback,
     player,
@@ -32,5 +33,6 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     events,
     media,
     playback,
+    jwks,
     player,
 )

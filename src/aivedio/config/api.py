@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from aivedio.config.playback_keys import PlaybackKeyConfig, validate_playback_keys
 from aivedio.errors import ConfigError
 
 GIB = 1024**3
@@ -68,9 +69,12 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     # How clients reach this API (playback and upload URLs are built on it, never on the
     # request's Host): required when host is not loopback; empty means http://{host}:{port}.
     public_base_url: str = ""
-    # Base64 of 32 random bytes: signs playback tokens. Every API process shares it.
+    # Base64 of 32 random bytes: signs playback tokens (HS256) when no playback_keys are
+    # listed, and verifies tokens of the format before JWTs. Every API process shares it.
     playback_token_secret: str = ""
     playback_token_ttl_seconds: float = 3600.0
+    # The keys of playback tokens, the signing key first (config/playback_keys.py).
+    playback_keys: list[PlaybackKeyConfig] = msgspec.field(default_factory=list)
     # Provider callbacks: the largest body read, and the clock skew accepted.
     max_callback_bytes: int = 256 * 1024
     callback_skew_seconds: float = 300.0
@@ -94,6 +98,7 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
 def validate_api(api: ApiConfig) -> None:
     if not 0 <= api.port < 65536:  # 0: any free port (tests, demos)
         raise ConfigError(f"config error: api.port: {api.port} is not a TCP port")
+    validate_playback_keys(api.playback_keys)
     require_public_base_url(api, api.host)
     for name in (
         "playback_token_ttl_seconds",
@@ -188,6 +193,12 @@ def listen_base_url(host: str, port: int) -> str:
     except ValueError:
         literal = host
     return f"http://{literal}:{port}"
+
+
+def legacy_token_secret(api: ApiConfig) -> bytes | None:
+    """``playback_token_secret``'s key when it is set (it verifies tokens of the format
+    before JWTs), else None."""
+    return require_api_secret(api) if api.playback_token_secret else None
 
 
 def require_api_secret(api: ApiConfig) -> bytes:
