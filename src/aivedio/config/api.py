@@ -75,6 +75,10 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     playback_token_ttl_seconds: float = 3600.0
     # The keys of playback tokens, the signing key first (config/playback_keys.py).
     playback_keys: list[PlaybackKeyConfig] = msgspec.field(default_factory=list)
+    # Idempotency-Key (api/idempotency.py): how long a key answers with its first answer,
+    # and how long a request holds its key before another may take it over.
+    idempotency_ttl_seconds: float = 24 * 3600.0
+    idempotency_lock_seconds: float = 60.0
     # Provider callbacks: the largest body read, and the clock skew accepted.
     max_callback_bytes: int = 256 * 1024
     callback_skew_seconds: float = 300.0
@@ -102,6 +106,8 @@ def validate_api(api: ApiConfig) -> None:
     require_public_base_url(api, api.host)
     for name in (
         "playback_token_ttl_seconds",
+        "idempotency_ttl_seconds",
+        "idempotency_lock_seconds",
         "callback_skew_seconds",
         "body_read_timeout_seconds",
         "upload_session_ttl_seconds",
