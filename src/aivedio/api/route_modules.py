@@ -16,6 +16,7 @@ from aivedio.api import (
     generation_tasks,
     health,
     jwks,
+    listings,
     media,
     playback,
     player,
@@ -34,5 +35,6 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     media,
     playback,
     jwks,
+    listings,
     player,
 )

@@ -54,6 +54,10 @@ BEYOND_THE_SCHEMA = {
     # An Idempotency-Key the fuzzer sends again with another body: 422 by a rule of state.
     "createVideo": "422",
     "uploadVideo": "422",
+    # A cursor is opaque: only the ones the API gave are valid, which no schema can say.
+    "listAssets": "400",
+    "listVideos": "400",
+    "listGenerationTasks": "400",
     "watchGenerationTask": "422",
     "getMedia": "416",
     "headMedia": "416",
