@@ -22,6 +22,7 @@ from aivedio.api.bodies import read_body
 from aivedio.api.context import context
 from aivedio.api.idempotency import idempotent
 from aivedio.api.problems import ApiError
+from aivedio.api.video_bodies import Passthrough
 from aivedio.errors import MalformedInputError, NotFoundError, PolicyBlockedError
 from aivedio.logs import get_logger
 from aivedio.pipeline.poller import register_watch
@@ -45,6 +46,8 @@ class WatchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     provider: Name
     task_id: TaskId
+    # Kept from the first registration that gives one.
+    passthrough: Passthrough | None = None
 
 
 class WatchedTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,6 +86,7 @@ async def _watch(request: web.Request, body: bytes) -> web.Response:
                 provider=wanted.provider,
                 provider_task_id=wanted.task_id,
                 tenant_id=tenant_id,
+                passthrough=wanted.passthrough,
             )
     except NotFoundError as exc:
         raise ApiError(422, exc.detail, "unknown_provider") from None

@@ -50,6 +50,7 @@ class AssetItem(msgspec.Struct, frozen=True, kw_only=True):
     provider: str | None
     created_at: datetime
     updated_at: datetime
+    passthrough: str | None
 
 
 class VideoItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,6 +59,7 @@ class VideoItem(msgspec.Struct, frozen=True, kw_only=True):
     source_type: str
     created_at: datetime
     updated_at: datetime
+    passthrough: str | None
 
 
 class TaskItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,6 +71,7 @@ class TaskItem(msgspec.Struct, frozen=True, kw_only=True):
     watched: bool
     created_at: datetime
     updated_at: datetime
+    passthrough: str | None
 
 
 class AssetPage(msgspec.Struct, frozen=True, kw_only=True):
@@ -188,6 +191,7 @@ async def list_assets(request: web.Request) -> web.Response:
             provider=r["provider"],
             created_at=r["created_at"],
             updated_at=r["updated_at"],
+            passthrough=r["passthrough"],
         )
         for r in rows
     ]
@@ -205,6 +209,7 @@ async def list_videos(request: web.Request) -> web.Response:
             source_type=r["source_type"],
             created_at=r["created_at"],
             updated_at=r["updated_at"],
+            passthrough=r["passthrough"],
         )
         for r in rows
     ]
@@ -227,6 +232,7 @@ async def list_tasks(request: web.Request) -> web.Response:
             watched=r["watch"],
             created_at=r["created_at"],
             updated_at=r["updated_at"],
+            passthrough=r["passthrough"],
         )
         for r in rows
     ]

@@ -184,6 +184,7 @@ async def _create_video(request: web.Request, raw: bytes) -> web.Response:
         "size_bytes": body.size_bytes,
         "sha256": sha256,
         "expires_at": expires_at,
+        "passthrough": body.passthrough,
     }
     if isinstance(store, PresigningStore):
         instructions = await _presigned(ctx, store, common, math.ceil(ttl))
@@ -461,6 +462,7 @@ async def video_status(request: web.Request) -> web.Response:
                 upload=summary,
                 error_class=session.error_class,
                 error_detail=session.error_detail,
+                passthrough=session.passthrough,
             )
         )
     status = await asset_status(ctx.pool, video_id)
@@ -479,6 +481,11 @@ async def video_status(request: web.Request) -> web.Response:
             error_class=status["error_class"],
             upload=summary,
             error_detail=redact_text(detail) if detail else None,
+            passthrough=(
+                session.passthrough
+                if session is not None
+                else await asset_reads.passthrough(ctx.pool, video_id)
+            ),
         )
     )
 

@@ -87,7 +87,7 @@ async def assets(pool: Pool, q: Query) -> list[asyncpg.Record]:
     sql = (
         "SELECT * FROM (SELECT a.id, a.created_at, a.updated_at, a.status, a.source_type,"
         " a.current_revision, a.moderation_status, a.duration_us, a.width, a.height,"
-        " o.generation_task_id, t.provider"
+        " o.generation_task_id, t.provider, aivedio_passthrough(a.id) AS passthrough"
         " FROM assets a"
         " LEFT JOIN provider_outputs o ON o.id = a.source_provider_output_id"
         " LEFT JOIN generation_tasks t ON t.id = o.generation_task_id"
@@ -129,11 +129,12 @@ async def videos(pool: Pool, q: Query) -> list[asyncpg.Record]:
         sessions_where.add("false")
     sql = (
         "SELECT * FROM ("
-        "SELECT a.id, a.created_at, a.updated_at, a.status AS state, a.source_type"
+        "SELECT a.id, a.created_at, a.updated_at, a.status AS state, a.source_type,"
+        " aivedio_passthrough(a.id) AS passthrough"
         f" FROM assets a WHERE {assets_where.sql()}"
         " UNION ALL"
         f" SELECT s.id, s.created_at, s.created_at AS updated_at, {session_state} AS state,"
-        " 'UPLOAD' AS source_type"
+        " 'UPLOAD' AS source_type, s.passthrough"
         f" FROM upload_sessions s WHERE {sessions_where.sql()}) page" + _page(q)
     )
     with map_db_errors("listing videos"):
@@ -149,7 +150,7 @@ async def generation_tasks(pool: Pool, q: Query) -> list[asyncpg.Record]:
         where.add("t.provider = {}", q.provider)
     sql = (
         "SELECT * FROM (SELECT t.id, t.created_at, t.updated_at, t.provider,"
-        " t.provider_task_id, t.provider_status, t.output_asset_id, t.watch"
+        " t.provider_task_id, t.provider_status, t.output_asset_id, t.watch, t.passthrough"
         f" FROM generation_tasks t WHERE {where.sql()}) page" + _page(q)
     )
     with map_db_errors("listing generation tasks"):
