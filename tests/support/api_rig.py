@@ -129,13 +129,16 @@ async def open_api(
         tg.cancel_scope.cancel()
 
 
-async def published(api: Api, *, tenant_id: int | None = None, revision: int = 1) -> uuid.UUID:
+async def published(
+    api: Api, *, tenant_id: int | None = None, revision: int = 1, playback: bytes = SEGMENT
+) -> uuid.UUID:
     """An asset whose revision was released, with a playlist, a segment and an MP4 under
-    its revision prefix (rows and objects as the publish stage leaves them)."""
+    its revision prefix (rows and objects as the publish stage leaves them). ``playback``:
+    the MP4's bytes (a real video where a test decodes it)."""
     tenant = tenant_id or api.rig.tenant_id
     asset_id = uuid.uuid4()
     prefix = keys.revision_prefix(tenant, asset_id, revision)
-    files = {"hls/master.m3u8": PLAYLIST, "hls/v0/seg_1.m4s": SEGMENT, "playback.mp4": SEGMENT}
+    files = {"hls/master.m3u8": PLAYLIST, "hls/v0/seg_1.m4s": SEGMENT, "playback.mp4": playback}
     for path, body in files.items():
         await api.rig.store.put_bytes(f"{prefix}/{path}", body)
     pool = api.rig.pool

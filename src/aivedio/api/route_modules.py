@@ -20,6 +20,7 @@ from aivedio.api import (
     media,
     playback,
     player,
+    thumbnails,
     video_upload,
     videos,
 )
@@ -32,6 +33,7 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     generation_tasks,
     assets,
     events,
+    thumbnails,
     media,
     playback,
     jwks,

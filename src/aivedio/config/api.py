@@ -93,6 +93,11 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     # instead of streaming the bytes through the API.
     media_redirect: bool = False
     presign_ttl_seconds: float = 300.0
+    # On-demand stills (GET /media/{token}/thumbnail.jpg): the widest one made, and the
+    # bucket of each playback token (a render costs a sandboxed ffmpeg).
+    thumbnail_max_width: int = 1920
+    thumbnail_rate_per_second: float = 2.0
+    thumbnail_burst: int = 20
     # Server-Sent Events: a comment line this often keeps proxies from closing the stream.
     sse_keepalive_seconds: float = 15.0
     pool_max_size: int = 10
@@ -103,6 +108,12 @@ def validate_api(api: ApiConfig) -> None:
     if not 0 <= api.port < 65536:  # 0: any free port (tests, demos)
         raise ConfigError(f"config error: api.port: {api.port} is not a TCP port")
     validate_playback_keys(api.playback_keys)
+    if api.thumbnail_max_width < 16:
+        raise ConfigError("config error: api.thumbnail_max_width: at least 16")
+    if api.thumbnail_rate_per_second <= 0 or api.thumbnail_burst < 1:
+        raise ConfigError(
+            "config error: api.thumbnail_rate_per_second and thumbnail_burst: positive"
+        )
     require_public_base_url(api, api.host)
     for name in (
         "playback_token_ttl_seconds",
