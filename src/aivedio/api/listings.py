@@ -3,18 +3,20 @@ lists, newest first, a page at a time (``store/listings.py`` says how pages hold
 rows are added).
 
 ``limit`` (1 to ``MAX_LIMIT``, default ``DEFAULT_LIMIT``); ``cursor``: the ``next_cursor``
-of the page before, opaque (it names its list: a cursor of another list, or one a client
-made up, is refused 400); filters: ``state`` (repeatable; by default every state but
-DELETED), ``created_after``/``created_before`` (RFC 3339), and per list ``source_type``,
-``provider``. The answer is ``{"data": [...], "next_cursor": ...}``; ``next_cursor`` is
-null on the last page. A filter changed between pages is the client's choice: the cursor
-only says where the last page ended.
+of the page before, opaque (it names its list: a cursor of another list, or one that does
+not decode, is refused 400; a made-up one that decodes only moves within the caller's own
+rows, since every statement is the tenant's); filters: ``state`` (repeatable; by default
+every state but DELETED), ``created_after``/``created_before`` (RFC 3339), and per list
+``source_type``, ``provider``. The answer is ``{"data": [...], "next_cursor": ...}``;
+``next_cursor`` is null on the last page. A filter changed between pages is the client's
+choice: the cursor only says where the last page ended.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -139,7 +141,7 @@ def _one(request: web.Request, name: str, allowed: frozenset[str] | None = None)
 
 def query_of(request: web.Request, name: str, states: frozenset[str]) -> listings.Query:
     raw_limit = request.query.get("limit", str(DEFAULT_LIMIT))
-    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_LIMIT:
+    if not re.fullmatch(r"[0-9]{1,3}", raw_limit) or not 1 <= int(raw_limit) <= MAX_LIMIT:
         raise ApiError(400, f"limit: an integer from 1 to {MAX_LIMIT}", field="limit")
     wanted = request.query.getall("state", [])
     unknown = sorted(set(wanted) - states)

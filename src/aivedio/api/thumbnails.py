@@ -131,8 +131,11 @@ async def thumbnail(request: web.Request) -> web.Response:
     token = request.match_info["token"]
     claims = ctx.signer.verify(token)
     api = ctx.config.api
+    # By what the token grants, not its string: one grant has one bucket, however many
+    # strings verify as it (an ECDSA signature has two valid forms).
+    grant = (claims.tenant_id, claims.asset_id, claims.revision, claims.expires_at)
     verdict = ctx.thumbnail_buckets.take(
-        hashlib.sha256(token.encode()).digest(),
+        grant,
         Rate(api.thumbnail_rate_per_second, api.thumbnail_burst),
         time.monotonic(),
     )

@@ -25,6 +25,9 @@ from aivedio.errors import ConfigError
 # The kid of the key made from ``playback_token_secret`` when no keys are listed.
 DEFAULT_KID = "default"
 MIN_RSA_BITS = 2048
+# A 4096-bit signature makes a token of about 900 characters; a larger key's tokens would
+# pass MAX_TOKEN_CHARS (api/tokens.py) and every one of them be refused.
+MAX_RSA_BITS = 4096
 MIN_SECRET_BYTES = 32
 
 
@@ -80,6 +83,10 @@ def _load(index: int, key: PlaybackKeyConfig) -> PlaybackKey:
     if key.algorithm == "ES256":
         if not (isinstance(public, ec.EllipticCurvePublicKey) and public.curve.name == "secp256r1"):
             raise ConfigError(f"{where}: {path} is not a P-256 (secp256r1) key, as ES256 needs")
-    elif not isinstance(public, rsa.RSAPublicKey) or public.key_size < MIN_RSA_BITS:
-        raise ConfigError(f"{where}: {path} is not an RSA key of at least {MIN_RSA_BITS} bits")
+    elif not isinstance(public, rsa.RSAPublicKey) or not (
+        MIN_RSA_BITS <= public.key_size <= MAX_RSA_BITS
+    ):
+        raise ConfigError(
+            f"{where}: {path} is not an RSA key of {MIN_RSA_BITS} to {MAX_RSA_BITS} bits"
+        )
     return PlaybackKey(key.kid, key.algorithm, private, public)

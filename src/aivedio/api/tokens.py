@@ -15,9 +15,14 @@ serves any path under ``/media/{token}/`` whose key starts with ``pfx``.
 
 What verification refuses: a token longer than ``MAX_TOKEN_CHARS``, a ``kid`` not in the key
 set, any algorithm but that key's own (no ``none``, no HS256 under an RSA key's public PEM),
-a bad signature, a missing claim, a wrong issuer or audience, a ``pfx`` that is not the
-prefix of the claimed tenant, asset and revision, and an expired token. The header and
-claims are parsed by PyJWT; ours are read only after the signature checked.
+a bad signature, a missing claim, a wrong issuer or audience, a ``pfx`` that is not a
+revision prefix of the claimed tenant's asset (at most the claimed revision: an
+enrichment's files live under the revision it enriches), and an expired token. The header
+and claims are parsed by PyJWT; ours are read only after the signature checked.
+
+What an edge that verifies tokens itself cannot know: a video deleted after its token was
+issued still plays there until ``exp`` (the API's own gateway checks the asset on every
+request); an edge fetches the JWKS again when it meets a ``kid`` it does not know.
 
 Tokens of the format before (``base64url(json claims) "." base64url(HMAC-SHA256)``, two
 parts) are still verified with ``playback_token_secret`` until they expire, and never issued.
@@ -40,7 +45,7 @@ import msgspec
 from aivedio.api.token_keys import DEFAULT_KID, MIN_SECRET_BYTES, PlaybackKey, load_keys
 from aivedio.config.api import ApiConfig, legacy_token_secret
 from aivedio.errors import AivedioError, Retry
-from aivedio.store.objects.keys import revision_prefix
+from aivedio.store.objects.keys import asset_prefix, revision_prefix
 
 ISSUER = "aivedio"
 AUDIENCE = "aivedio-playback"
@@ -95,10 +100,22 @@ class TokenSigner:
         return {"keys": [jwk for key in self.keys if (jwk := key.jwk()) is not None]}
 
     def issue(
-        self, tenant_id: int, asset_id: uuid.UUID, revision: int, ttl_seconds: float
+        self,
+        tenant_id: int,
+        asset_id: uuid.UUID,
+        revision: int,
+        ttl_seconds: float,
+        *,
+        storage_prefix: str | None = None,
     ) -> tuple[str, Claims]:
+        """``storage_prefix``: where the revision's files are (an enrichment's live under
+        the revision it enriches: ``api/published.py``), for an edge to read them; by
+        default the revision's own prefix."""
         now = int(time.time())
         claims = Claims(tenant_id, asset_id, revision, int(now + ttl_seconds))
+        pfx = storage_prefix or claims.prefix
+        if not _prefix_of_asset(pfx, claims):
+            raise ValueError(f"{pfx!r} is not a revision prefix of asset {asset_id}")
         key = self.keys[0]
         payload = {
             "iss": ISSUER,
@@ -106,7 +123,7 @@ class TokenSigner:
             "sub": str(asset_id),
             "tid": tenant_id,
             "rev": revision,
-            "pfx": claims.prefix,
+            "pfx": pfx,
             "iat": now,
             "exp": claims.expires_at,
         }
@@ -178,9 +195,24 @@ def _claims(payload: dict[str, Any]) -> Claims:
         raise TokenRejected("playback token is malformed") from None
     assert isinstance(tid, int) and isinstance(rev, int) and isinstance(exp, int)
     claims = Claims(tid, asset_id, rev, exp)
-    if payload.get("pfx") != claims.prefix:
+    pfx = payload.get("pfx")
+    if not isinstance(pfx, str) or not _prefix_of_asset(pfx, claims):
         raise TokenRejected("playback token's prefix does not match its claims")
     return claims
+
+
+def _prefix_of_asset(pfx: str, claims: Claims) -> bool:
+    """``pfx`` is one revision prefix of the claimed tenant's asset (``…/rev/N/``, N at
+    most the claimed revision: an enrichment's files live under the revision it enriches)."""
+    root = asset_prefix(claims.tenant_id, claims.asset_id) + "/rev/"
+    number = pfx.removeprefix(root).removesuffix("/")
+    return (
+        pfx.startswith(root)
+        and pfx.endswith("/")
+        and number.isascii()
+        and number.isdigit()
+        and 0 < int(number) <= claims.revision
+    )
 
 
 def _b64(data: bytes) -> str:

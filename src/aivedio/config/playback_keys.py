@@ -4,7 +4,9 @@ The FIRST key signs every token the API issues; every key listed verifies. A rot
 three rolling deploys, so that no API process ever meets a token it cannot verify:
 
 1. add the new key AFTER the current one (it verifies, nothing is signed with it yet);
-2. move it first (it signs; the old key still verifies the tokens already handed out);
+2. once every edge has fetched the new key set (``/.well-known/jwks.json`` is cacheable
+   for ``api/jwks.py``'s ``MAX_AGE_SECONDS``, 5 minutes), move it first (it signs; the old
+   key still verifies the tokens already handed out);
 3. once ``playback_token_ttl_seconds`` has passed, remove the old key.
 
 Key material lives in files (a Kubernetes Secret mounted as a volume, a systemd credential),

@@ -2,14 +2,17 @@
 with its answer, release it when the request failed, delete the expired ones.
 
 A key is per tenant. ``take`` is one statement: it inserts the key taken (status NULL,
-``locked_until`` ahead), or takes over a key whose first request died before answering (its
-lock lapsed) or whose lifetime ended; else it returns what is there, for the caller to
-replay, refuse (another request under the same key) or answer 409 (the first request still
-running).
+``locked_until`` ahead, a ``holder`` id of this request's), or takes over a key whose first
+request died before answering (its lock lapsed) or whose lifetime ended; else it returns
+what is there, for the caller to replay, refuse (another request under the same key) or
+answer 409 (the first request still running). The holder renews its lock while it runs
+(``renew``), and only the holder completes or releases the row: a request that lost its
+key to a takeover cannot overwrite or delete the new holder's.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -35,10 +38,11 @@ class Held:
 # row as it is after this statement either way (xmax = 0: the insert happened).
 _TAKE = """
 INSERT INTO idempotency_keys AS k
-    (tenant_id, key, request_sha256, locked_until, expires_at)
-VALUES ($1, $2, $3, now() + make_interval(secs => $4), now() + make_interval(secs => $5))
+    (tenant_id, key, request_sha256, holder, locked_until, expires_at)
+VALUES ($1, $2, $3, $6, now() + make_interval(secs => $4), now() + make_interval(secs => $5))
 ON CONFLICT (tenant_id, key) DO UPDATE
-    SET request_sha256 = EXCLUDED.request_sha256, status = NULL, response = NULL,
+    SET request_sha256 = EXCLUDED.request_sha256, holder = EXCLUDED.holder,
+        status = NULL, response = NULL,
         content_type = NULL, location = NULL, locked_until = EXCLUDED.locked_until,
         created_at = now(), expires_at = EXCLUDED.expires_at
     WHERE k.expires_at <= now()
@@ -58,14 +62,15 @@ async def take(
     key: str,
     request_sha256: bytes,
     *,
+    holder: uuid.UUID,
     lock_seconds: float,
     ttl_seconds: float,
 ) -> Held | None:
-    """Take ``key`` for this request, or what holds it; None when it vanished between the
-    two statements (expired and deleted: the caller tries again)."""
+    """Take ``key`` for this request (``holder``), or what holds it; None when it vanished
+    between the two statements (expired and deleted: the caller tries again)."""
     with map_db_errors("taking an idempotency key"):
         row = await pool.fetchrow(
-            _TAKE, tenant_id, key, request_sha256, lock_seconds, ttl_seconds
+            _TAKE, tenant_id, key, request_sha256, lock_seconds, ttl_seconds, holder
         ) or await pool.fetchrow(_FOUND, tenant_id, key)
     if row is None:
         return None
@@ -79,11 +84,28 @@ async def take(
     )
 
 
+async def renew(
+    pool: Pool, tenant_id: int, key: str, holder: uuid.UUID, lock_seconds: float
+) -> bool:
+    """Push the holder's lock ``lock_seconds`` ahead; False when the key is no longer its."""
+    with map_db_errors("renewing an idempotency key"):
+        held = await pool.fetchval(
+            "UPDATE idempotency_keys SET locked_until = now() + make_interval(secs => $4)"
+            " WHERE tenant_id = $1 AND key = $2 AND holder = $3 AND status IS NULL"
+            " RETURNING true",
+            tenant_id,
+            key,
+            holder,
+            lock_seconds,
+        )
+    return bool(held)
+
+
 async def complete(
     pool: Pool,
     tenant_id: int,
     key: str,
-    request_sha256: bytes,
+    holder: uuid.UUID,
     status: int,
     response: bytes,
     content_type: str,
@@ -94,10 +116,10 @@ async def complete(
         await pool.execute(
             "UPDATE idempotency_keys SET status = $4, response = $5, content_type = $6,"
             " location = $7"
-            " WHERE tenant_id = $1 AND key = $2 AND request_sha256 = $3 AND status IS NULL",
+            " WHERE tenant_id = $1 AND key = $2 AND holder = $3 AND status IS NULL",
             tenant_id,
             key,
-            request_sha256,
+            holder,
             status,
             response,
             content_type,
@@ -105,16 +127,16 @@ async def complete(
         )
 
 
-async def release(pool: Pool, tenant_id: int, key: str, request_sha256: bytes) -> None:
+async def release(pool: Pool, tenant_id: int, key: str, holder: uuid.UUID) -> None:
     """The request failed without an answer worth keeping (5xx, a dropped connection): the
-    key is free again at once."""
+    key is free again at once (if it is still this holder's)."""
     with map_db_errors("releasing an idempotency key"):
         await pool.execute(
             "DELETE FROM idempotency_keys"
-            " WHERE tenant_id = $1 AND key = $2 AND request_sha256 = $3 AND status IS NULL",
+            " WHERE tenant_id = $1 AND key = $2 AND holder = $3 AND status IS NULL",
             tenant_id,
             key,
-            request_sha256,
+            holder,
         )
 
 

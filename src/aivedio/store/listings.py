@@ -56,24 +56,30 @@ class _Where:
         self.parts.append(template.format(*numbers))
         self.args.extend(values)
 
-    def common(self, q: Query, alias: str) -> None:
+    def common(self, q: Query, alias: str, created: str = "created_at") -> None:
+        """The tenant, the created range and the page's start; ``created``: the column a
+        row is listed by."""
+        at = f"{alias}.{created}"
         self.add(f"{alias}.tenant_id = {{}}", q.tenant_id)
         if q.created_after is not None:
-            self.add(f"{alias}.created_at > {{}}", q.created_after)
+            self.add(f"{at} > {{}}", q.created_after)
         if q.created_before is not None:
-            self.add(f"{alias}.created_at < {{}}", q.created_before)
+            self.add(f"{at} < {{}}", q.created_before)
         if q.after is not None:
-            self.add(
-                f"({alias}.created_at, {alias}.id) < ({{}}, {{}})", q.after.created_at, q.after.id
-            )
+            self.add(f"({at}, {alias}.id) < ({{}}, {{}})", q.after.created_at, q.after.id)
 
     def sql(self) -> str:
         return " AND ".join(self.parts) if self.parts else "true"
 
 
-def _page(q: Query) -> str:
+def _order(alias: str = "", created: str = "created_at") -> str:
+    dot = f"{alias}." if alias else ""
+    return f" ORDER BY {dot}{created} DESC, {dot}id DESC"
+
+
+def _limit(q: Query) -> str:
     # One more than asked: whether there is a next page.
-    return f" ORDER BY created_at DESC, id DESC LIMIT {int(q.limit) + 1}"
+    return f" LIMIT {int(q.limit) + 1}"
 
 
 async def assets(pool: Pool, q: Query) -> list[asyncpg.Record]:
@@ -84,14 +90,16 @@ async def assets(pool: Pool, q: Query) -> list[asyncpg.Record]:
         where.add("a.source_type = {}", q.source_type)
     if q.provider is not None:
         where.add("t.provider = {}", q.provider)
+    # The page first (on the tenant's index), then the passthrough of its rows only.
     sql = (
-        "SELECT * FROM (SELECT a.id, a.created_at, a.updated_at, a.status, a.source_type,"
+        "SELECT page.*, aivedio_passthrough(page.id) AS passthrough FROM ("
+        "SELECT a.id, a.created_at, a.updated_at, a.status, a.source_type,"
         " a.current_revision, a.moderation_status, a.duration_us, a.width, a.height,"
-        " o.generation_task_id, t.provider, aivedio_passthrough(a.id) AS passthrough"
+        " o.generation_task_id, t.provider"
         " FROM assets a"
         " LEFT JOIN provider_outputs o ON o.id = a.source_provider_output_id"
         " LEFT JOIN generation_tasks t ON t.id = o.generation_task_id"
-        f" WHERE {where.sql()}) page" + _page(q)
+        f" WHERE {where.sql()}" + _order("a") + _limit(q) + ") page" + _order()
     )
     with map_db_errors("listing assets"):
         return list(await pool.fetch(sql, *where.args))
@@ -108,10 +116,12 @@ SESSION_STATES = {
 async def videos(pool: Pool, q: Query) -> list[asyncpg.Record]:
     """Assets and the upload sessions that made none (yet): the videos of
     ``GET /v1/videos/{id}/status``. A session past its expiry that the sweeper has not
-    marked yet shows UPLOAD_EXPIRED."""
+    marked yet shows UPLOAD_EXPIRED. Each side pages on its own index, then the two pages
+    are merged: a page costs its rows, whatever the tables hold."""
     assets_where = _Where()
     sessions_where = _Where(assets_where.args)
-    assets_where.common(q, "a")
+    # An uploaded video is listed at its session's creation, before and after it completes.
+    assets_where.common(q, "a", "video_created_at")
     _states(assets_where, q, "a.status")
     if q.source_type is not None:
         assets_where.add("a.source_type = {}", q.source_type)
@@ -128,14 +138,20 @@ async def videos(pool: Pool, q: Query) -> list[asyncpg.Record]:
     if q.source_type not in (None, "UPLOAD") or q.provider is not None:
         sessions_where.add("false")
     sql = (
-        "SELECT * FROM ("
-        "SELECT a.id, a.created_at, a.updated_at, a.status AS state, a.source_type,"
-        " aivedio_passthrough(a.id) AS passthrough"
+        "SELECT page.id, page.created_at, page.updated_at, page.state, page.source_type,"
+        " CASE WHEN page.session THEN page.session_passthrough"
+        " ELSE aivedio_passthrough(page.id) END AS passthrough FROM ("
+        "(SELECT a.id, a.video_created_at AS created_at, a.updated_at, a.status AS state,"
+        " a.source_type, false AS session, NULL::text AS session_passthrough"
         f" FROM assets a WHERE {assets_where.sql()}"
+        + _order("a", "video_created_at")
+        + _limit(q)
+        + ")"
         " UNION ALL"
-        f" SELECT s.id, s.created_at, s.created_at AS updated_at, {session_state} AS state,"
-        " 'UPLOAD' AS source_type, s.passthrough"
-        f" FROM upload_sessions s WHERE {sessions_where.sql()}) page" + _page(q)
+        f" (SELECT s.id, s.created_at, s.created_at AS updated_at, {session_state} AS state,"
+        " 'UPLOAD' AS source_type, true AS session, s.passthrough AS session_passthrough"
+        f" FROM upload_sessions s WHERE {sessions_where.sql()}" + _order("s") + _limit(q) + ")"
+        ") page" + _order() + _limit(q)
     )
     with map_db_errors("listing videos"):
         return list(await pool.fetch(sql, *assets_where.args))
@@ -149,9 +165,9 @@ async def generation_tasks(pool: Pool, q: Query) -> list[asyncpg.Record]:
     if q.provider is not None:
         where.add("t.provider = {}", q.provider)
     sql = (
-        "SELECT * FROM (SELECT t.id, t.created_at, t.updated_at, t.provider,"
+        "SELECT t.id, t.created_at, t.updated_at, t.provider,"
         " t.provider_task_id, t.provider_status, t.output_asset_id, t.watch, t.passthrough"
-        f" FROM generation_tasks t WHERE {where.sql()}) page" + _page(q)
+        f" FROM generation_tasks t WHERE {where.sql()}" + _order("t") + _limit(q)
     )
     with map_db_errors("listing generation tasks"):
         return list(await pool.fetch(sql, *where.args))

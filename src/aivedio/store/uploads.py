@@ -255,15 +255,20 @@ async def complete_session(
             if won is None:
                 return False
             await conn.execute(
+                # The video was created with its session: the asset (the same id) is listed
+                # at that time (video_created_at), so a walk of GET /v1/videos never sees
+                # the video move when its upload completes.
                 "INSERT INTO assets (id, tenant_id, source_type, source_provider_output_id,"
-                " status, source_object_key, source_size_bytes, source_sha256)"
-                " VALUES ($1, $2, 'UPLOAD', NULL, 'QUARANTINED', $3, $4, $5)"
+                " status, source_object_key, source_size_bytes, source_sha256,"
+                " video_created_at)"
+                " VALUES ($1, $2, 'UPLOAD', NULL, 'QUARANTINED', $3, $4, $5, $6)"
                 " ON CONFLICT (id) DO NOTHING",
                 session.id,
                 session.tenant_id,
                 key,
                 size,
                 sha256,
+                session.created_at,
             )
             await queue.enqueue_one(conn, probe)
     return True

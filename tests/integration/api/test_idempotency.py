@@ -6,6 +6,7 @@ expire, and are swept."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
+from aivedio.api import videos
 from aivedio.config.load import Config
 from aivedio.pipeline.upkeep.sweep_report import SweepReport
 from aivedio.pipeline.upkeep.sweep_scans import StalledWork
@@ -105,7 +107,7 @@ async def test_a_request_still_running_holds_its_key_until_its_lock_lapses(
         # A first request that took the key and died with its process (no answer stored).
         digest = await _digest_of(api, body)
         held = await idempotency_keys.take(
-            pool, tenant, "k", digest, lock_seconds=1.0, ttl_seconds=3600
+            pool, tenant, "k", digest, holder=uuid.uuid4(), lock_seconds=1.0, ttl_seconds=3600
         )
         assert held is not None and held.taken
         status, headers, answer = await post(api, body, "k")
@@ -159,3 +161,34 @@ async def test_a_generation_task_watch_takes_a_key_too(
         ) as resp:
             assert resp.status == 422  # no such provider: refused, and the key freed
         assert await pool.fetchval("SELECT count(*) FROM idempotency_keys") == 0
+
+
+async def test_a_slow_first_request_keeps_its_key_past_the_lock_and_creates_one_video(
+    config: Config, pool: Pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A request slower than the lock renews it: a retry meanwhile is 409, never a second
+    # run (which would make a second video whose answer the first client never sees).
+    slow = videos._create_video
+
+    async def slowed(request: Any, raw: bytes) -> Any:
+        await anyio.sleep(1.6)
+        return await slow(request, raw)
+
+    monkeypatch.setattr(videos, "_create_video", slowed)
+    async with open_api(config, pool, tmp_path, idempotency_lock_seconds=0.6) as api:
+        answers: list[tuple[int, dict[str, str], bytes]] = []
+
+        async def first() -> None:
+            answers.append(await post(api, BODY, "slow"))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(first)
+            await anyio.sleep(1.2)  # two lock lengths: a lapsed lock would be taken over here
+            status, _, answer = await post(api, BODY, "slow")
+            assert status == 409, answer
+        [(status, _, body)] = answers
+        assert status == 201
+        monkeypatch.setattr(videos, "_create_video", slow)
+        again = await post(api, BODY, "slow")
+        assert again[1]["Idempotent-Replayed"] == "true" and again[2] == body
+        assert await sessions(pool) == 1

@@ -3,6 +3,7 @@ rows are added, cursors that cannot be forged across lists, filters, tenant scop
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -136,7 +137,7 @@ async def test_lists_are_the_tenants_own(config: Config, pool: Pool, tmp_path: P
             await asset(api, "PLAYABLE", at=datetime.now(UTC), tenant_id=theirs_id)
         page = await api.json("GET", "/v1/assets", key=theirs, params={"limit": "1"})
         mine_after = await walk(api, "/v1/assets", cursor=page["next_cursor"])
-        assert all(i["asset_id"] == str(mine) for i in mine_after)
+        assert [i["asset_id"] for i in mine_after] == [str(mine)]
 
 
 @pytest.mark.parametrize(
@@ -145,6 +146,8 @@ async def test_lists_are_the_tenants_own(config: Config, pool: Pool, tmp_path: P
         ("/v1/assets", {"limit": "0"}, "limit"),
         ("/v1/assets", {"limit": "101"}, "limit"),
         ("/v1/assets", {"limit": "ten"}, "limit"),
+        ("/v1/assets", {"limit": "\u00b2"}, "limit"),  # a digit to str.isdigit, not to int()
+        ("/v1/assets", {"limit": "9" * 5000}, "limit"),
         ("/v1/assets", {"cursor": "not-a-cursor"}, "cursor"),
         ("/v1/assets", {"cursor": "x" * 300}, "cursor"),
         ("/v1/assets", {"state": "SPLENDID"}, "state"),
@@ -172,3 +175,23 @@ async def test_a_cursor_of_one_list_is_refused_by_another(
         cursor = (await api.json("GET", "/v1/assets", params={"limit": "1"}))["next_cursor"]
         answer = await api.json("GET", "/v1/videos", params={"cursor": cursor}, expect=400)
         assert answer["error"]["field"] == "cursor"
+
+
+async def test_an_upload_completed_mid_walk_keeps_its_place(
+    config: Config, pool: Pool, tmp_path: Path
+) -> None:
+    async with open_api(config, pool, tmp_path) as api:
+        clip = b"0123456789"
+        body = {"size_bytes": 10, "sha256": hashlib.sha256(clip).hexdigest()}
+        made = [await api.json("POST", "/v1/videos", json=body, expect=201) for _ in range(3)]
+        first = await api.json("GET", "/v1/videos", params={"limit": "1"})
+        # The middle one completes: its asset keeps the video's creation time.
+        middle = made[1]
+        headers = {**api.auth(), **middle["upload"]["headers"]}
+        async with api.http.put(middle["upload"]["url"], data=clip, headers=headers) as resp:
+            assert resp.status == 200
+        await api.json("POST", f"/v1/videos/{middle['video_id']}/complete", expect=202)
+        rest = await walk(api, "/v1/videos", limit="1", cursor=first["next_cursor"])
+        seen = [v["video_id"] for v in first["data"] + rest]
+        assert sorted(seen) == sorted(m["video_id"] for m in made)
+        assert {v["video_id"]: v["state"] for v in rest}[middle["video_id"]] == "QUARANTINED"

@@ -299,7 +299,7 @@ def test_key_files_that_are_not_what_they_claim_are_config_errors_that_name_no_b
         ("HS256", "secret_file", "short", "under 32 bytes"),
         ("HS256", "secret_file", "junk", "not base64"),
         ("ES256", "private_key_file", "p384.pem", "P-256"),
-        ("RS256", "private_key_file", "rsa1024.pem", "2048 bits"),
+        ("RS256", "private_key_file", "rsa1024.pem", "2048 to 4096 bits"),
         ("RS256", "private_key_file", "ec.pem", "RSA key"),
         ("ES256", "private_key_file", "garbage.pem", "not a PEM key"),
     ]
@@ -320,3 +320,21 @@ def test_without_keys_the_secret_is_the_one_hs256_key_and_its_absence_says_how_t
     assert signer.jwks() == {"keys": []}
     with pytest.raises(ConfigError, match="openssl rand"):
         signer_from(api_with())
+
+
+def test_the_prefix_may_be_an_earlier_revision_of_the_same_asset_only() -> None:
+    # An enrichment (revision 2) keeps its files under the revision it enriches (1): its
+    # token names that prefix, so an edge reads the right keys.
+    signer = TokenSigner([hs256("h")])
+    token, claims = signer.issue(1, ASSET, 2, 60, storage_prefix=revision_prefix(1, ASSET, 1) + "/")
+    assert jwt.decode(token, options={"verify_signature": False})["pfx"].endswith("/rev/1/")
+    assert signer.verify(token) == claims
+    other = uuid.UUID("00000000-0000-4000-8000-000000000002")
+    for wrong in (
+        revision_prefix(1, ASSET, 3) + "/",  # a later revision than the claimed one
+        revision_prefix(1, other, 1) + "/",  # another asset's
+        revision_prefix(2, ASSET, 1) + "/",  # another tenant's
+        revision_prefix(1, ASSET, 1),  # no trailing slash: a prefix of rev/10 too
+    ):
+        with pytest.raises(ValueError, match="not a revision prefix"):
+            signer.issue(1, ASSET, 2, 60, storage_prefix=wrong)

@@ -3,13 +3,15 @@
 -- same key with another request is refused (422). Per tenant: one tenant's keys never meet
 -- another's.
 --
--- A row is taken (status NULL, locked_until in the future) before the first request runs
--- and completed with its answer after; a request that died in between leaves a lock that
--- lapses, so the key can be tried again. Expired rows are deleted by the sweeper.
+-- A row is taken (status NULL, locked_until in the future, a holder id of its own) before
+-- the first request runs, its lock renewed while it runs, and completed with its answer
+-- after by that holder only; a request that died in between leaves a lock that lapses, so
+-- the key can be tried again. Expired rows are deleted by the sweeper.
 CREATE TABLE idempotency_keys (
     tenant_id bigint NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
     key text NOT NULL CHECK (length(key) BETWEEN 1 AND 255),
     request_sha256 bytea NOT NULL CHECK (length(request_sha256) = 32),
+    holder uuid NOT NULL,
     status integer CHECK (status BETWEEN 200 AND 499),
     response bytea,
     content_type text,
