@@ -60,9 +60,10 @@ a smoke run where one ran elsewhere. PostgreSQL, the provider and this script ar
 pinned. The report adds docs/capacity.md's model predicted from the single pass's CPU
 (``a_priori``) against each chunked run, and the target of 1.6x for 2 workers.
 
-``--smoke``: an 8 s 320x240 source in 4 s chunks, ``chunked:1,single:1``, no waiting for a
-quiet machine, under ``var/bench-chunked-smoke``; each run must take the path it names (2
-chunks on the chunked one) with every output made and no job dead.
+``--smoke``: an 8 s 320x240 source in 4 s chunks, ``chunked:1,single:1`` (with ``--pin``
+``chunked:1,chunked:2,single:1``), no waiting for a quiet machine, under
+``var/bench-chunked-smoke`` (``-pin``); each run must take the path it names (2 chunks on
+the chunked one) with every output made and no job dead.
 
 Only loopback addresses are contacted. Needs root or the postgres user's binaries to run a
 cluster (as root the cluster runs as ``postgres`` via ``runuser``).
@@ -328,6 +329,9 @@ def other_benchmarks() -> list[str]:
         with contextlib.suppress(OSError):
             argv = (entry / "cmdline").read_bytes().split(b"\0")
             text = " ".join(a.decode(errors="replace") for a in argv if a)
+            # A benchmark queued behind ``flock`` for the machine runs nothing until it has it.
+            if os.path.basename(argv[0].decode(errors="replace")) == "flock":
+                continue
             if "scripts/bench/" in text and "chunked.py" not in text:
                 found.append(text[:120])
     return found
@@ -1207,11 +1211,16 @@ def main() -> int:
         report(json.loads(Path(args.report).read_text()))
         return 0
     if args.smoke:
-        global BENCH  # the run's directory, read by everything above
-        BENCH = ROOT / "var" / "bench-chunked-smoke"  # a run by hand keeps its own
+        global BENCH, MEDIA_DIR  # the run's directories, read by everything above
+        # A run by hand keeps its own; the pinned smoke run, which the suite may run at the
+        # same time as the other, too.
+        BENCH = ROOT / "var" / ("bench-chunked-smoke-pin" if args.pin else "bench-chunked-smoke")
+        MEDIA_DIR = BENCH / "media"  # its clips made by itself, not raced for
         fleet.PG_DIR = BENCH / "pg"
         args.seconds, args.size, args.chunk_seconds, args.threshold = 8, "320x240", 4.0, 6.0
-        args.runs, args.wait_others, args.attempts = args.runs or "chunked:1,single:1", 0.0, 1
+        # Pinned, two nodes as well: each worker's CPUs are checked.
+        smoke_runs = "chunked:1,chunked:2,single:1" if args.pin else "chunked:1,single:1"
+        args.runs, args.wait_others, args.attempts = args.runs or smoke_runs, 0.0, 1
         args.settle, args.timeout = 0.5, 120.0
     if args.runs is None:
         args.runs = "chunked:1,chunked:2,single:1" if args.pin else "chunked:1,chunked:2,single:2"

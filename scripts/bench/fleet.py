@@ -29,13 +29,21 @@ and the benchmark's own queries are left out.
    statements by role, and a JSON result in ``var/bench-fleet/result-*.json``.
 
 Usage: .venv/bin/python scripts/bench/fleet.py [--remux 1000] [--transcode 100] [--rate 10]
-       [--smoke]
+       [--pin [--pin-workers 1,2] [--cores-per-node 1]] [--smoke]
+
+``--pin`` (issue 25): nodes simulated on this machine (``_nodes.py``): the same load once per
+count of ``--pin-workers``, each run on a cluster and in a directory of its own
+(``var/bench-fleet/pinned-Nw``), worker N under ``taskset -c`` on CPUs of its own (every
+ffmpeg it starts inherits them; checked from ``/proc`` every 0.5 s); the API, the provider,
+PostgreSQL and this script are not pinned. The runs end with their throughputs side by side:
+assets with every output made (ENRICHED) per minute, first callback to last ENRICHED, and
+the target of 1.7x for 2 workers against 1.
 
 Every process is a watched child (``scripts/lib/children.py``): one that exits by itself
 fails the run at once with the end of its log (``var/bench-fleet/*.log``). ``--smoke``: 3
-remux and 1 transcode outputs back to back, 1 s idle, under ``var/bench-fleet-smoke``; the
-result must show every asset ENRICHED, no callback refused, no dead job, and every figure
-measured.
+remux and 1 transcode outputs back to back, 1 s idle, under ``var/bench-fleet-smoke``
+(``-pin``, with 1 and 2 pinned workers); the result must show every asset ENRICHED, no
+callback refused, no dead job, and every figure measured (pinned: no process off its node).
 
 Only loopback addresses are contacted. Needs root or the postgres user's binaries to run a
 cluster (as root the cluster runs as ``postgres`` via ``runuser``).
@@ -1250,8 +1258,11 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.smoke:
-        global BENCH, PG_DIR  # the run's directory, read by everything above
-        BENCH = ROOT / "var" / "bench-fleet-smoke"  # a run by hand keeps its own
+        global BENCH, PG_DIR, MEDIA_DIR  # the run's directories, read by everything above
+        # A run by hand keeps its own; the pinned smoke run, which the suite may run at the
+        # same time as the other, too.
+        BENCH = ROOT / "var" / ("bench-fleet-smoke-pin" if args.pin else "bench-fleet-smoke")
+        MEDIA_DIR = BENCH / "media"  # its clips made by itself, not raced for
         PG_DIR = BENCH / "pg"
         args.remux, args.transcode, args.rate = 3, 1, 0.0
         args.idle, args.settle, args.timeout, args.media_slots = 1.0, 0.5, 120.0, 2
