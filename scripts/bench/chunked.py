@@ -1124,7 +1124,8 @@ def report_model(m: dict[str, Any]) -> None:
         off = p["whole"] / t - 1
         verdict = "within" if abs(off) <= MODEL_TOLERANCE else "NOT within"
         out(
-            f"  {w} one-core node(s), docs/capacity.md's model from the single pass's CPU "
+            f"  {w} node(s) of {m['node_cores']} core(s), docs/capacity.md's model from the "
+            "single pass's CPU "
             f"({p['piece_s']:.1f} s per chunk encode): predicted {p['whole']:.1f} s in whole "
             f"rounds ({p['spread']:.1f} s spread evenly), measured {t:.1f} s: {off:+.1%}, "
             f"{verdict} {MODEL_TOLERANCE:.0%}"
@@ -1133,7 +1134,8 @@ def report_model(m: dict[str, Any]) -> None:
         if w > 1 and w in m["per_node"] and "a_priori" in m:
             p = m["per_node"][w]
             out(
-                f"  {w} one-core nodes, from the 1-worker run's own pieces: predicted "
+                f"  {w} nodes of {m['node_cores']} core(s), from the 1-worker run's own pieces: "
+                "predicted "
                 f"{p:.1f} s, measured {t:.1f} s: {p / t - 1:+.1%}"
             )
     single = m.get("single_pass_wall_s")
