@@ -36,8 +36,10 @@ count of ``--pin-workers``, each run on a cluster and in a directory of its own
 (``var/bench-fleet/pinned-Nw``), worker N under ``taskset -c`` on CPUs of its own (every
 ffmpeg it starts inherits them; checked from ``/proc`` every 0.5 s); the API, the provider,
 PostgreSQL and this script are not pinned. The runs end with their throughputs side by side:
-assets with every output made (ENRICHED) per minute, first callback to last ENRICHED, and
-the target of 1.7x for 2 workers against 1.
+assets with every output made (ENRICHED) per minute, first callback to last ENRICHED, the
+workers' cores busy, what else kept the machine busy (``/proc/stat`` less the fleet's
+processes and cluster: this script and any other work on the host, which takes its share of
+the pinned CPUs too), and the target of 1.7x for 2 workers against 1.
 
 Every process is a watched child (``scripts/lib/children.py``): one that exits by itself
 fails the run at once with the end of its log (``var/bench-fleet/*.log``). ``--smoke``: 3
@@ -327,6 +329,15 @@ def cluster_cpu(postmaster: int) -> float:
         with contextlib.suppress(OSError):
             total += proc_cpu(pid)["own"]
     return total
+
+
+def machine_cpu() -> float:
+    """Busy CPU seconds of the whole machine since boot (/proc/stat: user, nice, system, irq,
+    softirq; not idle, iowait or steal)."""
+    user, nice, system, _idle, _iowait, irq, softirq = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+    )
+    return (user + nice + system + irq + softirq) / CLK_TCK
 
 
 # -- set-up ------------------------------------------------------------------------------------
@@ -716,6 +727,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) 
     transfer0 = byte_transfer_cpu(ports)
     cpu0 = {name: proc_cpu(pid) for name, pid in pids.items()}
     pg0 = cluster_cpu(postmaster)
+    machine0 = machine_cpu()
     t_start = time.time()
     mono0 = time.monotonic()
     sent: dict[str, float] = {}
@@ -757,6 +769,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) 
     transfer1 = byte_transfer_cpu(ports)
     mem = {name: proc_mem(pid) for name, pid in pids.items()}
     pg1 = cluster_cpu(postmaster)
+    machine1 = machine_cpu()
     db1 = await obs.fetchrow(
         "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = $1", DATABASE
     )
@@ -811,6 +824,13 @@ async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) 
         provider,
     )
     result["idle"] = idle
+    # What else kept the machine busy meanwhile (this script, other work on the host): the
+    # machine's busy CPU less the fleet's processes, their children and the cluster.
+    fleet_cpu = sum(p["own_cpu_s"] + p["children_cpu_s"] for p in result["processes"].values()) + (
+        pg1 - pg0
+    )
+    result["machine_cpu_s"] = machine1 - machine0
+    result["other_cores"] = max(0.0, machine1 - machine0 - fleet_cpu) / wall
     if affinity is not None:
         result["pin"] = {"cpus": cpus, "cores_per_node": args.cores_per_node}
         result["affinity"] = affinity.summary()
@@ -1064,6 +1084,11 @@ def report(r: dict[str, Any]) -> None:
             f"  every output made   {r['enriched_throughput_assets_per_min']:.1f} assets/min "
             f"({r['enriched']} ENRICHED in {r['first_callback_to_last_enriched_s']:.1f} s, "
             f"first callback to last ENRICHED)"
+        )
+    if "other_cores" in r:
+        out(
+            f"  other processes     {r['other_cores']:.2f} cores busy on average (this script "
+            "and anything else on the host)"
         )
     if r.get("affinity"):
         for line in nodes.describe(r["affinity"]):
@@ -1319,9 +1344,10 @@ def pinned_runs(args: argparse.Namespace) -> int:
     )
     out(
         "| workers | CPUs | every output made (ENRICHED) | vs 1 worker | published (PLAYABLE) "
-        "| vs 1 worker | workers' CPU + ffmpeg | PostgreSQL | API + provider |"
+        "| vs 1 worker | workers' CPU + ffmpeg | their cores busy | PostgreSQL | API + provider "
+        "| other processes, cores |"
     )
-    out("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    out("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     first = results[0]
     for r in results:
         procs = r["processes"]
@@ -1336,7 +1362,8 @@ def pinned_runs(args: argparse.Namespace) -> int:
             f"{done / first['enriched_throughput_assets_per_min']:.2f}x | "
             f"{r['throughput_assets_per_min']:.1f} /min | "
             f"{r['throughput_assets_per_min'] / first['throughput_assets_per_min']:.2f}x | "
-            f"{workers_cpu:.1f} s | {r['postgres_cluster_cpu_s']:.1f} s | {others:.1f} s |"
+            f"{workers_cpu:.1f} s | {workers_cpu / r['first_callback_to_last_enriched_s']:.2f} | "
+            f"{r['postgres_cluster_cpu_s']:.1f} s | {others:.1f} s | {r['other_cores']:.2f} |"
         )
     by_count = {r["args"]["workers"]: r for r in results}
     if 1 in by_count and 2 in by_count:
