@@ -1093,6 +1093,21 @@ def model(result: dict[str, Any], counts: tuple[int, ...] = (1, 2, 4, 8, 16, 37)
             for (path, w), r in runs.items()
             if path == "chunked"
         }
+        # The same formula with the 1-worker run's own constants: its serial part, its chunk
+        # encodes' CPU, and the share of the node's cores they got (CPU / wall).
+        encodes = [j for j in pieces if j.get("pieces_made") and j["piece"] != "audio"]
+        if encodes and all("cpu_s" in j for j in encodes):
+            encode_cpu = sum(j["cpu_s"] for j in encodes) / len(encodes)
+            share = sum(j["cpu_s"] for j in encodes) / sum(j["wall_s"] for j in encodes)
+            out_["fitted"] = {
+                "encode_cpu_s": encode_cpu,
+                "share": share,
+                "predicted_s": {
+                    w: serial + -(-r["chunks"] // w) * encode_cpu / share
+                    for (path, w), r in runs.items()
+                    if path == "chunked"
+                },
+            }
     for (path, workers), r in runs.items():
         if path == "chunked" and not pin:
             predicted = serial + cpu / min(cores, workers * busy)
@@ -1125,18 +1140,26 @@ def report_model(m: dict[str, Any]) -> None:
         verdict = "within" if abs(off) <= MODEL_TOLERANCE else "NOT within"
         out(
             f"  {w} node(s) of {m['node_cores']} core(s), docs/capacity.md's model from the "
-            "single pass's CPU "
-            f"({p['piece_s']:.1f} s per chunk encode): predicted {p['whole']:.1f} s in whole "
+            f"single pass's CPU ({p['piece_s']:.1f} s per chunk encode): predicted "
+            f"{p['whole']:.1f} s in whole "
             f"rounds ({p['spread']:.1f} s spread evenly), measured {t:.1f} s: {off:+.1%}, "
             f"{verdict} {MODEL_TOLERANCE:.0%}"
+        )
+    fitted = m.get("fitted")
+    for w, p in (fitted or {}).get("predicted_s", {}).items():
+        t = measured[int(w)]
+        out(
+            f"  {w} node(s), the same formula with the 1-worker run's constants (serial "
+            f"{m['serial_s']:.1f} s, {fitted['encode_cpu_s']:.1f} s of CPU per chunk encode at "
+            f"{fitted['share']:.2f} of its cores): predicted {p:.1f} s, measured {t:.1f} s: "
+            f"{p / t - 1:+.1%}{' (a fit: its own constants)' if int(w) == 1 else ''}"
         )
     for w, t in measured.items():
         if w > 1 and w in m["per_node"] and "a_priori" in m:
             p = m["per_node"][w]
             out(
                 f"  {w} nodes of {m['node_cores']} core(s), from the 1-worker run's own pieces: "
-                "predicted "
-                f"{p:.1f} s, measured {t:.1f} s: {p / t - 1:+.1%}"
+                f"predicted {p:.1f} s, measured {t:.1f} s: {p / t - 1:+.1%}"
             )
     single = m.get("single_pass_wall_s")
     for n, t in m["per_node"].items():
