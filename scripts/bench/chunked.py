@@ -1289,8 +1289,8 @@ def sanity(result: dict[str, Any], specs: list[RunSpec]) -> list[str]:
         for key in ("wall_s", "rtf", "cpu_s", "cpu_ffmpeg_s"):
             if not positive(r[key]):
                 problems.append(f"{r['label']}: {key} = {r[key]}")
-        if result.get("pin"):
-            problems += [f"{r['label']}: {p}" for p in nodes.problems(r["affinity"])]
+    if result.get("pin"):
+        problems += nodes.problems([r["affinity"] for r in runs])
     return problems
 
 

@@ -1385,9 +1385,7 @@ def pinned_runs(args: argparse.Namespace) -> int:
     for r in results:
         label = f"{r['args']['workers']} pinned worker(s)"
         problems += [f"{label}: {p}" for p in sanity(r)]
-        # A remux's ffmpeg runs are short: seen or not by a look every 0.5 s; none may
-        # run off its node.
-        problems += [f"{label}: {p}" for p in nodes.problems(r["affinity"], child=None)]
+    problems += nodes.problems([r["affinity"] for r in results])
     return verdict("fleet", problems)
 
 
