@@ -29,13 +29,23 @@ and the benchmark's own queries are left out.
    statements by role, and a JSON result in ``var/bench-fleet/result-*.json``.
 
 Usage: .venv/bin/python scripts/bench/fleet.py [--remux 1000] [--transcode 100] [--rate 10]
-       [--smoke]
+       [--pin [--pin-workers 1,2] [--cores-per-node 1]] [--smoke]
+
+``--pin`` (issue 25): nodes simulated on this machine (``_nodes.py``): the same load once per
+count of ``--pin-workers``, each run on a cluster and in a directory of its own
+(``var/bench-fleet/pinned-Nw``), worker N under ``taskset -c`` on CPUs of its own (every
+ffmpeg it starts inherits them; checked from ``/proc`` every 0.5 s); the API, the provider,
+PostgreSQL and this script are not pinned. The runs end with their throughputs side by side:
+assets with every output made (ENRICHED) per minute, first callback to last ENRICHED, the
+workers' cores busy, what else kept the machine busy (``/proc/stat`` less the fleet's
+processes and cluster: this script and any other work on the host, which takes its share of
+the pinned CPUs too), and the target of 1.7x for 2 workers against 1.
 
 Every process is a watched child (``scripts/lib/children.py``): one that exits by itself
 fails the run at once with the end of its log (``var/bench-fleet/*.log``). ``--smoke``: 3
-remux and 1 transcode outputs back to back, 1 s idle, under ``var/bench-fleet-smoke``; the
-result must show every asset ENRICHED, no callback refused, no dead job, and every figure
-measured.
+remux and 1 transcode outputs back to back, 1 s idle, under ``var/bench-fleet-smoke``
+(``-pin``, with 1 and 2 pinned workers); the result must show every asset ENRICHED, no
+callback refused, no dead job, and every figure measured (pinned: no process off its node).
 
 Only loopback addresses are contacted. Needs root or the postgres user's binaries to run a
 cluster (as root the cluster runs as ``postgres`` via ``runuser``).
@@ -52,6 +62,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import importlib.util
 import json
 import os
 import platform
@@ -71,6 +82,23 @@ sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 from children import Child, Children  # noqa: E402
 from demo_driver import free_port, http, send_callback  # noqa: E402
 from smoke import positive, verdict  # noqa: E402
+
+
+def _sibling(name: str) -> Any:
+    """A module of scripts/bench by its path (that directory is off sys.path: see above)."""
+    if f"bench_{name}" in sys.modules:
+        return sys.modules[f"bench_{name}"]
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", ROOT / "scripts/bench" / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+nodes = _sibling("_nodes")  # --pin: each worker on CPUs of its own (taskset)
 
 BENCH = ROOT / "var" / "bench-fleet"
 MEDIA_DIR = BENCH / "media"
@@ -301,6 +329,15 @@ def cluster_cpu(postmaster: int) -> float:
         with contextlib.suppress(OSError):
             total += proc_cpu(pid)["own"]
     return total
+
+
+def machine_cpu() -> float:
+    """Busy CPU seconds of the whole machine since boot (/proc/stat: user, nice, system, irq,
+    softirq; not idle, iowait or steal)."""
+    user, nice, system, _idle, _iowait, irq, softirq = (
+        int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]
+    )
+    return (user + nice + system + irq + softirq) / CLK_TCK
 
 
 # -- set-up ------------------------------------------------------------------------------------
@@ -625,12 +662,14 @@ async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) 
     base = f"http://127.0.0.1:{api_port}"
     api.wait_for_event("api_listening")
     api.wait_for(lambda: http("GET", f"{base}/readyz", timeout=2).status == 200, "readyz", 30)
+    # --pin: worker N on the Nth node's CPUs, its ffmpeg children with it (they inherit them).
+    cpus = nodes.node_cpus(args.workers, args.cores_per_node) if args.pin else None
     workers: list[Child] = []
     for n in range(1, args.workers + 1):
         workers.append(
             children.start(
                 f"worker {n}",
-                [*AIVEDIO, "worker"],
+                nodes.pinned([*AIVEDIO, "worker"], cpus[n - 1] if cpus else None),
                 log=f"worker-{n}.log",
                 env=role_env(env, cluster, "fleet_worker"),
             )
@@ -642,8 +681,9 @@ async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) 
         f"transcode {clips['transcode'].stat().st_size} B)"
     )
     out(f"  API       {base}  pid {api.pid}")
-    for w, p in zip(workers, ports, strict=True):
-        out(f"  {w.name}  http://127.0.0.1:{p}/metrics  pid {w.pid}")
+    for n, (w, p) in enumerate(zip(workers, ports, strict=True)):
+        on = f" on CPU(s) {cpus[n]}" if cpus else ""
+        out(f"  {w.name}  http://127.0.0.1:{p}/metrics  pid {w.pid}{on}")
     await asyncio.sleep(
         args.settle
     )  # start-up work (periodic jobs seeded, LISTENs) before the clock
@@ -687,6 +727,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) 
     transfer0 = byte_transfer_cpu(ports)
     cpu0 = {name: proc_cpu(pid) for name, pid in pids.items()}
     pg0 = cluster_cpu(postmaster)
+    machine0 = machine_cpu()
     t_start = time.time()
     mono0 = time.monotonic()
     sent: dict[str, float] = {}
@@ -703,9 +744,13 @@ async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) 
     sender = asyncio.create_task(
         asyncio.to_thread(send_all, base, callback_secret, tasks, outputs, args.rate, sent, errors)
     )
+    worker_pids = {f"worker-{n}": w.pid for n, w in enumerate(workers, 1)}
+    affinity = nodes.Affinity(dict(zip(worker_pids, cpus, strict=True))) if cpus else None
     last_print = 0.0
     while not done.is_set():
         await asyncio.sleep(0.5)  # a process that dies meanwhile cancels this task
+        if affinity is not None:  # what the workers' children run on, while they run
+            await asyncio.to_thread(affinity.take, worker_pids)
         if samples and samples[-1]["t"] - last_print >= 15:
             s = samples[-1]
             last_print = s["t"]
@@ -724,6 +769,7 @@ async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) 
     transfer1 = byte_transfer_cpu(ports)
     mem = {name: proc_mem(pid) for name, pid in pids.items()}
     pg1 = cluster_cpu(postmaster)
+    machine1 = machine_cpu()
     db1 = await obs.fetchrow(
         "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = $1", DATABASE
     )
@@ -778,6 +824,16 @@ async def bench(args: argparse.Namespace, cluster: Cluster, children: Children) 
         provider,
     )
     result["idle"] = idle
+    # What else kept the machine busy meanwhile (this script, other work on the host): the
+    # machine's busy CPU less the fleet's processes, their children and the cluster.
+    fleet_cpu = sum(p["own_cpu_s"] + p["children_cpu_s"] for p in result["processes"].values()) + (
+        pg1 - pg0
+    )
+    result["machine_cpu_s"] = machine1 - machine0
+    result["other_cores"] = max(0.0, machine1 - machine0 - fleet_cpu) / wall
+    if affinity is not None:
+        result["pin"] = {"cpus": cpus, "cores_per_node": args.cores_per_node}
+        result["affinity"] = affinity.summary()
     return result
 
 
@@ -825,6 +881,7 @@ def analyse(
     final: dict[str, int] = {}
     fetched_bytes = 0
     last_published = 0.0
+    last_enriched = 0.0
     for r in rows:
         task = r["provider_task_id"]
         kind = kind_of.get(task)
@@ -841,9 +898,12 @@ def analyse(
                 in_service[kind].append((r["playable_at"] - r["fetching_at"]).total_seconds())
         if r["enriched_at"] is not None:
             enriched[kind].append(r["enriched_at"].timestamp() - t0)
+            last_enriched = max(last_enriched, r["enriched_at"].timestamp())
     first_sent = min(sent.values())
     published = sum(len(v) for v in latency.values())
     span = last_published - first_sent if published else float("nan")
+    done_n = sum(len(v) for v in enriched.values())
+    done_span = last_enriched - first_sent if done_n else float("nan")
 
     per_proc = {}
     for name in cpu1:
@@ -944,6 +1004,10 @@ def analyse(
         "published": published,
         "first_callback_to_last_published_s": span,
         "throughput_assets_per_min": published / span * 60 if published else 0.0,
+        # Every output made (ENRICHED): the whole work of an asset, none of it deferred.
+        "enriched": done_n,
+        "first_callback_to_last_enriched_s": done_span,
+        "enriched_throughput_assets_per_min": done_n / done_span * 60 if done_n else 0.0,
         "latency_callback_to_playable_s": {k: summarise(v) for k, v in latency.items()},
         "latency_callback_to_enriched_s": {k: summarise(v) for k, v in enriched.items()},
         "latency_callback_to_accepted_s": summarise(accept),
@@ -1015,6 +1079,20 @@ def report(r: dict[str, Any]) -> None:
         f"({r['published']} in {r['first_callback_to_last_published_s']:.1f} s, first "
         f"callback to last PLAYABLE)"
     )
+    if "enriched_throughput_assets_per_min" in r:
+        out(
+            f"  every output made   {r['enriched_throughput_assets_per_min']:.1f} assets/min "
+            f"({r['enriched']} ENRICHED in {r['first_callback_to_last_enriched_s']:.1f} s, "
+            f"first callback to last ENRICHED)"
+        )
+    if "other_cores" in r:
+        out(
+            f"  other processes     {r['other_cores']:.2f} cores busy on average (this script "
+            "and anything else on the host)"
+        )
+    if r.get("affinity"):
+        for line in nodes.describe(r["affinity"]):
+            out(f"  {line}")
     out()
     out(f"  {'callback → PLAYABLE':<24} {'n':>5} {'p50':>8} {'p95':>8} {'p99':>8} {'max':>8}")
     for label, key in (
@@ -1187,32 +1265,128 @@ def main() -> int:
         "--idle", type=float, default=10.0, help="seconds of idle fleet measured before the clock"
     )
     parser.add_argument("--plain", action="store_true", help="the provider over plain HTTP")
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="one run per --pin-workers count, each worker (and its ffmpeg) on CPUs of its "
+        "own with taskset: a node each",
+    )
+    parser.add_argument(
+        "--pin-workers", default="1,2", help="worker counts of the --pin runs, in order (1,2)"
+    )
+    parser.add_argument(
+        "--cores-per-node", type=int, default=1, help="CPUs per worker with --pin (1)"
+    )
     parser.add_argument("--keep-cluster", action="store_true")
     parser.add_argument(
         "--smoke", action="store_true", help="3 remux + 1 transcode, back to back; sanity"
     )
     args = parser.parse_args()
     if args.smoke:
-        global BENCH, PG_DIR  # the run's directory, read by everything above
-        BENCH = ROOT / "var" / "bench-fleet-smoke"  # a run by hand keeps its own
+        global BENCH, PG_DIR, MEDIA_DIR  # the run's directories, read by everything above
+        # A run by hand keeps its own; the pinned smoke run, which the suite may run at the
+        # same time as the other, too.
+        BENCH = ROOT / "var" / ("bench-fleet-smoke-pin" if args.pin else "bench-fleet-smoke")
+        MEDIA_DIR = BENCH / "media"  # its clips made by itself, not raced for
         PG_DIR = BENCH / "pg"
         args.remux, args.transcode, args.rate = 3, 1, 0.0
         args.idle, args.settle, args.timeout, args.media_slots = 1.0, 0.5, 120.0, 2
     for name in ("NO_PROXY", "no_proxy"):
         os.environ[name] = ",".join(filter(None, [os.environ.get(name), "127.0.0.1,localhost"]))
+    if args.pin:
+        return pinned_runs(args)
     BENCH.mkdir(parents=True, exist_ok=True)
-    cluster = Cluster(free_port())
-    try:
-        cluster.start()
-        result = asyncio.run(run(args, cluster))
-    finally:
-        if not args.keep_cluster:
-            cluster.stop()
+    result = one_fleet(args)
     report(result)
     path = BENCH / f"result-{args.remux}+{args.transcode}-{time.strftime('%Y%m%dT%H%M%S')}.json"
     path.write_text(json.dumps(result, indent=2, default=str))
     out(f"  result: {path.relative_to(ROOT)}")
     return verdict("fleet", sanity(result)) if args.smoke else 0
+
+
+def one_fleet(args: argparse.Namespace) -> dict[str, Any]:
+    """One run on a cluster of its own, stopped at the end."""
+    cluster = Cluster(free_port())
+    try:
+        cluster.start()
+        return asyncio.run(run(args, cluster))
+    finally:
+        if not args.keep_cluster:
+            cluster.stop()
+
+
+# Issue 25: the throughput of 2 one-CPU nodes against 1.
+PIN_TARGET = 1.7
+
+
+def pinned_runs(args: argparse.Namespace) -> int:
+    """``--pin``: the same load once per worker count, each worker on a node of its own,
+    each run in a directory and on a cluster of its own; then the throughputs side by side."""
+    global BENCH, PG_DIR
+    base = BENCH
+    counts = [int(n) for n in args.pin_workers.split(",")]
+    results = []
+    for n in counts:
+        run_args = argparse.Namespace(**{**vars(args), "workers": n})  # its own, kept
+        BENCH = base / f"pinned-{n}w"
+        PG_DIR = BENCH / "pg"
+        BENCH.mkdir(parents=True, exist_ok=True)
+        out(f"== {n} pinned worker(s), {args.cores_per_node} CPU(s) each  ({time.ctime()})")
+        STOP_SENDING.clear()
+        results.append(one_fleet(run_args))
+        report(results[-1])
+        out()
+    BENCH = base
+    out(
+        f"== pinned fleet: {args.remux} remux + {args.transcode} transcode assets, "
+        f"{args.media_slots} media slots per worker, {args.cores_per_node} CPU(s) per worker; "
+        "PostgreSQL, the API, the provider and this script on every CPU"
+    )
+    out(
+        "| workers | CPUs | every output made (ENRICHED) | vs 1 worker | published (PLAYABLE) "
+        "| vs 1 worker | workers' CPU + ffmpeg | their cores busy | PostgreSQL | API + provider "
+        "| other processes, cores |"
+    )
+    out("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    first = results[0]
+    for r in results:
+        procs = r["processes"]
+        workers_cpu = sum(
+            p["own_cpu_s"] + p["children_cpu_s"] for k, p in procs.items() if k.startswith("worker")
+        )
+        others = procs["api"]["own_cpu_s"] + procs["sim"]["own_cpu_s"]
+        done = r["enriched_throughput_assets_per_min"]
+        out(
+            f"| {r['args']['workers']} | {' '.join(r['pin']['cpus'])} | "
+            f"{r['enriched_throughput_assets_per_min']:.1f} /min | "
+            f"{done / first['enriched_throughput_assets_per_min']:.2f}x | "
+            f"{r['throughput_assets_per_min']:.1f} /min | "
+            f"{r['throughput_assets_per_min'] / first['throughput_assets_per_min']:.2f}x | "
+            f"{workers_cpu:.1f} s | {workers_cpu / r['first_callback_to_last_enriched_s']:.2f} | "
+            f"{r['postgres_cluster_cpu_s']:.1f} s | {others:.1f} s | {r['other_cores']:.2f} |"
+        )
+    by_count = {r["args"]["workers"]: r for r in results}
+    if 1 in by_count and 2 in by_count:
+        speed = (
+            by_count[2]["enriched_throughput_assets_per_min"]
+            / by_count[1]["enriched_throughput_assets_per_min"]
+        )
+        met = "met" if speed >= PIN_TARGET else f"NOT met ({speed / PIN_TARGET:.0%} of it)"
+        out(f"  target: 2 pinned workers >= {PIN_TARGET}x the throughput of 1: {speed:.2f}x, {met}")
+    path = (
+        base / f"result-pinned-{args.remux}+{args.transcode}-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"command": sys.argv, "runs": results}, indent=2, default=str))
+    out(f"  result: {path.relative_to(ROOT)}")
+    if not args.smoke:
+        return 0
+    problems = []
+    for r in results:
+        label = f"{r['args']['workers']} pinned worker(s)"
+        problems += [f"{label}: {p}" for p in sanity(r)]
+    problems += nodes.problems([r["affinity"] for r in results])
+    return verdict("fleet", problems)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@ The chaos harness (``scripts/chaos``) has its small run in ``test_chaos.py``.
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +50,9 @@ WORKLOADS = {
     "fetch_worker.py": "fetch.py",
     "procrastinate_drain.py": "queue.py",
 }
+# The benchmarks that simulate nodes (``--pin``: each worker on CPUs of its own, by taskset),
+# whose smoke run also checks that every ffmpeg ran on its worker's CPUs.
+PINNED = ("chunked.py", "fleet.py")
 # A smoke run takes under 30 s on 2 busy cores; this only stops one that hangs.
 SMOKE_LIMIT_SECONDS = 100
 STOP_GRACE_SECONDS = 30
@@ -104,6 +109,23 @@ def test_benchmark_smoke_run_passes(script: str) -> None:
     tail = "\n".join(stdout.splitlines()[-30:]) + "\n" + stderr[-4000:]
     assert code == 0, f"{script} --smoke exited {code} after {seconds:.1f} s:\n{tail}"
     assert f"smoke: {name} ok" in stdout.splitlines(), tail
+
+
+@pytest.mark.timeout(SMOKE_LIMIT_SECONDS + STOP_GRACE_SECONDS + 20)
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None,
+    reason="--pin needs two CPUs and taskset",
+)
+@pytest.mark.parametrize("script", PINNED)
+def test_pinned_benchmark_smoke_run_keeps_each_worker_on_its_cpus(script: str) -> None:
+    code, stdout, stderr, seconds = run_script(
+        [sys.executable, str(BENCH / script), "--smoke", "--pin"], SMOKE_LIMIT_SECONDS
+    )
+    name = script.removesuffix(".py")
+    tail = "\n".join(stdout.splitlines()[-30:]) + "\n" + stderr[-4000:]
+    assert code == 0, f"{script} --smoke --pin exited {code} after {seconds:.1f} s:\n{tail}"
+    assert f"smoke: {name} ok" in stdout.splitlines(), tail
+    assert "worker-2: CPUs " in stdout, tail  # the second node's worker and where it ran
 
 
 # -- the watcher -------------------------------------------------------------------------------
