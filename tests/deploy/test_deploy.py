@@ -39,7 +39,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
-from aivedio.api.app import SHUTDOWN_SECONDS
+from aivedio.api.app import longest_stop_seconds
 from aivedio.config.load import Config, load_config
 from aivedio.metrics import MEDIA_MODES, MEDIA_PATHS, ApiMetrics, WorkerMetrics
 from aivedio.store.database import Pool
@@ -276,7 +276,9 @@ def test_api_probes_port_service_and_grace_period(tmp_path: Path) -> None:
     assert c["args"] == ["aivedio", "api", "--port", str(port)]
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
-    assert api["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > SHUTDOWN_SECONDS
+    assert api["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > longest_stop_seconds(
+        config.api
+    )
     service = by_kind("Service")["aivedio-api"]
     (service_port,) = service["spec"]["ports"]
     assert service_port["port"] == port
@@ -462,7 +464,7 @@ def test_worker_unit_drains_before_it_is_killed() -> None:
 def test_api_unit_stops_after_its_shutdown() -> None:
     service = unit("aivedio-api.service")["Service"]
     assert service["KillSignal"] == "SIGTERM"
-    assert seconds(service["TimeoutStopSec"]) > SHUTDOWN_SECONDS
+    assert seconds(service["TimeoutStopSec"]) > longest_stop_seconds(Config().api)
     assert service["ExecStart"].endswith("aivedio api")
 
 
