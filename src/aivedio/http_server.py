@@ -24,7 +24,6 @@ request in flight keeps reading until its answer is sent (the API's answers carr
 from __future__ import annotations
 
 import re
-import time
 from http import HTTPStatus
 from typing import Any
 
@@ -151,13 +150,18 @@ async def stop_serving(runner: web.AppRunner, timeout_seconds: float) -> None:
     is still running after the runner's own shutdown timeout)."""
     for site in list(runner.sites):
         await site.stop()
-    deadline = time.monotonic() + timeout_seconds
-    while runner.server is not None and time.monotonic() < deadline:
-        busy = [c for c in runner.server.connections if not _close_if_idle(c)]
-        if not busy:
-            break
-        await anyio.sleep(0.05)
+    with anyio.move_on_after(timeout_seconds):
+        # Each round closes the connections that became idle since the last; aiohttp has no
+        # event for a request's end, so this polls.
+        while _close_idle(runner):  # noqa: ASYNC110
+            await anyio.sleep(0.05)
     await runner.cleanup()
+
+
+def _close_idle(runner: web.AppRunner) -> bool:
+    """Close the idle connections; True while some still have a request in progress."""
+    server = runner.server
+    return server is not None and bool([c for c in server.connections if not _close_if_idle(c)])
 
 
 def _close_if_idle(connection: RequestHandler) -> bool:
