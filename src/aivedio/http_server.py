@@ -108,10 +108,11 @@ class _Handler(RequestHandler):
         return response
 
     def close_if_idle(self) -> bool:
-        """Close the connection if no request is in progress on it; True if it was idle."""
+        """Close the connection if no request is in progress on it; True if it was idle.
+        (``close()`` would only end the wait for the next request, leaving the socket open.)"""
         if self._request_in_progress:
             return False
-        self.close()
+        self.force_close()
         return True
 
     def log_exception(self, *args: Any, **kw: Any) -> None:
@@ -165,7 +166,5 @@ def _close_idle(runner: web.AppRunner) -> bool:
 
 
 def _close_if_idle(connection: RequestHandler) -> bool:
-    if isinstance(connection, _Handler):
-        return connection.close_if_idle()
-    connection.close()  # not ours (make_runner made none such): aiohttp's own close
-    return True
+    # Not ours (make_runner makes none such): left to the runner's cleanup.
+    return connection.close_if_idle() if isinstance(connection, _Handler) else True

@@ -145,6 +145,9 @@ def test_sigterm_keeps_serving_while_readyz_fails_then_closes_and_finishes_in_fl
     assert status == 404  # served: the asset does not exist
     assert headers.get("Connection") != "close"
     slow, rest = start_slow_upload(port, key)
+    idle = socket.create_connection(("127.0.0.1", port), timeout=10)
+    idle.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+    assert idle.recv(65536).startswith(b"HTTP/1.1 200")  # and the connection is kept alive
 
     signalled = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -159,9 +162,14 @@ def test_sigterm_keeps_serving_while_readyz_fails_then_closes_and_finishes_in_fl
 
     closed = wait_for_event(log_path, proc, "api_listener_closed")
     assert time.monotonic() - signalled >= DRAIN_DELAY_SECONDS - 0.1
-    assert closed["open_connections"] >= 1  # the slow upload's
+    assert closed["open_connections"] >= 2  # the slow upload's and the idle one
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    # The idle keep-alive connection is closed by the server, not left to its keep-alive timeout.
+    try:
+        assert idle.recv(65536) == b""
+    finally:
+        idle.close()
 
     # The request that was in flight when the listener closed completes.
     slow.sendall(rest)
