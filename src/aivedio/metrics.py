@@ -192,6 +192,13 @@ class WorkerMetrics:
             registry=r,
         )
         self.draining = Gauge("aivedio_worker_draining", "1 while draining", registry=r)
+        self.network_isolated = Gauge(
+            "aivedio_sandbox_network_isolated",
+            "1 if this worker's ffmpeg runs in its own network namespace, 0 if not "
+            "(mode: media.network_isolation)",
+            ["mode"],
+            registry=r,
+        )
         self.backlog = BacklogMetrics(r)
         self.slot_limit = Gauge(
             "aivedio_lane_slot_limit",

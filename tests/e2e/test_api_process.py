@@ -107,5 +107,5 @@ def test_keys_cli_and_a_served_api_that_drains_on_sigterm(config_file: Path) -> 
                 proc.kill()
                 proc.wait(10)
     events = [json.loads(line)["event"] for line in log_path.read_text().splitlines() if line]
-    assert events[-2:] == ["api_draining", "api_stopped"]
+    assert events[-3:] == ["api_draining", "api_listener_closed", "api_stopped"]
     assert key not in log_path.read_text()

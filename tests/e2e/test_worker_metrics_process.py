@@ -141,3 +141,5 @@ periodic = false
     assert value(requests, operation="write", outcome="ok") > 0
     assert value(requests, operation="head", outcome="ok") >= 3  # before each attempt, after
     assert value("aivedio_object_store_bytes_total", direction="upload") == SIZE
+    # This machine lets ffmpeg have its own network namespace (unshare -n): said at start.
+    assert value("aivedio_sandbox_network_isolated", mode="auto") == 1

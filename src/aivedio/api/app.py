@@ -4,8 +4,17 @@ Route modules each own a ``routes`` table and the OpenAPI ``PATHS`` that describ
 (``route_modules.py`` lists them; ``openapi.py`` assembles the document from that same list,
 so a route cannot be served without being described). ``run_app`` is the one way the app is
 served, by ``aivedio api`` and by the tests alike: the events listener runs beside the HTTP
-site in one task group, and SIGTERM (``ctx.draining``) turns /readyz to 503, lets in-flight
-requests finish and ends open event streams.
+site in one task group.
+
+Stopping behind a load balancer, as Kubernetes stops a pod: the balancer keeps sending
+requests until its readiness probe has failed and the endpoint change has reached every
+proxy, seconds after SIGTERM. A process that closes its listener at once refuses those
+requests. So SIGTERM first sets ``ctx.draining`` (``aivedio api`` does, then waits
+``[api] drain_delay_seconds``): /readyz answers 503 while every other route is served as
+before, answers carrying ``Connection: close`` so keep-alive clients reconnect through the
+balancer. Then ``run_app`` is cancelled: it closes the listener, ends event streams (clients
+reconnect elsewhere with ``Last-Event-ID``) and gives requests in flight up to
+``[api] drain_timeout_seconds`` to finish.
 """
 
 from __future__ import annotations
@@ -21,15 +30,26 @@ from aivedio.api.auth import auth_middleware
 from aivedio.api.context import CONTEXT, ApiContext
 from aivedio.api.problems import Handler, error_middleware
 from aivedio.api.route_modules import ROUTE_MODULES
-from aivedio.config.api import listen_base_url, require_public_base_url
-from aivedio.http_server import make_runner
+from aivedio.config.api import ApiConfig, listen_base_url, require_public_base_url
+from aivedio.http_server import make_runner, stop_serving
 from aivedio.logs import get_logger
 
 log = get_logger("aivedio.api")
 
 # The described routes, then the document that describes them.
 SERVED_MODULES: tuple[ModuleType, ...] = (*ROUTE_MODULES, openapi)
-SHUTDOWN_SECONDS = 10.0
+# After [api] drain_timeout_seconds, how long requests still running get to end once cancelled.
+CANCEL_WAIT_SECONDS = 1.0
+
+
+@web.middleware
+async def drain_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    response = await handler(request)
+    if request.app[CONTEXT].draining:
+        # A keep-alive connection would go on bringing requests here after the balancer has
+        # taken this process out: close it after this answer (``Connection: close``).
+        response.force_close()
+    return response
 
 
 @web.middleware
@@ -49,6 +69,7 @@ def make_app(ctx: ApiContext) -> web.Application:
     # The largest body any route reads whole; uploads stream and set their own limit.
     app = web.Application(
         middlewares=[
+            drain_middleware,
             metrics_middleware,
             error_middleware,
             *before_auth,
@@ -70,10 +91,12 @@ async def run_app(
     *,
     task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve until cancelled; ``task_status`` reports the bound port."""
+    """Serve until cancelled; ``task_status`` reports the bound port. Cancelled, stop
+    accepting and let requests in flight finish, for up to ``drain_timeout_seconds``."""
     require_public_base_url(ctx.config.api, host)  # the host served may not be [api] host
     app = make_app(ctx)
-    runner = make_runner(app, shutdown_timeout=SHUTDOWN_SECONDS)
+    # stop_serving waits for requests in flight; cleanup then cancels what is left.
+    runner = make_runner(app, shutdown_timeout=CANCEL_WAIT_SECONDS)
     await runner.setup()
     try:
         async with anyio.create_task_group() as tg:
@@ -87,6 +110,28 @@ async def run_app(
             await anyio.sleep_forever()
     finally:
         ctx.draining = True
-        with anyio.CancelScope(shield=True), anyio.move_on_after(SHUTDOWN_SECONDS + 5):
-            await events.close_streams(ctx)
-            await runner.cleanup()
+        within = longest_stop_seconds(ctx.config.api) - ctx.config.api.drain_delay_seconds
+        with anyio.CancelScope(shield=True), anyio.move_on_after(within):
+            await _close(ctx, runner)
+
+
+def longest_stop_seconds(api: ApiConfig) -> float:
+    """The longest ``aivedio api`` takes from SIGTERM to exit: the drain delay, the requests
+    in flight, the event streams' ending, and the cancellation of what is left. A
+    supervisor's grace period (terminationGracePeriodSeconds, TimeoutStopSec) exceeds it."""
+    return (
+        api.drain_delay_seconds
+        + api.drain_timeout_seconds
+        + events.CLOSE_WAIT_SECONDS
+        + 2 * CANCEL_WAIT_SECONDS
+    )
+
+
+async def _close(ctx: ApiContext, runner: web.AppRunner) -> None:
+    for site in list(runner.sites):
+        await site.stop()  # the listening socket: new connections are refused from here
+    ctx.stopping = True
+    open_connections = len(runner.server.connections) if runner.server else 0
+    log.info("api_listener_closed", open_connections=open_connections)
+    await events.close_streams(ctx)
+    await stop_serving(runner, ctx.config.api.drain_timeout_seconds)

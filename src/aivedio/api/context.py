@@ -29,8 +29,11 @@ class ApiContext:
     cipher: UrlCipher
     signer: TokenSigner
     metrics: ApiMetrics = field(default_factory=ApiMetrics)
-    # Set when SIGTERM arrives: /readyz turns 503 so the balancer stops sending traffic.
+    # Set when SIGTERM arrives: /readyz turns 503 so the balancer stops sending traffic,
+    # while every other route is still served (``[api] drain_delay_seconds``).
     draining: bool = False
+    # Set when the listener closes, after that delay: event streams end, new ones are refused.
+    stopping: bool = False
     # Open Server-Sent Event streams, ended at shutdown so the server can stop.
     streams: set[web.StreamResponse] = field(default_factory=set)
     # The backlog pressure, read from the database at most once per check interval

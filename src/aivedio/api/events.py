@@ -15,8 +15,10 @@ subscribed to the changed row's id; a stream re-reads the log after every wake-u
 loses it. Streams use short pooled queries only, never a connection of their own.
 
 A stream ends when the client goes away (seen at the next write or tick) and when the server
-shuts down (``close_streams``, or ``ctx.draining``): the client reconnects elsewhere with its
-``Last-Event-ID``.
+shuts down (``close_streams``, or ``ctx.stopping``): the client reconnects elsewhere with its
+``Last-Event-ID``. Not while the process only drains (``ctx.draining``: /readyz answers 503 so
+the balancer takes it out): a stream ended then could reconnect to this same process and be
+refused, and a browser's EventSource gives up on a refusal.
 """
 
 from __future__ import annotations
@@ -256,7 +258,7 @@ async def asset_events(request: web.Request) -> web.StreamResponse:
     scope = await scope_of(ctx.pool, tenant_of(request), asset_id)
     if scope is None:
         raise ApiError(404, "no such asset")
-    if ctx.draining:
+    if ctx.stopping:
         raise ApiError(503, "the server is shutting down; reconnect")
     cursor = parse_last_event_id(request.headers.get("Last-Event-ID"))
     hub = hub_of(ctx)
@@ -294,7 +296,7 @@ async def _stream(
     last_sent = now()
     read_at = now()  # the history (or what follows Last-Event-ID) first
     held = 0  # reads in a row that found a writer mid-transaction
-    while not (ctx.draining or hub.closing or _client_gone(request)):
+    while not (ctx.stopping or hub.closing or _client_gone(request)):
         if now() >= read_at:
             rows = await _read(ctx, scope, cursor)
             if rows is None:

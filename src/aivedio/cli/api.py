@@ -1,8 +1,9 @@
 """``aivedio api`` (the HTTP API process) and ``aivedio keys create|revoke``.
 
 ``aivedio api`` refuses to start without a playback token secret or with pending
-migrations, serves on ``[api] host:port``, and on SIGTERM or SIGINT turns /readyz to 503,
-lets in-flight requests finish (bounded), ends event streams and exits 0.
+migrations, serves on ``[api] host:port``, and on SIGTERM or SIGINT turns /readyz to 503
+while still serving for ``[api] drain_delay_seconds`` (a second signal cuts it short), then
+closes the listener, ends event streams, lets in-flight requests finish (bounded) and exits 0.
 """
 
 from __future__ import annotations
@@ -59,12 +60,21 @@ def cmd_api(config: Config, args: argparse.Namespace) -> int:
                     cipher=url_cipher(config),
                     signer=signer,
                 )
-                async with anyio.create_task_group() as tg:
-                    await tg.start(run_app, ctx, config.api.host, config.api.port)
-                    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                # Signals are caught before the port is announced: a SIGTERM as soon as the
+                # API listens drains it too.
+                with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async with anyio.create_task_group() as tg:
+                        await tg.start(run_app, ctx, config.api.host, config.api.port)
                         async for signum in signals:
-                            log.info("api_draining", signal=signal.Signals(signum).name)
-                            ctx.draining = True
+                            delay = config.api.drain_delay_seconds
+                            log.info(
+                                "api_draining",
+                                signal=signal.Signals(signum).name,
+                                delay_seconds=delay,
+                            )
+                            ctx.draining = True  # out of the balancer before the listener closes
+                            with anyio.move_on_after(delay):
+                                await anext(signals)
                             tg.cancel_scope.cancel()
                             break
         log.info("api_stopped")

@@ -121,6 +121,11 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                     open_moderation_stage(config, pool, queue, store) as moderation,
                     open_sweeper(config, pool, store, metrics=metrics) as sweeper,
                 ):
+                    # Decided by the sandbox's check at the media stage's start (logged too).
+                    isolated = media_stage.services.sandbox.network_isolated
+                    metrics.network_isolated.labels(config.media.network_isolation).set(
+                        1 if isolated else 0
+                    )
                     services = {
                         "journal": journal,
                         "fetch": fetch_stage,

@@ -101,6 +101,12 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     # Server-Sent Events: a comment line this often keeps proxies from closing the stream.
     sse_keepalive_seconds: float = 15.0
     pool_max_size: int = 10
+    # Stopping (SIGTERM): /readyz answers 503 for drain_delay_seconds while everything else
+    # is still served, so a load balancer (a Kubernetes Service's endpoints) stops sending
+    # new requests before the listener closes; then requests in flight get up to
+    # drain_timeout_seconds to finish. A supervisor's grace period must exceed the sum.
+    drain_delay_seconds: float = 5.0
+    drain_timeout_seconds: float = 10.0
     rate_limits: RateLimitsConfig = msgspec.field(default_factory=RateLimitsConfig)
 
 
@@ -124,9 +130,12 @@ def validate_api(api: ApiConfig) -> None:
         "upload_session_ttl_seconds",
         "presign_ttl_seconds",
         "sse_keepalive_seconds",
+        "drain_timeout_seconds",
     ):
         if getattr(api, name) <= 0:
             raise ConfigError(f"config error: api.{name}: must be positive")
+    if api.drain_delay_seconds < 0:
+        raise ConfigError("config error: api.drain_delay_seconds: must not be negative")
     if api.max_callback_bytes < 1024:
         raise ConfigError("config error: api.max_callback_bytes: at least 1024")
     if api.upload_max_bytes < 1:

@@ -120,6 +120,8 @@ def test_api_config_checks_say_what_to_fix() -> None:
         (ApiConfig(max_callback_bytes=10), "max_callback_bytes"),
         (ApiConfig(upload_part_size_bytes=1024), "upload_part_size_bytes"),
         (ApiConfig(sse_keepalive_seconds=0), "sse_keepalive_seconds"),
+        (ApiConfig(drain_timeout_seconds=0), "drain_timeout_seconds"),
+        (ApiConfig(drain_delay_seconds=-1), "drain_delay_seconds"),
     ]:
         with pytest.raises(ConfigError, match=match):
             validate_api(bad)

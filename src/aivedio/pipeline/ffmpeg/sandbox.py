@@ -262,7 +262,15 @@ class Sandbox:
         if not self._isolation_checked:
             self._isolation = await self._detect_isolation()
             self._isolation_checked = True
-            log.info(
+            # Loud when it was asked for and the platform refused it (no CAP_SYS_ADMIN and no
+            # user namespaces, as under Kubernetes' restricted Pod Security standard): ffmpeg
+            # then has the pod's network, and only an egress policy keeps it off it.
+            emit = (
+                log.warning
+                if self.media.network_isolation != "off" and not self._isolation
+                else log.info
+            )
+            emit(
                 "sandbox_network_isolation",
                 mode=self.media.network_isolation,
                 available=bool(self._isolation),

@@ -23,6 +23,7 @@ from pathlib import Path
 import anyio
 import pytest
 from anyio.abc import SocketAttribute, SocketStream
+from structlog.testing import capture_logs
 
 from aivedio.config.media import MediaConfig
 from aivedio.errors import ConfigError, ResourceExhaustedError
@@ -679,3 +680,23 @@ async def test_scratch_left_by_a_killed_process_of_this_host_is_reclaimed_at_che
         assert live.is_dir()
     assert not left.exists()
     assert other_host.is_dir() and foreign.is_dir()
+
+
+async def test_isolation_refused_by_the_platform_is_a_warning_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As under Kubernetes' restricted profile (no CAP_SYS_ADMIN, no user namespaces): "auto"
+    runs ffmpeg on the pod's network, and says so at warning level, not as an info line."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "unshare").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "unshare").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}{os.pathsep}{os.environ['PATH']}")
+    with capture_logs() as logs:
+        await Sandbox(MediaConfig()).check()
+        await Sandbox(MediaConfig(network_isolation="off")).check()
+    said = [e for e in logs if e["event"] == "sandbox_network_isolation"]
+    assert [(e["log_level"], e["mode"], e["available"]) for e in said] == [
+        ("warning", "auto", False),
+        ("info", "off", False),
+    ]
