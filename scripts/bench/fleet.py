@@ -377,6 +377,7 @@ url = {json.dumps("file://" + str(BENCH / "objects"))}
 [api]
 host = "127.0.0.1"
 port = {api_port}
+drain_delay_seconds = 0.0  # no balancer to wait for here: stop at once
 
 # Every callback comes from one loopback address: at --rate 0 a large run would meet the
 # per-(provider, address) bucket, which measures the limiter, not the fleet.

@@ -377,6 +377,7 @@ url = {json.dumps("file://" + str(BENCH / "objects"))}
 [api]
 host = "127.0.0.1"
 port = {api_port}
+drain_delay_seconds = 0.0  # no balancer to wait for here: stop at once
 
 [worker]
 http_port = 0

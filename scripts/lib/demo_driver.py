@@ -517,6 +517,7 @@ url = {toml_str(dsn)}
 [api]
 host = "127.0.0.1"
 port = {api_port}
+drain_delay_seconds = 0.0  # no balancer to wait for here: stop at once
 
 [worker]
 # Each worker's /healthz, /readyz and /metrics on a free port (printed by the demo).
