@@ -240,3 +240,18 @@ PYEOF
         rm -rf "$tmp"
     fi
 }
+
+ensure_image_tools() {
+    # Debian's mmdebstrap (the image's root filesystem), buildah (the image) and podman (to
+    # run it), for scripts/image and the image's e2e test; runc is the runtime they use
+    # (deploy/image/containers.conf says why not crun). uidmap is what rootless podman needs;
+    # as root it is harmless. conmon and the CNI plugins come as podman's dependencies.
+    local missing=() tool
+    for tool in mmdebstrap buildah podman runc newuidmap; do
+        command -v "$tool" >/dev/null || missing+=("$tool")
+    done
+    [ "${#missing[@]}" = 0 ] && return 0
+    say "${missing[*]} missing: installing Debian's mmdebstrap, buildah, podman, runc and uidmap"
+    apt_install mmdebstrap buildah podman runc uidmap \
+        || die "mmdebstrap, buildah, podman and runc are required to build the image and could not be installed here: install them (apt-get install mmdebstrap buildah podman runc uidmap) and run again"
+}
