@@ -6,7 +6,7 @@ database or an object store and writes the revision's files under DIR exactly as
 would sit under ``assets/{tenant}/{asset}/rev/{n}/``, then prints a JSON summary: the plan,
 every output with its checksums, the time per node and step, and each ffmpeg process's
 wall time, CPU time and peak RSS. Exit 0 when every required output was made, 5 when the
-source is invalid, 4 when a required output failed.
+source is invalid, 1 when a required output failed.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 import anyio
 
 from aivedio.cli.common import (
+    EXIT_FAILED,
     EXIT_INVALID_MEDIA,
     EXIT_OK,
-    EXIT_OUTPUT_FAILED,
     EXIT_USAGE,
     print_json,
 )
@@ -111,7 +111,7 @@ def cmd_process(config: Config, args: argparse.Namespace) -> int:
         print_json(summary)
         if not report.verdict.valid:
             return EXIT_INVALID_MEDIA
-        return EXIT_OK if report.required_done else EXIT_OUTPUT_FAILED
+        return EXIT_OK if report.required_done else EXIT_FAILED
 
     return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
 
@@ -131,14 +131,14 @@ def add_parsers(
         ("process", cmd_process, "run the whole media DAG on one file, no database needed"),
     ):
         parser = sub.add_parser(name, parents=[common], help=text)
-        parser.add_argument("file")
+        parser.add_argument("file", help="a local media file")
         parser.add_argument("--provider", help="apply [media.tolerances.PROVIDER]")
         parser.add_argument("--expect-duration", type=float, help="declared duration (s)")
         parser.add_argument("--expect-resolution", help="declared WxH, e.g. 1280x720")
         if name == "process":
             parser.add_argument("--out", required=True, help="directory for the outputs")
             parser.add_argument("--only", help="comma-separated outputs (default: all)")
-        parser.set_defaults(fn=fn, needs_secret=False)
+        parser.set_defaults(fn=fn)
 
 
 def _media_slots(config: Config) -> int:

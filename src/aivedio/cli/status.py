@@ -37,7 +37,14 @@ from typing import Any, Literal
 
 import anyio
 
-from aivedio.cli.common import EXIT_INTERRUPTED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, print_json
+from aivedio.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    print_json,
+    table,
+)
 from aivedio.config.load import Config, DatabaseConfig
 from aivedio.store import listening, status_reads
 from aivedio.store.asset_status import (
@@ -203,11 +210,10 @@ def _asset_text(status: dict[str, Any]) -> str:
         f"{status['current_revision']}, moderation {status['moderation']}"
         + (f", {status['error_class']}: {status['error_detail']}" if status["error_class"] else "")
     ]
-    for v in status["variants"]:
-        lines.append(
-            f"  {v['variant_type']:<10} {v['size_bytes']:>10}  {v['sha256'][:16]}…  "
-            f"{v['object_key']}"
-        )
+    if status["variants"]:
+        rows = [{**v, "sha256": f"{v['sha256'][:16]}…"} for v in status["variants"]]
+        variants = table(rows, ("variant_type", "size_bytes", "sha256", "object_key"))
+        lines.extend(f"  {line}" for line in variants.splitlines())
     ignored = [
         f"#{i['index']} {i['codec_type']} {i['codec_name']}"
         + (f" [{i['language']}]" if i.get("language") else "")
@@ -455,12 +461,12 @@ def add_parsers(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
     status = sub.add_parser("status", parents=[common], help="an asset's state and timeline")
-    status.add_argument("asset_id", nargs="?")
+    status.add_argument("asset_id", nargs="?", help="an asset's id (a UUID)")
     status.add_argument(
         "--task", help="a provider task id (or generation task id): one status per output"
     )
     status.add_argument("--provider-output", help="a provider output id (with or without asset)")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help="one JSON document instead of text")
     status.add_argument(
         "--follow",
         "-f",
@@ -473,4 +479,4 @@ def add_parsers(
         default=DEFAULT_INTERVAL_SECONDS,
         help="with --follow: re-read at least this often, in seconds (default 2)",
     )
-    status.set_defaults(fn=cmd_status, needs_secret=False)
+    status.set_defaults(fn=cmd_status)

