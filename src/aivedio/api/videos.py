@@ -471,6 +471,7 @@ async def video_status(request: web.Request) -> web.Response:
             error_class=status["error_class"],
             upload=summary,
             error_detail=redact_text(detail) if detail else None,
+            progress=status["progress"],
         )
     )
 

@@ -6,7 +6,9 @@ variant of that revision (type, object key, size, SHA-256), and the timeline of 
 ``--task``, one such object per output of the generation task; an output that has no asset
 yet (still fetching, or lost) is shown by its fetch state, URL expiry and attempts.
 
-``--follow`` prints that, then every new timeline entry and every state change (of the
+``--follow`` prints that, then every new timeline entry, every change of the render's
+``progress`` (a percentage: ``aivedio.progress``, the API's status and event stream carry
+the same number) and every state change (of the
 asset, its provider output and their generation task) as it happens, until everything
 followed is final (an asset ENRICHED, REJECTED, INVALID_MEDIA, PROCESSING_FAILED or
 DELETED; an output OUTPUT_LOST or INVALID_RESPONSE before any asset existed): exit 0.
@@ -31,7 +33,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Literal
 
@@ -209,6 +211,7 @@ def _asset_text(status: dict[str, Any]) -> str:
         f"asset {status['asset_id']}: {status['state']}, current revision "
         f"{status['current_revision']}, moderation {status['moderation']}"
         + (f", {status['error_class']}: {status['error_detail']}" if status["error_class"] else "")
+        + (f", progress {status['progress']:g}%" if status.get("progress") is not None else "")
     ]
     if status["variants"]:
         rows = [{**v, "sha256": f"{v['sha256'][:16]}…"} for v in status["variants"]]
@@ -266,6 +269,16 @@ def _change_entry(row: dict[str, Any]) -> dict[str, Any]:
         "event": f"→ {row['state']}",
         "error_class": error,
     }
+
+
+def _progress_entry(item: dict[str, Any], shown: dict[str, float]) -> dict[str, Any] | None:
+    """A line for the asset's render progress when it moved since the last one shown."""
+    value = item.get("progress")
+    asset = item.get("asset_id")
+    if value is None or asset is None or shown.get(asset) == value:
+        return None
+    shown[asset] = value
+    return {"at": datetime.now(UTC), "stage": "progress", "event": f"{value:g}%"}
 
 
 def _item_label(item: dict[str, Any]) -> str:
@@ -332,9 +345,12 @@ async def follow(
     many = target.kind == "task"
     shown: set[str] = set()
     seen_events: set[int] = set()
+    progress: dict[str, float] = {}  # the progress last shown, by asset
     for item in snapshot.items:
         write(_text(item))
         shown.update(_entry_key(e) for e in item["timeline"])
+        if item.get("progress") is not None:
+            progress[item["asset_id"]] = item["progress"]
     seen_events.update(row["id"] for row in await read_state_changes(pool, snapshot))
     if not snapshot.items:
         write(
@@ -362,6 +378,9 @@ async def follow(
                     if key not in shown:
                         shown.add(key)
                         fresh.append((_at(entry["at"]), 1, len(fresh), label, entry))
+                entry = _progress_entry(item, progress)
+                if entry is not None:
+                    fresh.append((_at(entry["at"]), 2, len(fresh), label, entry))
             for row in await read_state_changes(pool, snapshot):
                 if row["id"] in seen_events:
                     continue
