@@ -490,7 +490,8 @@ def add_parsers(
         "--follow",
         "-f",
         action="store_true",
-        help="keep printing new timeline entries and state changes until final (Ctrl-C: 130)",
+        help="keep printing new timeline entries, state changes and the render's progress "
+        "until final (Ctrl-C: 130)",
     )
     status.add_argument(
         "--interval",
