@@ -96,7 +96,7 @@ def served(database: str, tmp_path: Path) -> Iterator[Served]:
     assert created.returncode == 0, created.stderr
     key = json.loads(created.stdout)["key"]
     tenant_id = json.loads(tenant.stdout)["id"]
-    signer = TokenSigner(base64.b64decode(SECRET))
+    signer = TokenSigner.hs256(base64.b64decode(SECRET))
     token, _ = signer.issue(tenant_id, uuid.uuid4(), 1, ttl_seconds=3600)
     for cli in (tenant, created):  # the CLI's own log says nothing of them either
         assert not leaked(cli.stderr, key, token)

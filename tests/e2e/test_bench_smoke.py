@@ -36,6 +36,7 @@ SMOKES: dict[str, list[str]] = {
     "fleet.py": [],
     "media.py": [],
     "overheads.py": ["--database-url", SERVER_DSN],
+    "playback_tokens.py": [],
     "publish.py": ["--dsn", SERVER_DSN],
     "queue.py": ["--server-dsn", SERVER_DSN],
     "time_to_playable.py": ["--server-dsn", SERVER_DSN],

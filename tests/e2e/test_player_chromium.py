@@ -172,12 +172,12 @@ async def test_the_watch_page_refuses_bad_tokens(
     config: Config, pool: Pool, tmp_path: Path
 ) -> None:
     async with open_api(config, pool, tmp_path) as api:
-        signer = TokenSigner(TOKEN_KEY)
+        signer = TokenSigner.hs256(TOKEN_KEY)
         asset, other = uuid.uuid4(), uuid.uuid4()
         token, claims = signer.issue(api.rig.tenant_id, asset, 1, 600)
         body, mac = token.split(".")
         expired, _ = signer.issue(api.rig.tenant_id, asset, 1, -1)
-        foreign, _ = TokenSigner(b"q" * 32).issue(api.rig.tenant_id, asset, 1, 600)
+        foreign, _ = TokenSigner.hs256(b"q" * 32).issue(api.rig.tenant_id, asset, 1, 600)
         refused = {
             "tampered": f"/watch/{asset}?token={body}.{mac[:-2]}AA",
             "forged claims": f"/watch/{asset}?token={body[:-2]}AA.{mac}",

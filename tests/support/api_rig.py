@@ -23,7 +23,7 @@ import msgspec
 
 from aivedio.api.app import run_app
 from aivedio.api.context import ApiContext
-from aivedio.api.tokens import TokenSigner
+from aivedio.api.tokens import TokenSigner, signer_from
 from aivedio.config.load import Config, StorageConfig
 from aivedio.pipeline.services import url_cipher
 from aivedio.store.api_keys import create_key
@@ -121,20 +121,24 @@ async def open_api(
             store=store,
             queue=Queue(pool),
             cipher=url_cipher(cfg),
-            signer=TokenSigner(TOKEN_KEY),
+            # [[api.playback_keys]] when a test lists them, else the one HS256 key.
+            signer=signer_from(cfg.api) if cfg.api.playback_keys else TokenSigner.hs256(TOKEN_KEY),
         )
         port = await tg.start(run_app, ctx, "127.0.0.1", 0)
         yield Api(Rig(cfg, pool, store, tenant_id), ctx, f"http://127.0.0.1:{port}", http, key)
         tg.cancel_scope.cancel()
 
 
-async def published(api: Api, *, tenant_id: int | None = None, revision: int = 1) -> uuid.UUID:
+async def published(
+    api: Api, *, tenant_id: int | None = None, revision: int = 1, playback: bytes = SEGMENT
+) -> uuid.UUID:
     """An asset whose revision was released, with a playlist, a segment and an MP4 under
-    its revision prefix (rows and objects as the publish stage leaves them)."""
+    its revision prefix (rows and objects as the publish stage leaves them). ``playback``:
+    the MP4's bytes (a real video where a test decodes it)."""
     tenant = tenant_id or api.rig.tenant_id
     asset_id = uuid.uuid4()
     prefix = keys.revision_prefix(tenant, asset_id, revision)
-    files = {"hls/master.m3u8": PLAYLIST, "hls/v0/seg_1.m4s": SEGMENT, "playback.mp4": SEGMENT}
+    files = {"hls/master.m3u8": PLAYLIST, "hls/v0/seg_1.m4s": SEGMENT, "playback.mp4": playback}
     for path, body in files.items():
         await api.rig.store.put_bytes(f"{prefix}/{path}", body)
     pool = api.rig.pool

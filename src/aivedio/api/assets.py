@@ -53,6 +53,7 @@ class Asset(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
     updated_at: datetime
     outputs: list[Output]
+    passthrough: str | None = None
 
 
 class TaskOutput(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +73,7 @@ class GenerationTask(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
     updated_at: datetime
     outputs: list[TaskOutput]
+    passthrough: str | None = None
 
 
 class Deleted(msgspec.Struct, frozen=True, kw_only=True):
@@ -122,6 +124,7 @@ async def get_asset(request: web.Request) -> web.Response:
             created_at=row["created_at"],
             updated_at=row["updated_at"],
             outputs=outputs,
+            passthrough=row["passthrough"],
         )
     )
 
@@ -164,6 +167,7 @@ async def get_task(request: web.Request) -> web.Response:
                 )
                 for o in outputs
             ],
+            passthrough=task["passthrough"],
         )
     )
 

@@ -6,11 +6,13 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from aivedio.api.token_buckets import BucketTable
 from aivedio.api.tokens import TokenSigner
 from aivedio.config.load import Config
 from aivedio.crypto import UrlCipher
 from aivedio.errors import ConfigError
 from aivedio.metrics import ApiMetrics
+from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.upkeep.backlog import BacklogMonitor
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
@@ -39,6 +41,10 @@ class ApiContext:
     listen_base_url: str = ""
     # The process's supervised loops that cannot work now (the event listener): /readyz.
     conditions: Conditions = field(init=False)
+    # On-demand stills (api/thumbnails.py): the sandbox they render in (made at the first
+    # one), and a bucket per playback token.
+    sandbox: Sandbox | None = None
+    thumbnail_buckets: BucketTable = field(default_factory=lambda: BucketTable(50_000))
 
     def __post_init__(self) -> None:
         self.backlog = BacklogMonitor(self.config.backlog, self.pool, self.metrics.backlog)

@@ -20,7 +20,9 @@ from aivedio.api import schema
 from aivedio.api.auth import tenant_of
 from aivedio.api.bodies import read_body
 from aivedio.api.context import context
+from aivedio.api.idempotency import idempotent
 from aivedio.api.problems import ApiError
+from aivedio.api.video_bodies import Passthrough
 from aivedio.errors import MalformedInputError, NotFoundError, PolicyBlockedError
 from aivedio.logs import get_logger
 from aivedio.pipeline.poller import register_watch
@@ -44,6 +46,8 @@ class WatchTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     provider: Name
     task_id: TaskId
+    # Kept from the first registration that gives one.
+    passthrough: Passthrough | None = None
 
 
 class WatchedTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -56,13 +60,18 @@ class WatchedTask(msgspec.Struct, frozen=True, kw_only=True):
 
 
 @routes.post("/v1/generation-tasks")
-async def watch_task(request: web.Request) -> web.Response:
+async def watch_task(request: web.Request) -> web.StreamResponse:
     ctx = context(request)
     body = await read_body(
         request,
         limit_bytes=BODY_MAX_BYTES,
         timeout_seconds=ctx.config.api.body_read_timeout_seconds,
     )
+    return await idempotent(request, body, lambda: _watch(request, body))
+
+
+async def _watch(request: web.Request, body: bytes) -> web.Response:
+    ctx = context(request)
     try:
         wanted = untrusted.decode(body, WatchTask)
     except MalformedInputError as exc:
@@ -77,6 +86,7 @@ async def watch_task(request: web.Request) -> web.Response:
                 provider=wanted.provider,
                 provider_task_id=wanted.task_id,
                 tenant_id=tenant_id,
+                passthrough=wanted.passthrough,
             )
     except NotFoundError as exc:
         raise ApiError(422, exc.detail, "unknown_provider") from None
@@ -115,6 +125,7 @@ PATHS: dict[str, Any] = {
             "summary": "Watch a generation task submitted to a provider elsewhere",
             "operationId": "watchGenerationTask",
             "tags": ["providers"],
+            "parameters": [schema.IDEMPOTENCY_KEY],
             "requestBody": {"required": True, "content": schema.json_content(WatchTask)},
             "responses": schema.responses(
                 {

@@ -60,7 +60,13 @@ def _document(upload_max_bytes: int, rate_limited: bool) -> bytes:
     paths: dict[str, Any] = {}
     structs: list[type] = [schema.Error]
     for module in ROUTE_MODULES:
-        paths.update(getattr(module, "PATHS", {}))
+        # A path's methods may come from several modules (POST /v1/videos creates, GET
+        # lists); one method of one path from two is a mistake.
+        for path, methods in getattr(module, "PATHS", {}).items():
+            twice = set(methods) & set(paths.get(path, {}))
+            if twice:
+                raise ValueError(f"{path}: {sorted(twice)} described twice")
+            paths.setdefault(path, {}).update(methods)
         structs.extend(getattr(module, "SCHEMAS", ()))
     paths.update(PATHS)  # this document's own route, served after the others
     structs.extend(SCHEMAS)

@@ -22,7 +22,7 @@ from aivedio.api.auth import tenant_of
 from aivedio.api.context import ApiContext, context
 from aivedio.api.ids import path_uuid
 from aivedio.api.problems import ApiError
-from aivedio.api.published import SERVABLE_STATES, published_files
+from aivedio.api.published import SERVABLE_STATES, published_files, servable_prefix
 from aivedio.api.video_bodies import upload_state
 from aivedio.store import asset_reads, uploads
 
@@ -70,8 +70,13 @@ async def issue(ctx: ApiContext, tenant_id: int, video: Any) -> Playback:
         raise ApiError(409, f"the video is not published (state {row['status']})", "not_published")
     revision = int(row["current_revision"])
     files = await published_files(ctx.pool, tenant_id, video, revision)
+    storage = await servable_prefix(ctx.pool, tenant_id, video, revision)
     token, claims = ctx.signer.issue(
-        tenant_id, video, revision, ctx.config.api.playback_token_ttl_seconds
+        tenant_id,
+        video,
+        revision,
+        ctx.config.api.playback_token_ttl_seconds,
+        storage_prefix=storage,
     )
     base = ctx.base_url()
     media = f"{base}/media/{token}/"

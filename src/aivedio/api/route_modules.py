@@ -15,9 +15,12 @@ from aivedio.api import (
     events,
     generation_tasks,
     health,
+    jwks,
+    listings,
     media,
     playback,
     player,
+    thumbnails,
     video_upload,
     videos,
 )
@@ -30,7 +33,10 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     generation_tasks,
     assets,
     events,
+    thumbnails,
     media,
     playback,
+    jwks,
+    listings,
     player,
 )

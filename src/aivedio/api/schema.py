@@ -105,6 +105,19 @@ def ok_json(schema: dict[str, Any] | type, description: str = "OK") -> dict[str,
     return {"description": description, "content": json_content(schema)}
 
 
+# The header of api/idempotency.py, on every POST that creates something.
+IDEMPOTENCY_KEY: dict[str, Any] = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "The same key and request within 24 h answer the first answer again "
+    "(Idempotent-Replayed: true) and create nothing more; the same key with another request "
+    "is refused 422 (idempotency_key_reused), and 409 (idempotency_key_in_use) while the "
+    "first one still runs.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]+$"},
+}
+
+
 def path_param(name: str, description: str, *, uuid: bool = True) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "string", "format": "uuid"} if uuid else {"type": "string"}
     return {

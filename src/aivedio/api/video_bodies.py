@@ -23,6 +23,19 @@ _SHA256 = whole(r"^[0-9a-fA-F]{64}$")
 _ETAG = whole(r"^[\x21-\x7e]+$")  # visible ASCII, as S3 answers them (quotes included)
 
 
+# The client's own string on a video or a generation task (Mux's ``passthrough``), echoed
+# in status, lists and every webhook; visible text, at most 255 characters.
+Passthrough = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=255,
+        pattern=_TEXT,
+        description="your own string (an id of yours), echoed in status, lists and webhooks",
+    ),
+]
+
+
 class CreateVideo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """``POST /v1/videos``: what the client is about to upload."""
 
@@ -32,6 +45,7 @@ class CreateVideo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     filename: Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=_TEXT)] | None = (
         None
     )
+    passthrough: Passthrough | None = None
 
 
 class CompletedPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -145,6 +159,7 @@ class VideoStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     error_class: str | None = None
     error_detail: str | None = None
     upload: UploadSummary | None = None
+    passthrough: str | None = None
     progress: float | None = None
 
 

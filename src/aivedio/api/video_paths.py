@@ -53,6 +53,7 @@ PATHS: dict[str, Any] = {
             "limit (its schema's maximum) is refused 422, naming the field.",
             "operationId": "createVideo",
             "tags": ["videos"],
+            "parameters": [schema.IDEMPOTENCY_KEY],
             "requestBody": {"required": True, "content": schema.json_content(CreateVideo)},
             "responses": schema.responses(
                 {
@@ -65,6 +66,7 @@ PATHS: dict[str, Any] = {
                     }
                 },
                 *schema.JSON_BODY_ERRORS,
+                409,
             )
             | {
                 "503": {

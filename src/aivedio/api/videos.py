@@ -49,6 +49,7 @@ from aivedio.api import schema
 from aivedio.api.auth import tenant_of
 from aivedio.api.bodies import read_body
 from aivedio.api.context import ApiContext, context
+from aivedio.api.idempotency import idempotent
 from aivedio.api.problems import ApiError
 from aivedio.api.video_bodies import (
     CompleteVideo,
@@ -118,11 +119,13 @@ async def _read_json_body(request: web.Request) -> bytes:
     )
 
 
-async def _decode(request: web.Request, kind: type[Any], *, required: bool) -> Any:
+async def _decode(
+    request: web.Request, kind: type[Any], *, required: bool, raw: bytes | None = None
+) -> Any:
     """The body as ``kind``, decoded at the edge's bounds (``untrusted.decode``): a body
     out of bounds (depth, NUL, lengths, 64-bit integers) or not JSON is 400, one that breaks
-    the schema 422, each naming the field."""
-    body = await _read_json_body(request)
+    the schema 422, each naming the field. ``raw``: the body, already read."""
+    body = await _read_json_body(request) if raw is None else raw
     if not body.strip():
         if required:
             raise ApiError(400, "a JSON object is required as the request body")
@@ -146,9 +149,14 @@ def _is_json(media_type: str) -> bool:
 
 
 @routes.post("/v1/videos")
-async def create_video(request: web.Request) -> web.Response:
+async def create_video(request: web.Request) -> web.StreamResponse:
+    raw = await _read_json_body(request)
+    return await idempotent(request, raw, lambda: _create_video(request, raw))
+
+
+async def _create_video(request: web.Request, raw: bytes) -> web.Response:
     ctx = context(request)
-    body: CreateVideo = await _decode(request, CreateVideo, required=True)
+    body: CreateVideo = await _decode(request, CreateVideo, required=True, raw=raw)
     await _refuse_under_pressure(ctx)
     limit = ctx.config.api.upload_max_bytes
     if body.size_bytes > limit:
@@ -176,6 +184,7 @@ async def create_video(request: web.Request) -> web.Response:
         "size_bytes": body.size_bytes,
         "sha256": sha256,
         "expires_at": expires_at,
+        "passthrough": body.passthrough,
     }
     if isinstance(store, PresigningStore):
         instructions = await _presigned(ctx, store, common, math.ceil(ttl))
@@ -453,6 +462,7 @@ async def video_status(request: web.Request) -> web.Response:
                 upload=summary,
                 error_class=session.error_class,
                 error_detail=session.error_detail,
+                passthrough=session.passthrough,
             )
         )
     status = await asset_status(ctx.pool, video_id)
@@ -471,6 +481,11 @@ async def video_status(request: web.Request) -> web.Response:
             error_class=status["error_class"],
             upload=summary,
             error_detail=redact_text(detail) if detail else None,
+            passthrough=(
+                session.passthrough
+                if session is not None
+                else await asset_reads.passthrough(ctx.pool, video_id)
+            ),
             progress=status["progress"],
         )
     )

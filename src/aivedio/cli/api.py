@@ -14,7 +14,6 @@ import anyio
 import msgspec
 
 from aivedio.cli.common import EXIT_OK, print_json
-from aivedio.config.api import require_api_secret
 from aivedio.config.load import Config
 from aivedio.errors import ConfigError
 from aivedio.logs import get_logger
@@ -27,7 +26,7 @@ log = get_logger("aivedio.api")
 def cmd_api(config: Config, args: argparse.Namespace) -> int:
     from aivedio.api.app import run_app
     from aivedio.api.context import ApiContext
-    from aivedio.api.tokens import TokenSigner
+    from aivedio.api.tokens import signer_from
     from aivedio.pipeline.services import url_cipher
     from aivedio.store.objects.opening import open_object_store
     from aivedio.store.queue import Queue
@@ -36,7 +35,7 @@ def cmd_api(config: Config, args: argparse.Namespace) -> int:
         config = msgspec.structs.replace(
             config, api=msgspec.structs.replace(config.api, port=args.port)
         )
-    signer = TokenSigner(require_api_secret(config.api))
+    signer = signer_from(config.api)
 
     async def main() -> int:
         async with open_pool(config.database, max_size=config.api.pool_max_size) as pool:

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from aivedio.config.playback_keys import PlaybackKeyConfig, validate_playback_keys
 from aivedio.errors import ConfigError
 
 GIB = 1024**3
@@ -68,9 +69,16 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     # How clients reach this API (playback and upload URLs are built on it, never on the
     # request's Host): required when host is not loopback; empty means http://{host}:{port}.
     public_base_url: str = ""
-    # Base64 of 32 random bytes: signs playback tokens. Every API process shares it.
+    # Base64 of 32 random bytes: signs playback tokens (HS256) when no playback_keys are
+    # listed, and verifies tokens of the format before JWTs. Every API process shares it.
     playback_token_secret: str = ""
     playback_token_ttl_seconds: float = 3600.0
+    # The keys of playback tokens, the signing key first (config/playback_keys.py).
+    playback_keys: list[PlaybackKeyConfig] = msgspec.field(default_factory=list)
+    # Idempotency-Key (api/idempotency.py): how long a key answers with its first answer,
+    # and how long a request holds its key before another may take it over.
+    idempotency_ttl_seconds: float = 24 * 3600.0
+    idempotency_lock_seconds: float = 60.0
     # Provider callbacks: the largest body read, and the clock skew accepted.
     max_callback_bytes: int = 256 * 1024
     callback_skew_seconds: float = 300.0
@@ -85,6 +93,11 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     # instead of streaming the bytes through the API.
     media_redirect: bool = False
     presign_ttl_seconds: float = 300.0
+    # On-demand stills (GET /media/{token}/thumbnail.jpg): the widest one made, and the
+    # bucket of each playback token (a render costs a sandboxed ffmpeg).
+    thumbnail_max_width: int = 1920
+    thumbnail_rate_per_second: float = 2.0
+    thumbnail_burst: int = 20
     # Server-Sent Events: a comment line this often keeps proxies from closing the stream.
     sse_keepalive_seconds: float = 15.0
     pool_max_size: int = 10
@@ -94,9 +107,18 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
 def validate_api(api: ApiConfig) -> None:
     if not 0 <= api.port < 65536:  # 0: any free port (tests, demos)
         raise ConfigError(f"config error: api.port: {api.port} is not a TCP port")
+    validate_playback_keys(api.playback_keys)
+    if api.thumbnail_max_width < 16:
+        raise ConfigError("config error: api.thumbnail_max_width: at least 16")
+    if api.thumbnail_rate_per_second <= 0 or api.thumbnail_burst < 1:
+        raise ConfigError(
+            "config error: api.thumbnail_rate_per_second and thumbnail_burst: positive"
+        )
     require_public_base_url(api, api.host)
     for name in (
         "playback_token_ttl_seconds",
+        "idempotency_ttl_seconds",
+        "idempotency_lock_seconds",
         "callback_skew_seconds",
         "body_read_timeout_seconds",
         "upload_session_ttl_seconds",
@@ -188,6 +210,12 @@ def listen_base_url(host: str, port: int) -> str:
     except ValueError:
         literal = host
     return f"http://{literal}:{port}"
+
+
+def legacy_token_secret(api: ApiConfig) -> bytes | None:
+    """``playback_token_secret``'s key when it is set (it verifies tokens of the format
+    before JWTs), else None."""
+    return require_api_secret(api) if api.playback_token_secret else None
 
 
 def require_api_secret(api: ApiConfig) -> bytes:

@@ -96,6 +96,7 @@ async def register_watch(
     provider_task_id: str,
     tenant_id: int,
     hurry: bool = False,
+    passthrough: str | None = None,
 ) -> WatchRegistration:
     """Watch a task (idempotent); ``hurry`` makes a waiting poll due now (a callback hint).
 
@@ -130,6 +131,8 @@ async def register_watch(
                     f"tenant_mismatch: task {provider}/{provider_task_id} belongs to another tenant"
                 )
             task_id = row["id"]
+            if passthrough is not None:
+                await generation_tasks.keep_passthrough(conn, task_id, passthrough, doing=doing)
             finished = FINISHED_TASK_STATES.get(row["provider_status"])
             inserted = await generation_tasks.insert_watch(
                 conn,

@@ -15,7 +15,7 @@ import asyncpg
 from aivedio.store.database import Pool, map_db_errors
 
 TENANT_ASSET_SQL = (
-    "SELECT a.*, o.generation_task_id FROM assets a"
+    "SELECT a.*, o.generation_task_id, aivedio_passthrough(a.id) AS passthrough FROM assets a"
     " LEFT JOIN provider_outputs o ON o.id = a.source_provider_output_id"
     " WHERE a.id = $1 AND a.tenant_id = $2"
 )
@@ -72,6 +72,13 @@ async def tenant_asset(pool: Pool, tenant_id: int, asset_id: uuid.UUID) -> async
     """The tenant's asset row with the generation task it came from (if any)."""
     with map_db_errors("reading the asset"):
         return await pool.fetchrow(TENANT_ASSET_SQL, asset_id, tenant_id)
+
+
+async def passthrough(pool: Pool, asset_id: uuid.UUID) -> str | None:
+    """The client's passthrough of the video or the task the asset came from."""
+    with map_db_errors("reading the passthrough"):
+        found: str | None = await pool.fetchval("SELECT aivedio_passthrough($1)", asset_id)
+    return found
 
 
 async def tenant_owns_asset(pool: Pool, tenant_id: int, asset_id: uuid.UUID) -> bool:

@@ -122,6 +122,16 @@ async def insert_watched_task(
         )
 
 
+async def keep_passthrough(conn: Connection, task_id: Any, passthrough: str, *, doing: str) -> None:
+    """The task's passthrough, unless it has one already (the first one given stays)."""
+    with map_db_errors(doing):
+        await conn.execute(
+            "UPDATE generation_tasks SET passthrough = $2 WHERE id = $1 AND passthrough IS NULL",
+            task_id,
+            passthrough,
+        )
+
+
 async def lock_watched_task(
     conn: Connection, provider: str, provider_task_id: str, *, doing: str
 ) -> asyncpg.Record | None:

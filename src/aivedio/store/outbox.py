@@ -41,8 +41,8 @@ __all__ = ["EVENT_TYPES", "NOTIFY_CHANNEL", "Claimed", "OutboxStore", "Poisoned"
 NOTIFY_CHANNEL = "aivedio_events"
 
 INSERT_EVENT = """
-INSERT INTO outbox_events (event_id, event_type, tenant_id, aggregate_id, payload)
-VALUES ($1, $2, $3, $4, $5::text::jsonb) RETURNING id
+INSERT INTO outbox_events (event_id, event_type, tenant_id, aggregate_id, payload, passthrough)
+VALUES ($1, $2, $3, $4, $5::text::jsonb, aivedio_passthrough($4)) RETURNING id
 """
 
 REGISTER_ENDPOINTS = """
@@ -115,7 +115,8 @@ UPDATE outbox_deliveries d
    AND d.outbox_event_id = due.outbox_event_id
    AND e.id = d.outbox_event_id
 RETURNING d.endpoint, d.outbox_event_id, d.attempts, e.event_id, e.event_type,
-          e.created_at, e.tenant_id, e.aggregate_id, e.payload::text AS payload
+          e.created_at, e.tenant_id, e.aggregate_id, e.payload::text AS payload,
+          e.passthrough
 """
 
 MARK_DELIVERED = """
@@ -195,6 +196,8 @@ class Claimed(msgspec.Struct, frozen=True, kw_only=True):
     tenant_id: int | None
     aggregate_id: uuid.UUID | None
     payload: dict[str, Any]
+    # The video's or task's passthrough, as it was when the event was emitted.
+    passthrough: str | None = None
 
 
 class Poisoned(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,7 +21,7 @@ STORAGE_REVISION_SQL = (
 )
 PUBLISHED_VARIANTS_SQL = (
     "SELECT v.variant_type, v.object_key, v.mime_type, v.size_bytes, v.width, v.height,"
-    " v.extra, coalesce(r.enriches, r.revision) AS storage_revision"
+    " v.extra, v.checksum AS sha256, coalesce(r.enriches, r.revision) AS storage_revision"
     " FROM asset_variants v JOIN asset_revisions r USING (asset_id, revision)"
     " WHERE v.asset_id = $1 AND v.revision = $2 AND v.status = 'SUCCEEDED'"
     " AND v.variant_type = ANY(coalesce(r.published_outputs, ARRAY[]::text[]))"

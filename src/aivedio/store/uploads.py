@@ -52,7 +52,7 @@ COLUMNS = (
     "id, tenant_id, status, method, content_type, filename, declared_size_bytes,"
     " declared_sha256, object_key, multipart_upload_id, part_size_bytes, received_size_bytes,"
     " received_sha256, error_class, error_detail, expires_at, uploaded_at, completed_at,"
-    " ended_at, cleaned_at, created_at"
+    " ended_at, cleaned_at, created_at, passthrough"
 )
 
 
@@ -78,6 +78,7 @@ class UploadSession(msgspec.Struct, frozen=True, kw_only=True):
     ended_at: datetime | None
     cleaned_at: datetime | None
     created_at: datetime
+    passthrough: str | None = None
 
     def expired(self, now: datetime | None = None) -> bool:
         """EXPIRED, or still awaiting its upload past ``expires_at``."""
@@ -118,13 +119,14 @@ async def create_session(
     object_key: str | None = None,
     multipart_upload_id: str | None = None,
     part_size_bytes: int | None = None,
+    passthrough: str | None = None,
 ) -> UploadSession:
     with map_db_errors("recording the upload session"):
         row = await pool.fetchrow(
             "INSERT INTO upload_sessions (id, tenant_id, status, method, content_type, filename,"
             " declared_size_bytes, declared_sha256, object_key, multipart_upload_id,"
-            " part_size_bytes, expires_at)"
-            f" VALUES ($1, $2, '{AWAITING}', $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+            " part_size_bytes, expires_at, passthrough)"
+            f" VALUES ($1, $2, '{AWAITING}', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
             f" RETURNING {COLUMNS}",
             video_id,
             tenant_id,
@@ -137,6 +139,7 @@ async def create_session(
             multipart_upload_id,
             part_size_bytes,
             expires_at,
+            passthrough,
         )
     assert row is not None
     return _session(row)
@@ -252,15 +255,20 @@ async def complete_session(
             if won is None:
                 return False
             await conn.execute(
+                # The video was created with its session: the asset (the same id) is listed
+                # at that time (video_created_at), so a walk of GET /v1/videos never sees
+                # the video move when its upload completes.
                 "INSERT INTO assets (id, tenant_id, source_type, source_provider_output_id,"
-                " status, source_object_key, source_size_bytes, source_sha256)"
-                " VALUES ($1, $2, 'UPLOAD', NULL, 'QUARANTINED', $3, $4, $5)"
+                " status, source_object_key, source_size_bytes, source_sha256,"
+                " video_created_at)"
+                " VALUES ($1, $2, 'UPLOAD', NULL, 'QUARANTINED', $3, $4, $5, $6)"
                 " ON CONFLICT (id) DO NOTHING",
                 session.id,
                 session.tenant_id,
                 key,
                 size,
                 sha256,
+                session.created_at,
             )
             await queue.enqueue_one(conn, probe)
     return True

@@ -221,7 +221,7 @@ async def test_a_token_opens_only_its_own_revision(
         second = await published(api)
         play = await api.json("GET", f"/v1/videos/{first}/playback")
         token = play["token"]
-        signer = TokenSigner(TOKEN_KEY)
+        signer = TokenSigner.hs256(TOKEN_KEY)
         claims = signer.verify(token)
         # The same path under the other asset's token works; under this token it cannot reach
         # the other asset: paths are relative to the token's own prefix.
@@ -232,12 +232,17 @@ async def test_a_token_opens_only_its_own_revision(
         # A revision that was never released is not served, even with a valid token.
         unreleased, _ = signer.issue(claims.tenant_id, first, 2, 60)
         assert (await get(api, f"{api.base}/media/{unreleased}/hls/master.m3u8"))[0] == 404
-        body, mac = token.split(".")
-        forged_claims = msgspec.json.encode([claims.tenant_id, str(second), 1, claims.expires_at])
-        forged = base64.urlsafe_b64encode(forged_claims).rstrip(b"=").decode() + "." + mac
+        header, body, mac = token.split(".")
+        # The other asset's claims under this token's signature.
+        payload = msgspec.json.decode(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+        payload["sub"] = str(second)
+        payload["pfx"] = payload["pfx"].replace(str(first), str(second))
+        forged_body = base64.urlsafe_b64encode(msgspec.json.encode(payload)).rstrip(b"=")
+        forged = f"{header}.{forged_body.decode()}.{mac}"
         expired, _ = signer.issue(claims.tenant_id, first, 1, -1)
-        foreign, _ = TokenSigner(b"q" * 32).issue(claims.tenant_id, first, 1, 60)
-        for bad in (forged, expired, foreign, body + "." + mac[:-2] + "AA", "garbage", "a.b"):
+        foreign, _ = TokenSigner.hs256(b"q" * 32).issue(claims.tenant_id, first, 1, 60)
+        tampered = f"{header}.{body}.{mac[:-2]}AA"
+        for bad in (forged, expired, foreign, tampered, "garbage", "a.b", "a.b.c"):
             status, _, answer = await get(api, f"{api.base}/media/{bad}/hls/master.m3u8")
             assert status == 403, bad
             assert msgspec.json.decode(answer)["error"]["code"] == "token_rejected"

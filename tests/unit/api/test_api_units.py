@@ -16,7 +16,7 @@ from aivedio.logs import redact_text
 from aivedio.store.api_keys import _KEY, new_key
 from aivedio.store.objects import keys
 
-SIGNER = TokenSigner(b"s" * 32)
+SIGNER = TokenSigner.hs256(b"s" * 32)
 
 
 def test_a_token_round_trips_and_names_its_revision_prefix() -> None:
@@ -49,11 +49,11 @@ def test_expired_and_foreign_tokens_are_refused() -> None:
     token, claims = SIGNER.issue(1, uuid.uuid4(), 1, 60)
     with pytest.raises(TokenRejected, match="expired"):
         SIGNER.verify(token, now=claims.expires_at)
-    foreign, _ = TokenSigner(b"t" * 32).issue(1, uuid.uuid4(), 1, 60)
+    foreign, _ = TokenSigner.hs256(b"t" * 32).issue(1, uuid.uuid4(), 1, 60)
     with pytest.raises(TokenRejected, match="signature"):
         SIGNER.verify(foreign)
     with pytest.raises(ValueError, match="32 bytes"):
-        TokenSigner(b"short")
+        TokenSigner.hs256(b"short")
 
 
 def test_api_keys_have_the_redacted_shape() -> None:

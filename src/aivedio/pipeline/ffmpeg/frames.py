@@ -15,7 +15,8 @@ stderr). Two ways to take them:
   anyway, so the full check costs nothing over the sampled one, and the frames exist before
   any output is made: moderation no longer waits for the playback. For a remux the frames
   are the playback's own (the same bitstream); for a transcode they are what it was
-  encoded from.
+  encoded from. The same pass takes a remux's poster (``PosterShot``): the frame at the
+  poster's time, at the source's size, which the render would otherwise decode again.
 
 Every still is scaled to at most ``frame_width`` wide and written as a JPEG in the scratch
 directory; ``read_frames`` collects them with their times.

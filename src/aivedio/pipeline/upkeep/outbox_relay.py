@@ -13,8 +13,9 @@ ours. The claim and store rules (lazy creation, leases, per-aggregate order) are
 ``store/outbox.py``; this module is the HTTP side and the schedule.
 
 The request. The body is JSON ``{"id", "type", "created_at", "tenant_id", "aggregate_id",
-"data"}``, byte-identical on every attempt; ``id`` is the event id (also in
-``X-Aivedio-Event-Id``) and is the receiver's idempotency key: at least once means a
+"passthrough", "data"}`` (``passthrough``: the client's string on the video or task, as
+it was when the event was emitted), byte-identical on every attempt; ``id`` is the event id
+(also in ``X-Aivedio-Event-Id``) and is the receiver's idempotency key: at least once means a
 receiver may see an event twice (a lost acknowledgement, a lapsed lease). The signature is
 ``X-Aivedio-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>." + body)>`` with
 ``X-Aivedio-Timestamp`` in unix seconds, so a receiver can refuse stale replays.
@@ -92,6 +93,7 @@ def encode_body(c: Claimed) -> bytes:
             "created_at": c.created_at,
             "tenant_id": c.tenant_id,
             "aggregate_id": str(c.aggregate_id) if c.aggregate_id else None,
+            "passthrough": c.passthrough,
             "data": c.payload,
         }
     )

@@ -47,6 +47,7 @@ class SweepReport(msgspec.Struct, kw_only=True):
         "orphaned_watches",
         "stale_uploads",
         "expired_uploads",
+        "expired_idempotency_keys",
         "stuck_assets",
         "integrity",
         "orphan_objects",
@@ -64,6 +65,7 @@ class SweepReport(msgspec.Struct, kw_only=True):
     orphaned_watches: list[Finding] = msgspec.field(default_factory=list)
     stale_uploads: list[Finding] = msgspec.field(default_factory=list)
     expired_uploads: list[Finding] = msgspec.field(default_factory=list)
+    expired_idempotency_keys: list[Finding] = msgspec.field(default_factory=list)
     stuck_assets: list[Finding] = msgspec.field(default_factory=list)
     integrity: list[Finding] = msgspec.field(default_factory=list)
     orphan_objects: list[Finding] = msgspec.field(default_factory=list)

@@ -17,7 +17,7 @@ from typing import Any
 from aivedio.config.sweeper import SweeperConfig
 from aivedio.logs import get_logger
 from aivedio.pipeline.upkeep.sweep_report import Finding, SweepReport
-from aivedio.store import sweep_stalled
+from aivedio.store import idempotency_keys, sweep_stalled
 from aivedio.store.database import Pool, map_db_errors
 from aivedio.store.generation_tasks import end_watch
 from aivedio.store.objects.base import ObjectStore
@@ -227,3 +227,19 @@ class StalledWork:
                 )
                 finding = Finding(subject=str(reaped.video_id), action=reaped.action, detail=detail)
                 report.add("expired_uploads", finding)
+
+    async def expired_idempotency_keys(self, report: SweepReport, now: datetime) -> None:
+        """Idempotency keys past their lifetime (``api/idempotency.py``): deleted, a batch a
+        pass (one statement: no row of it can fail alone)."""
+        if report.dry_run:
+            count = await idempotency_keys.count_expired(self.pool, now=now)
+        else:
+            count = await idempotency_keys.delete_expired(self.pool, now=now)
+        if count:
+            finding = Finding(
+                subject="idempotency_keys",
+                action=report.act("deleted"),
+                detail=f"{count} keys past their lifetime",
+                data={"keys": count},
+            )
+            report.add("expired_idempotency_keys", finding)

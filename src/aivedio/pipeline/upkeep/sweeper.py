@@ -161,6 +161,7 @@ class Sweeper:
             ("orphaned_watches", stalled.orphaned_watches),
             ("stale_uploads", stalled.stale_uploads),
             ("expired_uploads", stalled.expired_uploads),
+            ("expired_idempotency_keys", stalled.expired_idempotency_keys),
             ("stuck_assets", self.stuck.stuck),
             ("integrity", self.integrity.audit),
             ("orphan_objects", gc.collect_assets),

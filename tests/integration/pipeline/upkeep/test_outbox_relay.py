@@ -674,3 +674,33 @@ def test_schedule_delivers_retries_and_buries() -> None:
     assert parse_retry_after("12") == 12.0
     assert parse_retry_after("soon") is None
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+
+
+async def test_every_delivery_carries_the_videos_passthrough_as_it_was_when_emitted(
+    pool: Pool,
+) -> None:
+    tenant = await pool.fetchval("INSERT INTO tenants (name) VALUES ('pt') RETURNING id")
+    video = uuid.uuid4()
+    await pool.execute(
+        "INSERT INTO upload_sessions (id, tenant_id, status, method, content_type,"
+        " declared_size_bytes, declared_sha256, expires_at, passthrough)"
+        " VALUES ($1, $2, 'AWAITING_UPLOAD', 'API_PUT', 'video/mp4', 1, $3,"
+        " now() + interval '1 h', 'order-42')",
+        video,
+        tenant,
+        "a" * 64,
+    )
+    async with (
+        open_receiver() as receiver,
+        open_relay(outbox_config(receiver, max_attempts=2), pool) as relay,
+    ):
+        await emit_one(pool, "asset.ready", video, asset_id=str(video))
+        # Changed after the event: the body stays what it was (byte-identical retries).
+        await pool.execute(
+            "UPDATE upload_sessions SET passthrough = 'changed' WHERE id = $1", video
+        )
+        await emit_one(pool, "asset.deleted", uuid.uuid4())  # an aggregate with none
+        await passes(relay, 2)
+    bodies = {r.data["type"]: r.data for r in receiver.received}
+    assert bodies["asset.ready"]["passthrough"] == "order-42"
+    assert bodies["asset.deleted"]["passthrough"] is None
