@@ -4,10 +4,11 @@
 
 What it does, in order (every file under ``var/demo``):
 
-1. a fresh ``aivedio_demo`` database on the given server (dropped and created: each run starts
-   empty), the secrets (made once, kept in ``*.key`` files, mode 600), the sample media (made
-   with ffmpeg once: an H.264/AAC clip that only needs a remux, an HEVC clip that needs a
-   transcode, a portrait clip to upload, and an HTML error page named ``.mp4``);
+1. a fresh ``aivedio_demo`` database (or ``$AIVEDIO_DEMO_DATABASE``) on the given server
+   (dropped and created: each run starts empty), the secrets (made once, kept in ``*.key``
+   files, mode 600), the sample media (made with ffmpeg once: an H.264/AAC clip that only
+   needs a remux, an HEVC clip that needs a transcode, a portrait clip to upload, and an
+   HTML error page named ``.mp4``);
 2. the simulated provider (HTTPS on loopback, its own test CA) serving three outputs; with
    ``--s3``, moto's S3 server and a bucket;
 3. ``aivedio.toml``, migrations, tenant ``demo`` and an API key;
@@ -37,6 +38,7 @@ import hmac
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -46,7 +48,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -57,7 +59,9 @@ DEMO = ROOT / "var" / "demo"
 MEDIA = DEMO / "media"
 AIVEDIO = [sys.executable, "-m", "aivedio"]  # the package as installed or on PYTHONPATH
 
-DATABASE = "aivedio_demo"
+DEFAULT_DATABASE = "aivedio_demo"
+# A database name the driver may put in DDL unquoted by anything but its double quotes.
+_DATABASE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 TENANT = "demo"
 PROVIDER = "sim"
 BUCKET = "aivedio-demo"
@@ -453,9 +457,23 @@ def secret_file(name: str) -> str:
     return path.read_text().strip()
 
 
+def database_name(environ: Mapping[str, str] = os.environ) -> str:
+    """AIVEDIO_DEMO_DATABASE when set, else aivedio_demo: two checkouts that share one
+    PostgreSQL each name their own, or each run drops the other's database."""
+    name = environ.get("AIVEDIO_DEMO_DATABASE", "").strip() or DEFAULT_DATABASE
+    if not _DATABASE_NAME.fullmatch(name):
+        raise DemoError(
+            f"AIVEDIO_DEMO_DATABASE={name!r}: use lower-case letters, digits and _ "
+            "(at most 63, not starting with a digit)"
+        )
+    return name
+
+
 def reset_database(server_dsn: str) -> str:
     """Drop and create the demo database (each run starts empty); its DSN."""
     import asyncio
+
+    database = database_name()
 
     import asyncpg
 
@@ -463,20 +481,20 @@ def reset_database(server_dsn: str) -> str:
         conn = await asyncpg.connect(server_dsn, timeout=10)
         try:
             users = await conn.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", DATABASE
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1", database
             )
             if users:
                 raise DemoError(
-                    f"database {DATABASE} has {users} open connections: another scripts/demo "
+                    f"database {database} has {users} open connections: another scripts/demo "
                     "(or a client) is using it; stop it first"
                 )
-            await conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}"')
-            await conn.execute(f'CREATE DATABASE "{DATABASE}"')
+            await conn.execute(f'DROP DATABASE IF EXISTS "{database}"')
+            await conn.execute(f'CREATE DATABASE "{database}"')
         finally:
             await conn.close()
 
     asyncio.run(reset())
-    return urllib.parse.urlunsplit(urllib.parse.urlsplit(server_dsn)._replace(path=f"/{DATABASE}"))
+    return urllib.parse.urlunsplit(urllib.parse.urlsplit(server_dsn)._replace(path=f"/{database}"))
 
 
 def toml_str(value: str) -> str:
@@ -788,7 +806,7 @@ def describe_media(env: dict[str, str], video: Video) -> str:
     """The source as probed and the plan chosen for it (``aivedio assets show``)."""
     if video.video_id is None:
         return ""
-    asset = json.loads(run_cli(env, "assets", "show", video.video_id))
+    asset = json.loads(run_cli(env, "assets", "show", video.video_id, "--json"))
     if not asset.get("video_codec"):
         return ""
     codecs = "/".join(filter(None, [asset["video_codec"], asset.get("audio_codec")]))
@@ -1056,7 +1074,7 @@ def provider_calls_back(stack: Stack, videos: list[Video]) -> None:
 
 def summary(stack: Stack, videos: list[Video], waited: float, settled: bool, left: int) -> bool:
     """Dead jobs, processes, jobs per worker, where to look next; True if nothing crashed."""
-    dead = run_cli(stack.env, "jobs", "list", "--status", "dead").splitlines()
+    dead = run_cli(stack.env, "jobs", "list", "--status", "dead", "--json").splitlines()
     alive = all(s.alive() for s in [stack.api_proc, *stack.workers])
     done = [jobs_succeeded(port) for port in stack.metrics_ports]
     how = f"settled in {waited:.1f} s" if settled else f"NOT all settled in {waited:.0f} s"
@@ -1086,7 +1104,7 @@ def summary(stack: Stack, videos: list[Video], waited: float, settled: bool, lef
 
 def demo(args: argparse.Namespace, services: list[Service]) -> int:
     mode = "S3 (moto's server)" if args.s3 else "the local filesystem"
-    out(f"== aivedio demo: store {mode}, PostgreSQL database {DATABASE}")
+    out(f"== aivedio demo: store {mode}, PostgreSQL database {database_name()}")
     run = time.strftime("%H%M%S")
     videos = [Video(sample) for sample in SAMPLES]
     for video in videos:

@@ -14,6 +14,14 @@ subscribed to the changed row's id; a stream re-reads the log after every wake-u
 ``REQUERY_SECONDS`` anyway, so a notification lost to a reconnect delays an event, never
 loses it. Streams use short pooled queries only, never a connection of their own.
 
+Between stage events, a ``progress`` event carries the asset's render progress (the same
+``progress`` as ``GET /v1/videos/{id}/status``, a percentage as Cloudflare Stream's
+``pctComplete``) each time it changes while a render runs (the end is the ENRICHED stage
+event). It is read with the log, while the asset is not
+final: workers store it once a heartbeat (``aivedio.progress``), nothing notifies it, so
+the timer finds it. It has no ``id``: a reconnecting client resumes by stage events, and
+the next read sends the progress again.
+
 A stream ends when the client goes away (seen at the next write or tick) and when the server
 shuts down (``close_streams``, or ``ctx.stopping``): the client reconnects elsewhere with its
 ``Last-Event-ID``. Not while the process only drains (``ctx.draining``: /readyz answers 503 so
@@ -45,6 +53,7 @@ from aivedio.errors import DatabaseError
 from aivedio.logs import get_logger
 from aivedio.states import Entity
 from aivedio.store import listening
+from aivedio.store.asset_status import progress_now
 from aivedio.store.database import map_db_errors
 from aivedio.store.listening import Wakeup
 from aivedio.store.stage_events import (
@@ -156,6 +165,19 @@ class StageEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     error_class: str | None = None
 
 
+class ProgressEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """The data of one ``progress`` event: the asset's render progress in percent."""
+
+    asset_id: uuid.UUID
+    progress: float
+
+
+# Asset states after which no render runs: a stream stops reading progress.
+_NO_MORE_PROGRESS = frozenset(
+    {"ENRICHED", "REJECTED", "PROCESSING_FAILED", "INVALID_MEDIA", "DELETED"}
+)
+
+
 def phase_of(entity: Entity, state: str) -> tuple[Phase, bool]:
     return PHASES[entity].get(state, (_IN_PROGRESS[entity], True))
 
@@ -183,6 +205,11 @@ def stage_event(scope: Scope, row: StageRow) -> StageEvent:
 def frame(event: StageEvent) -> bytes:
     """One event in the SSE wire format (the JSON has no newline, so one data line)."""
     return b"id: %d\nevent: stage\ndata: %s\n\n" % (event.event_id, msgspec.json.encode(event))
+
+
+def progress_frame(event: ProgressEvent) -> bytes:
+    """A ``progress`` event: no ``id``, so it never moves a client's Last-Event-ID."""
+    return b"event: progress\ndata: %s\n\n" % msgspec.json.encode(event)
 
 
 _EVENT_ID = re.compile(r"[0-9]{1,40}")
@@ -296,6 +323,8 @@ async def _stream(
     last_sent = now()
     read_at = now()  # the history (or what follows Last-Event-ID) first
     held = 0  # reads in a row that found a writer mid-transaction
+    shown: float | None = None  # the progress last sent
+    final = False  # the asset reached a state after which nothing renders
     while not (ctx.stopping or hub.closing or _client_gone(request)):
         if now() >= read_at:
             rows = await _read(ctx, scope, cursor)
@@ -310,6 +339,15 @@ async def _stream(
             if rows:
                 await _send(response, b"".join(frame(stage_event(scope, r)) for r in rows))
                 cursor = rows[-1].id
+                last_sent = now()
+                final = final or any(
+                    r.entity == Entity.ASSET.value and r.state in _NO_MORE_PROGRESS for r in rows
+                )
+            measured = None if rows is None or final else await _progress(ctx, scope)
+            if measured is not None and measured != shown:
+                event = ProgressEvent(asset_id=scope.asset_id, progress=measured)
+                await _send(response, progress_frame(event))
+                shown = measured
                 last_sent = now()
         if now() - last_sent >= keepalive:
             await _send(response, b": keepalive\n\n")
@@ -330,6 +368,18 @@ async def _read(ctx: ApiContext, scope: Scope, cursor: int) -> list[StageRow] | 
     except DatabaseError as exc:
         log.warning("event_stream_read_failed", asset_id=str(scope.asset_id), error=str(exc))
         return []
+
+
+async def _progress(ctx: ApiContext, scope: Scope) -> float | None:
+    """The running render's progress now; None when unmeasured or unreadable (the next read
+    retries), and at 100: the ENRICHED stage event says the end, in its order."""
+    try:
+        with map_db_errors("reading progress"), anyio.fail_after(10):
+            measured = await progress_now(ctx.pool, scope.asset_id)
+        return measured if measured is not None and measured < 100.0 else None
+    except DatabaseError as exc:
+        log.warning("event_stream_read_failed", asset_id=str(scope.asset_id), error=str(exc))
+        return None
 
 
 async def _send(response: web.StreamResponse, data: bytes) -> None:
@@ -402,7 +452,7 @@ def _paths() -> dict[str, Any]:
         "schema": {"type": "string"},
     }
     # OpenAPI 3.1 reads the schema of an event stream as the schema of one event.
-    event = {
+    stage = {
         "type": "object",
         "required": ["event", "data", "id"],
         "properties": {
@@ -416,11 +466,25 @@ def _paths() -> dict[str, Any]:
             },
         },
     }
+    progress = {
+        "type": "object",
+        "required": ["event", "data"],
+        "properties": {
+            "event": {"const": "progress"},
+            "data": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "contentSchema": schema.ref(ProgressEvent),
+            },
+        },
+    }
+    event = {"oneOf": [stage, progress]}
     ok = {
         "description": "An endless text/event-stream: `retry:` first, then one `stage` event "
         "(`id:` the event id, `data:` a StageEvent as JSON) per status change of the asset, "
         "its provider output and that output's generation task, in id order; a "
-        "`: keepalive` comment line when idle. It ends when the server shuts down.",
+        "`progress` event (`data:` a ProgressEvent, no `id:`) when the render's progress "
+        "changes; a `: keepalive` comment line when idle. It ends when the server shuts down.",
         "content": {"text/event-stream": {"schema": event}},
     }
     return {
@@ -437,4 +501,4 @@ def _paths() -> dict[str, Any]:
 
 
 PATHS = _paths()
-SCHEMAS: tuple[type, ...] = (StageEvent,)
+SCHEMAS: tuple[type, ...] = (StageEvent, ProgressEvent)

@@ -147,7 +147,9 @@ class VideoStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     """Before completion ``state`` is AWAITING_UPLOAD, UPLOAD_FAILED or UPLOAD_EXPIRED; after
     it, the asset's state (QUARANTINED, PROBING, PROCESSING, PLAYABLE, ENRICHED, INVALID_MEDIA,
     PROCESSING_FAILED, REJECTED, DELETED…). ``published_revision`` is the revision playback
-    serves. ``upload`` is absent for videos that came from a provider, not an upload."""
+    serves. ``upload`` is absent for videos that came from a provider, not an upload.
+    ``progress`` is the render's progress in percent (as Cloudflare Stream's ``pctComplete``):
+    its slowest running job's, 100 once ENRICHED, absent when nothing is rendering."""
 
     video_id: uuid.UUID
     state: str
@@ -158,6 +160,7 @@ class VideoStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     error_detail: str | None = None
     upload: UploadSummary | None = None
     passthrough: str | None = None
+    progress: float | None = None
 
 
 _SESSION_STATE = {

@@ -486,6 +486,7 @@ async def video_status(request: web.Request) -> web.Response:
                 if session is not None
                 else await asset_reads.passthrough(ctx.pool, video_id)
             ),
+            progress=status["progress"],
         )
     )
 

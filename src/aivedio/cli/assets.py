@@ -1,9 +1,10 @@
 """``aivedio assets list`` and ``aivedio assets show ID``: what an operator asks on call.
 
-``list`` prints one JSON object per asset (newest first): status, current revision, the
-last error. ``show`` prints the asset, each revision (status, plan mode, required and
-optional outputs) and each variant (status, object key, size, checksum, error, and when
-it was deferred under backlog pressure); then the asset's media crashes (poison media).
+``list`` prints a table of assets (newest first): status, current revision, the last
+error. ``show`` prints the asset, a table of its revisions (status, plan mode, required
+outputs), a table of its variants (status, size, object key, error, and when it was
+deferred under backlog pressure), then the asset's media crashes (poison media). With
+``--json`` both print JSON: one object a line, or the asset as one document.
 """
 
 from __future__ import annotations
@@ -13,37 +14,54 @@ from typing import Any
 
 import anyio
 
-from aivedio.cli.common import EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, parse_uuids, plain, print_json
+from aivedio.cli.common import (
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    emit,
+    parse_uuids,
+    plain,
+    print_json,
+    table,
+)
 from aivedio.config.load import Config
 from aivedio.store import asset_reads
 from aivedio.store.database import open_pool
+
+ASSET_COLUMNS = (
+    "id",
+    "status",
+    "current_revision",
+    "width",
+    "height",
+    "video_codec",
+    "last_error_class",
+    "created_at",
+)
 
 
 def _text(document: dict[str, Any]) -> str:
     a = document
     lines = [
         f"asset {a['id']}: {a['status']}, {a['width']}x{a['height']} {a['video_codec']}"
-        + (f", {a['last_error_class']}: {a['last_error_detail']}" if a["last_error_class"] else "")
+        + (f", {a['last_error_class']}: {a['last_error_detail']}" if a["last_error_class"] else ""),
+        "",
+        table(a["revisions"], ("revision", "status", "mode", "required_outputs")),
     ]
-    for r in a["revisions"]:
-        lines.append(
-            f"  revision {r['revision']}: {r['status']}, plan {r['mode']}, "
-            f"required {', '.join(r['required_outputs'])}"
-        )
-        for v in r["variants"]:
-            where = v["object_key"].rsplit("/rev/", 1)[-1]
-            size = v["total_bytes"] or 0
-            error = f"  {v['error']}" if v["error"] else ""
-            if v.get("deferred_at"):
-                error += f"  (deferred under backlog since {v['deferred_at']})"
-            lines.append(
-                f"    {v['variant_type']:<10} {v['status']:<10} {size:>10} bytes  {where}{error}"
-            )
-    for c in a.get("crashes", []):
-        lines.append(
-            f"  crash: {c['cause']} in {c['kind']} job {c['job_id']} at "
-            f"{c['created_at']}: {c['detail']}"
-        )
+    variants = [
+        {
+            **v,
+            "bytes": v["total_bytes"] or 0,
+            "object": v["object_key"].rsplit("/rev/", 1)[-1],
+            "deferred_since": v.get("deferred_at"),
+        }
+        for r in a["revisions"]
+        for v in r["variants"]
+    ]
+    columns = ("revision", "variant_type", "status", "bytes", "object", "error", "deferred_since")
+    lines += ["", table(variants, columns)]
+    if a.get("crashes"):
+        lines += ["", table(a["crashes"], ("created_at", "cause", "kind", "job_id", "detail"))]
     return "\n".join(lines)
 
 
@@ -51,8 +69,7 @@ def cmd_assets_list(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:
             rows = await asset_reads.list_assets(pool, args.status, args.limit)
-        for row in rows:
-            print_json(plain(row))
+        emit([plain(row) for row in rows], ASSET_COLUMNS, as_json=args.json)
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")
@@ -79,10 +96,10 @@ def cmd_assets_show(config: Config, args: argparse.Namespace) -> int:
             revision["variants"] = [
                 plain(v) for v in variants if v["revision"] == revision["revision"]
             ]
-        if args.text:
-            print(_text(document))
-        else:
+        if args.json:
             print_json(document)
+        else:
+            print(_text(document))
         return EXIT_OK
 
     return anyio.run(main, backend="asyncio")
@@ -95,9 +112,10 @@ def add_parsers(
     assets_sub = assets.add_subparsers(dest="assets_command", required=True)
     listing = assets_sub.add_parser("list", parents=[common], help="assets, newest first")
     listing.add_argument("--status", help="e.g. PROCESSING, INVALID_MEDIA, PROCESSING_FAILED")
-    listing.add_argument("--limit", type=int, default=50)
-    listing.set_defaults(fn=cmd_assets_list, needs_secret=False)
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    listing.add_argument("--json", action="store_true", help="one JSON object a line")
+    listing.set_defaults(fn=cmd_assets_list)
     show = assets_sub.add_parser("show", parents=[common], help="one asset in full")
-    show.add_argument("asset_id")
-    show.add_argument("--text", action="store_true", help="a few lines for people, not JSON")
-    show.set_defaults(fn=cmd_assets_show, needs_secret=False)
+    show.add_argument("asset_id", help="the asset's id (a UUID)")
+    show.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    show.set_defaults(fn=cmd_assets_show)

@@ -6,7 +6,7 @@ removed), ``outcome`` (``allowed`` for a passing dry run, ``stored``, ``blocked`
 ``failed``), ``error_class``, ``detail`` (never a secret), ``addresses``, ``redirects``
 (hosts only), ``bytes``, ``sha256``, ``resumes`` and ``restarts`` (times a body cut short
 was continued from its last byte, or started over from byte 0). Exit status: 0 allowed or
-stored, 3 blocked, 4 failed, 2 bad usage.
+stored, 4 blocked (refused), 1 failed, 2 bad usage.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from aivedio.cli.common import EXIT_FETCH_BLOCKED, EXIT_FETCH_FAILED, EXIT_OK, print_json, usage
+from aivedio.cli.common import EXIT_FAILED, EXIT_OK, EXIT_REFUSED, print_json, usage
 from aivedio.config.load import Config, validate_net
 from aivedio.errors import AivedioError, ChecksumMismatchError, PolicyBlockedError
 from aivedio.net.policy import redact_url
@@ -91,6 +91,10 @@ def prepare(
     return urls, headers, net
 
 
+# The command exits with its worst URL's status: a failure over a block over success.
+_SEVERITY = (EXIT_OK, EXIT_REFUSED, EXIT_FAILED)
+
+
 async def run_fetch_command(
     urls: list[str], headers: dict[str, str], net: Any, args: argparse.Namespace
 ) -> int:
@@ -100,10 +104,8 @@ async def run_fetch_command(
         for url in urls:
             record = await _one(fetcher, url, args, headers)
             print_json(record, flush=True)
-            code = {"blocked": EXIT_FETCH_BLOCKED, "failed": EXIT_FETCH_FAILED}.get(
-                record["outcome"], EXIT_OK
-            )
-            worst = max(worst, code)
+            code = {"blocked": EXIT_REFUSED, "failed": EXIT_FAILED}.get(record["outcome"], EXIT_OK)
+            worst = max(worst, code, key=_SEVERITY.index)
     finally:
         with anyio.CancelScope(shield=True):
             await fetcher.aclose()

@@ -2,7 +2,7 @@
 
 Read-only, like the ledger's other readers: there is no command that changes an entry,
 because the table refuses it (a correction is a new entry written by the code that owns the
-fact). Text by default for people on call; ``--json`` prints one object per entry and one
+fact). A table by default for people on call; ``--json`` prints one object per entry and one
 ``{"kind": "total", …}`` object per currency, for scripts and reconciliation.
 
 Amounts are micros (millionths of the currency), positive owed by the tenant, negative
@@ -19,7 +19,7 @@ import anyio
 import msgspec
 
 from aivedio import untrusted
-from aivedio.cli.common import EXIT_OK, print_json, usage
+from aivedio.cli.common import EXIT_OK, print_json, table, usage
 from aivedio.config.load import Config
 from aivedio.errors import MalformedInputError
 from aivedio.store.database import acquired, open_pool
@@ -59,14 +59,20 @@ def _total_json(total: Total) -> dict[str, Any]:
     }
 
 
-def _text_line(e: LedgerEntry) -> str:
+ENTRY_COLUMNS = ("created_at", "kind", "amount", "policy", "about")
+
+
+def _row(e: LedgerEntry) -> dict[str, Any]:
     about = f"{e.provider}/{e.provider_task_id}" if e.provider_task_id else "-"
     if e.asset_id is not None:
         about += f" asset {e.asset_id}" + (f" r{e.revision}" if e.revision is not None else "")
-    return (
-        f"{e.created_at.isoformat(timespec='seconds')}  {e.kind:<17} "
-        f"{format_micros(e.amount_micros):>14} {e.currency}  {e.policy:<20} {about}"
-    )
+    return {
+        "created_at": e.created_at,
+        "kind": e.kind,
+        "amount": f"{format_micros(e.amount_micros)} {e.currency}",
+        "policy": e.policy,
+        "about": about,
+    }
 
 
 def _text_total(t: Total) -> str:
@@ -106,11 +112,11 @@ def cmd_ledger(config: Config, args: argparse.Namespace) -> int:
             found = await entries(
                 pool, task=args.task, provider=args.provider, tenant_id=tenant_id, since=since
             )
-        for entry in found:
-            if args.json:
+        if args.json:
+            for entry in found:
                 print_json(_plain(entry))
-            else:
-                print(_text_line(entry))
+        else:
+            print(table([_row(e) for e in found], ENTRY_COLUMNS))
         for total in summarize(found):
             if args.json:
                 print_json(_total_json(total))
@@ -136,5 +142,7 @@ def add_parsers(
     ledger.add_argument(
         "--since", metavar="ISO8601", help="entries at or after this time (no zone: UTC)"
     )
-    ledger.add_argument("--json", action="store_true", help="JSON lines instead of text")
-    ledger.set_defaults(fn=cmd_ledger, needs_secret=False)
+    ledger.add_argument(
+        "--json", action="store_true", help="one JSON object a line instead of a table"
+    )
+    ledger.set_defaults(fn=cmd_ledger)

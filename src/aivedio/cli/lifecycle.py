@@ -143,26 +143,32 @@ def add_parsers(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
     delete = sub.add_parser("delete", parents=[common], help="delete an asset (closes playback)")
-    delete.add_argument("asset_id")
-    delete.add_argument("--reason", default="deleted")
-    delete.set_defaults(fn=cmd_delete, needs_secret=False)
+    delete.add_argument("asset_id", help="the asset's id (a UUID)")
+    delete.add_argument(
+        "--reason", default="deleted", help="recorded with the deletion (default: deleted)"
+    )
+    delete.set_defaults(fn=cmd_delete)
     cancel = sub.add_parser(
         "cancel", parents=[common], help="cancel a generation: nothing of it is published"
     )
-    cancel.add_argument("--provider", required=True)
-    cancel.add_argument("--task-id", required=True)
-    cancel.set_defaults(fn=cmd_cancel, needs_secret=False)
+    cancel.add_argument("--provider", required=True, help="a [providers.NAME] section")
+    cancel.add_argument("--task-id", required=True, help="the provider's task id")
+    cancel.set_defaults(fn=cmd_cancel)
     reprocess = sub.add_parser(
         "reprocess", parents=[common], help="a new revision from the retained source"
     )
-    reprocess.add_argument("asset_ids", nargs="+", metavar="ASSET_ID")
-    reprocess.set_defaults(fn=cmd_reprocess, needs_secret=False)
+    reprocess.add_argument(
+        "asset_ids", nargs="+", metavar="ASSET_ID", help="published assets' ids (UUIDs)"
+    )
+    reprocess.set_defaults(fn=cmd_reprocess)
     moderate = sub.add_parser(
         "moderate", parents=[common], help="decide an asset whose moderation is in review"
     )
-    moderate.add_argument("asset_id")
+    moderate.add_argument("asset_id", help="the asset's id (a UUID)")
     choice = moderate.add_mutually_exclusive_group(required=True)
-    choice.add_argument("--allow", action="store_true")
-    choice.add_argument("--reject", action="store_true")
-    moderate.add_argument("--reason", default="reviewed")
-    moderate.set_defaults(fn=cmd_moderate, needs_secret=False)
+    choice.add_argument("--allow", action="store_true", help="publish it")
+    choice.add_argument("--reject", action="store_true", help="reject it (nothing is published)")
+    moderate.add_argument(
+        "--reason", default="reviewed", help="recorded as operator:REASON (default: reviewed)"
+    )
+    moderate.set_defaults(fn=cmd_moderate)

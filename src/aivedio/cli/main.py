@@ -1,7 +1,9 @@
 """The ``aivedio`` command. Each subcommand decodes its configuration before doing anything.
 
-Exit status: 0 done, 1 a runtime failure (database unreachable…), 2 bad usage or bad
-configuration (the message names the key); ``cli/common.py`` lists every command's.
+Exit statuses are one table for every command (``cli/common.py``), shown by ``--help``. A
+command that needs the URL encryption key says so (``needs_key=`` on its parser, with why);
+every other command runs without it, so an operator can list, migrate and check a
+configuration on a machine that holds no secret.
 """
 
 from __future__ import annotations
@@ -18,7 +20,19 @@ import anyio
 import msgspec
 
 from aivedio import logs, untrusted
-from aivedio.cli.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, plain, print_json
+from aivedio.cli import help as cli_help
+from aivedio.cli.common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    emit,
+    exit_status_help,
+    plain,
+    print_json,
+)
 from aivedio.config.load import Config, load_config, masked
 from aivedio.errors import AivedioError, ConfigError, DatabaseError, MalformedInputError
 from aivedio.store import migrations, task_reads
@@ -41,6 +55,20 @@ def _registry() -> Any:
 
 def _run(fn: Callable[[], Awaitable[int]]) -> int:
     return anyio.run(fn, backend="asyncio", backend_options={"use_uvloop": True})
+
+
+# What the listings' tables show (--json prints every field).
+JOB_COLUMNS = ("id", "kind", "status", "attempts", "last_error_class", "created_at", "finished_at")
+OUTPUT_COLUMNS = (
+    "id",
+    "provider",
+    "provider_task_id",
+    "output_index",
+    "fetch_status",
+    "last_error_class",
+    "asset_id",
+    "asset_status",
+)
 
 
 # -- commands -------------------------------------------------------------------------------
@@ -166,8 +194,7 @@ def cmd_jobs_list(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:
             rows = await Queue(pool).list(status=args.status, kind=args.kind, limit=args.limit)
-        for row in rows:
-            print_json(row)
+        emit(rows, JOB_COLUMNS, as_json=args.json)
         return EXIT_OK
 
     return _run(main)
@@ -183,13 +210,13 @@ def cmd_jobs_retry(config: Config, args: argparse.Namespace) -> int:
             job = await queue.get(args.job_id)
         if job is None:
             print(f"aivedio: job {args.job_id} does not exist", file=sys.stderr)
-        else:
-            print(
-                f"aivedio: job {args.job_id} is {job['status']}; only dead, cancelled or "
-                "waiting jobs can be retried",
-                file=sys.stderr,
-            )
-        return EXIT_FAILED
+            return EXIT_NOT_FOUND
+        print(
+            f"aivedio: job {args.job_id} is {job['status']}; only dead, cancelled or "
+            "waiting jobs can be retried",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
 
     return _run(main)
 
@@ -326,8 +353,7 @@ def cmd_outputs_list(config: Config, args: argparse.Namespace) -> int:
     async def main() -> int:
         async with open_pool(config.database, min_size=1, max_size=1) as pool:
             rows = await task_reads.list_outputs(pool, args.status, args.task_id, args.limit)
-        for row in rows:
-            print_json(plain(row))
+        emit([plain(row) for row in rows], OUTPUT_COLUMNS, as_json=args.json)
         return EXIT_OK
 
     return _run(main)
@@ -337,10 +363,21 @@ def cmd_outputs_list(config: Config, args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="aivedio", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="aivedio",
+        description=cli_help.DESCRIPTION,
+        epilog=exit_status_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"aivedio {cli_help.package_version()}",
+        help="print the version",
+    )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--config", help="TOML file (default: $AIVEDIO_CONFIG, else built-ins)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser(
         "migrate", parents=[common], help="apply pending schema migrations"
@@ -348,37 +385,44 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", parents=[common], help="run the worker daemon")
     worker.add_argument("--http-port", type=int, help="health/metrics port (0: any free port)")
-    worker.set_defaults(fn=cmd_worker)
+    worker.set_defaults(
+        fn=cmd_worker, needs_key="it decrypts the provider URLs it fetches and refreshes"
+    )
 
     config = sub.add_parser("config", help="configuration")
-    config_sub = config.add_subparsers(dest="config_command", required=True)
+    config_sub = config.add_subparsers(dest="config_command", required=True, metavar="COMMAND")
     config_sub.add_parser(
         "check", parents=[common], help="print the effective configuration, secrets masked"
     ).set_defaults(fn=cmd_config_check)
 
     jobs = sub.add_parser("jobs", help="inspect and replay jobs")
-    jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True)
+    jobs_sub = jobs.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
     jobs_list = jobs_sub.add_parser("list", parents=[common], help="list jobs, newest first")
     jobs_list.add_argument(
-        "--status", choices=["queued", "waiting", "running", "succeeded", "dead", "cancelled"]
+        "--status",
+        choices=["queued", "waiting", "running", "succeeded", "dead", "cancelled"],
+        help="only jobs in this status",
     )
-    jobs_list.add_argument("--kind")
-    jobs_list.add_argument("--limit", type=int, default=100)
+    jobs_list.add_argument("--kind", help="only jobs of this kind (e.g. fetch, probe, render)")
+    jobs_list.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    jobs_list.add_argument("--json", action="store_true", help="one JSON object a line")
     jobs_list.set_defaults(fn=cmd_jobs_list)
     jobs_retry = jobs_sub.add_parser(
         "retry", parents=[common], help="requeue a dead job with a fresh budget"
     )
-    jobs_retry.add_argument("job_id", type=int)
+    jobs_retry.add_argument("job_id", type=int, help="the job's id (from jobs list)")
     jobs_retry.set_defaults(fn=cmd_jobs_retry)
     enqueue = jobs_sub.add_parser(
         "enqueue",
         parents=[common],
         help="enqueue diagnostic jobs (diag.noop, diag.sleep, diag.fail)",
     )
-    enqueue.add_argument("kind")
-    enqueue.add_argument("--count", type=int, default=1)
-    enqueue.add_argument("--payload", help="JSON object")
-    enqueue.add_argument("--tenant-id", type=int, default=0)
+    enqueue.add_argument("kind", help="a diagnostic kind: diag.noop, diag.sleep or diag.fail")
+    enqueue.add_argument("--count", type=int, default=1, help="how many jobs (default 1)")
+    enqueue.add_argument("--payload", help="the jobs' payload, a JSON object")
+    enqueue.add_argument(
+        "--tenant-id", type=int, default=0, help="the tenant the jobs count against (default 0)"
+    )
     enqueue.add_argument("--key-prefix", help="idempotency key prefix (default: kind and time)")
     enqueue.set_defaults(fn=cmd_jobs_enqueue)
 
@@ -387,22 +431,24 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         help="record a provider output as a verified callback would, and enqueue its fetch",
     )
-    ingest.add_argument("--provider", required=True)
-    ingest.add_argument("--task-id", required=True)
-    ingest.add_argument("--output-index", type=int, default=0)
+    ingest.add_argument("--provider", required=True, help="the provider's name")
+    ingest.add_argument("--task-id", required=True, help="the provider's task id")
+    ingest.add_argument(
+        "--output-index", type=int, default=0, help="which output of the task (default 0)"
+    )
     ingest.add_argument("--url", required=True, help="the provider's (signed) output URL")
     ingest.add_argument("--expires-at", help="ISO 8601 time the URL expires")
     ingest.add_argument("--sha256", help="the provider's SHA-256 of the output")
     ingest.add_argument("--size", type=int, help="the provider's size of the output in bytes")
     ingest.add_argument("--tenant", required=True, help="tenant name")
-    ingest.set_defaults(fn=cmd_ingest)
+    ingest.set_defaults(fn=cmd_ingest, needs_key="it encrypts the output's URL before storing it")
 
     fetch = sub.add_parser(
         "fetch",
         parents=[common],
         help="the guarded fetch as a standalone command: one JSON object a URL on stdout",
     )
-    fetch.add_argument("urls", nargs="*", metavar="URL")
+    fetch.add_argument("urls", nargs="*", metavar="URL", help="URLs to fetch (or to check)")
     fetch.add_argument("--urls-from", help="file with one URL a line (with --dry-run)")
     fetch.add_argument("--out", help="write the body here (default: discard)")
     fetch.add_argument(
@@ -410,38 +456,56 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="validate and resolve through the policy without connecting",
     )
-    fetch.add_argument("--allow-host-suffix", action="append", default=None)
-    fetch.add_argument("--allow-scheme", action="append", default=None)
-    fetch.add_argument("--allow-port", action="append", type=int, default=None)
-    fetch.add_argument("--allow-cidr", action="append", default=None)
-    fetch.add_argument("--nameserver", action="append", default=None, metavar="HOST:PORT")
-    fetch.add_argument("--ca-file")
-    fetch.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'")
-    fetch.add_argument("--max-bytes", type=int)
-    fetch.add_argument("--expect-sha256")
-    fetch.add_argument("--expect-size", type=int)
-    fetch.set_defaults(fn=cmd_fetch, needs_secret=False)
+    fetch.add_argument(
+        "--allow-host-suffix", action="append", default=None, help="allow hosts ending so"
+    )
+    fetch.add_argument(
+        "--allow-scheme", action="append", default=None, help="allow this scheme (e.g. http)"
+    )
+    fetch.add_argument("--allow-port", action="append", type=int, default=None, help="allow port")
+    fetch.add_argument(
+        "--allow-cidr", action="append", default=None, help="allow addresses in this CIDR"
+    )
+    fetch.add_argument(
+        "--nameserver",
+        action="append",
+        default=None,
+        metavar="HOST:PORT",
+        help="resolve through this DNS server",
+    )
+    fetch.add_argument("--ca-file", help="trust this CA bundle (PEM) for HTTPS")
+    fetch.add_argument(
+        "--header", action="append", default=[], metavar="'NAME: VALUE'", help="send this header"
+    )
+    fetch.add_argument("--max-bytes", type=int, help="refuse a body larger than this")
+    fetch.add_argument("--expect-sha256", help="fail unless the body has this SHA-256")
+    fetch.add_argument("--expect-size", type=int, help="fail unless the body has this size")
+    fetch.set_defaults(fn=cmd_fetch)
 
     outputs = sub.add_parser("outputs", help="provider outputs and their fetch state")
-    outputs_sub = outputs.add_subparsers(dest="outputs_command", required=True)
+    outputs_sub = outputs.add_subparsers(dest="outputs_command", required=True, metavar="COMMAND")
     outputs_list = outputs_sub.add_parser(
         "list", parents=[common], help="provider outputs, newest first (never a URL)"
     )
     outputs_list.add_argument("--status", help="e.g. STORED, RETRY_WAIT, OUTPUT_LOST")
-    outputs_list.add_argument("--task-id")
-    outputs_list.add_argument("--limit", type=int, default=50)
+    outputs_list.add_argument("--task-id", help="only this provider task's outputs")
+    outputs_list.add_argument(
+        "--limit", type=int, default=50, help="at most this many (default 50)"
+    )
+    outputs_list.add_argument("--json", action="store_true", help="one JSON object a line")
     outputs_list.set_defaults(fn=cmd_outputs_list)
 
     tenants = sub.add_parser("tenants", help="tenants")
-    tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True)
+    tenants_sub = tenants.add_subparsers(dest="tenants_command", required=True, metavar="COMMAND")
     create = tenants_sub.add_parser("create", parents=[common], help="create a tenant")
-    create.add_argument("name")
+    create.add_argument("name", help="the tenant's name (idempotent)")
     create.set_defaults(fn=cmd_tenants_create)
 
     from aivedio.cli import api, assets, ledger, lifecycle, media, status, sweep, watch
 
     for module in (api, media, assets, lifecycle, status, ledger, sweep, watch):
         module.add_parsers(sub, common)
+    cli_help.finish(parser)
     return parser
 
 
@@ -452,9 +516,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         tune_allocator()
     try:
-        config = load_config(args.config, require_secrets=getattr(args, "needs_secret", True))
+        # The key is checked when it is set; only the commands that use it require it.
+        config = load_config(args.config, require_secrets=False)
     except ConfigError as exc:
         print(f"aivedio: {exc.detail}", file=sys.stderr)
+        return EXIT_USAGE
+    why = getattr(args, "needs_key", None)
+    if why and not config.security.url_encryption_key:
+        print(
+            f"aivedio {args.command}: needs the URL encryption key "
+            f"(security.url_encryption_key or AIVEDIO_URL_ENCRYPTION_KEY): {why}; set it to "
+            "base64 of 32 random bytes (for example: openssl rand -base64 32)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     logs.configure(config.log.level, config.log.format)
     try:
@@ -469,5 +543,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"aivedio: {exc.error_class}: {logs.redact_text(exc.detail)}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        return EXIT_FAILED
+        return EXIT_INTERRUPTED
     return code

@@ -6,7 +6,9 @@ database or an object store and writes the revision's files under DIR exactly as
 would sit under ``assets/{tenant}/{asset}/rev/{n}/``, then prints a JSON summary: the plan,
 every output with its checksums, the time per node and step, and each ffmpeg process's
 wall time, CPU time and peak RSS. Exit 0 when every required output was made, 5 when the
-source is invalid, 4 when a required output failed.
+source is invalid, 1 when a required output failed. On a terminal (stdout a TTY) it
+draws the render's progress on one line while it runs (``aivedio.progress``), cleared
+before the summary; piped, stdout is the JSON alone.
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
+from typing import TextIO
 
 import anyio
 
+from aivedio import progress
 from aivedio.cli.common import (
+    EXIT_FAILED,
     EXIT_INVALID_MEDIA,
     EXIT_OK,
-    EXIT_OUTPUT_FAILED,
     EXIT_USAGE,
     print_json,
 )
@@ -95,8 +99,12 @@ def cmd_process(config: Config, args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
 
+    line = ProgressLine(sys.stdout) if sys.stdout.isatty() else None
+
     async def main() -> int:
         sandbox = Sandbox(config.media)
+        if line is not None:
+            progress.current.set(progress.Meter(on_change=line.draw))
         with sandbox.scratch() as root:
             run = MediaRun(sandbox, path, root, parallel=_media_slots(config))
             # The decode check beside the outputs (a failed one discards them all).
@@ -108,12 +116,35 @@ def cmd_process(config: Config, args: argparse.Namespace) -> int:
                 await anyio.to_thread.run_sync(_move, run.layout.out, out, files)
         summary = report.to_json()
         summary["out"] = str(out)
+        if line is not None:
+            line.clear()
         print_json(summary)
         if not report.verdict.valid:
             return EXIT_INVALID_MEDIA
-        return EXIT_OK if report.required_done else EXIT_OUTPUT_FAILED
+        return EXIT_OK if report.required_done else EXIT_FAILED
 
     return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
+
+
+class ProgressLine:
+    """The render's progress on one terminal line, redrawn in place when its whole percent
+    changes (so at most a hundred writes however often ffmpeg reports)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._shown: int | None = None
+
+    def draw(self, fraction: float) -> None:
+        whole = int(fraction * 100)
+        if whole == self._shown:
+            return
+        self._shown = whole
+        self._stream.write(f"\rrendering {whole:3d}%")
+        self._stream.flush()
+
+    def clear(self) -> None:
+        if self._shown is not None:
+            self._stream.write("\r\x1b[K")
 
 
 def _move(source: Path, target: Path, files: list[str]) -> None:
@@ -131,14 +162,14 @@ def add_parsers(
         ("process", cmd_process, "run the whole media DAG on one file, no database needed"),
     ):
         parser = sub.add_parser(name, parents=[common], help=text)
-        parser.add_argument("file")
+        parser.add_argument("file", help="a local media file")
         parser.add_argument("--provider", help="apply [media.tolerances.PROVIDER]")
         parser.add_argument("--expect-duration", type=float, help="declared duration (s)")
         parser.add_argument("--expect-resolution", help="declared WxH, e.g. 1280x720")
         if name == "process":
             parser.add_argument("--out", required=True, help="directory for the outputs")
             parser.add_argument("--only", help="comma-separated outputs (default: all)")
-        parser.set_defaults(fn=fn, needs_secret=False)
+        parser.set_defaults(fn=fn)
 
 
 def _media_slots(config: Config) -> int:

@@ -6,7 +6,9 @@ variant of that revision (type, object key, size, SHA-256), and the timeline of 
 ``--task``, one such object per output of the generation task; an output that has no asset
 yet (still fetching, or lost) is shown by its fetch state, URL expiry and attempts.
 
-``--follow`` prints that, then every new timeline entry and every state change (of the
+``--follow`` prints that, then every new timeline entry, every change of the render's
+``progress`` (a percentage: ``aivedio.progress``, the API's status and event stream carry
+the same number) and every state change (of the
 asset, its provider output and their generation task) as it happens, until everything
 followed is final (an asset ENRICHED, REJECTED, INVALID_MEDIA, PROCESSING_FAILED or
 DELETED; an output OUTPUT_LOST or INVALID_RESPONSE before any asset existed): exit 0.
@@ -31,13 +33,20 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Literal
 
 import anyio
 
-from aivedio.cli.common import EXIT_INTERRUPTED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, print_json
+from aivedio.cli.common import (
+    EXIT_INTERRUPTED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    print_json,
+    table,
+)
 from aivedio.config.load import Config, DatabaseConfig
 from aivedio.store import listening, status_reads
 from aivedio.store.asset_status import (
@@ -202,12 +211,12 @@ def _asset_text(status: dict[str, Any]) -> str:
         f"asset {status['asset_id']}: {status['state']}, current revision "
         f"{status['current_revision']}, moderation {status['moderation']}"
         + (f", {status['error_class']}: {status['error_detail']}" if status["error_class"] else "")
+        + (f", progress {status['progress']:g}%" if status.get("progress") is not None else "")
     ]
-    for v in status["variants"]:
-        lines.append(
-            f"  {v['variant_type']:<10} {v['size_bytes']:>10}  {v['sha256'][:16]}…  "
-            f"{v['object_key']}"
-        )
+    if status["variants"]:
+        rows = [{**v, "sha256": f"{v['sha256'][:16]}…"} for v in status["variants"]]
+        variants = table(rows, ("variant_type", "size_bytes", "sha256", "object_key"))
+        lines.extend(f"  {line}" for line in variants.splitlines())
     ignored = [
         f"#{i['index']} {i['codec_type']} {i['codec_name']}"
         + (f" [{i['language']}]" if i.get("language") else "")
@@ -260,6 +269,16 @@ def _change_entry(row: dict[str, Any]) -> dict[str, Any]:
         "event": f"→ {row['state']}",
         "error_class": error,
     }
+
+
+def _progress_entry(item: dict[str, Any], shown: dict[str, float]) -> dict[str, Any] | None:
+    """A line for the asset's render progress when it moved since the last one shown."""
+    value = item.get("progress")
+    asset = item.get("asset_id")
+    if value is None or asset is None or shown.get(asset) == value:
+        return None
+    shown[asset] = value
+    return {"at": datetime.now(UTC), "stage": "progress", "event": f"{value:g}%"}
 
 
 def _item_label(item: dict[str, Any]) -> str:
@@ -326,9 +345,12 @@ async def follow(
     many = target.kind == "task"
     shown: set[str] = set()
     seen_events: set[int] = set()
+    progress: dict[str, float] = {}  # the progress last shown, by asset
     for item in snapshot.items:
         write(_text(item))
         shown.update(_entry_key(e) for e in item["timeline"])
+        if item.get("progress") is not None:
+            progress[item["asset_id"]] = item["progress"]
     seen_events.update(row["id"] for row in await read_state_changes(pool, snapshot))
     if not snapshot.items:
         write(
@@ -356,6 +378,9 @@ async def follow(
                     if key not in shown:
                         shown.add(key)
                         fresh.append((_at(entry["at"]), 1, len(fresh), label, entry))
+                entry = _progress_entry(item, progress)
+                if entry is not None:
+                    fresh.append((_at(entry["at"]), 2, len(fresh), label, entry))
             for row in await read_state_changes(pool, snapshot):
                 if row["id"] in seen_events:
                     continue
@@ -455,17 +480,18 @@ def add_parsers(
     sub: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
     status = sub.add_parser("status", parents=[common], help="an asset's state and timeline")
-    status.add_argument("asset_id", nargs="?")
+    status.add_argument("asset_id", nargs="?", help="an asset's id (a UUID)")
     status.add_argument(
         "--task", help="a provider task id (or generation task id): one status per output"
     )
     status.add_argument("--provider-output", help="a provider output id (with or without asset)")
-    status.add_argument("--json", action="store_true")
+    status.add_argument("--json", action="store_true", help="one JSON document instead of text")
     status.add_argument(
         "--follow",
         "-f",
         action="store_true",
-        help="keep printing new timeline entries and state changes until final (Ctrl-C: 130)",
+        help="keep printing new timeline entries, state changes and the render's progress "
+        "until final (Ctrl-C: 130)",
     )
     status.add_argument(
         "--interval",
@@ -473,4 +499,4 @@ def add_parsers(
         default=DEFAULT_INTERVAL_SECONDS,
         help="with --follow: re-read at least this often, in seconds (default 2)",
     )
-    status.set_defaults(fn=cmd_status, needs_secret=False)
+    status.set_defaults(fn=cmd_status)

@@ -14,9 +14,36 @@ import argparse
 
 import anyio
 
-from aivedio.cli.common import EXIT_OK, EXIT_SWEEP_INCOMPLETE
+from aivedio.cli.common import EXIT_FAILED, EXIT_OK, table
 from aivedio.config.load import Config
+from aivedio.pipeline.upkeep.sweep_report import SweepReport
 from aivedio.store.database import open_pool
+
+
+def text(report: SweepReport) -> str:
+    """For people: the outcome, a table of each scan's count, then a table of what was
+    found (each finding's action; errors and skipped rows among them)."""
+    head = "sweep (dry run)" if report.dry_run else "sweep"
+    counts = [{"scan": s, "found": report.counts.get(s, 0)} for s in report.SCANS]
+    stats = {k: v for k, v in report.counts.items() if k not in report.SCANS}
+    counts += [{"scan": k, "found": v} for k, v in sorted(stats.items())]
+    findings = [
+        {"scan": scan, "action": f.action, "subject": f.subject, "detail": f.detail}
+        for scan in report.SCANS
+        for f in getattr(report, scan)
+    ]
+    findings += [
+        {"scan": "-", "action": "error", "subject": e.subject, "detail": e.detail}
+        for e in report.errors
+    ]
+    findings += [
+        {"scan": "-", "action": "skipped", "subject": f.subject, "detail": f.detail}
+        for f in report.skipped
+    ]
+    lines = [f"{head}: {report.outcome}", "", table(counts, ("scan", "found"))]
+    if findings:
+        lines += ["", table(findings, ("scan", "action", "subject", "detail"))]
+    return "\n".join(lines)
 
 
 def cmd_sweep(config: Config, args: argparse.Namespace) -> int:
@@ -28,8 +55,8 @@ def cmd_sweep(config: Config, args: argparse.Namespace) -> int:
             open_sweeper(config, pool) as sweeper,
         ):
             report = await sweeper.sweep(dry_run=args.dry_run)
-        print(report.to_json() if args.json else report.text())
-        return EXIT_OK if report.outcome == "swept" and not report.errors else EXIT_SWEEP_INCOMPLETE
+        print(report.to_json() if args.json else text(report))
+        return EXIT_OK if report.outcome == "swept" and not report.errors else EXIT_FAILED
 
     return anyio.run(main, backend="asyncio")
 
@@ -42,4 +69,4 @@ def add_parsers(
     )
     sweep.add_argument("--dry-run", action="store_true", help="report only; change nothing")
     sweep.add_argument("--json", action="store_true", help="one JSON object instead of text")
-    sweep.set_defaults(fn=cmd_sweep, needs_secret=False)
+    sweep.set_defaults(fn=cmd_sweep)

@@ -54,4 +54,4 @@ def add_parsers(
     watch.add_argument("--provider", required=True, help="a [providers.NAME] section")
     watch.add_argument("--task-id", required=True, help="the provider's task id")
     watch.add_argument("--tenant", required=True, help="the tenant the task belongs to")
-    watch.set_defaults(fn=cmd_watch)
+    watch.set_defaults(fn=cmd_watch, needs_key="it encrypts the outputs' URLs before storing them")

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from aivedio.logs import redact_text
+from aivedio.progress import percent
 from aivedio.store.database import Pool
 
 # States after which nothing more happens to an asset (DELETED is the tombstone).
@@ -91,10 +92,10 @@ async def asset_status(pool: Pool, asset_id: uuid.UUID) -> dict[str, Any] | None
         timeline.extend(await fetch_entries(pool, asset["source_provider_output_id"]))
     jobs = await pool.fetch(
         "SELECT kind, status, attempts, last_error_class, started_at, finished_at, payload,"
-        " created_at, result->'phases' AS phases FROM job_history"
+        " created_at, result->'phases' AS phases, NULL::real AS progress FROM job_history"
         " WHERE payload->>'asset_id' = $1"
         " UNION ALL SELECT kind, status, attempts, last_error_class, started_at, NULL,"
-        " payload, created_at, NULL FROM jobs WHERE payload->>'asset_id' = $1",
+        " payload, created_at, NULL, progress FROM jobs WHERE payload->>'asset_id' = $1",
         str(asset_id),
     )
     for job in jobs:
@@ -143,8 +144,33 @@ async def asset_status(pool: Pool, asset_id: uuid.UUID) -> dict[str, Any] | None
         # The source's streams no output carries (more audio tracks than one, a cover
         # picture, subtitles), as the probe's verdict listed them.
         "ignored_streams": _ignored_streams(asset["probe"]),
+        "progress": progress_of(
+            asset["status"], [job["progress"] for job in jobs if job["status"] == "running"]
+        ),
         "timeline": timeline,
     }
+
+
+def progress_of(state: str, measured: list[float | None]) -> float | None:
+    """The asset's render progress as a percentage, as Cloudflare Stream's ``pctComplete``:
+    its slowest running job's (``aivedio.progress``), 100 once ENRICHED (every output made),
+    None when no job of it is measured (waiting, fetching, or nothing left to render)."""
+    if state == "ENRICHED":
+        return 100.0
+    running = [m for m in measured if m is not None]
+    return percent(min(running)) if running else None
+
+
+async def progress_now(pool: Pool, asset_id: uuid.UUID) -> float | None:
+    """``progress`` of ``asset_status`` alone: one short read for a stream to poll."""
+    row = await pool.fetchrow(
+        "SELECT a.status, array(SELECT j.progress FROM jobs j"
+        " WHERE j.payload->>'asset_id' = $2 AND j.status = 'running') AS measured"
+        " FROM assets a WHERE a.id = $1",
+        asset_id,
+        str(asset_id),
+    )
+    return None if row is None else progress_of(row["status"], list(row["measured"]))
 
 
 async def fetch_entries(pool: Pool, provider_output_id: uuid.UUID) -> list[dict[str, Any]]:

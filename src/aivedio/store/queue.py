@@ -290,9 +290,14 @@ class Queue:
         return [r["id"] for r in rows]
 
     async def heartbeat(
-        self, owner: str, lease_seconds: float, leases: Sequence[tuple[int, int]]
+        self,
+        owner: str,
+        lease_seconds: float,
+        leases: Sequence[tuple[int, int]],
+        progress: Sequence[float | None] | None = None,
     ) -> dict[int, int]:
-        """Extend the named (id, lease_token) leases; return those still owned, id → token."""
+        """Extend the named (id, lease_token) leases; return those still owned, id → token.
+        ``progress``: each lease's job's progress in [0, 1] (None: unmeasured, kept as is)."""
         if not leases:
             return {}
         with map_db_errors("extending leases"):
@@ -302,6 +307,7 @@ class Queue:
                 lease_seconds,
                 [x[0] for x in leases],
                 [x[1] for x in leases],
+                list(progress) if progress is not None else [None] * len(leases),
             )
         return {r["id"]: r["lease_token"] for r in rows}
 

@@ -40,6 +40,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from aivedio import progress
 from aivedio.config.load import Config
 from aivedio.errors import AivedioError, DeferredError, TransientError, unexpected
 from aivedio.logs import get_logger, redact_text
@@ -361,9 +362,13 @@ class Worker:
         finished = False
         try:
             if kind is not None:
-                with running.scope:
-                    result = await kind.handler(self.context, job)
-                    finished = True
+                measuring = progress.current.set(running.meter)
+                try:
+                    with running.scope:
+                        result = await kind.handler(self.context, job)
+                        finished = True
+                finally:
+                    progress.current.reset(measuring)
                 if not finished and not running.released and not running.lease_lost:
                     error = TransientError(f"deadline of {job.timeout_seconds:g}s exceeded")
                     error.error_class = "deadline_exceeded"

@@ -17,12 +17,13 @@ anyway.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import asyncpg
 
+from aivedio import progress
 from aivedio.config.worker import WorkerConfig
 from aivedio.logs import get_logger
 from aivedio.metrics import WorkerMetrics
@@ -50,6 +51,8 @@ class Running:
     claimed_at: float
     released: bool = False
     lease_lost: bool = False
+    # How far its media work has got (``aivedio.progress``); the heartbeat stores it.
+    meter: progress.Meter = field(default_factory=progress.Meter)
 
 
 def _is_data_error(exc: BaseException) -> bool:
@@ -182,14 +185,17 @@ async def keep_leases(
 ) -> None:
     """The heartbeat: every ``heartbeat_interval_seconds`` extend every lease this worker
     holds (running jobs not released, acknowledgements not yet accepted); cancel a running
-    job whose lease another worker took."""
+    job whose lease another worker took. The same statement stores each running job's
+    progress (``aivedio.progress``: no statement of its own)."""
     while True:
         await anyio.sleep(config.heartbeat_interval_seconds)
         started = time.monotonic()
-        leases = [key for key, r in running.items() if not r.released]
-        leases += acks.leases()
+        measured = {key: r.meter.value for key, r in running.items() if not r.released}
+        leases = [*measured, *acks.leases()]
         try:
-            owned = await queue.heartbeat(owner, config.lease_seconds, leases)
+            owned = await queue.heartbeat(
+                owner, config.lease_seconds, leases, [measured.get(key) for key in leases]
+            )
         except Exception as exc:  # any: the next beat, on time, is the retry
             loop.failed(exc)
             continue

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.anyio
 
 @dataclass
 class Sse:
-    id: int
+    id: int | None  # a progress event has none
     event: str
     data: dict[str, Any]
 
@@ -55,7 +55,7 @@ class SseReader:
                 if line == "":
                     if data:
                         return Sse(
-                            int(fields["id"]),
+                            int(fields["id"]) if "id" in fields else None,
                             fields.get("event", "message"),
                             msgspec.json.decode("\n".join(data)),
                         )
@@ -457,3 +457,37 @@ async def test_streams_end_when_the_server_shuts_down(
         finally:
             if resp is not None:
                 resp.release()
+
+
+async def test_the_render_progress_is_streamed_and_in_the_status_as_one_number(
+    config: Config, pool: Pool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aivedio.store.queue import Queue
+    from aivedio.worker.kinds import default_registry
+
+    monkeypatch.setattr(events, "REQUERY_SECONDS", 0.1)
+    async with open_api(config, pool, tmp_path) as api:
+        asset = await api.rig.quarantine(b"a" * 64)
+        await move(pool, Entity.ASSET, asset, "QUARANTINED", "PROBING")
+        queue = Queue(pool)
+        async with pool.acquire() as conn:
+            spec = default_registry().spec("probe", f"p-{asset}", payload={"asset_id": str(asset)})
+            await queue.enqueue_one(conn, spec)
+        (job,) = await queue.claim("media", 1, "w1", 30)
+        lease = [(job.id, job.lease_token)]
+        status_url = f"{api.base}/v1/videos/{asset}/status"
+        async with api.http.get(status_url, headers=api.auth()) as resp:
+            assert "progress" not in await resp.json()  # nothing measured yet
+        async with stream(api, asset) as sse:
+            assert [e.event for e in await sse.take(2)] == ["stage", "stage"]
+            await sse.quiet(0.3)  # no progress event before there is a progress
+            await queue.heartbeat("w1", 30, lease, [0.425])
+            (first,) = await sse.take(1, timeout=3)
+            assert (first.event, first.id) == ("progress", None)
+            assert first.data == {"asset_id": str(asset), "progress": 42.5}
+            await sse.quiet(0.3)  # the same value is not sent again
+            await queue.heartbeat("w1", 30, lease, [0.5])
+            (second,) = await sse.take(1, timeout=3)
+            assert second.data["progress"] == 50.0
+            async with api.http.get(status_url, headers=api.auth()) as resp:
+                assert (await resp.json())["progress"] == 50.0

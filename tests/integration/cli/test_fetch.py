@@ -92,7 +92,7 @@ async def fetch(*args: str) -> Run:
 
 async def test_default_policy_blocks_a_loopback_literal_without_showing_the_query() -> None:
     run = await fetch("https://127.0.0.1/files/t1/0?exp=1&sig=SECRETSIG")
-    assert run.code == 3
+    assert run.code == 4
     (record,) = run.records
     assert record["outcome"] == "blocked"
     assert record["error_class"] == "policy_blocked"
@@ -103,7 +103,7 @@ async def test_default_policy_blocks_a_loopback_literal_without_showing_the_quer
 
 async def test_plain_http_is_blocked_by_scheme(rig: Rig) -> None:
     run = await fetch(*rig.allow(), f"http://cdn.provider.test:{rig.sim.port}/files/t1/0")
-    assert run.code == 3
+    assert run.code == 4
     (record,) = run.records
     assert (record["outcome"], record["error_class"]) == ("blocked", "policy_blocked")
     assert record["detail"].startswith("scheme_not_allowed")
@@ -140,7 +140,7 @@ async def test_sha256_mismatch_fails_and_leaves_no_output_file(rig: Rig, tmp_pat
     out = tmp_path / "video.mp4"
     url = rig.sim.signed_url("t1", 0)
     run = await fetch(*rig.allow(), "--out", str(out), "--expect-sha256", "ab" * 32, url)
-    assert run.code == 4
+    assert run.code == 1
     (record,) = run.records
     assert (record["outcome"], record["error_class"]) == ("failed", "checksum_mismatch")
     assert SHA in record["detail"]
@@ -156,7 +156,7 @@ def _three_urls(rig: Rig) -> list[str]:
 
 
 def _assert_three_dry_run_records(rig: Rig, run: Run) -> None:
-    assert run.code == 3
+    assert run.code == 4
     assert [r["outcome"] for r in run.records] == ["allowed", "blocked", "blocked"]
     allowed, metadata, userinfo = run.records
     assert allowed["url"] == rig.plain("/files/t1/0")
@@ -188,7 +188,7 @@ async def test_a_url_line_is_checked_as_written_never_trimmed(rig: Rig, tmp_path
     listing = tmp_path / "urls.txt"
     listing.write_text("\n".join(lines) + "\n", encoding="utf-8")
     run = await fetch(*rig.allow(), "--dry-run", "--urls-from", str(listing))
-    assert run.code == 3
+    assert run.code == 4
     assert [r["outcome"] for r in run.records] == ["allowed"] + ["blocked"] * 4
     for record in run.records[1:]:
         assert record["detail"].startswith("malformed_url: whitespace in url")
@@ -234,7 +234,7 @@ async def test_same_host_redirect_hops_are_reported(rig: Rig) -> None:
 async def test_not_found_is_a_failure_classed_not_yet_available(rig: Rig) -> None:
     rig.sim.add_output("t4", 0, BODY, faults=Faults(not_ready_requests=5))
     run = await fetch(*rig.allow(), rig.sim.signed_url("t4", 0))
-    assert run.code == 4
+    assert run.code == 1
     (record,) = run.records
     assert (record["outcome"], record["error_class"]) == ("failed", "not_yet_available")
     assert "404" in record["detail"]
@@ -287,7 +287,7 @@ async def test_a_body_cut_past_the_resumes_fails_with_what_was_done(
     config.write_text("[net]\nmax_resumes = 2\nresume_backoff_seconds = 0.0\n", encoding="utf-8")
     rig.sim.add_output("t7", 0, BODY, faults=Faults(truncate_at_bytes=10_000))
     run = await fetch("--config", str(config), *rig.allow(), rig.sim.signed_url("t7", 0))
-    assert run.code == 4
+    assert run.code == 1
     (record,) = run.records
     assert (record["outcome"], record["error_class"]) == ("failed", "transient")
     assert "truncated" in record["detail"]

@@ -493,3 +493,41 @@ async def test_ctrl_c_ends_the_command_quietly_with_130(pool: Pool, config: Conf
     assert code == 130
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert ", final" not in out
+
+
+async def test_follow_shows_the_render_progress_as_it_moves(pool: Pool, config: Config) -> None:
+    from aivedio.store.queue import Queue
+    from aivedio.worker.kinds import default_registry
+
+    task = await make_task(pool)
+    (output,) = task.outputs
+    asset = await fetch_and_store(pool, task, output)
+    queue = Queue(pool)
+    async with pool.acquire() as conn:
+        spec = default_registry().spec("probe", f"p-{asset}", payload={"asset_id": str(asset)})
+        await queue.enqueue_one(conn, spec)
+    (job,) = await queue.claim("media", 1, "w1", 30)
+    lease = [(job.id, job.lease_token)]
+    await queue.heartbeat("w1", 30, lease, [0.1])
+    lines, result = Lines(), list[int]()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(
+            lambda: run_follow(
+                pool, config, Target("asset", str(asset)), lines, result, interval_seconds=0.1
+            )
+        )
+        await lines.wait_for("created")
+        assert lines.lines[0].endswith(", progress 10%")  # the first read has it
+        await queue.heartbeat("w1", 30, lease, [0.375])
+        await lines.wait_for("progress           37.5%")
+        await queue.heartbeat("w1", 30, lease, [0.375])
+        await queue.heartbeat("w1", 30, lease, [0.9])
+        await lines.wait_for("progress           90%")
+        await publish(pool, asset)
+        with anyio.fail_after(5):
+            while not result:
+                await lines.changed.wait()
+    assert result == [0]
+    # Each value once, in order, the end at 100 % before the final line.
+    lines.in_order("37.5%", "90%", "progress           100%", f"== asset {asset}: ENRICHED")
+    assert lines.count("37.5%") == 1 and lines.count("progress           100%") == 1

@@ -102,6 +102,24 @@ async def test_status_reports_state_variants_and_timeline(
         lambda: run_cli(monkeypatch, capsys, rig, "status", str(asset_id))
     )
     assert code == 0 and "ENRICHED" in out and "released" in out
+    # The variants are a table under a header (the one renderer of every listing).
+    assert ["variant_type", "size_bytes", "sha256", "object_key"] in [
+        line.split() for line in out.splitlines()
+    ]
+    # assets show: tables for people, one JSON document with --json.
+    code, out = await anyio.to_thread.run_sync(
+        lambda: run_cli(monkeypatch, capsys, rig, "assets", "show", str(asset_id))
+    )
+    lines = [line.split() for line in out.splitlines()]
+    assert code == 0 and out.startswith(f"asset {asset_id}: ENRICHED")
+    assert ["revision", "status", "mode", "required_outputs"] in lines
+    assert ["2", "READY"] in [line[:2] for line in lines]
+    assert ["2", "playback", "SUCCEEDED"] in [line[:3] for line in lines]
+    code, out = await anyio.to_thread.run_sync(
+        lambda: run_cli(monkeypatch, capsys, rig, "assets", "show", str(asset_id), "--json")
+    )
+    document = json.loads(out)
+    assert code == 0 and [r["revision"] for r in document["revisions"]] == [1, 2]
     code, _ = await anyio.to_thread.run_sync(
         lambda: run_cli(monkeypatch, capsys, rig, "status", str(uuid.uuid4()))
     )

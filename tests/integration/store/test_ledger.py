@@ -588,8 +588,10 @@ def test_the_command_prints_entries_and_totals_as_json(
     tenant_id = lines[0]["tenant_id"]
     assert _run(config, "--tenant", str(tenant_id), "--since", "2000-01-01", "--json") == 0
     assert len(capsys.readouterr().out.splitlines()) == 4
-    assert _run(config, "--tenant", "acme", "--since", "2499-01-01T00:00:00Z") == 0
+    assert _run(config, "--tenant", "acme", "--since", "2499-01-01T00:00:00Z", "--json") == 0
     assert capsys.readouterr().out == ""
+    assert _run(config, "--tenant", "acme", "--since", "2499-01-01T00:00:00Z") == 0
+    assert capsys.readouterr().out.splitlines()[1:] == ["(none)"]
 
 
 def test_the_command_prints_a_text_table_by_default(
@@ -598,10 +600,13 @@ def test_the_command_prints_a_text_table_by_default(
     _seed_for_cli(config)
     capsys.readouterr()  # the seeding's own log lines
     assert _run(config, "--task", "t-1", "--provider", "sim") == 0
-    out = capsys.readouterr().out.splitlines()
+    header, *out = capsys.readouterr().out.splitlines()
+    assert header.split() == ["created_at", "kind", "amount", "policy", "about"]
     assert len(out) == 3
     assert "generation_charge" in out[0] and "0.250000 USD" in out[0] and "sim/t-1" in out[0]
     assert "compensation" in out[1] and "-0.250000 USD" in out[1]
+    # The amounts are one column, aligned under its header.
+    assert out[0][header.index("amount") :].startswith("0.250000 USD")
     assert out[2] == "total USD: charges 0.250000, compensation -0.250000, net 0.000000 (2 entries)"
 
 

@@ -547,3 +547,26 @@ async def test_promote_tells_when_the_next_wait_is_due(pool: Pool) -> None:
     assert await queue.promote(limit=1) == (1, 0.0)  # one more was due: promote again now
     promoted, next_due = await queue.promote(limit=10)
     assert promoted == 1 and next_due is not None and 25 < next_due <= 30
+
+
+async def test_the_heartbeat_stores_progress_and_the_next_claim_clears_it(pool: Pool) -> None:
+    queue = Queue(pool)
+    await enqueue(pool, [spec("render")])
+    (job,) = await queue.claim("control", 1, "me", 1)
+    lease = [(job.id, job.lease_token)]
+    assert await queue.heartbeat("me", 120, lease, [0.25]) == {job.id: job.lease_token}
+    assert await pool.fetchval("SELECT progress FROM jobs WHERE id = $1", job.id) == 0.25
+    # Unmeasured this beat: the last value stays.
+    await queue.heartbeat("me", 120, lease, [None])
+    assert await pool.fetchval("SELECT progress FROM jobs WHERE id = $1", job.id) == 0.25
+    # Another owner's beat writes nothing.
+    await queue.heartbeat("them", 120, lease, [0.9])
+    assert await pool.fetchval("SELECT progress FROM jobs WHERE id = $1", job.id) == 0.25
+    # A new attempt starts unmeasured.
+    await pool.execute(
+        "UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = $1", job.id
+    )
+    await queue.reap()
+    (again,) = await queue.claim("control", 1, "me", 1)
+    assert again.id == job.id
+    assert await pool.fetchval("SELECT progress FROM jobs WHERE id = $1", job.id) is None

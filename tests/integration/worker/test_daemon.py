@@ -408,3 +408,45 @@ async def test_a_retry_is_promoted_when_due_not_at_the_poll(config: Config, pool
     )
     async with running_worker(slow_poll(config), pool):
         await wait_for(pool, "SELECT 1 FROM jobs WHERE id = $1 AND lease_token >= 3", job_id)
+
+
+async def test_a_running_jobs_progress_reaches_its_row_by_the_heartbeat(
+    config: Config, pool: Pool
+) -> None:
+    """What a job's processes measure (``aivedio.progress``) is stored with its lease."""
+    from aivedio import progress
+    from aivedio.pipeline.jobs import Contract, Registry
+
+    measured = anyio.Event()
+    release = anyio.Event()
+
+    async def render(_ctx: Any, _job: Any) -> dict[str, Any]:
+        meter = progress.current.get()
+        assert meter is not None
+        token = meter.start()
+        meter.update(token, 0.42)
+        measured.set()
+        await release.wait()
+        meter.finish(token)
+        return {}
+
+    registry = Registry()
+    registry.bind(Contract("test.measured", "control", 60.0, 1), render)
+    config = msgspec.structs.replace(
+        config, worker=msgspec.structs.replace(config.worker, heartbeat_interval_seconds=0.1)
+    )
+    async with pool.acquire() as conn:
+        job_id = (await Queue(pool).enqueue_one(conn, registry.spec("test.measured", "p"))).job_id
+    worker = Worker(config, pool, registry)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: worker.run(install_signal_handlers=False))
+        try:
+            with anyio.fail_after(10):
+                await measured.wait()
+            row = await wait_for(
+                pool, "SELECT progress FROM jobs WHERE id = $1 AND progress IS NOT NULL", job_id
+            )
+            assert row["progress"] == pytest.approx(0.42)
+        finally:
+            release.set()
+            worker.request_drain(force=True)

@@ -139,17 +139,23 @@ def test_schema_and_paths() -> None:
     assert "failed" in body["properties"]["phase"]["enum"]
     op = events.PATHS["/v1/assets/{asset_id}/events"]["get"]
     assert set(op["responses"]) == {"200", "401", "404", "503"}
-    event = op["responses"]["200"]["content"]["text/event-stream"]["schema"]
-    assert event["properties"]["data"]["contentSchema"] == {
+    stage, progress = op["responses"]["200"]["content"]["text/event-stream"]["schema"]["oneOf"]
+    assert stage["properties"]["data"]["contentSchema"] == {
         "$ref": "#/components/schemas/StageEvent"
     }
+    # A progress event names its own schema and carries no id (Last-Event-ID stays).
+    assert progress["properties"]["event"] == {"const": "progress"}
+    assert progress["properties"]["data"]["contentSchema"] == {
+        "$ref": "#/components/schemas/ProgressEvent"
+    }
+    assert "id" not in progress["required"]
     header = next(p for p in op["parameters"] if p["in"] == "header")
     assert (header["name"], header["required"], header["schema"]) == (
         "Last-Event-ID",
         False,
         {"type": "string"},
     )
-    assert (StageEvent,) == events.SCHEMAS
+    assert (StageEvent, events.ProgressEvent) == events.SCHEMAS
 
 
 @pytest.mark.anyio

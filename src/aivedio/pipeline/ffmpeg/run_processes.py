@@ -1,5 +1,6 @@
 """The processes of a media run: the scratch layout, the sandboxed ffmpeg and ffprobe runs
-recorded in the run's report (a long ffmpeg run logs its progress), and the chunked path's
+recorded in the run's report (a long ffmpeg run logs its progress, and each run's share of
+its timeline goes to the job's ``progress.Meter`` when it has one), and the chunked path's
 steps on the same processes. ``MediaRun`` plans and runs the DAG on top of this."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from aivedio import progress as job_progress
 from aivedio.config.media import MediaConfig
 from aivedio.errors import RenderError
 from aivedio.logs import get_logger
@@ -57,14 +59,17 @@ class RunProcesses:
 
     async def _ffmpeg(self, step: str, args: list[str], duration: float) -> RunResult:
         assert self.report is not None
-        progress = _ProgressLog(step, duration)
-        result = await self.sandbox.run(
-            "ffmpeg",
-            args,
-            cwd=self.layout.work,
-            deadline_seconds=media_deadline(self.media, duration),
-            on_progress=progress,
-        )
+        progress = _ProgressLog(step, duration, job_progress.current.get())
+        try:
+            result = await self.sandbox.run(
+                "ffmpeg",
+                args,
+                cwd=self.layout.work,
+                deadline_seconds=media_deadline(self.media, duration),
+                on_progress=progress,
+            )
+        finally:
+            progress.finish()
         self.report.record(step, result)
         if not result.ok:
             result.raise_if_exhausted()
@@ -97,15 +102,26 @@ class RunProcesses:
 
 
 class _ProgressLog:
-    """Logs a long ffmpeg run's progress (``-progress pipe:1``) every PROGRESS_LOG_SECONDS."""
+    """Logs a long ffmpeg run's progress (``-progress pipe:1``) every PROGRESS_LOG_SECONDS,
+    and gives each block's share of the timeline to the job's meter (if any)."""
 
-    def __init__(self, step: str, duration: float) -> None:
+    def __init__(self, step: str, duration: float, meter: job_progress.Meter | None) -> None:
         self.step = step
         self.duration = duration
         self.started = time.monotonic()
         self.last = self.started
+        self.meter = meter
+        self.token = meter.start() if meter is not None else 0
+
+    def finish(self) -> None:
+        if self.meter is not None:
+            self.meter.finish(self.token)
 
     def __call__(self, block: dict[str, str]) -> None:
+        if self.meter is not None:
+            fraction = job_progress.fraction_of(block, self.duration)
+            if fraction is not None:
+                self.meter.update(self.token, fraction)
         now = time.monotonic()
         if now - self.last < PROGRESS_LOG_SECONDS:
             return

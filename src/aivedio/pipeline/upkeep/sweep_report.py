@@ -105,18 +105,3 @@ class SweepReport(msgspec.Struct, kw_only=True):
 
     def to_json(self) -> str:
         return msgspec.json.encode(self).decode()
-
-    def text(self) -> str:
-        """A few lines for people: each scan's count, then its findings."""
-        head = "sweep (dry run)" if self.dry_run else "sweep"
-        lines = [f"{head}: {self.outcome}"]
-        for scan in self.SCANS:
-            found: list[Finding] = getattr(self, scan)
-            lines.append(f"  {scan}: {self.counts.get(scan, 0)}")
-            lines += [f"    {f.action:<22} {f.subject}  {f.detail}" for f in found]
-        stats = {k: v for k, v in self.counts.items() if k not in self.SCANS}
-        if stats:
-            lines.append("  " + ", ".join(f"{k}={v}" for k, v in sorted(stats.items())))
-        lines += [f"  error in {e.subject}: {e.detail}" for e in self.errors]
-        lines += [f"  skipped row in {f.subject}: {f.detail}" for f in self.skipped]
-        return "\n".join(lines)

@@ -72,7 +72,8 @@ WITH RECURSIVE {{acknowledge}}, hi AS (
         lease_token = j.lease_token + 1,
         lease_until = now() + make_interval(secs => $7),
         attempts = j.attempts + 1,
-        started_at = now()
+        started_at = now(),
+        progress = NULL
     FROM chosen
     WHERE j.id = chosen.id
     RETURNING j.id, j.kind, j.lane, j.tenant_id, j.payload, j.attempts, j.max_attempts,
@@ -162,10 +163,12 @@ SELECT id, lane, (SELECT count(*) FROM notified) AS lanes_notified FROM released
 -- One statement per worker extends the leases it names (the jobs it runs and the ones whose
 -- acknowledgement is pending) and returns those it still owns. A lease the worker holds but
 -- no longer names (a claim cancelled mid-flight, a failure it could not record) is left to
--- expire and be reaped.
+-- expire and be reaped. It also stores each running job's progress (a fraction; NULL keeps
+-- the last), so progress costs no statement of its own (aivedio/progress.py says why).
 UPDATE jobs
-SET lease_until = now() + make_interval(secs => $2)
-FROM unnest($3::bigint[], $4::bigint[]) AS h(id, token)
+SET lease_until = now() + make_interval(secs => $2),
+    progress = coalesce(h.progress, jobs.progress)
+FROM unnest($3::bigint[], $4::bigint[], $5::real[]) AS h(id, token, progress)
 WHERE jobs.id = h.id AND jobs.lease_token = h.token AND jobs.lease_owner = $1
   AND jobs.status = 'running'
 RETURNING jobs.id, jobs.lease_token;

