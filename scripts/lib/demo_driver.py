@@ -865,12 +865,12 @@ def stop(services: list[Service]) -> bool:
             if code is None:
                 service.signal(signal.SIGKILL)
                 code = service.reap(5)
-                out(f"  {service.name:<18} did not stop in time: killed")
+                out(f"  {service.name:<21} did not stop in time: killed")
                 clean = False
             elif service in rest:  # the provider and S3 server have no drain to wait for
-                out(f"  {service.name:<18} stopped")
+                out(f"  {service.name:<21} stopped")
             else:
-                out(f"  {service.name:<18} exited {code}{'' if code == 0 else ' (FAILED)'}")
+                out(f"  {service.name:<21} exited {code}{'' if code == 0 else ' (FAILED)'}")
                 clean &= code == 0
     return clean
 

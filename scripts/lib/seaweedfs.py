@@ -20,6 +20,9 @@ Why each choice:
 * **Small volumes** (``-master.volumeSizeLimitMB``), grown on demand (``-volume.max=0``): a
   test run writes a few hundred MiB, and the benchmark 4 GiB objects.
 * **No pre-stop grace** (``-volume.preStopSeconds=0``): SIGTERM stops it at once.
+* **A one-second election** (``-master.electionTimeout=1s``): started again on its data, the
+  lone master waits out an election before it leads, 10 s by default, and nothing answers
+  until it does.
 """
 
 from __future__ import annotations
@@ -121,6 +124,7 @@ class Engine:
             "ip.bind": "127.0.0.1",
             "dir": str(self.directory / "data"),
             "master.telemetry": "false",
+            "master.electionTimeout": "1s",
             "master.volumeSizeLimitMB": str(VOLUME_SIZE_LIMIT_MB),
             "volume.max": "0",
             "volume.preStopSeconds": "0",
