@@ -29,4 +29,4 @@ def seaweedfs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
             engine.ensure_bucket(BUCKET)
             yield engine.endpoint
         finally:
-            seaweedfs.stop(proc)
+            seaweedfs.discard(proc)  # its data goes with the session's tmp dir

@@ -44,9 +44,9 @@ class Server:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
-    def stop(self) -> None:
+    def discard(self) -> None:
         if self.proc is not None:
-            seaweedfs.stop(self.proc)
+            seaweedfs.discard(self.proc)
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
     try:
         yield server
     finally:
-        server.stop()
+        server.discard()
 
 
 async def test_what_was_acknowledged_before_a_sigkill_is_there_after_the_restart(
