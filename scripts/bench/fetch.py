@@ -118,10 +118,11 @@ def weed_upload(children: Children, engine: Engine, path: Path) -> dict[str, Any
     started = time.perf_counter()
     stdout = children.run("weed upload", argv)
     seconds = time.perf_counter() - started
-    uploaded = json.loads(stdout)
-    size = sum(int(f.get("size", 0)) for f in uploaded)
-    if size != path.stat().st_size:
-        raise SystemExit(f"weed upload stored {size} bytes of {path.stat().st_size}: {stdout}")
+    (uploaded,) = json.loads(stdout)
+    # A file split into chunks is answered with its manifest's id and no size.
+    size = int(uploaded.get("size") or path.stat().st_size)
+    if uploaded.get("error") or not uploaded.get("fid") or size != path.stat().st_size:
+        raise SystemExit(f"weed upload of {path.stat().st_size} bytes failed: {stdout}")
     return {"bytes": size, "seconds": seconds}
 
 
