@@ -21,7 +21,10 @@ from aivedio import log_bridge
 from aivedio.config.load import Config, LaneConfig, load_config
 from aivedio.store import migrations
 from aivedio.store.database import Pool, open_pool
-from tests.support.s3_server import moto_endpoint  # noqa: F401 - a fixture shared by the S3 tests
+
+# Fixtures shared by the S3 tests: each engine, and the engine parametrized over both.
+from tests.support.s3_server import moto_endpoint, s3_endpoint  # noqa: F401
+from tests.support.seaweedfs import seaweedfs_endpoint  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_KEY = base64.b64encode(b"k" * 32).decode()

@@ -13,11 +13,15 @@ import ssl
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
     sys.path.pop(0)
 
 import boto3
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from seaweedfs import ACCESS_KEY_ID, SECRET_ACCESS_KEY
 
 
 def _cpu_seconds() -> float:
@@ -42,8 +46,8 @@ def main() -> int:
         "s3",
         endpoint_url=args.endpoint,
         region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
+        aws_access_key_id=ACCESS_KEY_ID,
+        aws_secret_access_key=SECRET_ACCESS_KEY,
     )
     context = ssl.create_default_context(cafile=args.ca_file)
     started = time.perf_counter()

@@ -5,12 +5,21 @@ All in one run, for each body size (1 GiB and 4 GiB by default):
 (a)  the full guarded fetch (policy, pinned resolver, deadlines, cap, SHA-256) into the local
      filesystem store (temp file, fsync, atomic rename), in a process of its own;
 (a') ``curl | tee FILE | sha256sum`` writing the same file;
-(b)  the same guarded fetch into moto's S3 server (multipart, per-part SHA-256, bounded parts
-     in flight);
-(b') boto3's ``upload_fileobj`` streaming the same HTTP body into the same S3 server.
 
-The server is the simulated provider in a process of its own (``python -m aivedio.sim``); moto runs
-as its own process too. Peak RSS is each fetching process's ``ru_maxrss``.
+and then on each S3 engine, SeaweedFS (a real distributed object store) and moto's server
+(a mock, single-threaded, objects in memory), both started here:
+
+(b)  the same guarded fetch into S3 (multipart, per-part SHA-256, bounded parts in flight);
+(b') boto3's ``upload_fileobj`` streaming the same HTTP body into the same S3 server;
+(b'') the same with SHA-256 checksums, as the guarded fetch sends;
+(c)  on SeaweedFS only, its own ``weed upload`` of the file (a') wrote, straight to the
+     master and volume server (no S3 gateway, no filer, no HTTPS body): the engine's
+     ceiling on this machine.
+
+The server is the simulated provider in a process of its own (``python -m aivedio.sim``);
+the engines run as processes of their own too. Peak RSS is each fetching process's
+``ru_maxrss``. The S3 paths are split into phases: streaming (until every part was sent)
+and completing (the engine assembling the parts).
 
 Usage: .venv/bin/python scripts/bench/fetch.py [--sizes-gib 1 4] [--workdir DIR] [--smoke]
 
@@ -44,6 +53,7 @@ import boto3
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "lib"))
 from children import Child, Children  # noqa: E402
+from seaweedfs import ACCESS_KEY_ID, SECRET_ACCESS_KEY, Engine  # noqa: E402
 from smoke import positive, verdict  # noqa: E402
 
 BUCKET = "aivedio-bench"
@@ -78,15 +88,42 @@ def start_moto(children: Children) -> str:
         log="moto.log",
     )
     moto.wait_for(lambda: answers(f"{endpoint}/moto-api/"), "an answer", 30)
-    client = boto3.client(
+    s3_client(endpoint).create_bucket(Bucket=BUCKET)
+    return endpoint
+
+
+def start_seaweedfs(children: Children, workdir: Path) -> Engine:
+    engine = Engine.create(workdir / "seaweedfs")
+    server = children.start("S3 server (SeaweedFS)", engine.argv(), log="seaweedfs.log")
+    server.wait_for(engine.answers, "an answer", 60)
+    engine.ensure_bucket(BUCKET)
+    return engine
+
+
+def s3_client(endpoint: str) -> Any:
+    return boto3.client(
         "s3",
         endpoint_url=endpoint,
         region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
+        aws_access_key_id=ACCESS_KEY_ID,
+        aws_secret_access_key=SECRET_ACCESS_KEY,
     )
-    client.create_bucket(Bucket=BUCKET)
-    return endpoint
+
+
+def weed_upload(children: Children, engine: Engine, path: Path) -> dict[str, Any]:
+    """(c): ``weed upload`` of a local file to the master and volume server, in 8 MiB
+    chunks; its wall time and the size it reports."""
+    master = f"127.0.0.1:{engine.ports['master']}.{engine.ports['master.grpc']}"
+    argv = [engine.argv()[0], "upload", f"-master={master}", "-maxMB=8", str(path)]
+    started = time.perf_counter()
+    stdout = children.run("weed upload", argv)
+    seconds = time.perf_counter() - started
+    (uploaded,) = json.loads(stdout)
+    # A file split into chunks is answered with its manifest's id and no size.
+    size = int(uploaded.get("size") or path.stat().st_size)
+    if uploaded.get("error") or not uploaded.get("fid") or size != path.stat().st_size:
+        raise SystemExit(f"weed upload of {path.stat().st_size} bytes failed: {stdout}")
+    return {"bytes": size, "seconds": seconds}
 
 
 def start_server(children: Children, size: int, workdir: Path) -> tuple[Child, dict[str, Any]]:
@@ -187,14 +224,7 @@ def boto3_upload(
 
 
 def delete(endpoint: str, key: str) -> None:
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
-    client.delete_object(Bucket=BUCKET, Key=key)
+    s3_client(endpoint).delete_object(Bucket=BUCKET, Key=key)
 
 
 def mbps(figures: dict[str, Any]) -> float:
@@ -238,9 +268,10 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     try:
         with Children(workdir / "logs") as children:
-            endpoint = start_moto(children)
+            engine = start_seaweedfs(children, workdir)
+            engines = {"SeaweedFS": engine.endpoint, "moto": start_moto(children)}
             for size_gib in args.sizes_gib:
-                rows.append(one_size(children, args, workdir, endpoint, size_gib))
+                rows.append(one_size(children, args, workdir, engines, engine, size_gib))
     finally:
         if not args.workdir:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -252,7 +283,12 @@ def main() -> int:
 
 
 def one_size(
-    children: Children, args: argparse.Namespace, workdir: Path, endpoint: str, size_gib: float
+    children: Children,
+    args: argparse.Namespace,
+    workdir: Path,
+    engines: dict[str, str],
+    seaweedfs: Engine,
+    size_gib: float,
 ) -> dict[str, Any]:
     size, name = int(size_gib * GIB), size_label(size_gib)
     log(f"{name}: starting the HTTPS server (hashing the body once)")
@@ -263,33 +299,50 @@ def one_size(
         a = guarded(children, server, f"file://{store_dir}", None, "quarantine/bench/source.bin")
         shutil.rmtree(store_dir)
         log(f"{name}: (a') curl | tee | sha256sum")
-        a_prime = curl_tee_sha(children, server, workdir / "curl.bin")
-        (workdir / "curl.bin").unlink()
-        row: dict[str, Any] = {"size_gib": size_gib, "a": a, "a_prime": a_prime}
+        body = workdir / "curl.bin"
+        a_prime = curl_tee_sha(children, server, body)
+        row: dict[str, Any] = {"size_gib": size_gib, "a": a, "a_prime": a_prime, "s3": {}}
         if size_gib <= args.skip_s3_above_gib:
-            if not args.smoke:
-                # moto keeps objects in its own memory: the first upload of a size pays its
-                # page faults and heap growth. Warm it up with a discarded upload so that
-                # neither measured path pays for being first.
-                log(f"{name}: warming moto up with a discarded upload")
-                boto3_upload(children, server, endpoint, f"bench/{size_gib:g}/warmup.bin")
-                delete(endpoint, f"bench/{size_gib:g}/warmup.bin")
-            log(f"{name}: (b) guarded fetch into moto's S3")
-            key = f"bench/{size_gib:g}/guarded.bin"
-            row["b"] = guarded(children, server, f"s3://{BUCKET}", endpoint, key)
-            delete(endpoint, key)
-            log(f"{name}: (b') boto3 upload_fileobj")
-            key = f"bench/{size_gib:g}/boto3.bin"
-            row["b_prime"] = boto3_upload(children, server, endpoint, key)
-            delete(endpoint, key)
-            log(f"{name}: (b'') boto3 upload_fileobj with SHA-256 checksums")
-            key = f"bench/{size_gib:g}/boto3-sha256.bin"
-            row["b_sha"] = boto3_upload(children, server, endpoint, key, "--sha256")
-            delete(endpoint, key)
+            for engine, endpoint in engines.items():
+                row["s3"][engine] = s3_paths(children, args, server, engine, endpoint, size_gib)
+            log(f"{name}: (c) weed upload of the same bytes from a file (SeaweedFS's ceiling)")
+            row["c"] = weed_upload(children, seaweedfs, body)
+        body.unlink()
         log(f"{name} done: {json.dumps(row)}")  # kept if a later size fails
         return row
     finally:
         sim.stop(10)
+
+
+def s3_paths(
+    children: Children,
+    args: argparse.Namespace,
+    server: dict[str, Any],
+    engine: str,
+    endpoint: str,
+    size_gib: float,
+) -> dict[str, Any]:
+    """(b), (b') and (b'') into one engine, each object deleted once measured."""
+    name, base = size_label(size_gib), f"bench/{size_gib:g}"
+    if not args.smoke:
+        # moto keeps objects in its own memory, SeaweedFS grows its volumes: the first
+        # upload of a size pays page faults, heap or file growth. Warm the engine up with a
+        # discarded upload so that neither measured path pays for being first.
+        log(f"{name}: warming {engine} up with a discarded upload")
+        boto3_upload(children, server, endpoint, f"{base}/warmup.bin")
+        delete(endpoint, f"{base}/warmup.bin")
+    paths: dict[str, Any] = {}
+    log(f"{name}: (b) guarded fetch into {engine}")
+    paths["b"] = guarded(children, server, f"s3://{BUCKET}", endpoint, f"{base}/guarded.bin")
+    delete(endpoint, f"{base}/guarded.bin")
+    log(f"{name}: (b') boto3 upload_fileobj into {engine}")
+    paths["b_prime"] = boto3_upload(children, server, endpoint, f"{base}/boto3.bin")
+    delete(endpoint, f"{base}/boto3.bin")
+    log(f"{name}: (b'') boto3 upload_fileobj with SHA-256 checksums into {engine}")
+    key = f"{base}/boto3-sha256.bin"
+    paths["b_sha"] = boto3_upload(children, server, endpoint, key, "--sha256")
+    delete(endpoint, key)
+    return paths
 
 
 def size_label(size_gib: float) -> str:
@@ -297,18 +350,22 @@ def size_label(size_gib: float) -> str:
 
 
 def sanity(rows: list[dict[str, Any]], sizes: list[int]) -> list[str]:
-    """Every path moved every byte of every size (the checksums were checked as it ran), in a
-    positive time, and the fetching processes reported their peak RSS."""
+    """Every path moved every byte of every size on every engine (the checksums were checked
+    as it ran), in a positive time, and the fetching processes reported their peak RSS."""
     problems = []
     for row, size in zip(rows, sizes, strict=True):
-        for path in ("a", "a_prime", "b", "b_prime", "b_sha"):
-            f = row.get(path)
+        label = size_label(row["size_gib"])
+        paths = {"a": row.get("a"), "a_prime": row.get("a_prime"), "c": row.get("c")}
+        for engine in ("SeaweedFS", "moto"):
+            for path in ("b", "b_prime", "b_sha"):
+                paths[f"{path} on {engine}"] = row["s3"].get(engine, {}).get(path)
+        for path, f in paths.items():
             if f is None:
-                problems.append(f"{size_label(row['size_gib'])}: no ({path}) figures")
+                problems.append(f"{label}: no ({path}) figures")
             elif f["bytes"] != size or not positive(f["seconds"]):
-                problems.append(f"{size_label(row['size_gib'])} ({path}): {f}")
-            elif path != "a_prime" and not positive(f["peak_rss_bytes"]):
-                problems.append(f"{size_label(row['size_gib'])} ({path}): no peak RSS: {f}")
+                problems.append(f"{label} ({path}): {f}")
+            elif path not in ("a_prime", "c") and not positive(f["peak_rss_bytes"]):
+                problems.append(f"{label} ({path}): no peak RSS: {f}")
     if len(rows) != len(sizes):
         problems.append(f"{len(rows)} sizes measured of {len(sizes)}")
     return problems
@@ -327,40 +384,40 @@ def report(rows: list[dict[str, Any]]) -> str:
             f"{mbps(a) / mbps(ap):.2f}x (a') | {a['peak_rss_bytes'] / MIB:,.0f} MiB |"
         )
         out.append(f"| {size} | (a') curl \\| tee \\| sha256sum | {mbps(ap):,.0f} | | |")
-        if "b" in r:
-            b, bp = r["b"], r["b_prime"]
+        for engine, f in r["s3"].items():
+            b, bp, bs = f["b"], f["b_prime"], f["b_sha"]
+            out += [
+                f"| {size} | (b) guarded fetch → {engine} | {mbps(b):,.0f} | "
+                f"{mbps(b) / mbps(bp):.2f}x (b') | {b['peak_rss_bytes'] / MIB:,.0f} MiB |",
+                f"| {size} | (b') boto3 upload_fileobj → {engine} | {mbps(bp):,.0f} | | "
+                f"{bp['peak_rss_bytes'] / MIB:,.0f} MiB |",
+                f"| {size} | (b'') boto3 upload_fileobj, SHA-256 → {engine} | {mbps(bs):,.0f} | "
+                f"(b) is {mbps(b) / mbps(bs):.2f}x | {bs['peak_rss_bytes'] / MIB:,.0f} MiB |",
+            ]
+        if "c" in r:
+            ceiling = mbps(r["s3"]["SeaweedFS"]["b"]) / mbps(r["c"])
             out.append(
-                f"| {size} | (b) guarded fetch → S3 (moto) | {mbps(b):,.0f} | "
-                f"{mbps(b) / mbps(bp):.2f}x (b') | {b['peak_rss_bytes'] / MIB:,.0f} MiB |"
+                f"| {size} | (c) weed upload of the file → SeaweedFS (its ceiling) | "
+                f"{mbps(r['c']):,.0f} | (b) is {ceiling:.2f}x | |"
             )
-            out.append(
-                f"| {size} | (b') boto3 upload_fileobj → S3 (moto) | {mbps(bp):,.0f} | | "
-                f"{bp['peak_rss_bytes'] / MIB:,.0f} MiB |"
-            )
-            if "b_sha" in r:
-                bs = r["b_sha"]
-                out.append(
-                    f"| {size} | (b'') boto3 upload_fileobj, SHA-256 checksums | "
-                    f"{mbps(bs):,.0f} | (b) is {mbps(b) / mbps(bs):.2f}x | "
-                    f"{bs['peak_rss_bytes'] / MIB:,.0f} MiB |"
-                )
-    s3_rows = [r for r in rows if "b" in r]
+    s3_rows = [r for r in rows if r["s3"]]
     if s3_rows:
         out += [
             "",
             "S3 paths by phase: streaming (until every part is sent) and completing (the store",
             "assembling the parts), with the CPU of the uploading process.",
             "",
-            "| body | path | streaming | completing | CPU |",
-            "|---|---|---:|---:|---:|",
+            "| body | engine | path | streaming | completing | CPU |",
+            "|---|---|---|---:|---:|---:|",
         ]
         for r in s3_rows:
-            for name, label in (("b", "(b)"), ("b_prime", "(b')"), ("b_sha", "(b'')")):
-                if name in r:
-                    f = r[name]
+            for engine, paths in r["s3"].items():
+                for name, label in (("b", "(b)"), ("b_prime", "(b')"), ("b_sha", "(b'')")):
+                    f = paths[name]
                     out.append(
-                        f"| {size_label(r['size_gib'])} | {label} | {f['stream_seconds']:.2f} s | "
-                        f"{f['seconds'] - f['stream_seconds']:.2f} s | {f['cpu_seconds']:.2f} s |"
+                        f"| {size_label(r['size_gib'])} | {engine} | {label} | "
+                        f"{f['stream_seconds']:.2f} s | {f['seconds'] - f['stream_seconds']:.2f} s"
+                        f" | {f['cpu_seconds']:.2f} s |"
                     )
     out.append("")
     out.append(f"Machine: {machine()}.")

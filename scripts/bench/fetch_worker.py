@@ -12,6 +12,7 @@ import json
 import resource
 import sys
 import time
+from pathlib import Path
 
 # Run as a script from scripts/bench, whose queue.py would shadow the stdlib module.
 if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
@@ -23,6 +24,9 @@ from aivedio.config.load import NetConfig, StorageConfig
 from aivedio.memory import tune_allocator
 from aivedio.pipeline.services import make_fetcher
 from aivedio.store.objects.opening import open_object_store
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+from seaweedfs import ACCESS_KEY_ID, SECRET_ACCESS_KEY
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
@@ -36,8 +40,8 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     storage = StorageConfig(
         url=args.storage_url,
         s3_endpoint_url=args.s3_endpoint or "",
-        s3_access_key_id="testing",
-        s3_secret_access_key="testing",
+        s3_access_key_id=ACCESS_KEY_ID,
+        s3_secret_access_key=SECRET_ACCESS_KEY,
     )
     fetcher = make_fetcher(net)
     try:

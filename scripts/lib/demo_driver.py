@@ -10,7 +10,7 @@ What it does, in order (every file under ``var/demo``):
    needs a remux, an HEVC clip that needs a transcode, a portrait clip to upload, and an
    HTML error page named ``.mp4``);
 2. the simulated provider (HTTPS on loopback, its own test CA) serving three outputs; with
-   ``--s3``, moto's S3 server and a bucket;
+   ``--s3``, SeaweedFS (a real S3 engine, ``seaweedfs.py``) on loopback and a bucket;
 3. ``aivedio.toml``, migrations, tenant ``demo`` and an API key;
 4. ``aivedio api`` and two ``aivedio worker`` processes, each in its own session (so Ctrl-C
    reaches only this driver, which stops them in order) with its log in ``var/demo/*.log``;
@@ -53,6 +53,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, NoReturn
+
+import seaweedfs
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "var" / "demo"
@@ -517,11 +519,11 @@ url = {toml_str("file://" + str(DEMO / "objects"))}
 """
     else:
         storage = f"""[storage]
-# moto's S3 server on loopback, started by the demo; it accepts any credentials.
+# SeaweedFS's S3 gateway on loopback, started by the demo with this identity.
 url = "s3://{BUCKET}/demo"
 s3_endpoint_url = {toml_str(s3_endpoint)}
-s3_access_key_id = "demo"
-s3_secret_access_key = "demo"
+s3_access_key_id = {toml_str(seaweedfs.ACCESS_KEY_ID)}
+s3_secret_access_key = {toml_str(seaweedfs.SECRET_ACCESS_KEY)}
 """
     text = f"""# Written by scripts/demo for one run (every run rewrites it); for every key and its
 # default see config/aivedio.example.toml. The secrets not written here come from the
@@ -579,34 +581,14 @@ def run_cli(env: dict[str, str], *args: str) -> str:
 
 
 def start_s3(env: dict[str, str]) -> tuple[Service, str]:
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    moto = Service(
-        "S3 server (moto)",
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        DEMO / "s3.log",
-        env,
-    )
-
-    def answers() -> bool:
-        try:
-            return http("GET", f"{endpoint}/moto-api/", timeout=1).status == 200
-        except DemoError:
-            return False
-
-    moto.wait_for(answers, "answer", START_TIMEOUT_SECONDS)
-    import boto3  # type: ignore[import-untyped]
-
-    client = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="demo",
-        aws_secret_access_key="demo",
-    )
-    client.create_bucket(Bucket=BUCKET)
-    client.close()
-    return moto, endpoint
+    """SeaweedFS on free loopback ports, its data in ``var/demo/seaweedfs`` (empty each run),
+    and the demo's bucket."""
+    shutil.rmtree(DEMO / "seaweedfs", ignore_errors=True)
+    engine = seaweedfs.Engine.create(DEMO / "seaweedfs")
+    server = Service("S3 server (SeaweedFS)", engine.argv(), DEMO / "s3.log", env)
+    server.wait_for(engine.answers, "answer", START_TIMEOUT_SECONDS)
+    engine.ensure_bucket(BUCKET)
+    return server, engine.endpoint
 
 
 # -- the videos ----------------------------------------------------------------------------------
@@ -902,12 +884,12 @@ def stop(services: list[Service]) -> bool:
             if code is None:
                 service.signal(signal.SIGKILL)
                 code = service.reap(5)
-                out(f"  {service.name:<18} did not stop in time: killed")
+                out(f"  {service.name:<21} did not stop in time: killed")
                 clean = False
             elif service in rest:  # the provider and S3 server have no drain to wait for
-                out(f"  {service.name:<18} stopped")
+                out(f"  {service.name:<21} stopped")
             else:
-                out(f"  {service.name:<18} exited {code}{'' if code == 0 else ' (FAILED)'}")
+                out(f"  {service.name:<21} exited {code}{'' if code == 0 else ' (FAILED)'}")
                 clean &= code == 0
     return clean
 
@@ -1000,8 +982,8 @@ def start(args: argparse.Namespace, videos: list[Video], services: list[Service]
     )
     s3_endpoint = None
     if args.s3:
-        moto, s3_endpoint = start_s3(env)
-        services.append(moto)
+        s3_server, s3_endpoint = start_s3(env)
+        services.append(s3_server)
 
     write_config(
         DEMO / "aivedio.toml",
@@ -1034,7 +1016,7 @@ def start(args: argparse.Namespace, videos: list[Video], services: list[Service]
 
     out(f"  provider  {provider['base_url']}  (simulated, HTTPS with its own test CA)")
     if s3_endpoint:
-        out(f"  S3        {s3_endpoint}  bucket {BUCKET}  (moto's server)")
+        out(f"  S3        {s3_endpoint}  bucket {BUCKET}  (SeaweedFS)")
     out(f"  API       {base}  pid {api_proc.pid}{port_note}")
     for worker, port in zip(workers, ports, strict=True):
         out(f"  {worker.name}  http://127.0.0.1:{port}/metrics  pid {worker.pid}")
@@ -1103,7 +1085,7 @@ def summary(stack: Stack, videos: list[Video], waited: float, settled: bool, lef
 
 
 def demo(args: argparse.Namespace, services: list[Service]) -> int:
-    mode = "S3 (moto's server)" if args.s3 else "the local filesystem"
+    mode = "S3 (SeaweedFS)" if args.s3 else "the local filesystem"
     out(f"== aivedio demo: store {mode}, PostgreSQL database {database_name()}")
     run = time.strftime("%H%M%S")
     videos = [Video(sample) for sample in SAMPLES]
@@ -1152,7 +1134,7 @@ def demo(args: argparse.Namespace, services: list[Service]) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--server-dsn", required=True, help="a PostgreSQL server to use")
-    parser.add_argument("--s3", action="store_true", help="store in moto's S3 server")
+    parser.add_argument("--s3", action="store_true", help="store in SeaweedFS's S3 gateway")
     parser.add_argument("--exit", action="store_true", help="stop after the summary")
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait (120)")
     args = parser.parse_args()

@@ -1,8 +1,9 @@
 """The small chaos run: ``scripts/chaos --n 20`` with a fixed seed must hold every invariant.
 
-The harness (scripts/lib/chaos) starts its own PostgreSQL cluster, moto's S3 server behind a
-proxy, the simulated provider, the API and two workers as processes; kills and drains
-workers, restarts PostgreSQL once, cuts S3 off once, then checks the invariants from the
+The harness (scripts/lib/chaos) starts its own PostgreSQL cluster, SeaweedFS (S3) on its own
+data directory, the simulated provider, the API and two workers as processes; kills and
+drains workers, restarts PostgreSQL once, SIGKILLs SeaweedFS and starts it again once, then
+checks the invariants from the
 database, the store and the logs. Exit 0 means every invariant held; on a failure the
 output (the tables and each violation) is in the assertion message and the JSON report
 under var/chaos-test/.
@@ -42,7 +43,7 @@ def test_small_chaos_run_holds_every_invariant() -> None:
     try:
         stdout, stderr = harness.communicate(timeout=360)
     except subprocess.TimeoutExpired:
-        # SIGTERM, not SIGKILL: the harness then stops the cluster, moto, the provider, the
+        # SIGTERM, not SIGKILL: the harness then stops the cluster, SeaweedFS, the provider, the
         # API and the workers it started (each in a session of its own) instead of leaving
         # them running after the test.
         harness.terminate()

@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
-import boto3
 import pytest
+from scripts.lib.seaweedfs import ACCESS_KEY_ID, SECRET_ACCESS_KEY
 
 from aivedio.config.load import load_config
 from aivedio.pipeline.intake import OutputDescriptor, record_provider_output
@@ -22,7 +22,7 @@ from aivedio.store.queue import Queue
 from tests.conftest import TEST_KEY
 from tests.support.dns_server import dns_server
 from tests.support.processes import WorkerProcess
-from tests.support.s3_server import BUCKET
+from tests.support.s3_server import BUCKET, s3_client
 
 pytestmark = pytest.mark.anyio
 
@@ -35,16 +35,6 @@ def nameserver() -> Iterator[str]:
     with dns_server() as (zone, ns):
         zone.set(HOST, ["127.0.0.1"])
         yield ns
-
-
-def s3_client(endpoint: str) -> object:
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
 
 
 def open_uploads(endpoint: str, prefix: str) -> list[dict[str, object]]:
@@ -65,7 +55,7 @@ async def poll(pool: Pool, sql: str, want: object, timeout: float) -> None:
 
 
 async def test_sigkill_mid_upload_is_reclaimed_and_leaves_no_open_upload(
-    pool: Pool, database: str, tmp_path: Path, moto_endpoint: str, nameserver: str
+    pool: Pool, database: str, tmp_path: Path, s3_endpoint: str, nameserver: str
 ) -> None:
     _ca, server_ctx, pem = make_test_ca(("localhost", HOST), tmp_path / "ca")
     prefix = f"crash-{time.monotonic_ns()}"
@@ -78,9 +68,9 @@ async def test_sigkill_mid_upload_is_reclaimed_and_leaves_no_open_upload(
 url = "{database}"
 [storage]
 url = "s3://{BUCKET}/{prefix}"
-s3_endpoint_url = "{moto_endpoint}"
-s3_access_key_id = "testing"
-s3_secret_access_key = "testing"
+s3_endpoint_url = "{s3_endpoint}"
+s3_access_key_id = "{ACCESS_KEY_ID}"
+s3_secret_access_key = "{SECRET_ACCESS_KEY}"
 [worker]
 http_port = 0
 lease_seconds = 3
@@ -122,10 +112,10 @@ allow_all = true
         doomed = WorkerProcess(config_path, tmp_path / "doomed.log")
         try:
             deadline = time.monotonic() + 20
-            while not open_uploads(moto_endpoint, prefix) and time.monotonic() < deadline:
+            while not open_uploads(s3_endpoint, prefix) and time.monotonic() < deadline:
                 await anyio.sleep(0.1)
             await anyio.sleep(1.0)  # a part or two in
-            assert open_uploads(moto_endpoint, prefix), "no multipart upload was open"
+            assert open_uploads(s3_endpoint, prefix), "no multipart upload was open"
             doomed.kill()
         finally:
             doomed.stop()
@@ -145,10 +135,10 @@ allow_all = true
     )
     assert row["source_size_bytes"] == SIZE
     assert row["source_sha256"] == doc["sha256"]
-    client = s3_client(moto_endpoint)
+    client = s3_client(s3_endpoint)
     body = client.get_object(Bucket=BUCKET, Key=f"{prefix}/{row['source_object_key']}")  # type: ignore[attr-defined]
     assert hashlib.sha256(body["Body"].read()).hexdigest() == doc["sha256"]
-    assert open_uploads(moto_endpoint, prefix) == []
+    assert open_uploads(s3_endpoint, prefix) == []
     job = await pool.fetchrow(
         "SELECT status, attempts FROM job_history WHERE id = $1", recorded.fetch_job_id
     )

@@ -1,5 +1,5 @@
-"""``aivedio worker`` as a process, storing into S3 (moto): its /metrics counts the provider's
-responses by status, times the stored transfer, and meters the store it opened."""
+"""``aivedio worker`` as a process, storing into S3 (each engine): its /metrics counts the
+provider's responses by status, times the stored transfer, and meters the store it opened."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from scripts.lib.seaweedfs import ACCESS_KEY_ID, SECRET_ACCESS_KEY
 
 from aivedio.config.load import load_config
 from aivedio.pipeline.intake import OutputDescriptor, record_provider_output
@@ -50,7 +51,7 @@ def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 
 async def test_a_worker_process_exports_fetch_and_object_store_metrics(
-    pool: Pool, database: str, tmp_path: Path, moto_endpoint: str, nameserver: str
+    pool: Pool, database: str, tmp_path: Path, s3_endpoint: str, nameserver: str
 ) -> None:
     _ca, server_ctx, pem = make_test_ca(("localhost", HOST), tmp_path / "ca")
     prefix = f"metrics-{time.monotonic_ns()}"
@@ -64,9 +65,9 @@ async def test_a_worker_process_exports_fetch_and_object_store_metrics(
 url = "{database}"
 [storage]
 url = "s3://{BUCKET}/{prefix}"
-s3_endpoint_url = "{moto_endpoint}"
-s3_access_key_id = "testing"
-s3_secret_access_key = "testing"
+s3_endpoint_url = "{s3_endpoint}"
+s3_access_key_id = "{ACCESS_KEY_ID}"
+s3_secret_access_key = "{SECRET_ACCESS_KEY}"
 [worker]
 http_port = 0
 poll_interval_seconds = 0.2

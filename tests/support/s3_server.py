@@ -1,4 +1,11 @@
-"""moto's S3 server as a real subprocess on a loopback port, shared by the S3 tests."""
+"""The S3 engines of the tests: SeaweedFS (``tests/support/seaweedfs.py``) and moto's server.
+
+``s3_endpoint`` is parametrized over both, so every S3 test runs on each: a deviation of
+either engine from what the store relies on is a test failure. moto is a mock (one thread,
+objects in memory); SeaweedFS is a real distributed store with its own habits (listing
+order, content types it sniffs); users run others still (AWS S3, R2, MinIO, Ceph), and
+``docs/operations.md`` lists what each engine tested does differently.
+"""
 
 from __future__ import annotations
 
@@ -9,14 +16,21 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from typing import Any
 
 import boto3
 import pytest
+from scripts.lib import seaweedfs
 
 from aivedio.config.load import StorageConfig
 
 BUCKET = "aivedio-test"
-CREDENTIALS = {"s3_access_key_id": "testing", "s3_secret_access_key": "testing"}
+# SeaweedFS checks them (its identity file); moto accepts any.
+CREDENTIALS = {
+    "s3_access_key_id": seaweedfs.ACCESS_KEY_ID,
+    "s3_secret_access_key": seaweedfs.SECRET_ACCESS_KEY,
+}
+ENGINES = ("seaweedfs", "moto")
 
 
 # -- the moto server ---------------------------------------------------------------------
@@ -60,13 +74,7 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )
         try:
             _wait_until_answering(f"{endpoint}/moto-api/", proc, timeout_s=20)
-            client = boto3.client(
-                "s3",
-                endpoint_url=endpoint,
-                region_name="us-east-1",
-                aws_access_key_id="testing",
-                aws_secret_access_key="testing",
-            )
+            client = s3_client(endpoint)
             client.create_bucket(Bucket=BUCKET)
             client.close()
             yield endpoint
@@ -77,6 +85,24 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@pytest.fixture(params=ENGINES)
+def s3_endpoint(request: pytest.FixtureRequest) -> str:
+    """The endpoint of each S3 engine in turn, with the bucket ``BUCKET``."""
+    endpoint: str = request.getfixturevalue(f"{request.param}_endpoint")
+    return endpoint
+
+
+def s3_client(endpoint: str) -> Any:
+    """A boto3 client of the engine at ``endpoint``, with the tests' credentials."""
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=seaweedfs.ACCESS_KEY_ID,
+        aws_secret_access_key=seaweedfs.SECRET_ACCESS_KEY,
+    )
 
 
 def s3_config(endpoint: str, prefix: str) -> StorageConfig:

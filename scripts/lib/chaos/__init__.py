@@ -2,8 +2,8 @@
 
 Modules: ``plan`` (the fault plan, deterministic from the seed, and what each fault calls
 for), ``media`` (the source files), ``provider`` (the simulated provider as a process, with
-the plan's faults), ``proxy`` (the loopback TCP proxy in front of the S3 server, for the
-outage), ``stack`` (the processes: PostgreSQL, S3, proxy, provider, API, workers),
+the plan's faults), ``stack`` (the processes: PostgreSQL, S3 (SeaweedFS, from
+``scripts/lib/seaweedfs.py``), provider, API, workers),
 ``load`` (callbacks, duplicates, cancels, deletes and the chaos schedule), ``checks`` (the
 invariants, read from the database, the store and the logs) and ``main`` (the run and the
 report).

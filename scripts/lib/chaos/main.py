@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from children import ChildExited, Children
 from demo_driver import DemoError, free_port, http
+from seaweedfs import ACCESS_KEY_ID, SECRET_ACCESS_KEY, Engine
 
 from chaos import checks
 from chaos.checks import Result
@@ -39,6 +40,7 @@ from chaos.plan import KINDS, Plan, make_plan
 from chaos.stack import (
     AIVEDIO,
     ROOT,
+    START_TIMEOUT_SECONDS,
     ChaosError,
     Postgres,
     Proc,
@@ -89,7 +91,8 @@ def write_config(
     else:
         storage = (
             f'url = "s3://{BUCKET}/chaos"\ns3_endpoint_url = {toml_str(s3_endpoint)}\n'
-            's3_access_key_id = "chaos"\ns3_secret_access_key = "chaos"'
+            f"s3_access_key_id = {toml_str(ACCESS_KEY_ID)}\n"
+            f"s3_secret_access_key = {toml_str(SECRET_ACCESS_KEY)}"
         )
     path.write_text(f"""# Written by scripts/chaos for one run. Secrets come from the environment.
 [database]
@@ -189,7 +192,8 @@ class Run:
         self.generation = Counter[int]()
         self.sampler = Sampler()
         self.pg: Postgres | None = None
-        self.proxy: Proc | None = None
+        self.s3: Engine | None = None  # SeaweedFS: its ports and data directory
+        self.s3_proc: Proc | None = None
         self.api: Proc | None = None
         self.env: dict[str, str] = {}
         self.events: list[dict[str, Any]] = []
@@ -255,43 +259,14 @@ class Run:
 
         s3_endpoint = None
         if args.store == "s3":
-            moto_port, proxy_port = free_port(), free_port()
-            moto = self.spawn(
-                "S3 server (moto)",
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(moto_port)],
-                "moto.log",
-            )
-            moto.wait_for(
-                lambda: self.answers(f"http://127.0.0.1:{moto_port}/moto-api/"), "answer", 30
-            )
-            import boto3  # type: ignore[import-untyped]
-
-            client = boto3.client(
-                "s3",
-                endpoint_url=f"http://127.0.0.1:{moto_port}",
-                region_name="us-east-1",
-                aws_access_key_id="chaos",
-                aws_secret_access_key="chaos",
-            )
-            client.create_bucket(Bucket=BUCKET)
-            client.close()
-            self.proxy = self.spawn(
-                "S3 proxy",
-                [
-                    sys.executable,
-                    str(Path(__file__).parent / "proxy.py"),
-                    "--listen-port",
-                    str(proxy_port),
-                    "--target-port",
-                    str(moto_port),
-                ],
-                "s3-proxy.log",
-            )
-            self.proxy.wait_for_event("proxy_listening", 15)
-            s3_endpoint = f"http://127.0.0.1:{proxy_port}"
+            shutil.rmtree(self.dir / "seaweedfs", ignore_errors=True)
+            self.s3 = Engine.create(self.dir / "seaweedfs")
+            self.s3_proc = self.start_s3("s3.log")
+            self.s3.ensure_bucket(BUCKET)
+            s3_endpoint = self.s3.endpoint
             out(
-                f"  S3          {s3_endpoint} (proxy) -> moto on 127.0.0.1:{moto_port}, "
-                f"bucket {BUCKET}"
+                f"  S3          {s3_endpoint}  SeaweedFS ({self.s3.directory.relative_to(ROOT)}),"
+                f" bucket {BUCKET}"
             )
 
         sim = self.spawn(
@@ -481,25 +456,38 @@ class Run:
 
         threading.Thread(target=restart, daemon=True).start()
 
-    def s3_outage(self, seconds: float) -> None:
-        if self.proxy is None:
+    def start_s3(self, log: str) -> Proc:
+        """``weed server`` on the run's SeaweedFS directory and ports, answering."""
+        assert self.s3 is not None
+        proc = self.spawn("S3 server (SeaweedFS)", self.s3.argv(), log)
+        proc.wait_for(self.s3.answers, "answer", START_TIMEOUT_SECONDS)
+        return proc
+
+    def restart_s3(self, down_seconds: float) -> None:
+        """SIGKILL the S3 server (no shutdown of its own: what it had not written is lost
+        as in a crash), keep it down, then start it again on its data directory."""
+        if self.s3_proc is None:
             self.s3_result = {"skipped": "the filesystem store has no server to restart"}
             return
-        proxy = self.proxy
-        proxy.signal(signal.SIGUSR1)
-        self.log(f"S3 outage: every connection dropped, new ones refused for {seconds:g} s")
+        killed = self.s3_proc
+        killed.expect_exit()
+        killed.signal(signal.SIGKILL)
+        killed.reap(10)
+        at = round(time.time() - self.t0, 1)
+        self.log(f"SIGKILL the S3 server (SeaweedFS); down for {down_seconds:g} s")
 
-        def resume() -> None:
-            time.sleep(seconds)
-            proxy.signal(signal.SIGUSR2)
-            self.s3_result = {
-                "ok": True,
-                "seconds": seconds,
-                "at": round(time.time() - self.t0 - seconds, 1),
-            }
-            self.log("S3 back (the proxy listens again)")
+        def start_again() -> None:
+            time.sleep(down_seconds)
+            t = time.monotonic()
+            self.s3_result = {"at": at, "down_seconds": down_seconds}
+            try:
+                self.s3_proc = self.start_s3("s3-2.log")
+                self.s3_result.update(ok=True, start_seconds=round(time.monotonic() - t, 1))
+            except ChildExited as exc:
+                self.s3_result.update(ok=False, error=exc.message[:300])
+            self.log("S3 back (SeaweedFS started again on its data)", **self.s3_result)
 
-        threading.Thread(target=resume, daemon=True).start()
+        threading.Thread(target=start_again, daemon=True).start()
 
     def refused_start_during_restart(self, worker: Proc) -> str | None:
         """How a worker that never started failed its startup while PostgreSQL restarted, or
@@ -559,7 +547,7 @@ class Run:
         schedule += [
             (chaos.drain_at, "drain", chaos.drain_slot),
             (chaos.pg_restart_at, "pg", None),
-            (chaos.s3_outage_at, "s3", chaos.s3_outage_seconds),
+            (chaos.s3_restart_at, "s3", chaos.s3_down_seconds),
         ]
         schedule.sort(key=lambda item: item[0])
         self.t0 = load.t0 = time.time()
@@ -577,7 +565,7 @@ class Run:
             elif action == "pg":
                 self.restart_pg()
             else:
-                self.s3_outage(arg)
+                self.restart_s3(arg)
         for thread in threads:
             while thread.is_alive():
                 self.watch_processes()
@@ -743,7 +731,7 @@ def run(args: argparse.Namespace) -> int:
     per_output: list[dict[str, Any]] = []
     exit_code = 1
     try:
-        # A server of the run (moto, the S3 proxy, the provider) that exits by itself ends
+        # A server of the run (SeaweedFS, the provider) that exits by itself ends
         # the run at once, as a failure of its own: "the run completed" below.
         with runner.children:
             load = runner.start()
@@ -751,7 +739,7 @@ def run(args: argparse.Namespace) -> int:
             out(
                 f"== load: {args.n} callbacks over {max(o.send_at for o in plan.outputs):.0f} s; "
                 f"{len(plan.chaos.kills)} worker kills, one drain, one PostgreSQL restart, "
-                f"one S3 outage"
+                f"one S3 restart (SIGKILL)"
             )
             runner.load_and_chaos(load)
             out()
@@ -831,10 +819,14 @@ def run(args: argparse.Namespace) -> int:
                     )
                 )
             if args.store == "s3":
-                near = exits_near(runner.s3_result.get("at"), runner.s3_result.get("seconds", 0))
+                near = exits_near(
+                    runner.s3_result.get("at"),
+                    runner.s3_result.get("down_seconds", 0)
+                    + runner.s3_result.get("start_seconds", 0),
+                )
                 results.append(
                     Result(
-                        "S3 outage once (proxy); the API and workers carried on",
+                        "S3 server SIGKILLed and started again; the API and workers carried on",
                         bool(runner.s3_result.get("ok")) and not near,
                         json.dumps(runner.s3_result),
                         near,
@@ -913,7 +905,7 @@ def run(args: argparse.Namespace) -> int:
     for refused in runner.startup_refused:
         out(f"    a worker still starting refused to start (exit 1; restarted): {refused}")
     out(
-        f"  S3 'restart' (proxy outage; moto keeps running, its data in memory): "
+        f"  S3 restart (SIGKILL SeaweedFS, start it again on its data): "
         f"{runner.s3_result or 'not reached'}"
     )
     if report.get("degradation"):

@@ -144,8 +144,8 @@ class Chaos:
     drain_at: float
     drain_slot: int
     pg_restart_at: float
-    s3_outage_at: float
-    s3_outage_seconds: float
+    s3_restart_at: float  # SIGKILL the S3 server, then start it again on its data
+    s3_down_seconds: float  # how long it stays down
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ def make_plan(seed: int, n: int, *, workers: int = 2, load_seconds: float | None
         drain_at=round(rng.uniform(0.3, 0.6) * span, 2),
         drain_slot=rng.randrange(workers),
         pg_restart_at=round(rng.uniform(0.25, 0.5) * span, 2),
-        s3_outage_at=round(rng.uniform(0.55, 0.8) * span, 2),
-        s3_outage_seconds=round(rng.uniform(3, 6), 1),
+        s3_restart_at=round(rng.uniform(0.55, 0.8) * span, 2),
+        s3_down_seconds=round(rng.uniform(3, 6), 1),
     )
     return Plan(seed=seed, n=n, outputs=tuple(outputs), chaos=chaos, workers=workers)

@@ -2,8 +2,9 @@
 
 PostgreSQL is a throwaway cluster of the run's own (initdb + pg_ctl, a unix socket dir and a
 free TCP port under the run's directory), so it can be restarted mid-run without touching a
-server anything else uses. The S3 server is moto's, behind ``proxy.py`` (see there for why an
-outage and not a restart). The provider is ``provider.py``. The API and the workers are
+server anything else uses. The S3 server is SeaweedFS (``scripts/lib/seaweedfs.py``), a real
+object store with its data on disk under the run's directory, so it too is SIGKILLed and
+started again mid-run. The provider is ``provider.py``. The API and the workers are
 ``aivedio api`` and ``aivedio worker``; a worker slot is refilled by a new process whenever
 the harness kills or drains the one in it. A sampler thread reads every worker's peak RSS
 (``VmHWM``) from /proc a few times a second: a SIGKILLed process takes its peak with it.
@@ -48,7 +49,7 @@ def out(line: str = "") -> None:
 
 class Proc(Child):
     """A child in its own session; stdout and stderr into ``log`` (or stdout apart). The
-    infrastructure (moto, the S3 proxy, the provider) is watched: one that exits by itself
+    infrastructure (SeaweedFS, the provider) is watched: one that exits by itself
     fails the run at once (``children.Children``). The API and the workers are not: the
     harness kills and refills them itself, and one that exits by itself is a finding
     (``Run.watch_processes``)."""

@@ -332,9 +332,9 @@ async def test_operations_endpoints_and_document(
 
 
 async def test_redirect_mode_sends_presigned_store_urls(
-    config: Config, pool: Pool, tmp_path: Path, moto_endpoint: str
+    config: Config, pool: Pool, tmp_path: Path, s3_endpoint: str
 ) -> None:
-    storage = s3_config(moto_endpoint, f"redirect-{uuid.uuid4().hex[:8]}")
+    storage = s3_config(s3_endpoint, f"redirect-{uuid.uuid4().hex[:8]}")
     async with open_api(config, pool, tmp_path, storage=storage, media_redirect=True) as api:
         asset_id = await published(api)
         play = await api.json("GET", f"/v1/videos/{asset_id}/playback")
@@ -342,7 +342,7 @@ async def test_redirect_mode_sends_presigned_store_urls(
         status, headers, _ = await get(api, segment)
         assert status == 302 and headers["Cache-Control"] == "no-store"
         location = headers["Location"]
-        assert location.startswith(moto_endpoint) and "X-Amz-Signature=" in location
+        assert location.startswith(s3_endpoint) and "X-Amz-Signature=" in location
         async with api.http.get(location, headers={"Range": "bytes=0-9"}) as resp:
             assert resp.status == 206 and await resp.read() == SEGMENT[:10]
         async with api.http.get(location) as resp:

@@ -132,22 +132,22 @@ async def test_forged_headers_never_reach_urls_built_on_public_base_url(
 
 
 async def test_presigned_upload_and_media_redirects_are_the_stores_own_urls(
-    config: Config, pool: Pool, tmp_path: Path, moto_endpoint: str
+    config: Config, pool: Pool, tmp_path: Path, s3_endpoint: str
 ) -> None:
-    storage = s3_config(moto_endpoint, f"urls-{uuid.uuid4().hex[:8]}")
+    storage = s3_config(s3_endpoint, f"urls-{uuid.uuid4().hex[:8]}")
     async with open_api(
         config, pool, tmp_path, storage=storage, media_redirect=True, public_base_url=PUBLIC
     ) as api:
         forged = FORGED["all_at_once"]
         created, location = await call(api, "POST", "/v1/videos", forged, 201, json=declare(BODY))
-        assert created["upload"]["url"].startswith(moto_endpoint + "/")
+        assert created["upload"]["url"].startswith(s3_endpoint + "/")
         assert_relative(location)
         asset_id = await published(api)
         play, _ = await call(api, "GET", f"/v1/videos/{asset_id}/playback", forged, 200)
         assert_ours(absolute_urls(play), PUBLIC)
         segment = play["master_playlist"].replace("master.m3u8", "v0/seg_1.m4s")
         _, location = await call(api, "GET", segment.removeprefix(PUBLIC), forged, 302)
-        assert location is not None and location.startswith(moto_endpoint + "/")
+        assert location is not None and location.startswith(s3_endpoint + "/")
 
 
 async def test_serving_a_non_loopback_host_without_public_base_url_is_refused(

@@ -439,8 +439,8 @@ async def _fetch_once(rig: Rig, recorded: Recorded) -> tuple[dict[str, Any], Wor
     return outcome, metrics
 
 
-def _on_s3(rig: Rig, moto_endpoint: str, name: str) -> None:
-    storage = s3_config(moto_endpoint, f"{name}-{time.monotonic_ns()}")
+def _on_s3(rig: Rig, s3_endpoint: str, name: str) -> None:
+    storage = s3_config(s3_endpoint, f"{name}-{time.monotonic_ns()}")
     net = msgspec.structs.replace(rig.config.net, resume_backoff_seconds=0)
     fetch = msgspec.structs.replace(rig.config.fetch, part_size_bytes=5 * MIB)
     rig.config = msgspec.structs.replace(rig.config, storage=storage, net=net, fetch=fetch)
@@ -452,11 +452,11 @@ async def _no_pending_uploads(rig: Rig) -> None:
 
 
 async def test_a_body_cut_twice_resumes_into_the_same_multipart_upload(
-    rig: Rig, moto_endpoint: str
+    rig: Rig, s3_endpoint: str
 ) -> None:
     # 13 MiB in 5 MiB parts, the connection dropped at 4 MiB and again 4 MiB later: one
     # download attempt, three requests, one upload whose parts span the cuts.
-    _on_s3(rig, moto_endpoint, "resume")
+    _on_s3(rig, s3_endpoint, "resume")
     faults = Faults(truncate_at_bytes=4 * MIB, truncate_requests=2)
     rig.sim.add_output("task-1", 0, size=13 * MIB, faults=faults)
     recorded = await rig.ingest("task-1")
@@ -487,11 +487,11 @@ async def test_a_body_cut_twice_resumes_into_the_same_multipart_upload(
 
 
 async def test_an_origin_that_ignores_range_restarts_the_upload_with_no_part_left(
-    rig: Rig, moto_endpoint: str
+    rig: Rig, s3_endpoint: str
 ) -> None:
     # Cut at 7 MiB (one 5 MiB part uploaded, 2 MiB buffered); the resume is answered 200:
     # the first upload is aborted with its part and the body goes into a new one.
-    _on_s3(rig, moto_endpoint, "restart")
+    _on_s3(rig, s3_endpoint, "restart")
     faults = Faults(truncate_at_bytes=7 * MIB, truncate_requests=1, ignore_range=True)
     rig.sim.add_output("task-1", 0, size=12 * MIB, faults=faults)
     recorded = await rig.ingest("task-1")
@@ -507,9 +507,9 @@ async def test_an_origin_that_ignores_range_restarts_the_upload_with_no_part_lef
 
 
 async def test_a_resumed_body_is_still_checked_against_the_providers_checksum(
-    rig: Rig, moto_endpoint: str
+    rig: Rig, s3_endpoint: str
 ) -> None:
-    _on_s3(rig, moto_endpoint, "checked")
+    _on_s3(rig, s3_endpoint, "checked")
     faults = Faults(truncate_at_bytes=3 * MIB, truncate_requests=1, advertise_wrong_sha256=True)
     rig.sim.add_output("task-1", 0, size=6 * MIB, faults=faults)
     await rig.ingest("task-1")

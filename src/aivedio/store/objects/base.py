@@ -28,6 +28,10 @@ Design choices, and the failure each one prevents:
   ``.tmp/...`` which the local store reserves, non-ASCII that normalises differently).
 * **Range reads use HTTP semantics** (``end`` inclusive); a range starting at or past the end
   of the object yields no bytes on both stores (S3 answers 416, the local store reads nothing).
+* **Only what S3 promises and every engine keeps** is relied on (engines tested:
+  ``docs/operations.md``): no listing order, no content type the engine chose, no ETag
+  format, no listing that must already show what was just written or deleted (the GC lists,
+  then judges each key against the database and the object's age).
 * **Stale multipart uploads are visible** (``list_multipart_uploads``) so a reaper can abort
   what crashed processes left behind; both stores report them the same way.
 * **Presigning is a capability, not part of the contract** (``PresigningStore``): S3 can hand
@@ -95,7 +99,10 @@ class ObjectStoreError(AivedioError):
 
 class ObjectInfo(msgspec.Struct, frozen=True):
     """What a store knows about one object. ``etag`` is opaque: it changes when the object
-    is replaced and is stable otherwise. ``content_type`` is ``None`` in listings."""
+    is replaced and is stable otherwise (its format is the engine's). ``content_type`` is
+    ``None`` in listings, and otherwise the engine's word: an engine may replace
+    ``application/octet-stream`` by a type of its own (SeaweedFS does, from the key's
+    extension), so nothing serves it: the gateway and presigned GETs name the type."""
 
     key: str
     size: int
@@ -223,7 +230,9 @@ class ObjectStore(Protocol):
         ...
 
     def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        """Objects whose key starts with ``prefix`` (a string prefix), in ascending key order."""
+        """Objects whose key starts with ``prefix`` (a string prefix), each once, in no
+        order a caller may rely on: S3 promises UTF-8 binary order, SeaweedFS lists a
+        "directory" before a sibling whose name extends it (``w/b/1`` before ``w/b-c/1``)."""
         ...
 
     async def list_multipart_uploads(self, prefix: str = "") -> builtins.list[PendingUpload]:

@@ -81,6 +81,8 @@ DEFAULT_PARTS_IN_FLIGHT = 4
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
 DEFAULT_READ_TIMEOUT_SECONDS = 60.0
 MAX_POOL_CONNECTIONS = 32
+# Keys (and pending uploads) asked for per listing request: S3's own maximum and default.
+LIST_PAGE_KEYS = 1000
 
 _NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound", "NoSuchUpload"})
 _TRANSIENT_CODES = frozenset(
@@ -308,25 +310,35 @@ class S3ObjectStore(ObjectStoreConveniences):
         return S3Upload(self, key, content_type)
 
     async def list_multipart_uploads(self, prefix: str = "") -> builtins.list[PendingUpload]:
+        """Every page of pending uploads. S3 pages by key, then upload id, and names both
+        markers; SeaweedFS pages by upload id and names only ``NextUploadIdMarker``, so the
+        next page is asked for with the markers the engine gave (an empty key marker when
+        it gave none), and an upload seen twice is listed once."""
         validate_prefix(prefix)
-        found: builtins.list[PendingUpload] = []
+        found: dict[str, PendingUpload] = {}
         markers: dict[str, str] = {}
         while True:
             with map_s3_errors("listing pending uploads"):
                 page = await self._client.list_multipart_uploads(
-                    Bucket=self.bucket, Prefix=self._full_key(prefix), **markers
+                    Bucket=self.bucket,
+                    Prefix=self._full_key(prefix),
+                    MaxUploads=LIST_PAGE_KEYS,
+                    **markers,
                 )
             for upload in page.get("Uploads", []):
                 initiated = _utc(upload.get("Initiated")) or datetime.fromtimestamp(0, tz=UTC)
-                found.append(
-                    PendingUpload(self._own_key(upload["Key"]), upload["UploadId"], initiated)
+                found[upload["UploadId"]] = PendingUpload(
+                    self._own_key(upload["Key"]), upload["UploadId"], initiated
                 )
             if not page.get("IsTruncated"):
-                return found
-            markers = {
-                "KeyMarker": page["NextKeyMarker"],
-                "UploadIdMarker": page["NextUploadIdMarker"],
+                return builtins.list(found.values())
+            after = {
+                "KeyMarker": page.get("NextKeyMarker") or "",
+                "UploadIdMarker": page.get("NextUploadIdMarker") or "",
             }
+            if after == markers or not any(after.values()):
+                raise ObjectStoreError("listing pending uploads: a truncated page, no next one")
+            markers = after
 
     async def abort_multipart_upload(self, key: str, upload_id: str) -> None:
         validate_key(key)
@@ -387,7 +399,10 @@ class S3ObjectStore(ObjectStoreConveniences):
         while True:
             with map_s3_errors("listing objects"):
                 page = await self._client.list_objects_v2(
-                    Bucket=self.bucket, Prefix=self._full_key(prefix), **token
+                    Bucket=self.bucket,
+                    Prefix=self._full_key(prefix),
+                    MaxKeys=LIST_PAGE_KEYS,
+                    **token,
                 )
             for item in page.get("Contents", []):
                 yield ObjectInfo(

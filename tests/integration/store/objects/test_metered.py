@@ -20,18 +20,18 @@ from aivedio.store.objects.base import InvalidKeyError, ObjectStore
 from aivedio.store.objects.metered import MeteredObjectStore
 from aivedio.store.objects.opening import open_object_store
 from aivedio.store.objects.s3 import S3ObjectStore
-from tests.support.s3_server import s3_config
+from tests.support.s3_server import ENGINES, s3_config
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 CHUNK = 64 * 1024
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", *ENGINES])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> StorageConfig:
     if request.param == "local":
         return StorageConfig(url=f"file://{tmp_path}/objects")
-    endpoint: str = request.getfixturevalue("moto_endpoint")
+    endpoint: str = request.getfixturevalue(f"{request.param}_endpoint")
     return s3_config(endpoint, f"t-{uuid.uuid4().hex[:12]}")
 
 
@@ -158,10 +158,10 @@ async def test_failures_count_under_their_error_class(storage: StorageConfig) ->
         assert moved(metrics, "download") == 0
 
 
-async def test_an_unreachable_s3_endpoint_counts_as_transient(moto_endpoint: str) -> None:
+async def test_an_unreachable_s3_endpoint_counts_as_transient(s3_endpoint: str) -> None:
     # A loopback port nobody listens on: the store's seam says transient, and so do we.
     config = msgspec.structs.replace(
-        s3_config(moto_endpoint, "gone"), s3_endpoint_url="http://127.0.0.1:9"
+        s3_config(s3_endpoint, "gone"), s3_endpoint_url="http://127.0.0.1:9"
     )
     metrics = WorkerMetrics()
     async with S3ObjectStore.from_config(config, max_attempts=1) as inner:
