@@ -14,11 +14,17 @@ ours. The claim and store rules (lazy creation, leases, per-aggregate order) are
 
 The request. The body is JSON ``{"id", "type", "created_at", "tenant_id", "aggregate_id",
 "passthrough", "data"}`` (``passthrough``: the client's string on the video or task, as
-it was when the event was emitted), byte-identical on every attempt; ``id`` is the event id
-(also in ``X-Aivedio-Event-Id``) and is the receiver's idempotency key: at least once means a
-receiver may see an event twice (a lost acknowledgement, a lapsed lease). The signature is
-``X-Aivedio-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>." + body)>`` with
-``X-Aivedio-Timestamp`` in unix seconds, so a receiver can refuse stale replays.
+it was when the event was emitted), byte-identical on every attempt. It is signed in the
+Standard Webhooks format, so a receiver verifies it with that project's libraries:
+``webhook-id`` is the event id (stable across retries: the receiver's idempotency key, since
+at least once means a receiver may see an event twice after a lost acknowledgement or a
+lapsed lease), ``webhook-timestamp`` the unix seconds of this attempt, and
+``webhook-signature`` one ``v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`` per
+configured secret, space-separated: during a rotation both the old and the new secret sign,
+and a receiver holding either accepts. A webhook still configured with the deprecated single
+``secret`` also gets the legacy headers ``X-Aivedio-Event-Id``, ``X-Aivedio-Timestamp`` and
+``X-Aivedio-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>." + body)>``.
+``X-Aivedio-Event-Type`` and ``X-Aivedio-Delivery-Attempt`` are informational, unsigned.
 
 The schedule. 2xx is delivered. Anything else is retried with full-jitter exponential
 backoff until ``max_attempts``, then the delivery is dead (kept, with its last status and
@@ -59,6 +65,7 @@ from aivedio.config.outbox import OutboxConfig, WebhookConfig
 from aivedio.errors import DatabaseError, Retry
 from aivedio.logs import get_logger, redact_text
 from aivedio.metrics import SupervisionMetrics
+from aivedio.providers import standard_webhooks
 from aivedio.scheduling import decide_retry
 from aivedio.store import listening
 from aivedio.store.database import Pool
@@ -80,9 +87,15 @@ SIGNATURE_VERSION = "v1"
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:
-    """``v1=`` and the hex HMAC-SHA256 of ``"<timestamp>." + body`` under the secret's UTF-8."""
+    """Legacy: ``v1=`` and the hex HMAC-SHA256 of ``"<timestamp>." + body`` under the
+    secret's UTF-8 (for webhooks still configured with the deprecated single ``secret``)."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
     return f"{SIGNATURE_VERSION}={mac.hexdigest()}"
+
+
+def signatures(keys: list[bytes], webhook_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` value: one ``v1,<base64>`` per key, space-separated."""
+    return " ".join(standard_webhooks.sign(k, webhook_id, str(timestamp), body) for k in keys)
 
 
 def encode_body(c: Claimed) -> bytes:
@@ -99,16 +112,22 @@ def encode_body(c: Claimed) -> bytes:
     )
 
 
-def request_headers(c: Claimed, secret: str, timestamp: int, body: bytes) -> dict[str, str]:
-    return {
+def request_headers(c: Claimed, hook: WebhookConfig, timestamp: int, body: bytes) -> dict[str, str]:
+    webhook_id = str(c.event_id)
+    headers = {
         "Content-Type": "application/json",
         "User-Agent": "aivedio-outbox/1",
-        "X-Aivedio-Event-Id": str(c.event_id),
+        "webhook-id": webhook_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": signatures(hook.signing_keys(), webhook_id, timestamp, body),
         "X-Aivedio-Event-Type": c.event_type,
         "X-Aivedio-Delivery-Attempt": str(c.attempts),
-        "X-Aivedio-Timestamp": str(timestamp),
-        "X-Aivedio-Signature": sign(secret, timestamp, body),
     }
+    if hook.legacy:
+        headers["X-Aivedio-Event-Id"] = webhook_id
+        headers["X-Aivedio-Timestamp"] = str(timestamp)
+        headers["X-Aivedio-Signature"] = sign(hook.secret, timestamp, body)
+    return headers
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
@@ -244,6 +263,13 @@ class OutboxRelay:
                 tg.start_soon(self._listen, self._database)
             task_status.started()
             log.info("outbox_relay_started", endpoints=sorted(self._hooks))
+            for name, hook in sorted(self._hooks.items()):
+                if hook.legacy:
+                    log.warning(
+                        "outbox_webhook_secret_deprecated",
+                        endpoint=name,
+                        hint='move the secret into secrets as "whsec_" + its base64',
+                    )
             await supervise(self.loop, self._relay)
 
     async def _relay(self) -> None:
@@ -353,7 +379,7 @@ class OutboxRelay:
     async def _post(self, hook: WebhookConfig, c: Claimed) -> Attempt:
         body = encode_body(c)
         timestamp = int(self._clock())
-        headers = request_headers(c, hook.secret, timestamp, body)
+        headers = request_headers(c, hook, timestamp, body)
         try:
             with anyio.fail_after(hook.timeout_seconds):
                 async with self.session.post(
