@@ -80,8 +80,11 @@ class WebhookConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     timeout_seconds: float = 10.0
     # Empty: every event type.
     event_types: list[str] = msgspec.field(default_factory=list)
-    # Attempts per event, the first included; then the delivery is dead.
-    max_attempts: int = 12
+    # How long after its first attempt a delivery is retried (the last attempt lands at the
+    # end of the window); then it is dead, for an operator's replay.
+    retry_for_seconds: float = 86400.0
+    # An optional cap on attempts per event, the first included (0: the window alone).
+    max_attempts: int = 0
 
     @property
     def legacy(self) -> bool:
@@ -100,7 +103,10 @@ class OutboxConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     poll_interval_seconds: float = 1.0
     batch_size: int = 50
     backoff_base_seconds: float = 2.0
-    backoff_max_seconds: float = 600.0
+    # Full-jitter exponential backoff between attempts: uniform in [0, min(max, base·2^n)].
+    # With a 1 h cap a day's window holds about 50 attempts, the later ones about 30 min
+    # apart on average.
+    backoff_max_seconds: float = 3600.0
     webhooks: dict[str, WebhookConfig] = msgspec.field(default_factory=dict)
 
 
@@ -128,8 +134,10 @@ def validate_outbox(config: OutboxConfig) -> None:
         _validate_secrets(hook, where)
         if hook.timeout_seconds <= 0:
             raise ConfigError(f"config error: {where}.timeout_seconds: must be positive")
-        if hook.max_attempts < 1:
-            raise ConfigError(f"config error: {where}.max_attempts: must be at least 1")
+        if hook.max_attempts < 0:
+            raise ConfigError(f"config error: {where}.max_attempts: must be at least 1 (0: no cap)")
+        if hook.retry_for_seconds < 0:
+            raise ConfigError(f"config error: {where}.retry_for_seconds: must not be negative")
         unknown = sorted(set(hook.event_types) - EVENT_TYPES)
         if unknown:
             raise ConfigError(

@@ -109,14 +109,17 @@ WITH due AS (
 UPDATE outbox_deliveries d
    SET attempts = d.attempts + 1,
        lease_token = $3,
-       next_attempt_at = now() + make_interval(secs => $4)
+       next_attempt_at = now() + make_interval(secs => $4),
+       first_attempt_at = coalesce(d.first_attempt_at, now())
   FROM due, outbox_events e
  WHERE d.endpoint = due.endpoint
    AND d.outbox_event_id = due.outbox_event_id
    AND e.id = d.outbox_event_id
 RETURNING d.endpoint, d.outbox_event_id, d.attempts, e.event_id, e.event_type,
           e.created_at, e.tenant_id, e.aggregate_id, e.payload::text AS payload,
-          e.passthrough
+          e.passthrough,
+          extract(epoch FROM now() - coalesce(d.first_attempt_at, now()))::float8
+              AS retrying_seconds
 """
 
 MARK_DELIVERED = """
@@ -198,6 +201,8 @@ class Claimed(msgspec.Struct, frozen=True, kw_only=True):
     payload: dict[str, Any]
     # The video's or task's passthrough, as it was when the event was emitted.
     passthrough: str | None = None
+    # Since this delivery's first attempt, by the database's clock (0 for the first).
+    retrying_seconds: float = 0.0
 
 
 class Poisoned(msgspec.Struct, frozen=True, kw_only=True):

@@ -27,8 +27,14 @@ and a receiver holding either accepts. A webhook still configured with the depre
 ``X-Aivedio-Event-Type`` and ``X-Aivedio-Delivery-Attempt`` are informational, unsigned.
 
 The schedule. 2xx is delivered. Anything else is retried with full-jitter exponential
-backoff until ``max_attempts``, then the delivery is dead (kept, with its last status and
-error, for an operator). Timeouts, connection errors, 408, 429 and 5xx are the receiver
+backoff (uniform in ``[0, min(backoff_max_seconds, base · 2^(n-1))]``) for
+``retry_for_seconds`` after the first attempt (24 h by default, as Mux does: a receiver down
+for an afternoon gets its events without anyone's help); the delay that would overshoot the
+window is cut so that the last attempt lands at its end. Then the delivery is dead (kept, with
+its last status and error, for an operator's replay: ``aivedio webhooks deliveries retry``).
+An optional ``max_attempts`` caps the count as well. The window is measured by the database's
+clock from the delivery's ``first_attempt_at``, so time spent waiting behind an earlier event
+of the same asset is not counted. Timeouts, connection errors, 408, 429 and 5xx are the receiver
 being unwell; ``Retry-After`` on 429 and 503 replaces the computed delay. Other 4xx and 3xx
 (redirects are not followed: a signed body goes where the operator said, nowhere else) are
 retried too, because in practice they are a receiver mid-deploy or a rotated secret that
@@ -81,6 +87,8 @@ MATERIALISE_LIMIT = 1000
 # Bound on recording a result or handing deliveries back while the relay stops.
 RELEASE_TIMEOUT_SECONDS = 5.0
 SIGNATURE_VERSION = "v1"
+# decide_retry's attempt budget when only the time window bounds the retries.
+NO_ATTEMPT_CAP = 2**62
 
 
 # -- pure: the request and the schedule ------------------------------------------------------
@@ -178,26 +186,33 @@ def judge(
     attempt: Attempt,
     *,
     attempts: int,
-    max_attempts: int,
+    retrying_seconds: float,
+    retry_for_seconds: float,
     base_seconds: float,
     max_seconds: float,
+    max_attempts: int = 0,
     rand: Callable[[], float] = random.random,
 ) -> Outcome:
-    """Delivered, retry after a delay, or dead: ``attempts`` counts this one (1 for the first)."""
+    """Delivered, retry after a delay, or dead. ``attempts`` counts this one (1 for the
+    first); ``retrying_seconds`` is the time since the first attempt started (0 for it)."""
     if attempt.ok:
         return Outcome("delivered")
+    if retrying_seconds >= retry_for_seconds:
+        return Outcome("dead", reason=f"retried for {retry_for_seconds:g}s")
     decision = decide_retry(
         retry_class=Retry.BACKOFF,
         attempts=attempts,
-        max_attempts=max_attempts,
+        max_attempts=max_attempts or NO_ATTEMPT_CAP,
         base_seconds=base_seconds,
         max_seconds=max_seconds,
         retry_after_seconds=attempt.retry_after_seconds,
         rand=rand,
     )
-    if decision.retry:
-        return Outcome("retry", decision.delay_seconds, decision.reason)
-    return Outcome("dead", reason=decision.reason)
+    if not decision.retry:
+        return Outcome("dead", reason=decision.reason)
+    # The last attempt lands at the window's end rather than never.
+    delay = min(decision.delay_seconds, retry_for_seconds - retrying_seconds)
+    return Outcome("retry", delay, decision.reason)
 
 
 # -- the relay -------------------------------------------------------------------------------
@@ -347,9 +362,10 @@ class OutboxRelay:
         self, c: Claimed, token: uuid.UUID, unfinished: dict[tuple[str, int], Claimed]
     ) -> None:
         hook = self._hooks[c.endpoint]
-        if c.attempts > hook.max_attempts:
+        if hook.max_attempts and c.attempts > hook.max_attempts:
             # The sender of the last attempt lost its lease (it died or stalled): the budget
-            # is spent; sending again would exceed it.
+            # is spent; sending again would exceed it. (A time window's last attempt may be
+            # sent once more instead: at least once, never a lost event.)
             attempt = Attempt(None, "lease lapsed during the last attempt")
             outcome = Outcome("dead", reason=f"retry budget spent ({hook.max_attempts})")
         else:
@@ -357,6 +373,8 @@ class OutboxRelay:
             outcome = judge(
                 attempt,
                 attempts=c.attempts,
+                retrying_seconds=c.retrying_seconds,
+                retry_for_seconds=hook.retry_for_seconds,
                 max_attempts=hook.max_attempts,
                 base_seconds=self.config.backoff_base_seconds,
                 max_seconds=self.config.backoff_max_seconds,

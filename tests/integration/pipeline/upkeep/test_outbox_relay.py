@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import itertools
 import json
+import random
 import time
 import uuid
 from collections import Counter
@@ -132,10 +134,12 @@ def outbox_config(receiver: Receiver, **hook: Any) -> OutboxConfig:
 
 
 @asynccontextmanager
-async def open_relay(config: OutboxConfig, pool: Pool) -> AsyncIterator[OutboxRelay]:
+async def open_relay(
+    config: OutboxConfig, pool: Pool, rand: Callable[[], float] = lambda: 0.0
+) -> AsyncIterator[OutboxRelay]:
     """A relay driven by hand: no jitter (every retry due at once), registered now."""
     async with aiohttp.ClientSession(trust_env=False) as session:
-        relay = OutboxRelay(config, pool, session, rand=lambda: 0.0)
+        relay = OutboxRelay(config, pool, session, rand=rand)
         await relay.register()
         yield relay
 
@@ -308,6 +312,35 @@ async def test_budget_spent_makes_the_delivery_dead_and_sends_no_more(pool: Pool
     [dead] = [e for e in logs if e["event"] == "outbox_delivery_dead"]
     assert (dead["event_id"], dead["endpoint"], dead["attempt"]) == (event_id, "crm", 3)
     assert SECRET not in repr(logs)
+
+
+async def test_past_its_window_a_delivery_is_dead_after_one_last_attempt(pool: Pool) -> None:
+    async with open_receiver() as receiver:
+        receiver.rule = lambda _r, _n: 500
+        # Backoff far longer than the window: the second attempt is pulled to its end.
+        config = msgspec.structs.replace(
+            outbox_config(receiver, retry_for_seconds=0.5),
+            backoff_base_seconds=60.0,
+            backoff_max_seconds=600.0,
+        )
+        async with open_relay(config, pool, rand=lambda: 1.0) as relay:
+            event_id = await emit_one(pool)
+            await relay.deliver_once()
+            [row] = await deliveries(pool)
+            assert row["first_attempt_at"] is not None
+            window = (row["next_attempt_at"] - row["first_attempt_at"]).total_seconds()
+            assert 0.0 < window <= 0.5 + 0.1
+            await passes(relay, 2)  # not due yet: nothing sent
+            assert receiver.ids() == [event_id]
+            await anyio.sleep(0.6)
+            with capture_logs() as logs:
+                await passes(relay, 3)
+    assert receiver.ids() == [event_id, event_id]
+    [row] = await deliveries(pool)
+    assert row["dead_at"] is not None
+    assert (row["attempts"], row["last_status"]) == (2, 500)
+    [dead] = [e for e in logs if e["event"] == "outbox_delivery_dead"]
+    assert dead["reason"] == "retried for 0.5s"
 
 
 async def test_retry_after_on_429_sets_the_next_attempt(pool: Pool) -> None:
@@ -689,7 +722,8 @@ async def test_emit_refuses_an_unknown_event_type(pool: Pool) -> None:
         ({"secrets": ["whsec_c2hvcnQ="]}, r"outbox.webhooks.crm.secrets\[0\]: .* 24 to 64 bytes"),
         ({"secrets": [SECRET, SECRET]}, "outbox.webhooks.crm.secrets: listed twice"),
         ({"timeout_seconds": 0}, "outbox.webhooks.crm.timeout_seconds: must be positive"),
-        ({"max_attempts": 0}, "outbox.webhooks.crm.max_attempts: must be at least 1"),
+        ({"max_attempts": -1}, r"outbox.webhooks.crm.max_attempts: must be at least 1 \(0: no"),
+        ({"retry_for_seconds": -1.0}, "outbox.webhooks.crm.retry_for_seconds: must not be neg"),
         ({"event_types": ["asset.ready", "nope"]}, "outbox.webhooks.crm.event_types: unknown"),
     ],
 )
@@ -711,7 +745,8 @@ def test_webhook_names_and_a_good_config() -> None:
     decoded = msgspec.convert(
         {"webhooks": {"crm": {"url": "https://h.example/x", "secret": "s"}}}, OutboxConfig
     )
-    assert decoded.webhooks["crm"].max_attempts == 12
+    assert decoded.webhooks["crm"].max_attempts == 0  # no cap: the window alone
+    assert decoded.webhooks["crm"].retry_for_seconds == 86400.0
     with pytest.raises(msgspec.ValidationError, match="unknown field"):
         msgspec.convert({"notify_channel": "x"}, OutboxConfig)
 
@@ -735,11 +770,75 @@ def test_signatures_match_the_standard_webhooks_published_vector() -> None:
     assert len(both.split(" ")) == 2
 
 
+def day_of_failures(rand: Callable[[], float]) -> tuple[list[float], Any]:
+    """Every attempt's start (seconds after the first) until the relay gives up, under the
+    default configuration, with a receiver that answers 500 forever."""
+    config, hook = OutboxConfig(), WebhookConfig(url="https://h.example/x", secrets=[SECRET])
+    starts, attempts = [0.0], 1
+    while True:
+        outcome = judge(
+            Attempt(500, "HTTP 500"),
+            attempts=attempts,
+            retrying_seconds=starts[-1],
+            retry_for_seconds=hook.retry_for_seconds,
+            max_attempts=hook.max_attempts,
+            base_seconds=config.backoff_base_seconds,
+            max_seconds=config.backoff_max_seconds,
+            rand=rand,
+        )
+        if outcome.kind != "retry":
+            return starts, outcome
+        assert 0.0 <= outcome.delay_seconds <= config.backoff_max_seconds
+        starts.append(starts[-1] + outcome.delay_seconds)
+        attempts += 1
+
+
+def test_by_default_a_failing_delivery_is_retried_for_a_day_then_dead() -> None:
+    for seed in range(20):
+        starts, outcome = day_of_failures(random.Random(seed).random)
+        assert outcome.kind == "dead"
+        assert outcome.reason == "retried for 86400s"
+        # The last attempt lands at the end of the window, not before it.
+        assert starts[-1] == 86400.0
+        assert 20 <= len(starts) <= 400
+        # Exponential at first: the early ceilings are 2, 4, 8… seconds (full jitter below).
+        assert starts[1] <= 2.0 and starts[2] - starts[1] <= 4.0
+    # Always at the ceiling: 2, 4 … 2048 s, then the hour's cap.
+    starts, _ = day_of_failures(lambda: 1.0)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert gaps[:12] == [2.0 * 2**n for n in range(11)] + [3600.0]
+    assert set(gaps[12:-1]) == {3600.0}
+
+
+def test_max_attempts_caps_the_window_when_set() -> None:
+    outcome = judge(
+        Attempt(None, "refused"),
+        attempts=5,
+        retrying_seconds=60.0,
+        retry_for_seconds=86400.0,
+        max_attempts=5,
+        base_seconds=2.0,
+        max_seconds=3600.0,
+    )
+    assert (outcome.kind, outcome.reason) == ("dead", "retry budget spent (5/5)")
+    after_retry_after = judge(
+        Attempt(503, retry_after_seconds=7200.0),
+        attempts=2,
+        retrying_seconds=86000.0,
+        retry_for_seconds=86400.0,
+        base_seconds=2.0,
+        max_seconds=3600.0,
+    )
+    assert (after_retry_after.kind, after_retry_after.delay_seconds) == ("retry", 400.0)
+
+
 def test_schedule_delivers_retries_and_buries() -> None:
     def outcome(status: int | None, attempts: int, retry_after: float | None = None) -> Any:
         return judge(
             Attempt(status, retry_after_seconds=retry_after),
             attempts=attempts,
+            retrying_seconds=0.0,
+            retry_for_seconds=86400.0,
             max_attempts=3,
             base_seconds=2.0,
             max_seconds=600.0,
