@@ -16,7 +16,8 @@ EXIT_SWEEP_INCOMPLETE  1     ``aivedio sweep``: a scan failed, or another pass h
 EXIT_USAGE             2     bad usage or bad configuration (the message names the flag or
                              the key)
 EXIT_NOT_FOUND         3     what was named does not exist (``assets show``, ``delete``,
-                             ``cancel``, ``reprocess``, ``moderate``, ``status``)
+                             ``cancel``, ``reprocess``, ``moderate``, ``status``,
+                             ``webhooks deliveries retry``: nothing to replay)
 EXIT_FETCH_BLOCKED     3     ``aivedio fetch``: the policy blocked a URL
 EXIT_FETCH_FAILED      4     ``aivedio fetch``: a URL's fetch failed
 EXIT_OUTPUT_FAILED     4     ``aivedio process``: a required output failed

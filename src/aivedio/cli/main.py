@@ -433,9 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.set_defaults(fn=cmd_tenants_create)
 
-    from aivedio.cli import api, assets, ledger, lifecycle, media, status, sweep, watch
+    from aivedio.cli import api, assets, ledger, lifecycle, media, status, sweep, watch, webhooks
 
-    for module in (api, media, assets, lifecycle, status, ledger, sweep, watch):
+    for module in (api, media, assets, lifecycle, status, ledger, sweep, watch, webhooks):
         module.add_parsers(sub, common)
     return parser
 
