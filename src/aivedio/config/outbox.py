@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import re
 from urllib.parse import urlsplit
 
@@ -68,6 +69,11 @@ def secret_key(secret: str) -> bytes:
     return key
 
 
+def new_secret() -> str:
+    """A fresh secret: ``whsec_`` and the base64 of 32 random bytes."""
+    return SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode()
+
+
 class WebhookConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One receiver. Each delivery is signed with every key of ``secrets`` (Standard
     Webhooks), or with the deprecated ``secret`` (its UTF-8 bytes as the key)."""
@@ -108,6 +114,10 @@ class OutboxConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     # apart on average.
     backoff_max_seconds: float = 3600.0
     webhooks: dict[str, WebhookConfig] = msgspec.field(default_factory=dict)
+    # Deliver tenants' own receivers (POST /v1/webhooks) too. Only workers with fetch slots
+    # do (they have egress anyway): a media-only node still needs none.
+    tenant_webhooks: bool = True
+    tenant_webhook_timeout_seconds: float = 10.0
 
 
 def validate_outbox(config: OutboxConfig) -> None:
@@ -116,6 +126,7 @@ def validate_outbox(config: OutboxConfig) -> None:
         ("outbox.poll_interval_seconds", config.poll_interval_seconds),
         ("outbox.batch_size", config.batch_size),
         ("outbox.backoff_base_seconds", config.backoff_base_seconds),
+        ("outbox.tenant_webhook_timeout_seconds", config.tenant_webhook_timeout_seconds),
     ):
         if positive <= 0:
             raise ConfigError(f"config error: {name}: must be positive")

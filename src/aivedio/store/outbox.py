@@ -51,7 +51,8 @@ SELECT name, outbox_horizon() FROM unnest($1::text[]) AS n(name)
 ON CONFLICT (name) DO NOTHING
 """
 
-# $1 endpoint, $2 event types (empty: all), $3 how many events to walk.
+# $1 endpoint, $2 event types (empty: all), $3 how many events to walk, $4 the only tenant
+# whose events it receives (NULL: every event; a tenant's own receiver gives its tenant).
 MATERIALISE = """
 WITH endpoint AS (
     SELECT name, cursor_xid, cursor_id FROM outbox_endpoints WHERE name = $1
@@ -59,7 +60,7 @@ WITH endpoint AS (
 ), horizon AS MATERIALIZED (
     SELECT outbox_horizon() AS xid
 ), batch AS MATERIALIZED (
-    SELECT e.id, e.xid, e.event_type, e.aggregate_id
+    SELECT e.id, e.xid, e.event_type, e.aggregate_id, e.tenant_id
       FROM endpoint, horizon, outbox_events e
      WHERE (e.xid, e.id) > (endpoint.cursor_xid, endpoint.cursor_id)
        AND e.xid < horizon.xid
@@ -68,7 +69,8 @@ WITH endpoint AS (
 ), created AS (
     INSERT INTO outbox_deliveries (endpoint, outbox_event_id, aggregate_id)
     SELECT $1, id, aggregate_id FROM batch
-     WHERE cardinality($2::text[]) = 0 OR event_type = ANY ($2::text[])
+     WHERE (cardinality($2::text[]) = 0 OR event_type = ANY ($2::text[]))
+       AND ($4::bigint IS NULL OR tenant_id = $4)
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), advanced AS (
@@ -226,12 +228,14 @@ class OutboxStore:
             await self.pool.execute(REGISTER_ENDPOINTS, list(endpoints))
 
     async def materialise(
-        self, endpoint: str, event_types: Sequence[str], limit: int
+        self, endpoint: str, event_types: Sequence[str], limit: int, tenant_id: int | None = None
     ) -> tuple[int, int]:
-        """Walk up to ``limit`` events past the endpoint's cursor: (walked, deliveries made).
-        (0, 0) also when another relay is doing it right now."""
+        """Walk up to ``limit`` events past the endpoint's cursor: (walked, deliveries made),
+        only of ``tenant_id`` if given. (0, 0) also when another relay is doing it now."""
         with map_db_errors("creating outbox deliveries"):
-            row = await self.pool.fetchrow(MATERIALISE, endpoint, list(event_types), limit)
+            row = await self.pool.fetchrow(
+                MATERIALISE, endpoint, list(event_types), limit, tenant_id
+            )
         assert row is not None
         return int(row["walked"]), int(row["created"])
 

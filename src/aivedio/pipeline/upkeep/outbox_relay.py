@@ -40,6 +40,10 @@ being unwell; ``Retry-After`` on 429 and 503 replaces the computed delay. Other 
 retried too, because in practice they are a receiver mid-deploy or a rotated secret that
 an operator fixes within the budget; they are logged at error level so someone does.
 
+Tenants' own receivers (``POST /v1/webhooks``) are read at every pass and delivered by the
+same rules, each only its tenant's events, its URL under the fetch's address policy
+(``webhook_targets.py``); a refused URL is a failed attempt (``blocked: ip_denied…``).
+
 Nothing stops the relay. The pass loop and its LISTEN run supervised (``supervision.py``:
 any failure is logged, backed off and reported in the worker's ``/readyz`` until the next
 success), and each delivery is handled alone (``RowGuard``): one whose row cannot be decoded,
@@ -55,7 +59,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -65,17 +69,22 @@ import aiohttp
 import anyio
 import msgspec
 from anyio.abc import TaskStatus
+from yarl import URL
 
 from aivedio.config.load import DatabaseConfig
 from aivedio.config.outbox import OutboxConfig, WebhookConfig
-from aivedio.errors import DatabaseError, Retry
+from aivedio.errors import DatabaseError, PolicyBlockedError, Retry
 from aivedio.logs import get_logger, redact_text
 from aivedio.metrics import SupervisionMetrics
+from aivedio.net.fetch import client_url
+from aivedio.net.policy import check_url
+from aivedio.pipeline.upkeep.webhook_targets import Target, TenantDelivery, open_guarded_session
 from aivedio.providers import standard_webhooks
 from aivedio.scheduling import decide_retry
 from aivedio.store import listening
 from aivedio.store.database import Pool
 from aivedio.store.outbox import NOTIFY_CHANNEL, Claimed, OutboxStore, Poisoned
+from aivedio.store.webhook_receivers import WebhookReceiverStore
 from aivedio.supervision import Conditions, Loop, RowGuard, error_class, supervise
 
 log = get_logger("aivedio.outbox")
@@ -219,7 +228,8 @@ def judge(
 
 
 class OutboxRelay:
-    """Delivers outbox events to the configured webhooks; ``run`` until cancelled."""
+    """Delivers outbox events to the configured webhooks, and to tenants' receivers when
+    ``tenants`` is given (with ``guarded_session`` to reach them); ``run`` until cancelled."""
 
     def __init__(
         self,
@@ -232,9 +242,14 @@ class OutboxRelay:
         rand: Callable[[], float] = random.random,
         conditions: Conditions | None = None,
         metrics: SupervisionMetrics | None = None,
+        tenants: TenantDelivery | None = None,
+        guarded_session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.config = config
         self.store = OutboxStore(pool)
+        self._tenants = tenants
+        self._receivers = WebhookReceiverStore(pool, tenants.cipher) if tenants else None
+        self._guarded_session = guarded_session
         # Both loops supervised (down in the worker's /readyz while they fail); a delivery
         # that cannot be decoded or sent is isolated (dead), never a stuck relay.
         self.loop = Loop(
@@ -253,9 +268,11 @@ class OutboxRelay:
         self._clock = clock
         self._rand = rand
         self._hooks = dict(config.webhooks)
-        self._lease_seconds = LEASE_SLACK_SECONDS + max(
-            (h.timeout_seconds for h in self._hooks.values()), default=0.0
-        )
+        self._targets = {name: Target(hook) for name, hook in self._hooks.items()}
+        timeouts = [h.timeout_seconds for h in self._hooks.values()]
+        if tenants is not None:
+            timeouts.append(tenants.timeout_seconds)
+        self._lease_seconds = LEASE_SLACK_SECONDS + max(timeouts, default=0.0)
         self._registered = False
         self._backlog = False
         self._next_due: float | None = None
@@ -271,13 +288,17 @@ class OutboxRelay:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await self.register()
         async with anyio.create_task_group() as tg:
-            if not self._hooks:
+            if not self._hooks and self._tenants is None:
                 task_status.started()
                 await anyio.sleep_forever()
             if self._database is not None:
                 tg.start_soon(self._listen, self._database)
             task_status.started()
-            log.info("outbox_relay_started", endpoints=sorted(self._hooks))
+            log.info(
+                "outbox_relay_started",
+                endpoints=sorted(self._hooks),
+                tenant_receivers=self._tenants is not None,
+            )
             for name, hook in sorted(self._hooks.items()):
                 if hook.legacy:
                     log.warning(
@@ -296,17 +317,22 @@ class OutboxRelay:
 
     async def deliver_once(self) -> int:
         """One pass: create deliveries, claim, send, record. Returns how many were claimed."""
-        if not self._hooks:
+        if not self._hooks and self._receivers is None:
             return 0
         if not self._registered:
             await self.register()
         self._backlog = False
-        for name, hook in self._hooks.items():
-            walked, _ = await self.store.materialise(name, hook.event_types, MATERIALISE_LIMIT)
+        self._targets = await self._read_targets()
+        if not self._targets:
+            return 0
+        for name, target in self._targets.items():
+            walked, _ = await self.store.materialise(
+                name, target.hook.event_types, MATERIALISE_LIMIT, target.tenant_id
+            )
             self._backlog |= walked >= MATERIALISE_LIMIT
         token = uuid.uuid4()
         claimed = await self.store.claim(
-            list(self._hooks), self.config.batch_size, token, self._lease_seconds, self.rows
+            list(self._targets), self.config.batch_size, token, self._lease_seconds, self.rows
         )
         unfinished = {(c.endpoint, c.outbox_event_id): c for c in claimed if isinstance(c, Claimed)}
         try:
@@ -320,6 +346,21 @@ class OutboxRelay:
             if unfinished:
                 await self._release(list(unfinished.values()), token)
         return len(claimed)
+
+    async def _read_targets(self) -> dict[str, Target]:
+        """The configured webhooks, and every tenant receiver as it is now (secrets rotated
+        or receivers deleted since the last pass included)."""
+        targets = {name: Target(hook) for name, hook in self._hooks.items()}
+        if self._receivers is not None and self._tenants is not None:
+            for r in await self._receivers.active():
+                hook = WebhookConfig(
+                    url=r.url,
+                    secrets=r.secrets,
+                    event_types=r.event_types,
+                    timeout_seconds=self._tenants.timeout_seconds,
+                )
+                targets[r.endpoint] = Target(hook, tenant_id=r.tenant_id, guarded=True)
+        return targets
 
     async def _isolated(
         self, c: Claimed, token: uuid.UUID, unfinished: dict[tuple[str, int], Claimed]
@@ -361,7 +402,12 @@ class OutboxRelay:
     async def _deliver(
         self, c: Claimed, token: uuid.UUID, unfinished: dict[tuple[str, int], Claimed]
     ) -> None:
-        hook = self._hooks[c.endpoint]
+        target = self._targets.get(c.endpoint)
+        if target is None:
+            # A receiver deleted since this pass read them: its rows went with it.
+            unfinished.pop((c.endpoint, c.outbox_event_id), None)
+            return
+        hook = target.hook
         if hook.max_attempts and c.attempts > hook.max_attempts:
             # The sender of the last attempt lost its lease (it died or stalled): the budget
             # is spent; sending again would exceed it. (A time window's last attempt may be
@@ -369,7 +415,7 @@ class OutboxRelay:
             attempt = Attempt(None, "lease lapsed during the last attempt")
             outcome = Outcome("dead", reason=f"retry budget spent ({hook.max_attempts})")
         else:
-            attempt = await self._post(hook, c)
+            attempt = await self._post(target, c)
             outcome = judge(
                 attempt,
                 attempts=c.attempts,
@@ -394,14 +440,24 @@ class OutboxRelay:
             )
         unfinished.pop((c.endpoint, c.outbox_event_id), None)
 
-    async def _post(self, hook: WebhookConfig, c: Claimed) -> Attempt:
+    async def _post(self, target: Target, c: Claimed) -> Attempt:
+        hook = target.hook
         body = encode_body(c)
         timestamp = int(self._clock())
         headers = request_headers(c, hook, timestamp, body)
+        session = self.session
+        wire: str | URL = hook.url
         try:
+            if target.guarded:
+                assert self._tenants is not None and self._guarded_session is not None
+                wire = client_url(hook.url, check_url(hook.url, self._tenants.policy))
+                session = self._guarded_session
             with anyio.fail_after(hook.timeout_seconds):
-                async with self.session.post(
-                    hook.url, data=body, headers=headers, allow_redirects=False
+                async with session.post(
+                    wire,
+                    data=body,
+                    headers=headers,
+                    allow_redirects=False,
                 ) as response:
                     status = response.status
                     retry_after = None
@@ -410,9 +466,14 @@ class OutboxRelay:
                     return Attempt(
                         status, "" if 200 <= status < 300 else f"HTTP {status}", retry_after
                     )
+        except PolicyBlockedError as exc:
+            return Attempt(None, f"blocked: {redact_text(exc.detail)}"[:500])
         except TimeoutError:
             return Attempt(None, f"no answer within {hook.timeout_seconds:g}s")
         except (aiohttp.ClientError, OSError) as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, PolicyBlockedError):
+                return Attempt(None, f"blocked: {redact_text(cause.detail)}"[:500])
             return Attempt(None, redact_text(f"{type(exc).__name__}: {exc}"))
 
     async def _record(
@@ -502,17 +563,34 @@ async def open_outbox_relay(
     database: DatabaseConfig | None = None,
     conditions: Conditions | None = None,
     metrics: SupervisionMetrics | None = None,
+    tenants: TenantDelivery | None = None,
 ) -> AsyncIterator[OutboxRelay]:
     """Run a relay in the background for the body's duration; stop it on exit (deliveries in
     flight are handed back). With ``database``, a LISTEN connection wakes it on new events;
-    ``conditions`` (the worker's) report its loops while they fail."""
-    async with aiohttp.ClientSession(
-        trust_env=False,
-        timeout=aiohttp.ClientTimeout(total=None),  # the relay's fail_after is the deadline
-        connector=aiohttp.TCPConnector(limit=max(config.batch_size, 1)),
-    ) as session:
+    ``conditions`` (the worker's) report its loops while they fail; with ``tenants``, it
+    delivers tenants' own receivers too."""
+    async with AsyncExitStack() as stack:
+        session = await stack.enter_async_context(
+            aiohttp.ClientSession(
+                trust_env=False,
+                timeout=aiohttp.ClientTimeout(total=None),  # the relay's fail_after rules
+                connector=aiohttp.TCPConnector(limit=max(config.batch_size, 1)),
+            )
+        )
+        guarded = None
+        if tenants is not None:
+            guarded = await stack.enter_async_context(
+                open_guarded_session(tenants, config.batch_size)
+            )
         relay = OutboxRelay(
-            config, pool, session, database=database, conditions=conditions, metrics=metrics
+            config,
+            pool,
+            session,
+            database=database,
+            conditions=conditions,
+            metrics=metrics,
+            tenants=tenants,
+            guarded_session=guarded,
         )
         async with anyio.create_task_group() as tg:
             await tg.start(relay.run)
