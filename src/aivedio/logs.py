@@ -71,6 +71,8 @@ _PATTERNS = [
         ),
         "av_" + MASK,
     ),
+    # Standard Webhooks secrets (whsec_ and base64), ours for receivers and vendors'.
+    (re.compile(r"whsec_[A-Za-z0-9+/=_-]{4,}"), "whsec_" + MASK),
     # Playback tokens (api/tokens.py: base64url of a JSON array, so "Wz", a dot and a MAC)
     # and JWTs ("eyJ", base64url of '{"'), whole or cut short.
     (re.compile(r"\b(?:Wz|eyJ)[A-Za-z0-9_-]{16,}(?:\.[A-Za-z0-9_-]*){0,2}"), MASK),
@@ -89,9 +91,9 @@ SECRET_FIELD = re.compile(
 
 # Every pattern above needs one of these to match (a key's spaces, a URL's colon, a name's
 # "=" or ":", a token's space, a query's "?", our keys' prefix, a token's first letters, a
-# /media/ path): text without any is returned as it is, which is most values of most events
-# (ids, names, numbers as text).
-_MAY_HOLD_A_SECRET = re.compile(r"(?i:[=:\s?]|av(?:_|%5f)|/media/)|Wz|eyJ")
+# /media/ path, a webhook secret's prefix): text without any is returned as it is, which is
+# most values of most events (ids, names, numbers as text).
+_MAY_HOLD_A_SECRET = re.compile(r"(?i:[=:\s?]|av(?:_|%5f)|/media/)|Wz|eyJ|whsec_")
 
 
 def redact_text(text: str) -> str:

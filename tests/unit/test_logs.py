@@ -347,3 +347,18 @@ def test_the_fast_path_lets_every_new_pattern_run(text: str) -> None:
 )
 def test_the_password_of_a_urls_userinfo_is_masked(text: str, expected: str) -> None:
     assert redact_text(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "receiver refused whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "secrets=['whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD']",
+        "whsec_MfKQ9r8G",  # cut short
+    ],
+)
+def test_webhook_secrets_are_masked_by_their_prefix(text: str) -> None:
+    out = redact_text(text)
+    assert "whsec_" + MASK in out
+    assert "MfKQ9r8G" not in out
+    assert "C2FVsBQI" not in out

@@ -4,13 +4,19 @@ Vendor adapters verify by their own scheme (``vendor_callbacks.py``: Standard We
 fal's ED25519, MiniMax's challenge, unsigned hints confirmed by a task read). A generic
 provider's callback is ours, below.
 
-Verified before anything is parsed or recorded (``providers/hmac_callbacks.py``): the body is read
-whole (``api/bodies.py``: every piece, however it arrives, within
-``[api] body_read_timeout_seconds``, else 408) up to ``[api] max_callback_bytes`` (413 past
-it), ``X-Aivedio-Signature: sha256=<hex>`` must
-be the HMAC-SHA256 of ``"{X-Aivedio-Timestamp}.{body}"`` under the provider's
-``callback_secret`` (401 otherwise), and the timestamp (whole Unix seconds) must be within
-``[api] callback_skew_seconds`` of now (401). The body is then decoded with the edge's
+Verified before anything is parsed or recorded: the body is read whole (``api/bodies.py``:
+every piece, however it arrives, within ``[api] body_read_timeout_seconds``, else 408) up to
+``[api] max_callback_bytes`` (413 past it), then signed in one of two schemes under the
+provider's ``callback_secret`` (401 otherwise), its timestamp (whole Unix seconds) within
+``[api] callback_skew_seconds`` of now (401):
+
+* Standard Webhooks (``providers/standard_webhooks.py``), chosen by a ``webhook-signature``
+  header: ``webhook-id``, ``webhook-timestamp``, ``webhook-signature: v1,<base64>`` over
+  ``"{id}.{timestamp}.{body}"``, the key being the base64 part of a ``whsec_`` secret or else
+  the secret's UTF-8 bytes (our simulator signs so: ``sim/callbacks.py``);
+* legacy (``providers/hmac_callbacks.py``), kept for senders written against it:
+  ``X-Aivedio-Signature: sha256=<hex>``, the HMAC-SHA256 of ``"{X-Aivedio-Timestamp}.{body}"``
+  under the secret's UTF-8 bytes. The body is then decoded with the edge's
 bounds (``untrusted.py``: depth, NUL, lengths, integer and time ranges; 400 naming the
 field). Then one transaction records the event id (a
 second delivery of the same id is refused with 409 ``replayed_event``: the first one was
@@ -37,10 +43,10 @@ from aivedio.api import schema, vendor_callbacks
 from aivedio.api.bodies import read_body
 from aivedio.api.context import ApiContext, context
 from aivedio.api.problems import ApiError
-from aivedio.errors import MalformedInputError, PolicyBlockedError
+from aivedio.errors import ConfigError, MalformedInputError, PolicyBlockedError
 from aivedio.logs import get_logger
 from aivedio.pipeline.intake import Received, receive, record_task_outputs
-from aivedio.providers import GENERIC_CALLBACK_SCHEME, callback_scheme
+from aivedio.providers import GENERIC_CALLBACK_SCHEME, callback_scheme, standard_webhooks
 from aivedio.providers.hmac_callbacks import CallbackRejected, verify_signature
 from aivedio.providers.seam import MAX_OUTPUT_BYTES, ProviderOutput, ProviderTask
 from aivedio.states import Entity, allowed
@@ -53,6 +59,7 @@ routes = web.RouteTableDef()
 
 TIMESTAMP_HEADER = "X-Aivedio-Timestamp"
 SIGNATURE_HEADER = "X-Aivedio-Signature"
+STANDARD_SIGNATURE_HEADER = "webhook-signature"
 
 Text = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 
@@ -138,26 +145,7 @@ async def callback(request: web.Request) -> web.Response:
         return await vendor_callbacks.handle(
             ctx, request, provider, provider_config, scheme, body, reject
         )
-    timestamp = request.headers.get(TIMESTAMP_HEADER)
-    signature = request.headers.get(SIGNATURE_HEADER)
-    if not timestamp or not signature:
-        raise _reject(
-            ctx,
-            provider,
-            401,
-            "unsigned",
-            f"{TIMESTAMP_HEADER} and {SIGNATURE_HEADER} are required",
-        )
-    try:
-        verify_signature(
-            provider_config.callback_secret.encode(),
-            timestamp,
-            body,
-            signature,
-            skew_seconds=ctx.config.api.callback_skew_seconds,
-        )
-    except CallbackRejected as exc:
-        raise _reject(ctx, provider, 401, "bad_signature", exc.detail) from None
+    _verify(request, ctx, provider, provider_config.callback_secret, body)
     try:
         event = untrusted.decode(body, CallbackBody)
     except MalformedInputError as exc:
@@ -187,6 +175,39 @@ async def callback(request: web.Request) -> web.Response:
         outputs=len(accepted.outputs),
     )
     return schema.encode(accepted, status=202)
+
+
+def _verify(request: web.Request, ctx: ApiContext, provider: str, secret: str, body: bytes) -> None:
+    """One of the two schemes (the module docstring), or a 401."""
+    skew = ctx.config.api.callback_skew_seconds
+    if STANDARD_SIGNATURE_HEADER in request.headers:
+        try:
+            standard_webhooks.verify(
+                standard_webhooks.callback_key(secret),
+                request.headers,
+                body,
+                tolerance_seconds=skew,
+            )
+        except CallbackRejected as exc:
+            raise _reject(ctx, provider, 401, "bad_signature", exc.detail) from None
+        except ConfigError:  # a whsec_ secret that is not base64: nothing can match
+            raise _reject(ctx, provider, 401, "bad_signature", "signature does not match") from None
+        return
+    timestamp = request.headers.get(TIMESTAMP_HEADER)
+    signature = request.headers.get(SIGNATURE_HEADER)
+    if not timestamp or not signature:
+        raise _reject(
+            ctx,
+            provider,
+            401,
+            "unsigned",
+            f"{TIMESTAMP_HEADER} and {SIGNATURE_HEADER} (or the Standard Webhooks headers)"
+            " are required",
+        )
+    try:
+        verify_signature(secret.encode(), timestamp, body, signature, skew_seconds=skew)
+    except CallbackRejected as exc:
+        raise _reject(ctx, provider, 401, "bad_signature", exc.detail) from None
 
 
 async def _record(

@@ -23,6 +23,7 @@ from aivedio.api import (
     thumbnails,
     video_upload,
     videos,
+    webhooks,
 )
 
 ROUTE_MODULES: tuple[ModuleType, ...] = (
@@ -38,5 +39,6 @@ ROUTE_MODULES: tuple[ModuleType, ...] = (
     playback,
     jwks,
     listings,
+    webhooks,
     player,
 )

@@ -127,7 +127,11 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
             from aivedio.pipeline.media_stage import open_media_stage
             from aivedio.pipeline.moderation import open_moderation_stage
             from aivedio.pipeline.publish import PublishStage
-            from aivedio.pipeline.services import open_fetch_stage, open_fetch_store
+            from aivedio.pipeline.services import (
+                open_fetch_stage,
+                open_fetch_store,
+                tenant_delivery,
+            )
             from aivedio.pipeline.upkeep.diagnostics import Journal
             from aivedio.pipeline.upkeep.outbox_relay import open_outbox_relay
             from aivedio.pipeline.upkeep.sweeper import open_sweeper, seed_periodic_sweep
@@ -171,7 +175,8 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                         config, pool, registry, services=services, metrics=metrics, queue=queue
                     )
                     async with AsyncExitStack() as stack:
-                        if config.outbox.webhooks:
+                        tenants = tenant_delivery(config)
+                        if config.outbox.webhooks or tenants is not None:
                             # Its loops are the worker's too: down in its /readyz while they fail.
                             await stack.enter_async_context(
                                 open_outbox_relay(
@@ -180,6 +185,7 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                                     database=config.database,
                                     conditions=worker.conditions,
                                     metrics=metrics.supervision,
+                                    tenants=tenants,
                                 )
                             )
                         await worker.run()
@@ -501,9 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("name", help="the tenant's name (idempotent)")
     create.set_defaults(fn=cmd_tenants_create)
 
-    from aivedio.cli import api, assets, ledger, lifecycle, media, status, sweep, watch
+    from aivedio.cli import api, assets, ledger, lifecycle, media, status, sweep, watch, webhooks
 
-    for module in (api, media, assets, lifecycle, status, ledger, sweep, watch):
+    for module in (api, media, assets, lifecycle, status, ledger, sweep, watch, webhooks):
         module.add_parsers(sub, common)
     cli_help.finish(parser)
     return parser

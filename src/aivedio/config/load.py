@@ -66,6 +66,7 @@ SECRET_KEYS = frozenset(
         "auth_header",
         "callback_secret",
         "secret",
+        "secrets",
         "playback_token_secret",
         "api_key",
         "secret_key",

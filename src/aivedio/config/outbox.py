@@ -8,10 +8,21 @@ Webhooks are endpoints the operator configured, not URLs a provider handed us, s
 not go through the guarded fetcher's address policy; they are still held to a plain shape
 (http or https, a host, no credentials in the URL: a receiver authenticates us by the
 signature, and a password in a URL ends up in logs and proxies).
+
+Secrets are Standard Webhooks secrets: ``whsec_`` and the base64 of the HMAC key. A webhook
+holds a list (``secrets``) because a rotation has two live at once: the relay signs each
+delivery with every one, the receiver accepts any match, and the old one is removed once
+every receiver has the new. The single ``secret`` of earlier versions is still read, as a
+deprecated form: its UTF-8 bytes are the key (so ``whsec_`` + base64 of it is the same secret
+in the new form) and the relay adds the legacy ``X-Aivedio-Signature`` headers for it, so a
+receiver written against them keeps working until the operator moves it to ``secrets``.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import os
 import re
 from urllib.parse import urlsplit
 
@@ -35,17 +46,62 @@ EVENT_TYPES = frozenset(
 # appears in AIVEDIO_OUTBOX__WEBHOOKS__<NAME>__… variables, which are lowercased.
 _WEBHOOK_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 
+SECRET_PREFIX = "whsec_"  # noqa: S105 - the scheme's prefix, not a secret
+# The Standard Webhooks specification asks for keys of 24 to 64 random bytes.
+MIN_SECRET_KEY_BYTES = 24
+MAX_SECRET_KEY_BYTES = 64
+
+
+def secret_key(secret: str) -> bytes:
+    """The HMAC key of a ``whsec_<base64>`` secret; ValueError (naming no part of the value)
+    when it is not one, or its key is not 24 to 64 bytes."""
+    if not secret.startswith(SECRET_PREFIX):
+        raise ValueError("a secret is whsec_ followed by base64")
+    try:
+        key = base64.b64decode(secret.removeprefix(SECRET_PREFIX), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("a secret is whsec_ followed by base64") from None
+    if not MIN_SECRET_KEY_BYTES <= len(key) <= MAX_SECRET_KEY_BYTES:
+        raise ValueError(
+            f"a secret's key is {MIN_SECRET_KEY_BYTES} to {MAX_SECRET_KEY_BYTES} bytes"
+            f" (this one: {len(key)})"
+        )
+    return key
+
+
+def new_secret() -> str:
+    """A fresh secret: ``whsec_`` and the base64 of 32 random bytes."""
+    return SECRET_PREFIX + base64.b64encode(os.urandom(32)).decode()
+
 
 class WebhookConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """One receiver. The body is signed with ``secret`` (its UTF-8 bytes, HMAC-SHA256)."""
+    """One receiver. Each delivery is signed with every key of ``secrets`` (Standard
+    Webhooks), or with the deprecated ``secret`` (its UTF-8 bytes as the key)."""
 
     url: str
-    secret: str
+    # whsec_ secrets, all live: two during a rotation. Exactly one of secrets and secret.
+    secrets: list[str] = msgspec.field(default_factory=list)
+    # Deprecated: one plain secret; adds the legacy X-Aivedio-Signature headers.
+    secret: str = ""
     timeout_seconds: float = 10.0
     # Empty: every event type.
     event_types: list[str] = msgspec.field(default_factory=list)
-    # Attempts per event, the first included; then the delivery is dead.
-    max_attempts: int = 12
+    # How long after its first attempt a delivery is retried (the last attempt lands at the
+    # end of the window); then it is dead, for an operator's replay.
+    retry_for_seconds: float = 86400.0
+    # An optional cap on attempts per event, the first included (0: the window alone).
+    max_attempts: int = 0
+
+    @property
+    def legacy(self) -> bool:
+        """Configured with the deprecated single ``secret``."""
+        return not self.secrets and bool(self.secret)
+
+    def signing_keys(self) -> list[bytes]:
+        """The HMAC keys each delivery is signed with (validated: ``validate_outbox``)."""
+        if self.legacy:
+            return [self.secret.encode()]
+        return [secret_key(s) for s in self.secrets]
 
 
 class OutboxConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -53,8 +109,15 @@ class OutboxConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     poll_interval_seconds: float = 1.0
     batch_size: int = 50
     backoff_base_seconds: float = 2.0
-    backoff_max_seconds: float = 600.0
+    # Full-jitter exponential backoff between attempts: uniform in [0, min(max, base·2^n)].
+    # With a 1 h cap a day's window holds about 50 attempts, the later ones about 30 min
+    # apart on average.
+    backoff_max_seconds: float = 3600.0
     webhooks: dict[str, WebhookConfig] = msgspec.field(default_factory=dict)
+    # Deliver tenants' own receivers (POST /v1/webhooks) too. Only workers with fetch slots
+    # do (they have egress anyway): a media-only node still needs none.
+    tenant_webhooks: bool = True
+    tenant_webhook_timeout_seconds: float = 10.0
 
 
 def validate_outbox(config: OutboxConfig) -> None:
@@ -63,6 +126,7 @@ def validate_outbox(config: OutboxConfig) -> None:
         ("outbox.poll_interval_seconds", config.poll_interval_seconds),
         ("outbox.batch_size", config.batch_size),
         ("outbox.backoff_base_seconds", config.backoff_base_seconds),
+        ("outbox.tenant_webhook_timeout_seconds", config.tenant_webhook_timeout_seconds),
     ):
         if positive <= 0:
             raise ConfigError(f"config error: {name}: must be positive")
@@ -78,20 +142,39 @@ def validate_outbox(config: OutboxConfig) -> None:
                 " (at most 63)"
             )
         _validate_url(hook.url, f"{where}.url")
-        if not hook.secret:
-            raise ConfigError(
-                f"config error: {where}.secret: missing; receivers verify the signature with it"
-            )
+        _validate_secrets(hook, where)
         if hook.timeout_seconds <= 0:
             raise ConfigError(f"config error: {where}.timeout_seconds: must be positive")
-        if hook.max_attempts < 1:
-            raise ConfigError(f"config error: {where}.max_attempts: must be at least 1")
+        if hook.max_attempts < 0:
+            raise ConfigError(f"config error: {where}.max_attempts: must be at least 1 (0: no cap)")
+        if hook.retry_for_seconds < 0:
+            raise ConfigError(f"config error: {where}.retry_for_seconds: must not be negative")
         unknown = sorted(set(hook.event_types) - EVENT_TYPES)
         if unknown:
             raise ConfigError(
                 f"config error: {where}.event_types: unknown {unknown}; "
                 f"known: {sorted(EVENT_TYPES)}"
             )
+
+
+def _validate_secrets(hook: WebhookConfig, where: str) -> None:
+    if hook.secrets and hook.secret:
+        raise ConfigError(
+            f"config error: {where}.secret: deprecated, and secrets is set too; move it into"
+            f' secrets as "whsec_" + its base64 (the same key), or remove it'
+        )
+    if not hook.secrets and not hook.secret:
+        raise ConfigError(
+            f"config error: {where}.secrets: missing; receivers verify the signature with them"
+            " (whsec_ + base64 of 24 to 64 random bytes)"
+        )
+    if len(set(hook.secrets)) != len(hook.secrets):
+        raise ConfigError(f"config error: {where}.secrets: listed twice")
+    for n, secret in enumerate(hook.secrets):
+        try:
+            secret_key(secret)
+        except ValueError as exc:
+            raise ConfigError(f"config error: {where}.secrets[{n}]: {exc}") from None
 
 
 def _validate_url(url: str, key: str) -> None:

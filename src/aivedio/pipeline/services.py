@@ -12,6 +12,7 @@ from aivedio.net.fetch import Fetcher, FetchLimits
 from aivedio.net.limits import HostLimiter
 from aivedio.net.policy import FetchPolicy
 from aivedio.pipeline.fetch import FetchServices, FetchStage
+from aivedio.pipeline.upkeep.webhook_targets import TenantDelivery, receiver_policy
 from aivedio.providers import build_adapter
 from aivedio.providers.seam import ProviderAdapter
 from aivedio.store.database import Pool
@@ -109,3 +110,18 @@ async def open_fetch_stage(
             hosts=HostLimiter(config.net.per_host_connections),
         )
         yield FetchStage(services)
+
+
+def tenant_delivery(config: Config) -> TenantDelivery | None:
+    """How this worker's relay reaches tenants' own webhook receivers; None when it does not
+    (``[outbox] tenant_webhooks`` off, or a worker without fetch slots: no egress)."""
+    fetch = config.worker.lanes.get("fetch")
+    if not config.outbox.tenant_webhooks or fetch is None or fetch.slots <= 0:
+        return None
+    return TenantDelivery(
+        cipher=url_cipher(config),
+        policy=receiver_policy(config.net),
+        nameservers=tuple(config.net.nameservers),
+        ssl_context=ssl_context(config.net),
+        timeout_seconds=config.outbox.tenant_webhook_timeout_seconds,
+    )

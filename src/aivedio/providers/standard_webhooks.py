@@ -42,6 +42,15 @@ def secret_key(secret: str) -> bytes:
     return key
 
 
+def callback_key(secret: str) -> bytes:
+    """The key of a generic provider's ``callback_secret`` in this scheme: the base64 part
+    of a ``whsec_`` secret, else the secret's UTF-8 bytes (the key the legacy scheme uses,
+    so one secret serves both)."""
+    if secret.startswith(SECRET_PREFIX):
+        return secret_key(secret)
+    return secret.encode()
+
+
 def sign(key: bytes, webhook_id: str, timestamp: str, body: bytes) -> str:
     """The ``v1,<base64>`` signature of one message (for tests and simulators)."""
     content = f"{webhook_id}.{timestamp}.".encode() + body

@@ -51,7 +51,8 @@ SELECT name, outbox_horizon() FROM unnest($1::text[]) AS n(name)
 ON CONFLICT (name) DO NOTHING
 """
 
-# $1 endpoint, $2 event types (empty: all), $3 how many events to walk.
+# $1 endpoint, $2 event types (empty: all), $3 how many events to walk, $4 the only tenant
+# whose events it receives (NULL: every event; a tenant's own receiver gives its tenant).
 MATERIALISE = """
 WITH endpoint AS (
     SELECT name, cursor_xid, cursor_id FROM outbox_endpoints WHERE name = $1
@@ -59,7 +60,7 @@ WITH endpoint AS (
 ), horizon AS MATERIALIZED (
     SELECT outbox_horizon() AS xid
 ), batch AS MATERIALIZED (
-    SELECT e.id, e.xid, e.event_type, e.aggregate_id
+    SELECT e.id, e.xid, e.event_type, e.aggregate_id, e.tenant_id
       FROM endpoint, horizon, outbox_events e
      WHERE (e.xid, e.id) > (endpoint.cursor_xid, endpoint.cursor_id)
        AND e.xid < horizon.xid
@@ -68,7 +69,8 @@ WITH endpoint AS (
 ), created AS (
     INSERT INTO outbox_deliveries (endpoint, outbox_event_id, aggregate_id)
     SELECT $1, id, aggregate_id FROM batch
-     WHERE cardinality($2::text[]) = 0 OR event_type = ANY ($2::text[])
+     WHERE (cardinality($2::text[]) = 0 OR event_type = ANY ($2::text[]))
+       AND ($4::bigint IS NULL OR tenant_id = $4)
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), advanced AS (
@@ -109,14 +111,17 @@ WITH due AS (
 UPDATE outbox_deliveries d
    SET attempts = d.attempts + 1,
        lease_token = $3,
-       next_attempt_at = now() + make_interval(secs => $4)
+       next_attempt_at = now() + make_interval(secs => $4),
+       first_attempt_at = coalesce(d.first_attempt_at, now())
   FROM due, outbox_events e
  WHERE d.endpoint = due.endpoint
    AND d.outbox_event_id = due.outbox_event_id
    AND e.id = d.outbox_event_id
 RETURNING d.endpoint, d.outbox_event_id, d.attempts, e.event_id, e.event_type,
           e.created_at, e.tenant_id, e.aggregate_id, e.payload::text AS payload,
-          e.passthrough
+          e.passthrough,
+          extract(epoch FROM now() - coalesce(d.first_attempt_at, now()))::float8
+              AS retrying_seconds
 """
 
 MARK_DELIVERED = """
@@ -198,6 +203,8 @@ class Claimed(msgspec.Struct, frozen=True, kw_only=True):
     payload: dict[str, Any]
     # The video's or task's passthrough, as it was when the event was emitted.
     passthrough: str | None = None
+    # Since this delivery's first attempt, by the database's clock (0 for the first).
+    retrying_seconds: float = 0.0
 
 
 class Poisoned(msgspec.Struct, frozen=True, kw_only=True):
@@ -221,12 +228,14 @@ class OutboxStore:
             await self.pool.execute(REGISTER_ENDPOINTS, list(endpoints))
 
     async def materialise(
-        self, endpoint: str, event_types: Sequence[str], limit: int
+        self, endpoint: str, event_types: Sequence[str], limit: int, tenant_id: int | None = None
     ) -> tuple[int, int]:
-        """Walk up to ``limit`` events past the endpoint's cursor: (walked, deliveries made).
-        (0, 0) also when another relay is doing it right now."""
+        """Walk up to ``limit`` events past the endpoint's cursor: (walked, deliveries made),
+        only of ``tenant_id`` if given. (0, 0) also when another relay is doing it now."""
         with map_db_errors("creating outbox deliveries"):
-            row = await self.pool.fetchrow(MATERIALISE, endpoint, list(event_types), limit)
+            row = await self.pool.fetchrow(
+                MATERIALISE, endpoint, list(event_types), limit, tenant_id
+            )
         assert row is not None
         return int(row["walked"]), int(row["created"])
 

@@ -40,6 +40,7 @@ import pytest
 from aivedio.config.api import RateLimitConfig, RateLimitsConfig
 from aivedio.config.load import Config, ProviderConfig
 from aivedio.store.database import Pool
+from aivedio.store.outbox import OutboxStore, emit
 from tests.support.api_rig import Api, open_api, published
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(600)]
@@ -62,6 +63,10 @@ BEYOND_THE_SCHEMA = {
     # A still's time must fall inside the video's duration, which no schema can say.
     "getThumbnail": "400",
     "watchGenerationTask": "422",
+    # A receiver URL the address policy refuses (a private address, a port not allowed), or
+    # a tenant past its receivers: rules of policy and state, not of the schema.
+    "createWebhook": "422",
+    "listWebhookDeliveries": "400",
     "getMedia": "416",
     "headMedia": "416",
 }
@@ -143,6 +148,20 @@ async def uploaded(api: Api, body: bytes) -> str:
         headers={"Content-Type": "application/octet-stream"},
     )
     return video_id
+
+
+async def webhook_with_a_dead_delivery(api: Api) -> tuple[str, str, str]:
+    """A receiver with a dead delivery (its event's id), and another receiver to delete."""
+    create = {"url": "https://hooks.example.com/in"}
+    webhook = (await api.json("POST", "/v1/webhooks", expect=201, json=create))["webhook_id"]
+    doomed = (await api.json("POST", "/v1/webhooks", expect=201, json=create))["webhook_id"]
+    async with api.rig.pool.acquire() as conn, conn.transaction():
+        event_id = await emit(
+            conn, "asset.ready", tenant_id=api.rig.tenant_id, aggregate_id=None, payload={}
+        )
+    await OutboxStore(api.rig.pool).materialise(f"receiver:{webhook}", [], 10, api.rig.tenant_id)
+    await api.rig.pool.execute("UPDATE outbox_deliveries SET dead_at = now()")
+    return webhook, doomed, str(event_id)
 
 
 def artifacts() -> Path:
@@ -249,6 +268,7 @@ async def test_schemathesis_finds_no_conformance_failure(
             "path.token": token,
             "path.path": "playback.mp4",
         }
+        webhook, doomed_webhook, dead_event = await webhook_with_a_dead_delivery(api)
         published_video = {"path.video_id": str(asset)}
         uploaded_video = {"path.video_id": await uploaded(api, b"fuzz")}
         per_operation = {
@@ -257,6 +277,10 @@ async def test_schemathesis_finds_no_conformance_failure(
             "uploadVideo": uploaded_video,
             "completeVideo": uploaded_video,
             "deleteAsset": {"path.asset_id": str(doomed)},
+            "getWebhook": {"path.webhook_id": webhook},
+            "rotateWebhookSecret": {"path.webhook_id": webhook},
+            "deleteWebhook": {"path.webhook_id": doomed_webhook},
+            "retryWebhookDelivery": {"path.event_id": dead_event},
         }
         # Every warning fails this run: the ids exist, the key and the token are valid.
         fail_on = [*DOCUMENT_WARNINGS, "missing_auth", "missing_test_data"]

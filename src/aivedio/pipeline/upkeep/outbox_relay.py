@@ -14,19 +14,35 @@ ours. The claim and store rules (lazy creation, leases, per-aggregate order) are
 
 The request. The body is JSON ``{"id", "type", "created_at", "tenant_id", "aggregate_id",
 "passthrough", "data"}`` (``passthrough``: the client's string on the video or task, as
-it was when the event was emitted), byte-identical on every attempt; ``id`` is the event id
-(also in ``X-Aivedio-Event-Id``) and is the receiver's idempotency key: at least once means a
-receiver may see an event twice (a lost acknowledgement, a lapsed lease). The signature is
-``X-Aivedio-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>." + body)>`` with
-``X-Aivedio-Timestamp`` in unix seconds, so a receiver can refuse stale replays.
+it was when the event was emitted), byte-identical on every attempt. It is signed in the
+Standard Webhooks format, so a receiver verifies it with that project's libraries:
+``webhook-id`` is the event id (stable across retries: the receiver's idempotency key, since
+at least once means a receiver may see an event twice after a lost acknowledgement or a
+lapsed lease), ``webhook-timestamp`` the unix seconds of this attempt, and
+``webhook-signature`` one ``v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>`` per
+configured secret, space-separated: during a rotation both the old and the new secret sign,
+and a receiver holding either accepts. A webhook still configured with the deprecated single
+``secret`` also gets the legacy headers ``X-Aivedio-Event-Id``, ``X-Aivedio-Timestamp`` and
+``X-Aivedio-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>." + body)>``.
+``X-Aivedio-Event-Type`` and ``X-Aivedio-Delivery-Attempt`` are informational, unsigned.
 
 The schedule. 2xx is delivered. Anything else is retried with full-jitter exponential
-backoff until ``max_attempts``, then the delivery is dead (kept, with its last status and
-error, for an operator). Timeouts, connection errors, 408, 429 and 5xx are the receiver
+backoff (uniform in ``[0, min(backoff_max_seconds, base · 2^(n-1))]``) for
+``retry_for_seconds`` after the first attempt (24 h by default, as Mux does: a receiver down
+for an afternoon gets its events without anyone's help); the delay that would overshoot the
+window is cut so that the last attempt lands at its end. Then the delivery is dead (kept, with
+its last status and error, for an operator's replay: ``aivedio webhooks deliveries retry``).
+An optional ``max_attempts`` caps the count as well. The window is measured by the database's
+clock from the delivery's ``first_attempt_at``, so time spent waiting behind an earlier event
+of the same asset is not counted. Timeouts, connection errors, 408, 429 and 5xx are the receiver
 being unwell; ``Retry-After`` on 429 and 503 replaces the computed delay. Other 4xx and 3xx
 (redirects are not followed: a signed body goes where the operator said, nowhere else) are
 retried too, because in practice they are a receiver mid-deploy or a rotated secret that
 an operator fixes within the budget; they are logged at error level so someone does.
+
+Tenants' own receivers (``POST /v1/webhooks``) are read at every pass and delivered by the
+same rules, each only its tenant's events, its URL under the fetch's address policy
+(``webhook_targets.py``); a refused URL is a failed attempt (``blocked: ip_denied…``).
 
 Nothing stops the relay. The pass loop and its LISTEN run supervised (``supervision.py``:
 any failure is logged, backed off and reported in the worker's ``/readyz`` until the next
@@ -43,7 +59,7 @@ import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -53,16 +69,22 @@ import aiohttp
 import anyio
 import msgspec
 from anyio.abc import TaskStatus
+from yarl import URL
 
 from aivedio.config.load import DatabaseConfig
 from aivedio.config.outbox import OutboxConfig, WebhookConfig
-from aivedio.errors import DatabaseError, Retry
+from aivedio.errors import DatabaseError, PolicyBlockedError, Retry
 from aivedio.logs import get_logger, redact_text
 from aivedio.metrics import SupervisionMetrics
+from aivedio.net.fetch import client_url
+from aivedio.net.policy import check_url
+from aivedio.pipeline.upkeep.webhook_targets import Target, TenantDelivery, open_guarded_session
+from aivedio.providers import standard_webhooks
 from aivedio.scheduling import decide_retry
 from aivedio.store import listening
 from aivedio.store.database import Pool
 from aivedio.store.outbox import NOTIFY_CHANNEL, Claimed, OutboxStore, Poisoned
+from aivedio.store.webhook_receivers import WebhookReceiverStore
 from aivedio.supervision import Conditions, Loop, RowGuard, error_class, supervise
 
 log = get_logger("aivedio.outbox")
@@ -74,15 +96,23 @@ MATERIALISE_LIMIT = 1000
 # Bound on recording a result or handing deliveries back while the relay stops.
 RELEASE_TIMEOUT_SECONDS = 5.0
 SIGNATURE_VERSION = "v1"
+# decide_retry's attempt budget when only the time window bounds the retries.
+NO_ATTEMPT_CAP = 2**62
 
 
 # -- pure: the request and the schedule ------------------------------------------------------
 
 
 def sign(secret: str, timestamp: int, body: bytes) -> str:
-    """``v1=`` and the hex HMAC-SHA256 of ``"<timestamp>." + body`` under the secret's UTF-8."""
+    """Legacy: ``v1=`` and the hex HMAC-SHA256 of ``"<timestamp>." + body`` under the
+    secret's UTF-8 (for webhooks still configured with the deprecated single ``secret``)."""
     mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
     return f"{SIGNATURE_VERSION}={mac.hexdigest()}"
+
+
+def signatures(keys: list[bytes], webhook_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` value: one ``v1,<base64>`` per key, space-separated."""
+    return " ".join(standard_webhooks.sign(k, webhook_id, str(timestamp), body) for k in keys)
 
 
 def encode_body(c: Claimed) -> bytes:
@@ -99,16 +129,22 @@ def encode_body(c: Claimed) -> bytes:
     )
 
 
-def request_headers(c: Claimed, secret: str, timestamp: int, body: bytes) -> dict[str, str]:
-    return {
+def request_headers(c: Claimed, hook: WebhookConfig, timestamp: int, body: bytes) -> dict[str, str]:
+    webhook_id = str(c.event_id)
+    headers = {
         "Content-Type": "application/json",
         "User-Agent": "aivedio-outbox/1",
-        "X-Aivedio-Event-Id": str(c.event_id),
+        "webhook-id": webhook_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": signatures(hook.signing_keys(), webhook_id, timestamp, body),
         "X-Aivedio-Event-Type": c.event_type,
         "X-Aivedio-Delivery-Attempt": str(c.attempts),
-        "X-Aivedio-Timestamp": str(timestamp),
-        "X-Aivedio-Signature": sign(secret, timestamp, body),
     }
+    if hook.legacy:
+        headers["X-Aivedio-Event-Id"] = webhook_id
+        headers["X-Aivedio-Timestamp"] = str(timestamp)
+        headers["X-Aivedio-Signature"] = sign(hook.secret, timestamp, body)
+    return headers
 
 
 def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
@@ -159,33 +195,41 @@ def judge(
     attempt: Attempt,
     *,
     attempts: int,
-    max_attempts: int,
+    retrying_seconds: float,
+    retry_for_seconds: float,
     base_seconds: float,
     max_seconds: float,
+    max_attempts: int = 0,
     rand: Callable[[], float] = random.random,
 ) -> Outcome:
-    """Delivered, retry after a delay, or dead: ``attempts`` counts this one (1 for the first)."""
+    """Delivered, retry after a delay, or dead. ``attempts`` counts this one (1 for the
+    first); ``retrying_seconds`` is the time since the first attempt started (0 for it)."""
     if attempt.ok:
         return Outcome("delivered")
+    if retrying_seconds >= retry_for_seconds:
+        return Outcome("dead", reason=f"retried for {retry_for_seconds:g}s")
     decision = decide_retry(
         retry_class=Retry.BACKOFF,
         attempts=attempts,
-        max_attempts=max_attempts,
+        max_attempts=max_attempts or NO_ATTEMPT_CAP,
         base_seconds=base_seconds,
         max_seconds=max_seconds,
         retry_after_seconds=attempt.retry_after_seconds,
         rand=rand,
     )
-    if decision.retry:
-        return Outcome("retry", decision.delay_seconds, decision.reason)
-    return Outcome("dead", reason=decision.reason)
+    if not decision.retry:
+        return Outcome("dead", reason=decision.reason)
+    # The last attempt lands at the window's end rather than never.
+    delay = min(decision.delay_seconds, retry_for_seconds - retrying_seconds)
+    return Outcome("retry", delay, decision.reason)
 
 
 # -- the relay -------------------------------------------------------------------------------
 
 
 class OutboxRelay:
-    """Delivers outbox events to the configured webhooks; ``run`` until cancelled."""
+    """Delivers outbox events to the configured webhooks, and to tenants' receivers when
+    ``tenants`` is given (with ``guarded_session`` to reach them); ``run`` until cancelled."""
 
     def __init__(
         self,
@@ -198,9 +242,14 @@ class OutboxRelay:
         rand: Callable[[], float] = random.random,
         conditions: Conditions | None = None,
         metrics: SupervisionMetrics | None = None,
+        tenants: TenantDelivery | None = None,
+        guarded_session: aiohttp.ClientSession | None = None,
     ) -> None:
         self.config = config
         self.store = OutboxStore(pool)
+        self._tenants = tenants
+        self._receivers = WebhookReceiverStore(pool, tenants.cipher) if tenants else None
+        self._guarded_session = guarded_session
         # Both loops supervised (down in the worker's /readyz while they fail); a delivery
         # that cannot be decoded or sent is isolated (dead), never a stuck relay.
         self.loop = Loop(
@@ -219,9 +268,11 @@ class OutboxRelay:
         self._clock = clock
         self._rand = rand
         self._hooks = dict(config.webhooks)
-        self._lease_seconds = LEASE_SLACK_SECONDS + max(
-            (h.timeout_seconds for h in self._hooks.values()), default=0.0
-        )
+        self._targets = {name: Target(hook) for name, hook in self._hooks.items()}
+        timeouts = [h.timeout_seconds for h in self._hooks.values()]
+        if tenants is not None:
+            timeouts.append(tenants.timeout_seconds)
+        self._lease_seconds = LEASE_SLACK_SECONDS + max(timeouts, default=0.0)
         self._registered = False
         self._backlog = False
         self._next_due: float | None = None
@@ -237,13 +288,24 @@ class OutboxRelay:
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         await self.register()
         async with anyio.create_task_group() as tg:
-            if not self._hooks:
+            if not self._hooks and self._tenants is None:
                 task_status.started()
                 await anyio.sleep_forever()
             if self._database is not None:
                 tg.start_soon(self._listen, self._database)
             task_status.started()
-            log.info("outbox_relay_started", endpoints=sorted(self._hooks))
+            log.info(
+                "outbox_relay_started",
+                endpoints=sorted(self._hooks),
+                tenant_receivers=self._tenants is not None,
+            )
+            for name, hook in sorted(self._hooks.items()):
+                if hook.legacy:
+                    log.warning(
+                        "outbox_webhook_secret_deprecated",
+                        endpoint=name,
+                        hint='move the secret into secrets as "whsec_" + its base64',
+                    )
             await supervise(self.loop, self._relay)
 
     async def _relay(self) -> None:
@@ -255,17 +317,22 @@ class OutboxRelay:
 
     async def deliver_once(self) -> int:
         """One pass: create deliveries, claim, send, record. Returns how many were claimed."""
-        if not self._hooks:
+        if not self._hooks and self._receivers is None:
             return 0
         if not self._registered:
             await self.register()
         self._backlog = False
-        for name, hook in self._hooks.items():
-            walked, _ = await self.store.materialise(name, hook.event_types, MATERIALISE_LIMIT)
+        self._targets = await self._read_targets()
+        if not self._targets:
+            return 0
+        for name, target in self._targets.items():
+            walked, _ = await self.store.materialise(
+                name, target.hook.event_types, MATERIALISE_LIMIT, target.tenant_id
+            )
             self._backlog |= walked >= MATERIALISE_LIMIT
         token = uuid.uuid4()
         claimed = await self.store.claim(
-            list(self._hooks), self.config.batch_size, token, self._lease_seconds, self.rows
+            list(self._targets), self.config.batch_size, token, self._lease_seconds, self.rows
         )
         unfinished = {(c.endpoint, c.outbox_event_id): c for c in claimed if isinstance(c, Claimed)}
         try:
@@ -279,6 +346,21 @@ class OutboxRelay:
             if unfinished:
                 await self._release(list(unfinished.values()), token)
         return len(claimed)
+
+    async def _read_targets(self) -> dict[str, Target]:
+        """The configured webhooks, and every tenant receiver as it is now (secrets rotated
+        or receivers deleted since the last pass included)."""
+        targets = {name: Target(hook) for name, hook in self._hooks.items()}
+        if self._receivers is not None and self._tenants is not None:
+            for r in await self._receivers.active():
+                hook = WebhookConfig(
+                    url=r.url,
+                    secrets=r.secrets,
+                    event_types=r.event_types,
+                    timeout_seconds=self._tenants.timeout_seconds,
+                )
+                targets[r.endpoint] = Target(hook, tenant_id=r.tenant_id, guarded=True)
+        return targets
 
     async def _isolated(
         self, c: Claimed, token: uuid.UUID, unfinished: dict[tuple[str, int], Claimed]
@@ -320,17 +402,25 @@ class OutboxRelay:
     async def _deliver(
         self, c: Claimed, token: uuid.UUID, unfinished: dict[tuple[str, int], Claimed]
     ) -> None:
-        hook = self._hooks[c.endpoint]
-        if c.attempts > hook.max_attempts:
+        target = self._targets.get(c.endpoint)
+        if target is None:
+            # A receiver deleted since this pass read them: its rows went with it.
+            unfinished.pop((c.endpoint, c.outbox_event_id), None)
+            return
+        hook = target.hook
+        if hook.max_attempts and c.attempts > hook.max_attempts:
             # The sender of the last attempt lost its lease (it died or stalled): the budget
-            # is spent; sending again would exceed it.
+            # is spent; sending again would exceed it. (A time window's last attempt may be
+            # sent once more instead: at least once, never a lost event.)
             attempt = Attempt(None, "lease lapsed during the last attempt")
             outcome = Outcome("dead", reason=f"retry budget spent ({hook.max_attempts})")
         else:
-            attempt = await self._post(hook, c)
+            attempt = await self._post(target, c)
             outcome = judge(
                 attempt,
                 attempts=c.attempts,
+                retrying_seconds=c.retrying_seconds,
+                retry_for_seconds=hook.retry_for_seconds,
                 max_attempts=hook.max_attempts,
                 base_seconds=self.config.backoff_base_seconds,
                 max_seconds=self.config.backoff_max_seconds,
@@ -350,14 +440,24 @@ class OutboxRelay:
             )
         unfinished.pop((c.endpoint, c.outbox_event_id), None)
 
-    async def _post(self, hook: WebhookConfig, c: Claimed) -> Attempt:
+    async def _post(self, target: Target, c: Claimed) -> Attempt:
+        hook = target.hook
         body = encode_body(c)
         timestamp = int(self._clock())
-        headers = request_headers(c, hook.secret, timestamp, body)
+        headers = request_headers(c, hook, timestamp, body)
+        session = self.session
+        wire: str | URL = hook.url
         try:
+            if target.guarded:
+                assert self._tenants is not None and self._guarded_session is not None
+                wire = client_url(hook.url, check_url(hook.url, self._tenants.policy))
+                session = self._guarded_session
             with anyio.fail_after(hook.timeout_seconds):
-                async with self.session.post(
-                    hook.url, data=body, headers=headers, allow_redirects=False
+                async with session.post(
+                    wire,
+                    data=body,
+                    headers=headers,
+                    allow_redirects=False,
                 ) as response:
                     status = response.status
                     retry_after = None
@@ -366,9 +466,14 @@ class OutboxRelay:
                     return Attempt(
                         status, "" if 200 <= status < 300 else f"HTTP {status}", retry_after
                     )
+        except PolicyBlockedError as exc:
+            return Attempt(None, f"blocked: {redact_text(exc.detail)}"[:500])
         except TimeoutError:
             return Attempt(None, f"no answer within {hook.timeout_seconds:g}s")
         except (aiohttp.ClientError, OSError) as exc:
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, PolicyBlockedError):
+                return Attempt(None, f"blocked: {redact_text(cause.detail)}"[:500])
             return Attempt(None, redact_text(f"{type(exc).__name__}: {exc}"))
 
     async def _record(
@@ -458,17 +563,34 @@ async def open_outbox_relay(
     database: DatabaseConfig | None = None,
     conditions: Conditions | None = None,
     metrics: SupervisionMetrics | None = None,
+    tenants: TenantDelivery | None = None,
 ) -> AsyncIterator[OutboxRelay]:
     """Run a relay in the background for the body's duration; stop it on exit (deliveries in
     flight are handed back). With ``database``, a LISTEN connection wakes it on new events;
-    ``conditions`` (the worker's) report its loops while they fail."""
-    async with aiohttp.ClientSession(
-        trust_env=False,
-        timeout=aiohttp.ClientTimeout(total=None),  # the relay's fail_after is the deadline
-        connector=aiohttp.TCPConnector(limit=max(config.batch_size, 1)),
-    ) as session:
+    ``conditions`` (the worker's) report its loops while they fail; with ``tenants``, it
+    delivers tenants' own receivers too."""
+    async with AsyncExitStack() as stack:
+        session = await stack.enter_async_context(
+            aiohttp.ClientSession(
+                trust_env=False,
+                timeout=aiohttp.ClientTimeout(total=None),  # the relay's fail_after rules
+                connector=aiohttp.TCPConnector(limit=max(config.batch_size, 1)),
+            )
+        )
+        guarded = None
+        if tenants is not None:
+            guarded = await stack.enter_async_context(
+                open_guarded_session(tenants, config.batch_size)
+            )
         relay = OutboxRelay(
-            config, pool, session, database=database, conditions=conditions, metrics=metrics
+            config,
+            pool,
+            session,
+            database=database,
+            conditions=conditions,
+            metrics=metrics,
+            tenants=tenants,
+            guarded_session=guarded,
         )
         async with anyio.create_task_group() as tg:
             await tg.start(relay.run)

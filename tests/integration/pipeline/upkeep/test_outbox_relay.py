@@ -8,9 +8,12 @@ background tests run ``open_outbox_relay`` as the worker would.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import itertools
 import json
+import random
 import time
 import uuid
 from collections import Counter
@@ -25,10 +28,12 @@ import asyncpg
 import msgspec
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
+from standardwebhooks import Webhook, WebhookVerificationError
 from structlog.testing import capture_logs
 
-from aivedio.config.load import Config
-from aivedio.config.outbox import OutboxConfig, WebhookConfig, validate_outbox
+from aivedio.config.load import Config, masked
+from aivedio.config.outbox import OutboxConfig, WebhookConfig, secret_key, validate_outbox
 from aivedio.errors import ConfigError
 from aivedio.pipeline.upkeep.outbox_relay import (
     Attempt,
@@ -36,6 +41,7 @@ from aivedio.pipeline.upkeep.outbox_relay import (
     judge,
     open_outbox_relay,
     parse_retry_after,
+    signatures,
 )
 from aivedio.store import listening
 from aivedio.store.database import Pool
@@ -43,20 +49,21 @@ from aivedio.store.outbox import NOTIFY_CHANNEL, emit
 
 pytestmark = pytest.mark.anyio
 
-SECRET = "whsec-test-0123456789"
+SECRET = "whsec_" + base64.b64encode(bytes(range(32))).decode()
+NEW_SECRET = "whsec_" + base64.b64encode(bytes(range(100, 132))).decode()
 Answer = int | str | tuple[int, dict[str, str]]
 
 
 @dataclass
 class Received:
     path: str
-    headers: dict[str, str]
+    headers: CIMultiDict[str]
     body: bytes
     at: float
 
     @property
     def event_id(self) -> str:
-        return self.headers["X-Aivedio-Event-Id"]
+        return self.headers["webhook-id"]
 
     @property
     def data(self) -> dict[str, Any]:
@@ -80,7 +87,9 @@ class Receiver:
         return [r.event_id for r in self.received]
 
     async def handle(self, request: web.Request) -> web.Response:
-        received = Received(request.path, dict(request.headers), await request.read(), time.time())
+        received = Received(
+            request.path, CIMultiDict(request.headers), await request.read(), time.time()
+        )
         self.received.append(received)
         nth = sum(1 for r in self.received if r.event_id == received.event_id)
         answer = self.rule(received, nth)
@@ -110,7 +119,11 @@ async def open_receiver() -> AsyncIterator[Receiver]:
 
 
 def outbox_config(receiver: Receiver, **hook: Any) -> OutboxConfig:
-    settings: dict[str, Any] = {"url": receiver.url(), "secret": SECRET, "timeout_seconds": 2.0}
+    settings: dict[str, Any] = {
+        "url": receiver.url(),
+        "secrets": [SECRET],
+        "timeout_seconds": 2.0,
+    }
     settings.update(hook)
     return OutboxConfig(
         poll_interval_seconds=0.05,
@@ -121,10 +134,12 @@ def outbox_config(receiver: Receiver, **hook: Any) -> OutboxConfig:
 
 
 @asynccontextmanager
-async def open_relay(config: OutboxConfig, pool: Pool) -> AsyncIterator[OutboxRelay]:
+async def open_relay(
+    config: OutboxConfig, pool: Pool, rand: Callable[[], float] = lambda: 0.0
+) -> AsyncIterator[OutboxRelay]:
     """A relay driven by hand: no jitter (every retry due at once), registered now."""
     async with aiohttp.ClientSession(trust_env=False) as session:
-        relay = OutboxRelay(config, pool, session, rand=lambda: 0.0)
+        relay = OutboxRelay(config, pool, session, rand=rand)
         await relay.register()
         yield relay
 
@@ -162,7 +177,7 @@ async def passes(relay: OutboxRelay, n: int) -> None:
 # -- the request -------------------------------------------------------------------------------
 
 
-async def test_delivery_is_signed_over_timestamp_and_body(pool: Pool) -> None:
+async def test_delivery_is_signed_in_the_standard_webhooks_format(pool: Pool) -> None:
     async with open_receiver() as receiver, open_relay(outbox_config(receiver), pool) as relay:
         aggregate = uuid.uuid4()
         event_id = await emit_one(pool, "asset.ready", aggregate, asset_id=str(aggregate))
@@ -170,17 +185,18 @@ async def test_delivery_is_signed_over_timestamp_and_body(pool: Pool) -> None:
     [request] = receiver.received
     h = request.headers
     assert h["Content-Type"] == "application/json"
-    assert h["X-Aivedio-Event-Id"] == event_id
+    assert h["webhook-id"] == event_id
+    assert abs(int(h["webhook-timestamp"]) - time.time()) < 60
     assert h["X-Aivedio-Event-Type"] == "asset.ready"
-    timestamp = h["X-Aivedio-Timestamp"]
-    assert abs(int(timestamp) - time.time()) < 60
-    expected = hmac.new(
-        SECRET.encode(), f"{timestamp}.".encode() + request.body, hashlib.sha256
-    ).hexdigest()
-    assert hmac.compare_digest(h["X-Aivedio-Signature"], f"v1={expected}")
-    wrong = hmac.new(b"another secret", f"{timestamp}.".encode() + request.body, hashlib.sha256)
-    assert h["X-Aivedio-Signature"] != f"v1={wrong.hexdigest()}"
-    body = request.data
+    # The receiving side as a receiver writes it: the Standard Webhooks library.
+    body = Webhook(SECRET).verify(request.body, dict(h.items()))
+    with pytest.raises(WebhookVerificationError, match="No matching signature"):
+        Webhook(NEW_SECRET).verify(request.body, dict(h.items()))
+    with pytest.raises(WebhookVerificationError):
+        Webhook(SECRET).verify(request.body + b" ", dict(h.items()))
+    # The legacy headers belong to the deprecated single secret only.
+    assert "X-Aivedio-Signature" not in h
+    assert "X-Aivedio-Timestamp" not in h
     assert body["id"] == event_id
     assert body["type"] == "asset.ready"
     assert body["tenant_id"] == 7
@@ -190,6 +206,52 @@ async def test_delivery_is_signed_over_timestamp_and_body(pool: Pool) -> None:
     [row] = await deliveries(pool)
     assert row["delivered_at"] is not None
     assert (row["attempts"], row["last_status"], row["lease_token"]) == (1, 200, None)
+
+
+async def test_during_a_rotation_every_delivery_verifies_under_either_secret(pool: Pool) -> None:
+    async with open_receiver() as receiver:
+        config = outbox_config(receiver, secrets=[SECRET, NEW_SECRET])
+        async with open_relay(config, pool) as relay:
+            await emit_one(pool)
+            await emit_one(pool)
+            assert await relay.deliver_once() == 2
+    assert len(receiver.received) == 2
+    unrelated = "whsec_" + base64.b64encode(b"x" * 32).decode()
+    for request in receiver.received:
+        headers = dict(request.headers.items())
+        assert len(headers["webhook-signature"].split(" ")) == 2
+        assert Webhook(SECRET).verify(request.body, headers)["id"] == request.event_id
+        assert Webhook(NEW_SECRET).verify(request.body, headers)["id"] == request.event_id
+        with pytest.raises(WebhookVerificationError):
+            Webhook(unrelated).verify(request.body, headers)
+
+
+async def test_the_deprecated_secret_signs_both_formats_and_is_warned_about(pool: Pool) -> None:
+    plain = "an-old-plain-secret-0123"
+    async with open_receiver() as receiver:
+        config = outbox_config(receiver, secrets=[], secret=plain)
+        validate_outbox(config)
+        with capture_logs() as logs:
+            async with open_outbox_relay(config, pool):
+                event_id = await emit_one(pool)
+                with anyio.fail_after(10):
+                    while not receiver.received:
+                        await anyio.sleep(0.02)
+    request = receiver.received[0]
+    h = request.headers
+    # The same key in the new form: "whsec_" + base64 of the old secret's bytes.
+    Webhook("whsec_" + base64.b64encode(plain.encode()).decode()).verify(
+        request.body, dict(h.items())
+    )
+    assert h["X-Aivedio-Event-Id"] == event_id
+    timestamp = h["X-Aivedio-Timestamp"]
+    expected = hmac.new(
+        plain.encode(), f"{timestamp}.".encode() + request.body, hashlib.sha256
+    ).hexdigest()
+    assert hmac.compare_digest(h["X-Aivedio-Signature"], f"v1={expected}")
+    [warning] = [e for e in logs if e["event"] == "outbox_webhook_secret_deprecated"]
+    assert warning["endpoint"] == "crm"
+    assert plain not in repr(logs)
 
 
 async def test_a_500_then_200_is_retried_with_the_same_event_id(pool: Pool) -> None:
@@ -250,6 +312,35 @@ async def test_budget_spent_makes_the_delivery_dead_and_sends_no_more(pool: Pool
     [dead] = [e for e in logs if e["event"] == "outbox_delivery_dead"]
     assert (dead["event_id"], dead["endpoint"], dead["attempt"]) == (event_id, "crm", 3)
     assert SECRET not in repr(logs)
+
+
+async def test_past_its_window_a_delivery_is_dead_after_one_last_attempt(pool: Pool) -> None:
+    async with open_receiver() as receiver:
+        receiver.rule = lambda _r, _n: 500
+        # Backoff far longer than the window: the second attempt is pulled to its end.
+        config = msgspec.structs.replace(
+            outbox_config(receiver, retry_for_seconds=0.5),
+            backoff_base_seconds=60.0,
+            backoff_max_seconds=600.0,
+        )
+        async with open_relay(config, pool, rand=lambda: 1.0) as relay:
+            event_id = await emit_one(pool)
+            await relay.deliver_once()
+            [row] = await deliveries(pool)
+            assert row["first_attempt_at"] is not None
+            window = (row["next_attempt_at"] - row["first_attempt_at"]).total_seconds()
+            assert 0.0 < window <= 0.5 + 0.1
+            await passes(relay, 2)  # not due yet: nothing sent
+            assert receiver.ids() == [event_id]
+            await anyio.sleep(0.6)
+            with capture_logs() as logs:
+                await passes(relay, 3)
+    assert receiver.ids() == [event_id, event_id]
+    [row] = await deliveries(pool)
+    assert row["dead_at"] is not None
+    assert (row["attempts"], row["last_status"]) == (2, 500)
+    [dead] = [e for e in logs if e["event"] == "outbox_delivery_dead"]
+    assert dead["reason"] == "retried for 0.5s"
 
 
 async def test_retry_after_on_429_sets_the_next_attempt(pool: Pool) -> None:
@@ -341,9 +432,9 @@ async def test_event_types_filter_what_a_webhook_receives(pool: Pool) -> None:
         config = OutboxConfig(
             poll_interval_seconds=0.05,
             webhooks={
-                "everything": WebhookConfig(url=receiver.url("everything"), secret=SECRET),
+                "everything": WebhookConfig(url=receiver.url("everything"), secrets=[SECRET]),
                 "losses": WebhookConfig(
-                    url=receiver.url("losses"), secret="other", event_types=["output.lost"]
+                    url=receiver.url("losses"), secrets=[NEW_SECRET], event_types=["output.lost"]
                 ),
             },
         )
@@ -354,12 +445,10 @@ async def test_event_types_filter_what_a_webhook_receives(pool: Pool) -> None:
     by_path = Counter((r.path, r.event_id) for r in receiver.received)
     assert by_path == {("/everything", ready): 1, ("/everything", lost): 1, ("/losses", lost): 1}
     losses = [r for r in receiver.received if r.path == "/losses"]
-    mac = hmac.new(
-        b"other",
-        losses[0].headers["X-Aivedio-Timestamp"].encode() + b"." + losses[0].body,
-        hashlib.sha256,
-    )
-    assert losses[0].headers["X-Aivedio-Signature"] == f"v1={mac.hexdigest()}"
+    # Each webhook signs with its own secrets.
+    Webhook(NEW_SECRET).verify(losses[0].body, dict(losses[0].headers.items()))
+    with pytest.raises(WebhookVerificationError):
+        Webhook(SECRET).verify(losses[0].body, dict(losses[0].headers.items()))
 
 
 async def test_a_webhook_added_later_gets_events_from_then_on(pool: Pool) -> None:
@@ -623,14 +712,23 @@ async def test_emit_refuses_an_unknown_event_type(pool: Pool) -> None:
         ({"url": "https://user@example.com/h"}, "outbox.webhooks.crm.url: no user"),
         ({"url": "https:///h"}, "outbox.webhooks.crm.url: no host"),
         ({"url": "https://example.com:99999/h"}, "outbox.webhooks.crm.url: not a URL"),
-        ({"secret": ""}, "outbox.webhooks.crm.secret: missing"),
+        ({"secrets": []}, "outbox.webhooks.crm.secrets: missing"),
+        ({"secret": "old"}, r"outbox.webhooks.crm.secret: deprecated, and secrets is set too"),
+        ({"secrets": ["plain"]}, r"outbox.webhooks.crm.secrets\[0\]: a secret is whsec_"),
+        (
+            {"secrets": [SECRET, "whsec_!!"]},
+            r"outbox.webhooks.crm.secrets\[1\]: a secret is whsec_",
+        ),
+        ({"secrets": ["whsec_c2hvcnQ="]}, r"outbox.webhooks.crm.secrets\[0\]: .* 24 to 64 bytes"),
+        ({"secrets": [SECRET, SECRET]}, "outbox.webhooks.crm.secrets: listed twice"),
         ({"timeout_seconds": 0}, "outbox.webhooks.crm.timeout_seconds: must be positive"),
-        ({"max_attempts": 0}, "outbox.webhooks.crm.max_attempts: must be at least 1"),
+        ({"max_attempts": -1}, r"outbox.webhooks.crm.max_attempts: must be at least 1 \(0: no"),
+        ({"retry_for_seconds": -1.0}, "outbox.webhooks.crm.retry_for_seconds: must not be neg"),
         ({"event_types": ["asset.ready", "nope"]}, "outbox.webhooks.crm.event_types: unknown"),
     ],
 )
 def test_webhook_config_errors_name_the_key(hook: dict[str, Any], message: str) -> None:
-    settings: dict[str, Any] = {"url": "https://hooks.example.com/in", "secret": "s"}
+    settings: dict[str, Any] = {"url": "https://hooks.example.com/in", "secrets": [SECRET]}
     settings.update(hook)
     config = OutboxConfig(webhooks={"crm": WebhookConfig(**settings)})
     with pytest.raises(ConfigError, match=f"^config error: {message}"):
@@ -638,7 +736,7 @@ def test_webhook_config_errors_name_the_key(hook: dict[str, Any], message: str) 
 
 
 def test_webhook_names_and_a_good_config() -> None:
-    good = WebhookConfig(url="http://127.0.0.1:8080/hook?x=1", secret="s")
+    good = WebhookConfig(url="http://127.0.0.1:8080/hook?x=1", secrets=[SECRET])
     validate_outbox(OutboxConfig(webhooks={"crm-1": good}))
     with pytest.raises(ConfigError, match=r"outbox\.webhooks\.CRM: name"):
         validate_outbox(OutboxConfig(webhooks={"CRM": good}))
@@ -647,9 +745,91 @@ def test_webhook_names_and_a_good_config() -> None:
     decoded = msgspec.convert(
         {"webhooks": {"crm": {"url": "https://h.example/x", "secret": "s"}}}, OutboxConfig
     )
-    assert decoded.webhooks["crm"].max_attempts == 12
+    assert decoded.webhooks["crm"].max_attempts == 0  # no cap: the window alone
+    assert decoded.webhooks["crm"].retry_for_seconds == 86400.0
     with pytest.raises(msgspec.ValidationError, match="unknown field"):
         msgspec.convert({"notify_channel": "x"}, OutboxConfig)
+
+
+def test_webhook_secrets_are_masked_in_the_effective_config() -> None:
+    hook = WebhookConfig(url="https://h.example/x", secrets=[SECRET, NEW_SECRET])
+    shown = masked(Config(outbox=OutboxConfig(webhooks={"crm": hook})))
+    assert shown["outbox"]["webhooks"]["crm"]["secrets"] == "***"
+    assert SECRET not in repr(shown)
+
+
+def test_signatures_match_the_standard_webhooks_published_vector() -> None:
+    # The vector of the Standard Webhooks reference libraries' tests.
+    key = secret_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    body = b'{"test": 2432232314}'
+    expected = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+    assert signatures([key], "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body) == expected
+    other = secret_key(NEW_SECRET)
+    both = signatures([key, other], "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body)
+    assert both.split(" ")[0] == expected
+    assert len(both.split(" ")) == 2
+
+
+def day_of_failures(rand: Callable[[], float]) -> tuple[list[float], Any]:
+    """Every attempt's start (seconds after the first) until the relay gives up, under the
+    default configuration, with a receiver that answers 500 forever."""
+    config, hook = OutboxConfig(), WebhookConfig(url="https://h.example/x", secrets=[SECRET])
+    starts, attempts = [0.0], 1
+    while True:
+        outcome = judge(
+            Attempt(500, "HTTP 500"),
+            attempts=attempts,
+            retrying_seconds=starts[-1],
+            retry_for_seconds=hook.retry_for_seconds,
+            max_attempts=hook.max_attempts,
+            base_seconds=config.backoff_base_seconds,
+            max_seconds=config.backoff_max_seconds,
+            rand=rand,
+        )
+        if outcome.kind != "retry":
+            return starts, outcome
+        assert 0.0 <= outcome.delay_seconds <= config.backoff_max_seconds
+        starts.append(starts[-1] + outcome.delay_seconds)
+        attempts += 1
+
+
+def test_by_default_a_failing_delivery_is_retried_for_a_day_then_dead() -> None:
+    for seed in range(20):
+        starts, outcome = day_of_failures(random.Random(seed).random)
+        assert outcome.kind == "dead"
+        assert outcome.reason == "retried for 86400s"
+        # The last attempt lands at the end of the window, not before it.
+        assert starts[-1] == 86400.0
+        assert 20 <= len(starts) <= 400
+        # Exponential at first: the early ceilings are 2, 4, 8… seconds (full jitter below).
+        assert starts[1] <= 2.0 and starts[2] - starts[1] <= 4.0
+    # Always at the ceiling: 2, 4 … 2048 s, then the hour's cap.
+    starts, _ = day_of_failures(lambda: 1.0)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert gaps[:12] == [2.0 * 2**n for n in range(11)] + [3600.0]
+    assert set(gaps[12:-1]) == {3600.0}
+
+
+def test_max_attempts_caps_the_window_when_set() -> None:
+    outcome = judge(
+        Attempt(None, "refused"),
+        attempts=5,
+        retrying_seconds=60.0,
+        retry_for_seconds=86400.0,
+        max_attempts=5,
+        base_seconds=2.0,
+        max_seconds=3600.0,
+    )
+    assert (outcome.kind, outcome.reason) == ("dead", "retry budget spent (5/5)")
+    after_retry_after = judge(
+        Attempt(503, retry_after_seconds=7200.0),
+        attempts=2,
+        retrying_seconds=86000.0,
+        retry_for_seconds=86400.0,
+        base_seconds=2.0,
+        max_seconds=3600.0,
+    )
+    assert (after_retry_after.kind, after_retry_after.delay_seconds) == ("retry", 400.0)
 
 
 def test_schedule_delivers_retries_and_buries() -> None:
@@ -657,6 +837,8 @@ def test_schedule_delivers_retries_and_buries() -> None:
         return judge(
             Attempt(status, retry_after_seconds=retry_after),
             attempts=attempts,
+            retrying_seconds=0.0,
+            retry_for_seconds=86400.0,
             max_attempts=3,
             base_seconds=2.0,
             max_seconds=600.0,
