@@ -175,12 +175,12 @@ async def test_the_watch_page_refuses_bad_tokens(
         signer = TokenSigner.hs256(TOKEN_KEY)
         asset, other = uuid.uuid4(), uuid.uuid4()
         token, claims = signer.issue(api.rig.tenant_id, asset, 1, 600)
-        body, mac = token.split(".")
+        header, body, mac = token.split(".")
         expired, _ = signer.issue(api.rig.tenant_id, asset, 1, -1)
         foreign, _ = TokenSigner.hs256(b"q" * 32).issue(api.rig.tenant_id, asset, 1, 600)
         refused = {
-            "tampered": f"/watch/{asset}?token={body}.{mac[:-2]}AA",
-            "forged claims": f"/watch/{asset}?token={body[:-2]}AA.{mac}",
+            "tampered": f"/watch/{asset}?token={header}.{body}.{mac[:-2]}AA",
+            "forged claims": f"/watch/{asset}?token={header}.{body[:-2]}AA.{mac}",
             "expired": f"/watch/{asset}?token={expired}",
             "another key": f"/watch/{asset}?token={foreign}",
             "another asset": f"/watch/{other}?token={token}",

@@ -20,11 +20,14 @@ def driver() -> Iterator[ModuleType]:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up while defined
+    # Run as a script, its own directory is on the path (it imports seaweedfs.py from there).
+    sys.path.insert(0, str(DRIVER.parent))
     try:
         spec.loader.exec_module(module)
         yield module
     finally:
         del sys.modules[spec.name]
+        sys.path.remove(str(DRIVER.parent))
 
 
 def test_the_demo_database_defaults_to_aivedio_demo(driver: ModuleType) -> None:

@@ -16,6 +16,8 @@ DESCRIPTION = (
 # One example a command, shown at the end of its --help (a test holds every command to it).
 EXAMPLES = {
     "migrate": "aivedio migrate --config /etc/aivedio/aivedio.toml",
+    "webhooks deliveries list": "aivedio webhooks deliveries list --state dead --json",
+    "webhooks deliveries retry": "aivedio webhooks deliveries retry --all-dead --endpoint crm",
     "worker": "aivedio worker --http-port 9100",
     "config check": "aivedio config check --config /etc/aivedio/aivedio.toml",
     "jobs list": "aivedio jobs list --status dead --limit 20",

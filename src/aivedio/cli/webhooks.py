@@ -106,16 +106,20 @@ def add_parsers(
     deliveries_sub = deliveries.add_subparsers(dest="deliveries_command", required=True)
 
     listing = deliveries_sub.add_parser("list", parents=[common], help="newest event first")
-    listing.add_argument("--state", choices=webhook_deliveries.STATES)
+    listing.add_argument(
+        "--state", choices=webhook_deliveries.STATES, help="only deliveries in this state"
+    )
     listing.add_argument("--endpoint", help="one webhook's name")
-    listing.add_argument("--limit", type=int, default=50)
+    listing.add_argument("--limit", type=int, default=50, help="at most this many (50)")
     listing.add_argument("--json", action="store_true", help="one JSON object per line")
     listing.set_defaults(fn=cmd_deliveries_list, needs_secret=False)
 
     retry = deliveries_sub.add_parser(
         "retry", parents=[common], help="send dead (or pending) deliveries again, now"
     )
-    retry.add_argument("event_ids", nargs="*", metavar="EVENT_ID")
+    retry.add_argument(
+        "event_ids", nargs="*", metavar="EVENT_ID", help="the events whose deliveries to replay"
+    )
     retry.add_argument("--endpoint", help="only to this webhook")
     retry.add_argument("--all-dead", action="store_true", help="every dead delivery")
     retry.add_argument("--json", action="store_true", help="one JSON object")
