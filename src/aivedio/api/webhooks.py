@@ -22,8 +22,6 @@ would keep it in clear (create again and delete the spare instead).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal, get_args
@@ -32,7 +30,7 @@ import msgspec
 from aiohttp import web
 
 from aivedio import untrusted
-from aivedio.api import schema
+from aivedio.api import cursors, schema
 from aivedio.api.auth import tenant_of
 from aivedio.api.bodies import read_body
 from aivedio.api.context import context
@@ -168,20 +166,11 @@ class _Cursor(msgspec.Struct, frozen=True, array_like=True):
 
 
 def _encode_cursor(position: tuple[int, str]) -> str:
-    raw = msgspec.json.encode(_Cursor("webhook_deliveries", *position))
-    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+    return cursors.encode(_Cursor("webhook_deliveries", *position))
 
 
 def _decode_cursor(text: str) -> tuple[int, str]:
-    try:
-        if len(text) > 200:
-            raise ValueError("too long")
-        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-        cursor = msgspec.json.decode(raw, type=_Cursor)
-    except (binascii.Error, ValueError, msgspec.DecodeError):
-        raise ApiError(400, "cursor: not a cursor this API gave", field="cursor") from None
-    if cursor.list != "webhook_deliveries":
-        raise ApiError(400, "cursor: not a cursor of this list", field="cursor")
+    cursor = cursors.decode(text, _Cursor, "webhook_deliveries")
     return cursor.outbox_event_id, cursor.endpoint
 
 
