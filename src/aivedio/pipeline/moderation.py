@@ -44,7 +44,12 @@ from aivedio.errors import (
 )
 from aivedio.logs import get_logger
 from aivedio.pipeline import jobs
-from aivedio.pipeline.ffmpeg.frames import Frame, playback_frames_args, read_frames
+from aivedio.pipeline.ffmpeg.frames import (
+    Frame,
+    playback_frames_args,
+    read_frames,
+    still_times,
+)
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.jobs import JobContext, Registry
 from aivedio.pipeline.publish import InJobPublish, PublishStage, publish_when_ready
@@ -226,7 +231,7 @@ async def sample_frames(
     if not result.ok:
         result.raise_if_exhausted()
         raise ModeratorUnavailableError(f"frame sampling failed: {result.error_detail()}")
-    return await read_frames(scratch, duration)
+    return await read_frames(scratch, still_times(duration))
 
 
 # -- the job ---------------------------------------------------------------------------------

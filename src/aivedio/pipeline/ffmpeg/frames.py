@@ -41,6 +41,10 @@ from aivedio.pipeline.media.validate import MediaSummary
 SCENE_TIMES = "scene_times.txt"
 STILLS = ("first", "middle", "last")
 JPEG_QUALITY = "4"
+# The pass over the source looks for the last frame this many frames (at the average
+# rate) before the end, and never less than this many seconds.
+LAST_WINDOW_FRAMES = 4
+LAST_WINDOW_MIN_SECONDS = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +71,27 @@ def video_seconds(summary: MediaSummary) -> float:
     return seconds if seconds > 0 else 0.0
 
 
-def still_times(duration: float) -> dict[str, float]:
+def still_times(duration: float, last_window: float = 1.0) -> dict[str, float]:
     """Where the first, middle and last stills are taken (the last: the final frame of the
-    last second)."""
-    return {"first": 0.0, "middle": max(duration / 2, 0.0), "last": max(duration - 1, 0.0)}
+    ``last_window`` seconds before the end)."""
+    return {
+        "first": 0.0,
+        "middle": max(duration / 2, 0.0),
+        "last": max(duration - last_window, 0.0),
+    }
+
+
+def last_window(summary: MediaSummary) -> float:
+    """How far before the end the pass over the source starts looking for its last frame:
+    a few frames' worth at the average rate (at least ``LAST_WINDOW_MIN_SECONDS``). Every
+    frame in the window is scaled and written as a JPEG (the last one written wins), so a
+    whole second of 1080p30 cost about 0.15 s of CPU on the critical path for one still.
+    When the window misses the final frame (a stream that ends earlier than its container
+    says, gaps of a variable rate), the still is missing and the fast path hands the
+    decision to the moderate job, which takes its stills from the playback: slower, never
+    unmoderated."""
+    rate = summary.frame_rate if summary.frame_rate > 0 else 1.0
+    return max(LAST_WINDOW_MIN_SECONDS, LAST_WINDOW_FRAMES / rate)
 
 
 def _scale(config: ModerationConfig) -> str:
@@ -160,7 +181,7 @@ def source_frames_args(
     process. Streams are named by absolute index: the stream validated is the stream
     decoded and looked at."""
     video, audio = summary.video_stream_index, summary.audio_stream_index
-    times = still_times(video_seconds(summary))
+    times = still_times(video_seconds(summary), last_window(summary))
     scale = _scale(config)
     branches = ["first", "middle", "last"] + (["scenes"] if config.max_scene_frames else [])
     branches += ["poster"] if poster is not None else []
@@ -253,7 +274,7 @@ async def source_frames(
         # A failed pass over media that decodes is a failed render step (a crash counts
         # toward the poison rule), never a verdict on the media.
         raise RenderError(f"frames: {result.error_detail()}")
-    return await read_frames(scratch, seconds)
+    return await read_frames(scratch, still_times(seconds, last_window(summary)))
 
 
 def plain_decode_args(
@@ -267,20 +288,21 @@ def plain_decode_args(
     return ["-xerror", *opening, *maps, "-f", "null", "-"]
 
 
-async def read_frames(scratch: Path, duration: float) -> list[Frame]:
-    """The stills and scene frames a pass wrote to ``scratch``, with their times."""
+async def read_frames(scratch: Path, times: dict[str, float]) -> list[Frame]:
+    """The stills and scene frames a pass wrote to ``scratch``, with their times (the
+    stills' from ``times``, where the pass took them)."""
 
     def read() -> list[Frame]:
         frames = [
             Frame(kind, at, (scratch / f"{kind}.jpg").read_bytes())
-            for kind, at in still_times(duration).items()
+            for kind, at in times.items()
             if (scratch / f"{kind}.jpg").exists()
         ]
         printed = scratch / SCENE_TIMES
         lines = printed.read_text("utf-8", "replace").splitlines() if printed.exists() else []
-        times = [pts_time(line) for line in lines if "pts_time:" in line]
+        scenes = [pts_time(line) for line in lines if "pts_time:" in line]
         for index, path in enumerate(sorted(scratch.glob("scene_*.jpg"))):
-            at = times[index] if index < len(times) else 0.0
+            at = scenes[index] if index < len(scenes) else 0.0
             frames.append(Frame("scene", at, path.read_bytes()))
         return frames
 

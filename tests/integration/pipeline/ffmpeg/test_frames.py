@@ -48,7 +48,20 @@ async def test_the_three_stills_and_the_scene_frames_come_from_one_pass(
     kinds = [f.kind for f in got]
     assert kinds[:3] == ["first", "middle", "last"]
     assert all(f.jpeg.startswith(b"\xff\xd8") for f in got)
-    assert [round(f.seconds, 2) for f in got[:3]] == [0.0, 1.5, 2.0]
+    # The last still is looked for in the final few frames only (0.2 s at 30 fps).
+    assert [round(f.seconds, 2) for f in got[:3]] == [0.0, 1.5, 2.8]
+
+
+async def test_the_last_still_is_the_final_frame(cache: MediaCache, tmp_path: Path) -> None:
+    source = cache.get("av", mf.h264_faststart, seconds=3)
+    got = await frames_of(source, tmp_path)
+    last = next(f for f in got if f.kind == "last")
+    (tmp_path / "last.jpg").write_bytes(last.jpeg)
+    # The same scale and quality from a seek near the end, every frame overwriting the file.
+    seek = ["-sseof", "-1", "-i", str(source), "-vf", "scale='min(480,iw)':-2"]
+    jpeg = ["-q:v", frames_module.JPEG_QUALITY, "-update", "1", str(tmp_path / "final.jpg")]
+    subprocess.run(["ffmpeg", "-v", "error", *seek, *jpeg], check=True)
+    assert frame_md5(tmp_path / "last.jpg") == frame_md5(tmp_path / "final.jpg")
 
 
 async def test_a_picture_shorter_than_its_sound_still_gets_its_middle_and_last_stills(
