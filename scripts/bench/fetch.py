@@ -248,7 +248,7 @@ def main() -> int:
         "--skip-s3-above-gib", type=float, default=99.0, help="run the S3 pair only up to this size"
     )
     parser.add_argument("--part-size-mib", type=int, default=8)
-    parser.add_argument("--parts-in-flight", type=int, default=2)
+    parser.add_argument("--parts-in-flight", type=int, default=4)
     parser.add_argument(
         "--smoke", action="store_true", help="one 8 MiB body in 5 MiB parts; sanity, not speed"
     )
