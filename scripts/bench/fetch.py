@@ -248,7 +248,14 @@ def main() -> int:
         "--skip-s3-above-gib", type=float, default=99.0, help="run the S3 pair only up to this size"
     )
     parser.add_argument("--part-size-mib", type=int, default=8)
-    parser.add_argument("--parts-in-flight", type=int, default=4)
+    parser.add_argument("--parts-in-flight", type=int, default=2)
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        choices=["SeaweedFS", "moto"],
+        default=["SeaweedFS", "moto"],
+        help="S3 engines to run (b), (b') and (b'') on",
+    )
     parser.add_argument(
         "--smoke", action="store_true", help="one 8 MiB body in 5 MiB parts; sanity, not speed"
     )
@@ -269,7 +276,11 @@ def main() -> int:
     try:
         with Children(workdir / "logs") as children:
             engine = start_seaweedfs(children, workdir)
-            engines = {"SeaweedFS": engine.endpoint, "moto": start_moto(children)}
+            engines = {"SeaweedFS": engine.endpoint}
+            if "moto" in args.engines:
+                engines["moto"] = start_moto(children)
+            if "SeaweedFS" not in args.engines:
+                del engines["SeaweedFS"]
             for size_gib in args.sizes_gib:
                 rows.append(one_size(children, args, workdir, engines, engine, size_gib))
     finally:

@@ -106,10 +106,9 @@ class ProviderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
 class FetchConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     pipeline_version: int = 1
     part_size_bytes: int = 8 * 1024**2
-    # Memory per fetch is about part_size_bytes x (parts_in_flight + 1). Four in flight: a
-    # real engine (SeaweedFS here) takes parts in parallel, which moto could not, and the
-    # fetch kept pace with boto3's ten only from four on (docs/benchmarks.md); 40 MiB.
-    parts_in_flight: int = 4
+    # Memory per fetch is about part_size_bytes x (parts_in_flight + 1); two in flight
+    # keep the store busy while the next part fills (see docs/benchmarks.md).
+    parts_in_flight: int = 2
     # A 404 right after success may be a CDN not yet filled: retried this many times, then
     # treated like an expired URL (refresh).
     not_yet_available_attempts: int = 3
