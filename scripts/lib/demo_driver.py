@@ -14,8 +14,9 @@ What it does, in order (every file under ``var/demo``):
 3. ``aivedio.toml``, migrations, tenant ``demo`` and an API key;
 4. ``aivedio api`` and two ``aivedio worker`` processes, each in its own session (so Ctrl-C
    reaches only this driver, which stops them in order) with its log in ``var/demo/*.log``;
-5. the provider's signed callbacks (HMAC-SHA256 over ``"{timestamp}.{body}"``), one replayed
-   to show it is refused, and one upload through ``POST /v1/videos``;
+5. the provider's callbacks, signed to the Standard Webhooks specification (``webhook-id``,
+   ``webhook-timestamp``, ``webhook-signature``), one replayed to show it is refused, and one
+   upload through ``POST /v1/videos``;
 6. waits for every video to settle (ENRICHED, or INVALID_MEDIA for the error page), printing
    each state as it changes, then each video's timeline, the final states, the ``/watch``
    URLs (checked: the page and the HLS master answer 200), and where the logs are;
@@ -555,7 +556,7 @@ ca_file = {toml_str(sim["ca_file"])}
 
 [providers.{PROVIDER}]
 api_base_url = {toml_str(sim["base_url"])}
-# Callbacks are HMAC-SHA256 signed with this secret (var/demo/callback.key); a task first
+# Callbacks are signed (Standard Webhooks) with this secret (var/demo/callback.key); a task first
 # seen in a callback belongs to this tenant.
 callback_secret = {toml_str(callback_secret)}
 tenant = "{TENANT}"
@@ -614,13 +615,16 @@ class Video:
 
 
 def send_callback(base: str, secret: str, task_id: str, output: dict[str, Any]) -> Reply:
-    """The provider's SUCCEEDED for one output, signed: the header carries
-    ``sha256=HMAC-SHA256(secret, "{timestamp}.{body}")``; the event id is the task's."""
+    """The provider's SUCCEEDED for one output, signed as Standard Webhooks say: the
+    ``webhook-signature`` header carries ``v1,`` and the base64 HMAC-SHA256 of
+    ``"{webhook-id}.{webhook-timestamp}.{body}"`` under the secret (its UTF-8 bytes; a
+    ``whsec_`` secret's base64 part would be the key); the event id is the task's."""
     described = {k: output[k] for k in ("index", "url", "expires_at", "sha256", "size")}
     described["content_type"] = output.get("content_type", "video/mp4")
+    event_id = f"evt-{task_id}"
     body = json.dumps(
         {
-            "event_id": f"evt-{task_id}",
+            "event_id": event_id,
             "task_id": task_id,
             "status": "SUCCEEDED",
             "outputs": [described],
@@ -628,11 +632,13 @@ def send_callback(base: str, secret: str, task_id: str, output: dict[str, Any]) 
         separators=(",", ":"),
     ).encode()
     timestamp = str(int(time.time()))
-    signature = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    signed = f"{event_id}.{timestamp}.".encode() + body
+    signature = hmac.new(secret.encode(), signed, hashlib.sha256).digest()
     headers = {
         "Content-Type": "application/json",
-        "X-Aivedio-Timestamp": timestamp,
-        "X-Aivedio-Signature": "sha256=" + signature.hexdigest(),
+        "webhook-id": event_id,
+        "webhook-timestamp": timestamp,
+        "webhook-signature": "v1," + base64.b64encode(signature).decode("ascii"),
     }
     return http("POST", f"{base}/v1/providers/{PROVIDER}/callbacks", body=body, headers=headers)
 
@@ -1095,7 +1101,7 @@ def demo(args: argparse.Namespace, services: list[Service]) -> int:
     stack = start(args, videos, services)
 
     out()
-    out(f"== the provider calls back: POST /v1/providers/{PROVIDER}/callbacks (HMAC-SHA256)")
+    out(f"== the provider calls back: POST /v1/providers/{PROVIDER}/callbacks (Standard Webhooks)")
     t0 = time.time()
     provider_calls_back(stack, videos)
     out()

@@ -80,6 +80,8 @@ class Load:
         ).encode()
         deadline = time.monotonic() + RETRY_SECONDS
         while True:
+            # The legacy scheme on purpose: the demo and the simulator send Standard
+            # Webhooks, so the chaos load keeps the older senders' path under failure too.
             timestamp = str(int(time.time()))
             mac = hmac.new(
                 self.callback_secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256
