@@ -7,10 +7,12 @@ The containers run as the image says (uid 10001) with a read-only root filesyste
 standard's settings. They share the host's network (``--network=host``) because PostgreSQL
 and the simulated provider listen on loopback.
 
-The image is built by ``scripts/image`` (``scripts/test`` runs it first, cached, and names it in
-``AIVEDIO_IMAGE``); building it here would take minutes. Without podman, or with a podman that
-cannot run containers, the test is skipped and says why; when ``AIVEDIO_IMAGE`` names an image
-that is not there, it fails.
+The image is built by ``scripts/image``: ``scripts/test`` runs it beside the checks, cached,
+and says in ``AIVEDIO_IMAGE_BUILD_STATUS`` where the build writes its exit status when it ends;
+the test waits for that, fails with the build log's tail if it failed, and runs the image by
+the id the build wrote (``var/image/image.id``). Otherwise ``AIVEDIO_IMAGE`` names the image,
+or the version's tag. Without podman, or with a podman that cannot run containers, the test is
+skipped and says why; when the image named is not there, it fails.
 """
 
 from __future__ import annotations
@@ -74,22 +76,46 @@ def podman(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     )
 
 
+# How long the image test waits for a build scripts/test started beside it (a cold build
+# from Debian's archive takes a few minutes; a cached one seconds).
+BUILD_WAIT_SECONDS = 1200
+
+
+def built_image(status_file: Path) -> str:
+    """Wait for the build scripts/test started to end; its image id, or the test fails."""
+    deadline = time.monotonic() + BUILD_WAIT_SECONDS
+    while not status_file.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"the image build did not end in {BUILD_WAIT_SECONDS} s ({status_file})")
+        time.sleep(1)
+    log = status_file.with_name("build.log")
+    if status_file.read_text().strip() != "0":
+        tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
+        pytest.fail(f"scripts/image failed (see {log}):\n{tail}")
+    return (status_file.with_name("image.id").read_text().strip()).removeprefix("sha256:")
+
+
 @pytest.fixture(scope="module")
 def image() -> str:
     """The image's name, once podman is known to work and the image to be there."""
-    name = os.environ.get("AIVEDIO_IMAGE") or default_image()
+    status = os.environ.get("AIVEDIO_IMAGE_BUILD_STATUS")
+    name = (
+        built_image(Path(status)) if status else os.environ.get("AIVEDIO_IMAGE") or default_image()
+    )
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed here (scripts/image installs it): no image to run")
     info = podman("info", "--format", "{{.Store.GraphDriverName}}")
     if info.returncode != 0:
         pytest.skip(f"podman cannot run here: `podman info` failed: {info.stderr.strip()}")
     if podman("image", "exists", name).returncode != 0:
-        if os.environ.get("AIVEDIO_IMAGE"):
+        if status or os.environ.get("AIVEDIO_IMAGE"):
             pytest.fail(f"AIVEDIO_IMAGE={name} is not in podman's storage: run scripts/image")
         pytest.skip(f"image {name} is not built here: run scripts/image, then this test")
     return name
 
 
+# The first test to ask for the image may wait for the build (``built_image``).
+@pytest.mark.timeout(BUILD_WAIT_SECONDS + 120)
 def test_image_runs_as_uid_10001_with_its_labels(image: str) -> None:
     inspected = podman("image", "inspect", image)
     assert inspected.returncode == 0, inspected.stderr
@@ -318,7 +344,7 @@ def wait_for_playable(base: str, key: str, generation_task_id: str) -> tuple[str
     raise AssertionError(f"not PLAYABLE in {PLAYABLE_SECONDS} s: {seen}")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(BUILD_WAIT_SECONDS + 300)
 def test_api_and_worker_from_the_image_take_a_provider_output_to_playable(
     image: str, empty_database: str, tmp_path: Path, simulated_provider: dict[str, Any]
 ) -> None:
