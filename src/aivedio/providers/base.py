@@ -12,8 +12,8 @@ long they last); the rules that must hold for all of them live here once:
   passed, so the fetch stage ends in OUTPUT_LOST instead of retrying a dead URL.
 * A vendor that shut its API down (``shut_down_on``) takes no new registration: no watched
   task, no callback, no ingested output (``check_open``, a PolicyBlockedError naming the
-  date); a task still running then can never finish (``get_task`` answers FAILED without
-  asking), and a stored URL cannot be refreshed (OUTPUT_LOST).
+  date); a task still running then can never finish (the vendor's ``get_task`` answers
+  FAILED without asking), and a stored URL cannot be refreshed (OUTPUT_LOST).
 * Statuses are normalised to RUNNING, SUCCEEDED, FAILED, CANCELLED; a status a vendor adds
   later reads as RUNNING (keep polling) rather than as a failure.
 * A task id comes from a tenant (``POST /v1/generation-tasks``) or from an unsigned callback
@@ -136,7 +136,7 @@ class VendorAdapter:
     statuses: ClassVar[Mapping[str, str]] = {}
     # The day the vendor shut the API down (UTC): nothing new is registered from it on.
     shut_down_on: ClassVar[date | None] = None
-    display_name: ClassVar[str] = ""
+    display_name: ClassVar[str] = ""  # how errors name the vendor's API (default: ``kind``)
 
     @classmethod
     def shut_down(cls, now: datetime | None = None) -> bool:
@@ -145,10 +145,8 @@ class VendorAdapter:
 
     @classmethod
     def shut_down_detail(cls) -> str:
-        return (
-            f"the {cls.display_name or cls.kind} API was shut down on "
-            f"{cls.shut_down_on.isoformat() if cls.shut_down_on else '?'}"
-        )
+        """Which API went, and on which day (said only of a vendor with ``shut_down_on``)."""
+        return f"the {cls.display_name or cls.kind} API was shut down on {cls.shut_down_on}"
 
     @classmethod
     def check_open(cls, provider: str, now: datetime | None = None) -> None:

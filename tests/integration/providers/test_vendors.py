@@ -611,6 +611,46 @@ async def test_openrouter_deliveries_are_accepted_once_per_job_and_status(
         assert sim.requests["create"] == 0
 
 
+def openrouter_signed(secret: str, doc: object) -> tuple[dict[str, str], bytes]:
+    body = msgspec.json.encode(doc)
+    stamp = str(int(time.time()))
+    header = openrouter_webhooks.signature_header([secret.encode()], stamp, body)
+    return {openrouter_webhooks.HEADER: header, "Content-Type": "application/json"}, body
+
+
+async def test_a_signed_but_hostile_openrouter_body_is_refused_or_stopped_by_the_fetch_policy(
+    open_vendor: Opener,
+) -> None:
+    async with open_vendor("openrouter", poll_interval_seconds=60.0) as rig:
+        secret = rig.sim.webhook_secret  # type: ignore[attr-defined]
+        for data in (
+            {"id": "j1", "videos": [{"url": 5}]},  # wrong type
+            {"id": ["j1"], "videos": [{"url": "https://x.example/a.mp4"}]},
+            {"id": "j1", "videos": [{"url": "https://x.example/a\r\nb"}]},  # control chars
+            {"id": "j1\u0000", "videos": [{"url": "https://x.example/a.mp4"}]},  # NUL
+            {"id": "j1", "videos": [{"url": "https://x.example/a.mp4"}] * 257},
+        ):
+            headers, body = openrouter_signed(
+                secret, {"type": "video.generation.completed", "data": data}
+            )
+            await rig.callback(headers, body, 400)
+        assert await rig.pool.fetchval("SELECT count(*) FROM callback_receipts") == 0
+        # Well-formed, signed, naming the cloud metadata address: recorded (the account
+        # said so), then refused by the fetch's network policy, never requested.
+        metadata = "https://169.254.169.254/latest/meta-data/video.mp4"
+        headers, body = openrouter_signed(
+            secret,
+            {
+                "type": "video.generation.completed",
+                "data": {"id": "j2", "videos": [{"url": metadata}]},
+            },
+        )
+        assert (await rig.callback(headers, body, 202))["outcome"] == "recorded"
+        async with rig.worker():
+            await rig.wait_outputs(1, ("INVALID_RESPONSE",))
+        assert rig.sim.requests["download"] == 0
+
+
 async def test_luma_calls_back_on_every_state_and_retries_yet_the_generation_is_read_once_done(
     open_vendor: Opener,
 ) -> None:
