@@ -26,8 +26,9 @@ still reads it as a float); ``10.5`` stays a float and is refused where an int i
 Times: an instant from outside (an output's expiry, a task's creation or completion, a CLI
 flag) must lie within [now - 400 days, now + 400 days] (``instant``). The past bound is as
 wide as the future one on purpose: a provider answering about a task past its lifetime
-(Kling's ``created_at`` 31 days ago, OpenAI's ``expires_at`` of an expired video) is telling
-us the output is lost, which is a fact to record, not a malformed answer. A time the store
+(Kling's ``created_at`` 31 days ago, Replicate's ``completed_at`` of an hour-old
+prediction) is telling us the output is lost, which is a fact to record, not a malformed
+answer. A time the store
 keeps must lie within [1970-01-01, 2500-01-01), which the schema's CHECK constraints
 enforce too (``stored_instant``, for filters such as ``--since``).
 """

@@ -35,7 +35,7 @@ API_HOST = "api.vendor.test"
 CDN_HOST = "cdn.vendor.test"
 API_KEY = "sk-sim-0123456789abcdef-secret"
 VENDORS = sorted(SIMS)
-MULTI_OUTPUT = {"runway", "veo_gemini", "veo_vertex", "replicate", "fal", "kling"}
+MULTI_OUTPUT = {"runway", "veo_gemini", "veo_vertex", "replicate", "fal", "kling", "openrouter"}
 REGISTRY = default_registry()
 
 
@@ -58,6 +58,9 @@ def provider_config(vendor: str, sim: VendorSim, **overrides: Any) -> ProviderCo
     webhook_secret = getattr(sim, "webhook_secret", "")
     if webhook_secret:
         settings["webhook_secret"] = webhook_secret
+    dynamic_secret = getattr(sim, "dynamic_webhook_secret", "")
+    if dynamic_secret:  # Gemini: a per-request webhook's own secret
+        settings["extra_webhook_secrets"] = [dynamic_secret]
     settings.update(overrides)
     return ProviderConfig(**settings)
 

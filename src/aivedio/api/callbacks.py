@@ -329,10 +329,14 @@ def _paths() -> dict[str, Any]:
                 "summary": "A provider reports a task's outcome",
                 "description": (
                     "Generic providers sign with the X-Aivedio headers (required for them). "
-                    "Vendor adapters use their own scheme: Standard Webhooks (OpenAI, "
-                    "Replicate), fal's ED25519 headers, MiniMax's challenge echo, or none "
-                    "(Luma, Kling, MiniMax: a hint, confirmed by reading the task); those "
-                    "answer VendorCallbackAccepted. See docs/providers.md."
+                    "Vendor adapters use their own scheme: Standard Webhooks (Replicate, the "
+                    "Gemini API's static and per-request webhooks), OpenRouter's "
+                    "X-OpenRouter-Signature (t=<ts>,v1=<hex>; the body's <job_id>-<status> is "
+                    "accepted once), fal's ED25519 headers, MiniMax's challenge echo, or none "
+                    "(Luma, Kling, MiniMax, Seedance: a hint, confirmed by reading the task); "
+                    "those answer VendorCallbackAccepted. A provider whose vendor shut its API "
+                    "down (OpenAI video, 2026-09-24) answers 410 provider_shut_down. See "
+                    "docs/providers.md."
                 ),
                 "operationId": "postProviderCallback",
                 "tags": ["providers"],
@@ -348,6 +352,11 @@ def _paths() -> dict[str, Any]:
                             {"type": "object", "properties": {"challenge": {"type": "string"}}},
                             "MiniMax's challenge, echoed",
                         ),
+                        "410": {
+                            "description": "the provider's vendor shut its API down "
+                            "(provider_shut_down, naming the date): nothing is registered",
+                            "content": schema.json_content(schema.Error),
+                        },
                         "202": schema.ok_json(
                             {
                                 "oneOf": [

@@ -1,23 +1,32 @@
 """Vendor callbacks on ``POST /v1/providers/{provider}/callbacks``, by the adapter's scheme.
 
-* ``standard_webhooks`` (OpenAI, Replicate): ``webhook-id``/``-timestamp``/``-signature``
-  verified against ``webhook_secret`` (401 otherwise); the ``webhook-id`` is accepted once.
+* ``standard_webhooks`` (Replicate, Gemini API): ``webhook-id``/``-timestamp``/``-signature``
+  verified against ``webhook_secret`` and any ``extra_webhook_secrets`` (Gemini's
+  per-request webhooks, a secret being rotated in; 401 otherwise); the ``webhook-id`` is
+  accepted once.
+* ``openrouter_hmac`` (OpenRouter): ``X-OpenRouter-Signature: t=…,v1=…`` against the same
+  secrets; the body's ``<job_id>-<status>`` is the event id, accepted once.
 * ``fal_ed25519`` (fal, Pika): ED25519 over fal's message against the JWKS, from
   ``jwks`` or fetched from ``jwks_url`` through the guarded fetcher and cached for
   ``jwks_cache_seconds`` (fetched again once, at most every minute, when no key matches: a
   rotation); the request id is accepted once.
 * ``minimax_challenge``: a ``{"challenge": …}`` body is echoed at once (MiniMax wants it in
   3 s); any other body is unsigned.
-* ``unsigned`` (Luma, Kling, MiniMax): nothing to verify, so nothing in the body is trusted.
+* ``unsigned`` (Luma, Kling, MiniMax, Seedance): nothing to verify, so nothing in the body
+  is trusted.
 
-A verified body that carries its outputs (Replicate, fal) is recorded at once by
+A provider whose vendor shut its API down (OpenAI video, 2026-09-24) answers 410
+``provider_shut_down`` naming the date, before anything else is looked at.
+
+A verified body that carries its outputs (Replicate, fal, OpenRouter) is recorded at once by
 ``intake.record_task_outputs``, the function the poller uses, when the signature proves our
 account sent it (Replicate's ``whsec_`` secret is the account's) or the task is one we know:
 fal signs every fal customer's webhooks with the same JWKS, so anyone can have fal sign a
 body naming a request of their own, with outputs of their choosing, and post it here.
-Anything else (an unsigned body, OpenAI's, which names the video only, or a fal body for a
-task we never saw) is a hint: the task is watched and its poll made due now, and the poller
-reads the task from the provider with our key before anything is recorded.
+Anything else (an unsigned body, Gemini's ``video.generated``, which we confirm by reading
+the operation, or a fal body for a task we never saw) is a hint: the task is watched and
+its poll made due now, and the poller reads the task from the provider with our key before
+anything is recorded.
 Nothing is downloaded here; the answer takes milliseconds.
 """
 
@@ -42,7 +51,13 @@ from aivedio.errors import AivedioError, ConfigError, MalformedInputError, Polic
 from aivedio.logs import get_logger
 from aivedio.pipeline.intake import Received, receive, record_task_outputs
 from aivedio.pipeline.poller import can_poll, register_watch
-from aivedio.providers import VENDORS, fal_webhooks, standard_webhooks
+from aivedio.providers import (
+    VENDORS,
+    check_open,
+    fal_webhooks,
+    openrouter_webhooks,
+    standard_webhooks,
+)
 from aivedio.providers.base import CallbackHint
 from aivedio.providers.hmac_callbacks import CallbackRejected
 from aivedio.providers.seam import ProviderTask, check_reported
@@ -146,9 +161,14 @@ class _JwksCache:
 JWKS = _JwksCache()
 
 
+# ``verify``'s answer for a scheme whose body names the delivery (OpenRouter): verified, and
+# the event id is the adapter's ``CallbackHint.event_id``.
+EVENT_ID_IN_BODY = ""
+
+
 def configured(pc: ProviderConfig, scheme: str) -> bool:
-    if scheme == "standard_webhooks":
-        return bool(pc.webhook_secret)
+    if scheme in ("standard_webhooks", "openrouter_hmac"):
+        return bool(pc.webhook_secret or pc.extra_webhook_secrets)
     if scheme == "fal_ed25519":
         return bool(pc.jwks or pc.jwks_url)
     return scheme in ("unsigned", "minimax_challenge")
@@ -164,12 +184,19 @@ async def verify(
 ) -> str | None:
     """The event id to accept once (None for unsigned schemes); raises CallbackRejected."""
     tolerance = ctx.config.api.callback_skew_seconds
+    secrets = [s for s in (pc.webhook_secret, *pc.extra_webhook_secrets) if s]
     if scheme == "standard_webhooks":
         try:
-            key = standard_webhooks.secret_key(pc.webhook_secret)
+            hmac_keys = [standard_webhooks.secret_key(secret) for secret in secrets]
         except ConfigError as exc:
             raise ApiError(500, f"providers.{provider}.webhook_secret: {exc.detail}") from None
-        return standard_webhooks.verify(key, request.headers, body, tolerance_seconds=tolerance)
+        return standard_webhooks.verify(
+            hmac_keys, request.headers, body, tolerance_seconds=tolerance
+        )
+    if scheme == "openrouter_hmac":
+        raw_keys = [secret.encode() for secret in secrets]
+        openrouter_webhooks.verify(raw_keys, request.headers, body, tolerance_seconds=tolerance)
+        return EVENT_ID_IN_BODY
     if scheme == "fal_ed25519":
         keys = await JWKS.keys(ctx, provider, pc)
         try:
@@ -267,6 +294,10 @@ async def handle(
     reject: Any,
 ) -> web.Response:
     """The vendor half of the callback route; ``reject`` counts and logs a refusal."""
+    try:
+        check_open(provider, pc)
+    except PolicyBlockedError as exc:
+        raise reject(410, "provider_shut_down", exc.detail) from None
     if scheme == "minimax_challenge":
         challenge = challenge_of(body)
         if challenge is not None:
@@ -285,6 +316,10 @@ async def handle(
         raise reject(400, "malformed", f"callback body: {exc.detail}", exc.field) from None
     except AivedioError as exc:
         raise reject(400, "malformed", f"callback body: {exc.detail}") from None
+    if event_id == EVENT_ID_IN_BODY:
+        if not hint.event_id:
+            raise reject(400, "malformed", "callback body names no delivery")
+        event_id = hint.event_id
     async with acquired(ctx.pool) as conn, transaction(conn):
         # The receipt (when the body has an event id) and the task's tenant: one round trip.
         received = await receive(conn, ctx.config, provider, hint.task_id, event_id)

@@ -34,7 +34,13 @@ from aivedio.cli.common import (
     print_json,
 )
 from aivedio.config.load import Config, load_config, masked
-from aivedio.errors import AivedioError, ConfigError, DatabaseError, MalformedInputError
+from aivedio.errors import (
+    AivedioError,
+    ConfigError,
+    DatabaseError,
+    MalformedInputError,
+    PolicyBlockedError,
+)
 from aivedio.store import migrations, task_reads
 from aivedio.store.database import (
     acquired,
@@ -290,6 +296,13 @@ def cmd_ingest(config: Config, args: argparse.Namespace) -> int:
         raise ConfigError(f"{_flag_of(exc.field)}: {exc.detail}") from None
     provider_config = config.providers.get(args.provider)
     ttl = provider_config.default_url_ttl_seconds if provider_config else 3600.0
+    if provider_config is not None:
+        from aivedio.providers import check_open
+
+        try:
+            check_open(args.provider, provider_config)
+        except PolicyBlockedError as exc:
+            raise ConfigError(f"--provider: {exc.detail}") from None
 
     async def main() -> int:
         async with (

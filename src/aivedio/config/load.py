@@ -71,6 +71,7 @@ SECRET_KEYS = frozenset(
         "api_key",
         "secret_key",
         "webhook_secret",
+        "extra_webhook_secrets",
     }
 )
 

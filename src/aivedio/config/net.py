@@ -59,6 +59,9 @@ ADAPTER_KINDS = frozenset(
         "luma",
         "kling",
         "minimax",
+        "openrouter",
+        "seedance",
+        "wan",
     }
 )
 
@@ -84,12 +87,18 @@ class ProviderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     allowed_host_suffixes: list[str] | None = None
     allowed_ports: list[int] | None = None
     max_bytes: int | None = None
-    # Vendor adapters. api_key: OpenAI, Replicate, Runway, Luma, MiniMax bearer; Gemini API
-    # key; Vertex access token (also sent to download_base_url for GCS); fal "Key" auth.
+    # Vendor adapters. api_key: Replicate, Runway, Luma, MiniMax, OpenRouter, Seedance, Wan
+    # bearer (OpenAI's, for records made before its shutdown); Gemini API key; Vertex access
+    # token (also sent to download_base_url for GCS); fal "Key" auth.
     api_key: str = ""
     access_key: str = ""  # Kling: the JWT issuer
     secret_key: str = ""  # Kling: the JWT's HMAC key (secret)
-    webhook_secret: str = ""  # Standard Webhooks "whsec_..." (OpenAI, Replicate)
+    # Standard Webhooks "whsec_..." (Replicate, the Gemini API's project webhook) or
+    # OpenRouter's callback secret.
+    webhook_secret: str = ""
+    # Further secrets a delivery may be signed with (secret): the Gemini API's per-request
+    # (dynamic) webhooks, or a new secret while one is rotated.
+    extra_webhook_secrets: list[str] = msgspec.field(default_factory=list)
     jwks: str = ""  # fal: the JWKS document itself, or
     jwks_url: str = ""  # fal: where to fetch it (through the guarded fetcher), cached
     jwks_cache_seconds: float = 3600.0

@@ -157,8 +157,8 @@ class Transfer:
 
     def _headers(self, output: OutputRow, url: str) -> dict[str, str]:
         """The provider's download credential, when ``url`` is on the provider's own origin
-        (OpenAI's content endpoint, Gemini files, GCS); never logged, and the fetcher drops
-        it on any hop to another origin."""
+        (Gemini files, GCS); never logged, and the fetcher drops it on any hop to another
+        origin."""
         return self.adapter.download_headers(url) if self.adapter is not None else {}
 
 

@@ -28,6 +28,7 @@ from aivedio.config.load import Config
 from aivedio.crypto import UrlCipher
 from aivedio.errors import ConfigError, NotFoundError, PolicyBlockedError, TransientError
 from aivedio.pipeline import jobs
+from aivedio.providers import check_open
 from aivedio.providers.seam import (
     ProviderOutput,
     ProviderTask,
@@ -381,6 +382,8 @@ async def record_task_outputs(
     one way a verified callback and the poller record a provider's success. ``task_known``
     False: the caller found no row of the task (``task_known`` of ``receive``)."""
     pc = config.providers.get(provider)
+    if pc is not None:
+        check_open(provider, pc)  # a vendor whose API is gone sends nothing we may take
     check_reported(task.provider_task_id, task.outputs)
     recorded: list[Recorded] = []
     for output in task.outputs:

@@ -49,7 +49,7 @@ from aivedio.logs import get_logger
 from aivedio.pipeline import jobs
 from aivedio.pipeline.intake import record_task_outputs
 from aivedio.pipeline.jobs import JobContext, Registry
-from aivedio.providers import check_task_id
+from aivedio.providers import check_open, check_task_id
 from aivedio.providers.seam import ProviderAdapter, ProviderTask, check_reported
 from aivedio.states import Entity, allowed
 from aivedio.store import generation_tasks
@@ -101,13 +101,15 @@ async def register_watch(
     """Watch a task (idempotent); ``hurry`` makes a waiting poll due now (a callback hint).
 
     Raises NotFoundError for a provider we cannot poll, PolicyBlockedError whose detail
-    starts with its reason: ``invalid_task_id`` (not an id the provider issues),
+    starts with its reason: ``provider_shut_down`` (the vendor's API is gone),
+    ``invalid_task_id`` (not an id the provider issues),
     ``provider_of_another_tenant`` (``[providers.NAME] tenant`` names another tenant: that
     account's tasks and credentials are its own) or ``tenant_mismatch`` (a task another
     tenant registered)."""
     if not can_poll(config, provider):
         raise NotFoundError(f"provider {provider!r} is not configured with an API to poll")
     pc = config.providers[provider]
+    check_open(provider, pc)
     check_task_id(pc, provider_task_id)
     doing = "registering a watched task"
     async with transaction(conn):

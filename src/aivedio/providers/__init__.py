@@ -14,11 +14,14 @@ from aivedio.providers.kling import KlingAdapter
 from aivedio.providers.luma import LumaAdapter
 from aivedio.providers.minimax import MiniMaxAdapter
 from aivedio.providers.openai import OpenAIAdapter
+from aivedio.providers.openrouter import OpenRouterAdapter
 from aivedio.providers.replicate import ReplicateAdapter
 from aivedio.providers.runway import RunwayAdapter
 from aivedio.providers.seam import GenericAdapter, ProviderAdapter
+from aivedio.providers.seedance import SeedanceAdapter
 from aivedio.providers.veo_gemini import VeoGeminiAdapter
 from aivedio.providers.veo_vertex import VeoVertexAdapter
+from aivedio.providers.wan import WanAdapter
 
 VENDORS: dict[str, type[VendorAdapter]] = {
     cls.kind: cls
@@ -32,6 +35,9 @@ VENDORS: dict[str, type[VendorAdapter]] = {
         LumaAdapter,
         KlingAdapter,
         MiniMaxAdapter,
+        OpenRouterAdapter,
+        SeedanceAdapter,
+        WanAdapter,
     )
 }
 GENERIC_CALLBACK_SCHEME = "aivedio_hmac"
@@ -51,6 +57,14 @@ def check_task_id(config: ProviderConfig, task_id: str) -> None:
         path_segment(task_id)
     else:
         VENDORS[config.adapter].check_task_id(task_id)
+
+
+def check_open(name: str, config: ProviderConfig) -> None:
+    """PolicyBlockedError (``provider_shut_down``, naming the date) when the provider's
+    vendor shut its API down: the one check every registration path makes (a watched task,
+    a callback's task or outputs, an ingested output)."""
+    if config.adapter != "generic":
+        VENDORS[config.adapter].check_open(name)
 
 
 def callback_scheme(config: ProviderConfig) -> str:

@@ -10,6 +10,10 @@ long they last); the rules that must hold for all of them live here once:
 * A refresh re-reads the task; it never submits a generation. A vendor that never re-issues
   a URL (``refreshable = False``) answers OutputLostError once the documented lifetime has
   passed, so the fetch stage ends in OUTPUT_LOST instead of retrying a dead URL.
+* A vendor that shut its API down (``shut_down_on``) takes no new registration: no watched
+  task, no callback, no ingested output (``check_open``, a PolicyBlockedError naming the
+  date); a task still running then can never finish (the vendor's ``get_task`` answers
+  FAILED without asking), and a stored URL cannot be refreshed (OUTPUT_LOST).
 * Statuses are normalised to RUNNING, SUCCEEDED, FAILED, CANCELLED; a status a vendor adds
   later reads as RUNNING (keep polling) rather than as a failure.
 * A task id comes from a tenant (``POST /v1/generation-tasks``) or from an unsigned callback
@@ -22,7 +26,7 @@ long they last); the rules that must hold for all of them live here once:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any, ClassVar
 from urllib.parse import urlencode, urlsplit
 
@@ -36,6 +40,7 @@ from aivedio.errors import (
     InvalidResponseError,
     MalformedInputError,
     OutputLostError,
+    PolicyBlockedError,
 )
 from aivedio.net.fetch import Fetcher
 from aivedio.providers.seam import (
@@ -56,6 +61,9 @@ class CallbackHint(msgspec.Struct, frozen=True, kw_only=True):
     task_id: str
     status: str
     outputs: list[ProviderOutput] | None = None
+    # The delivery's id when the body names it (OpenRouter's ``<job_id>-<status>``) rather
+    # than a signature header.
+    event_id: str | None = None
 
 
 def origin(url: str) -> tuple[str, str, int]:
@@ -116,7 +124,8 @@ class VendorAdapter:
     # None: the vendor does not say; [providers.NAME] default_url_ttl_seconds applies.
     lifetime_seconds: ClassVar[float | None] = None
     refreshable: ClassVar[bool] = True
-    # "none", "standard_webhooks", "fal_ed25519", "unsigned", "minimax_challenge"
+    # "none", "standard_webhooks", "fal_ed25519", "openrouter_hmac", "unsigned",
+    # "minimax_challenge"
     callback_scheme: ClassVar[str] = "none"
     # True when a verified callback can only come from our own account (a secret of the
     # account's, as Standard Webhooks' whsec_): its body may be recorded for a task we never
@@ -125,6 +134,29 @@ class VendorAdapter:
     callback_signed_by_account: ClassVar[bool] = False
     required_secrets: ClassVar[tuple[str, ...]] = ("api_key",)
     statuses: ClassVar[Mapping[str, str]] = {}
+    # The day the vendor shut the API down (UTC): nothing new is registered from it on.
+    shut_down_on: ClassVar[date | None] = None
+    display_name: ClassVar[str] = ""  # how errors name the vendor's API (default: ``kind``)
+
+    @classmethod
+    def shut_down(cls, now: datetime | None = None) -> bool:
+        when = cls.shut_down_on
+        return when is not None and (now or datetime.now(UTC)).date() >= when
+
+    @classmethod
+    def shut_down_detail(cls) -> str:
+        """Which API went, and on which day (said only of a vendor with ``shut_down_on``)."""
+        return f"the {cls.display_name or cls.kind} API was shut down on {cls.shut_down_on}"
+
+    @classmethod
+    def check_open(cls, provider: str, now: datetime | None = None) -> None:
+        """PolicyBlockedError (``provider_shut_down``) once the vendor's API is gone: no new
+        task or output may be registered for it."""
+        if cls.shut_down(now):
+            raise PolicyBlockedError(
+                f"provider_shut_down: {cls.shut_down_detail()}; provider {provider!r} "
+                f"(adapter {cls.kind!r}) takes no new tasks or outputs"
+            )
 
     def __init__(self, name: str, config: ProviderConfig, fetcher: Fetcher) -> None:
         for key in self.required_secrets:
@@ -201,6 +233,8 @@ class VendorAdapter:
         self, task_id: str, output_index: int, *, expires_at: datetime | None = None
     ) -> RefreshedUrl:
         now = datetime.now(UTC)
+        if self.shut_down(now):
+            raise OutputLostError(f"provider {self.name}: {self.shut_down_detail()}")
         if not self.refreshable and expires_at is not None and expires_at <= now:
             raise OutputLostError(
                 f"provider {self.name} ({self.kind}) does not re-issue output URLs and the "

@@ -1,7 +1,10 @@
 """Luma Dream Machine: poll ``GET /dream-machine/v1/generations/{id}``, or a ``callback_url``.
 
-Callbacks carry no signature, so one is a hint: the generation is read from Luma before
-anything is recorded. The output is ``assets.video``; its lifetime and whether a new URL is
+Luma POSTs the generation to the ``callback_url`` on every state change, retried 3 times
+100 ms apart with a 5 s timeout, unsigned. So a callback is a hint whatever it says: its
+``assets.video`` is never taken, the generation is read from Luma with our key before
+anything is recorded, and a callback for an intermediate state (queued, dreaming) only
+makes that read due. The output is ``assets.video``; its lifetime and whether a new URL is
 issued later are not documented: [providers.NAME] default_url_ttl_seconds applies, and a
 refresh reads the generation again. Cadence: not documented; we assume 3 s.
 """

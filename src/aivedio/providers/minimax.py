@@ -2,8 +2,9 @@
 
 The output takes two steps: the task names a ``file_id``, and ``GET /v1/files/retrieve
 ?file_id=`` (with the bearer key, to the API origin only) answers ``file.download_url`` and
-``file.bytes``. The download URL's lifetime is not documented: [providers.NAME]
-default_url_ttl_seconds applies, and a refresh calls retrieve again for a new one.
+``file.bytes``. The download URL lives about 9 hours (32,400 s: a third-party source, not
+MiniMax's documentation), counted from our retrieve call; a refresh calls retrieve again
+for a new one.
 
 Callbacks: MiniMax first posts ``{"challenge": …}`` and wants it echoed within 3 s; later
 posts carry no signature, so they are hints confirmed by reading the task. Cadence: the
@@ -26,6 +27,7 @@ class MiniMaxAdapter(VendorAdapter):
     default_poll_interval_seconds = 10.0
     default_poll_jitter_seconds = 2.0
     callback_scheme = "minimax_challenge"
+    lifetime_seconds = 9 * 3600.0
     statuses: ClassVar[dict[str, str]] = {
         "Preparing": "RUNNING",
         "Queueing": "RUNNING",

@@ -1,4 +1,13 @@
-"""OpenAI video (``/v1/videos``): poll ``GET /v1/videos/{id}`` or take project webhooks.
+"""OpenAI video (``/v1/videos``): shut down on 2026-09-24; kept for the records it made.
+
+OpenAI deprecated the Videos API and its sora-2 models on 2026-03-24 and shut them down on
+2026-09-24, naming no replacement. From that day the adapter registers nothing new (a
+watched task, a webhook's task, an ingested output: ``check_open`` refuses them with
+``provider_shut_down``), a task still running can never finish (``get_task`` answers FAILED
+without asking), and a stored content URL cannot be refreshed (OUTPUT_LOST). What follows
+describes the API as it was, for outputs recorded before the shutdown.
+
+Poll ``GET /v1/videos/{id}`` or take project webhooks.
 
 There is no output URL: the bytes come from ``GET /v1/videos/{id}/content?variant=video``
 with the account's bearer key, until the video's ``expires_at``; the content endpoint can be
@@ -11,6 +20,7 @@ The polling cadence is not documented: we assume 10 s.
 
 from __future__ import annotations
 
+from datetime import date
 from typing import ClassVar
 
 from aivedio.config.load import ProviderConfig
@@ -35,6 +45,8 @@ class OpenAIAdapter(VendorAdapter):
     default_poll_interval_seconds = 10.0
     default_poll_jitter_seconds = 2.0
     refreshable = True
+    shut_down_on = date(2026, 9, 24)
+    display_name = "OpenAI Videos"
     callback_scheme = "standard_webhooks"
     callback_signed_by_account = True
     statuses: ClassVar[dict[str, str]] = {
@@ -48,6 +60,9 @@ class OpenAIAdapter(VendorAdapter):
         return self.api_url(f"/v1/videos/{path_segment(video_id)}/content", variant="video")
 
     async def get_task(self, task_id: str) -> ProviderTask:
+        if self.shut_down():
+            # Nothing to ask: a generation unfinished at the shutdown never finishes.
+            return ProviderTask(provider_task_id=task_id, status="FAILED")
         doc = await self.call("GET", self.api_url(f"/v1/videos/{path_segment(task_id)}"))
         video_id = text(doc, "id")
         status = self.status(doc.get("status"))

@@ -1,4 +1,4 @@
-"""Standard Webhooks verification (OpenAI video and Replicate callbacks; PROVIDERS.md).
+"""Standard Webhooks verification (Replicate, Gemini API webhooks, our own senders).
 
 Headers ``webhook-id``, ``webhook-timestamp`` (Unix seconds) and ``webhook-signature``
 (space-separated ``v1,<base64>`` entries; any one matching accepts, which is how a sender
@@ -21,13 +21,14 @@ import hashlib
 import hmac
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from aivedio.errors import ConfigError
 from aivedio.providers.hmac_callbacks import DEFAULT_SKEW_SECONDS, CallbackRejected, unix_seconds
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - the scheme's prefix, not a secret
 MAX_ID_CHARS = 256
+MAX_SIGNATURES = 16  # a rotation lists two or three; a long list is only work for us
 
 
 def secret_key(secret: str) -> bytes:
@@ -58,7 +59,7 @@ def sign(key: bytes, webhook_id: str, timestamp: str, body: bytes) -> str:
 
 
 def verify(
-    key: bytes,
+    key: bytes | Sequence[bytes],
     headers: Mapping[str, str],
     body: bytes,
     *,
@@ -67,7 +68,9 @@ def verify(
 ) -> str:
     """Check one delivery; return its ``webhook-id`` (the event id to accept once).
 
-    ``headers`` should be case-insensitive (aiohttp's are); raises ``CallbackRejected``."""
+    ``key``: one key, or several that may each have signed (a receiver configured with more
+    than one secret: Gemini's project webhook and its per-request ones). ``headers`` should
+    be case-insensitive (aiohttp's are); raises ``CallbackRejected``."""
     webhook_id = headers.get("webhook-id", "")
     timestamp = headers.get("webhook-timestamp", "")
     signatures = headers.get("webhook-signature", "")
@@ -81,9 +84,13 @@ def verify(
     current = time.time() if now is None else now
     if not math.isfinite(current) or abs(current - sent_at) > tolerance_seconds:
         raise CallbackRejected(f"webhook-timestamp outside the ±{tolerance_seconds:g}s window")
-    expected = sign(key, webhook_id, timestamp, body).encode()
-    for entry in signatures.split():
+    keys = [key] if isinstance(key, bytes) else list(key)
+    expected = [sign(k, webhook_id, timestamp, body).encode() for k in keys]
+    for entry in signatures.split()[:MAX_SIGNATURES]:
         version, _, _value = entry.partition(",")
-        if version == "v1" and hmac.compare_digest(expected, entry.encode()):
+        if version != "v1":
+            continue
+        # Every comparison made, whichever matches: the time taken says nothing about which.
+        if sum(hmac.compare_digest(e, entry.encode()) for e in expected):
             return webhook_id
     raise CallbackRejected("webhook-signature does not match")

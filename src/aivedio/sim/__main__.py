@@ -6,10 +6,10 @@ one JSON line once it serves: ``port``, ``base_url``, ``ca_file`` and each outpu
 
     python -m aivedio.sim --ca-dir DIR --file task-1:0:clip.mp4 --generate bench:0:1073741824
 
-``--vendor NAME`` speaks one vendor's API instead (``aivedio.sim.vendors``: runway, openai,
-veo_gemini, veo_vertex, replicate, fal, luma, kling, minimax), with the given outputs as
-finished tasks and ``--api-key`` as the credential it expects; point a ``[providers.NAME]``
-section with that adapter at ``base_url``.
+``--vendor NAME`` speaks one vendor's API instead (``aivedio.sim.vendors``: runway,
+veo_gemini, veo_vertex, replicate, fal, luma, kling, minimax, openrouter, seedance, wan),
+with the given outputs as finished tasks and ``--api-key`` as the credential it expects;
+point a ``[providers.NAME]`` section with that adapter at ``base_url``.
 """
 
 from __future__ import annotations

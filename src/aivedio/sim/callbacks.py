@@ -2,7 +2,7 @@
 
 ``standard`` is Standard Webhooks (``webhook-id``, ``webhook-timestamp``,
 ``webhook-signature: v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}.{body}")>``), the format
-vendors such as OpenAI and Replicate use and the one we send; the key is the secret's
+vendors such as Replicate and the Gemini API use and the one we send; the key is the secret's
 base64 part when it is a ``whsec_`` secret, else its UTF-8 bytes (so one
 ``callback_secret`` serves both schemes). ``legacy`` is the earlier
 ``X-Aivedio-Timestamp`` + ``X-Aivedio-Signature: sha256=<hex HMAC-SHA256(secret,

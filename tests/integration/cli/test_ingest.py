@@ -12,6 +12,7 @@ import sys
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -183,4 +184,19 @@ async def test_an_out_of_range_output_field_is_bad_usage_naming_its_flag(
     run = await ingest(database, *flags)
     assert (run.code, run.stdout) == (2, ""), run.stderr
     assert named in run.stderr and "Traceback" not in run.stderr
+    assert await pool.fetchval("SELECT count(*) FROM provider_outputs") == 0
+
+
+async def test_an_output_of_a_provider_whose_api_was_shut_down_is_refused(
+    database: str, pool: Pool, tmp_path: Path
+) -> None:
+    # The provider "sim" is configured with the openai adapter: its Videos API shut down on
+    # 2026-09-24, so it has no new outputs to take.
+    assert (await aivedio(database, "tenants", "create", "acme")).code == 0
+    config = tmp_path / "aivedio.toml"
+    config.write_text('[providers.sim]\nadapter = "openai"\napi_key = "k"\n', encoding="utf-8")
+    run = await ingest(database, "--config", str(config))
+    assert run.code == 2, run.stderr
+    assert run.stdout == ""
+    assert "provider_shut_down" in run.stderr and "2026-09-24" in run.stderr
     assert await pool.fetchval("SELECT count(*) FROM provider_outputs") == 0

@@ -26,10 +26,13 @@ from structlog.testing import capture_logs
 
 from aivedio.api import vendor_callbacks
 from aivedio.config.load import Config
+from aivedio.pipeline.jobs import FETCH
 from aivedio.pipeline.poller import RateLimiter
 from aivedio.pipeline.services import url_cipher
+from aivedio.providers import openrouter_webhooks
 from aivedio.sim.provider import Faults
 from aivedio.sim.tls import make_test_ca
+from aivedio.sim.vendors.base import standard_webhooks_headers
 from aivedio.store.database import Pool
 from aivedio.store.objects.opening import open_object_store
 from tests.support.dns_server import dns_server
@@ -42,7 +45,6 @@ Opener = Callable[..., AbstractAsyncContextManager[VendorRig]]
 # After the documented lifetime: refreshed (a new URL, or the same one still served) or lost.
 AFTER_LIFETIME = {
     "runway": "STORED",  # the task read signs fresh URLs
-    "openai": "OUTPUT_LOST",  # content only until expires_at
     "veo_gemini": "OUTPUT_LOST",  # files deleted after two days, never re-issued
     "veo_vertex": "STORED",  # the caller's bucket keeps it
     "replicate": "OUTPUT_LOST",  # removed an hour after completion
@@ -50,8 +52,12 @@ AFTER_LIFETIME = {
     "luma": "STORED",  # the generation read gives the URL again
     "kling": "OUTPUT_LOST",  # cleared after 30 days
     "minimax": "STORED",  # retrieve again
+    "openrouter": "STORED",  # the job read gives the URLs again
+    "seedance": "OUTPUT_LOST",  # cleared 24 h after the task
+    "wan": "OUTPUT_LOST",  # the task (and its URL) valid 24 h, then UNKNOWN
 }
 LIFETIME_PASSED_SECONDS = 31 * 86400
+FETCH_KIND = FETCH.name
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +234,7 @@ async def test_a_refused_file_that_is_never_reissued_keeps_its_first_expiry_and_
         assert sim.requests["create"] == 0
 
 
-SIGNED = ["openai", "replicate", "fal"]
+SIGNED = ["veo_gemini", "replicate", "fal", "openrouter"]
 
 
 @pytest.mark.parametrize("vendor", SIGNED)
@@ -243,6 +249,10 @@ async def test_signed_callbacks_forged_stale_or_replayed_are_refused(
         forged = dict(headers)
         if vendor == "fal":
             forged, body_forged = sim.forged_callback("t1")  # type: ignore[attr-defined]
+        elif vendor == "openrouter":
+            stamp = str(int(time.time()))
+            forged[openrouter_webhooks.HEADER] = f"t={stamp},v1={'a' * 64}"
+            body_forged = body
         else:
             forged["webhook-signature"] = "v1," + "A" * 43 + "="
             body_forged = body
@@ -258,9 +268,10 @@ async def test_signed_callbacks_forged_stale_or_replayed_are_refused(
         assert receipts == 1
         if vendor == "fal":
             assert sim.requests["jwks"] == 1  # fetched through the guarded fetcher, cached
-        if vendor in ("openai", "fal"):
-            # OpenAI's webhook names the video only; fal's key signs any fal customer's
-            # webhooks, and this request is not one we know: the task is read first.
+        if vendor in ("veo_gemini", "fal"):
+            # Gemini's event names the operation (its samples are read from it); fal's key
+            # signs any fal customer's webhooks, and this request is not one we know: the
+            # task is read first.
             assert first["outcome"] == "task_read"
             assert await rig.outputs() == []
             async with rig.worker():
@@ -354,7 +365,7 @@ async def test_fal_keys_are_fetched_once_for_a_burst_and_again_after_a_rotation(
         assert sim.requests["jwks"] == 2
 
 
-UNSIGNED = ["luma", "kling", "minimax"]
+UNSIGNED = ["luma", "kling", "minimax", "seedance"]
 
 
 def forged_success(vendor: str, body: bytes) -> bytes:
@@ -365,6 +376,8 @@ def forged_success(vendor: str, body: bytes) -> bytes:
         doc.update(state="completed", assets={"video": evil})
     elif vendor == "kling":
         doc.update(task_status="succeed", task_result={"videos": [{"id": "x", "url": evil}]})
+    elif vendor == "seedance":
+        doc.update(status="succeeded", content={"video_url": evil})
     else:
         doc.update(status="success", file_id="file-evil", download_url=evil)
     return msgspec.json.encode(doc)
@@ -509,3 +522,174 @@ async def test_a_poll_that_crashes_is_recorded_with_its_class_and_stops_no_other
             for r in await rig.pool.fetch("SELECT provider_task_id, status FROM task_watches")
         }
         assert watches == {"good": "SUCCEEDED", "bad": "WATCHING"}
+
+
+async def test_gemini_webhooks_replace_polling_and_their_uri_is_never_what_we_fetch(
+    open_vendor: Opener,
+) -> None:
+    # The adapter's own cadence with webhooks configured: a slow backstop, so only the
+    # webhook can make the operation be read again soon.
+    async with open_vendor(
+        "veo_gemini", poll_interval_seconds=None, poll_jitter_seconds=None
+    ) as rig:
+        sim = rig.sim
+        sent = bodies("veo_gemini", "t1")
+        sim.add_task("t1", sent)
+        operation = rig.task_id("t1")
+        async with rig.worker():
+            await rig.watch(operation)
+            with anyio.fail_after(10):
+                while sim.requests["task"] < 1:  # the first read: still running
+                    await anyio.sleep(0.02)
+            await anyio.sleep(0.3)
+            assert sim.requests["task"] == 1 and await rig.outputs() == []
+            sim.complete("t1")
+            # A per-request (dynamic) webhook, signed by its own secret, whose URI points
+            # elsewhere: verified, yet only the operation's name is taken from it.
+            body = msgspec.json.encode(
+                {
+                    "id": "evt_dyn",
+                    "type": "video.generated",
+                    "data": {"name": operation, "output_file_uri": "https://evil.example/x.mp4"},
+                }
+            )
+            headers = standard_webhooks_headers(sim.dynamic_webhook_secret, body, None)  # type: ignore[attr-defined]
+            answer = await rig.callback(headers, body, 202)
+            assert answer["outcome"] == "task_read"
+            rows = await rig.wait_outputs(len(sent))
+            # The same delivery again (Google retries with the same webhook-id): refused.
+            await rig.callback(headers, body, 409)
+        assert sim.requests["task"] == 2  # the first read and the one the webhook asked for
+        cipher = url_cipher(rig.config)
+        for row in rows:
+            url = cipher.decrypt(
+                row["source_url_ciphertext"], row["source_url_key_id"], bound_to=str(row["id"])
+            )
+            assert urlsplit(url).hostname == API_HOST
+        assert sim.requests["create"] == 0
+
+
+async def test_openrouter_deliveries_are_accepted_once_per_job_and_status(
+    open_vendor: Opener,
+) -> None:
+    async with open_vendor(
+        "openrouter", extra_webhook_secrets=["rotated-in-secret"], poll_interval_seconds=60.0
+    ) as rig:
+        sim = rig.sim
+        sim.add_task("t1", bodies("openrouter", "t1"), done=True)
+        headers, body = sim.callback("t1")  # type: ignore[attr-defined]
+        first = await rig.callback(headers, body, 202)
+        assert (first["event_id"], first["outcome"], first["outputs"]) == (
+            "t1-completed",
+            "recorded",
+            2,
+        )
+        # OpenRouter's retry of the same event, signed afresh: the key is the same, so
+        # nothing is recorded twice.
+        retry_headers, retry_body = sim.callback("t1", timestamp=int(time.time()) - 5)  # type: ignore[attr-defined]
+        assert retry_headers != headers
+        await rig.callback(retry_headers, retry_body, 409)
+        # A later event of the job is another delivery: a hint, nothing recorded from it.
+        expired_headers, expired_body = sim.callback("t1", status="expired")  # type: ignore[attr-defined]
+        later = await rig.callback(expired_headers, expired_body, 202)
+        assert (later["event_id"], later["outcome"]) == ("t1-expired", "task_read")
+        assert len(await rig.outputs()) == 2
+        receipts = await rig.pool.fetch("SELECT event_id FROM callback_receipts ORDER BY 1")
+        assert [r["event_id"] for r in receipts] == ["t1-completed", "t1-expired"]
+        # A secret being rotated in (configured as an extra secret): a delivery signed with
+        # it alone passes; one signed with a secret we were never given does not.
+        sim.add_task("t2", bodies("openrouter", "t2"), done=True)
+        sim.webhook_secret = "a-secret-we-never-had"  # type: ignore[attr-defined]
+        headers, body = sim.callback("t2")  # type: ignore[attr-defined]
+        await rig.callback(headers, body, 401)
+        sim.webhook_secret = ""  # type: ignore[attr-defined]
+        sim.next_webhook_secret = "rotated-in-secret"  # type: ignore[attr-defined]
+        headers, body = sim.callback("t2")  # type: ignore[attr-defined]
+        assert (await rig.callback(headers, body, 202))["outcome"] == "recorded"
+        async with rig.worker():
+            await rig.wait_outputs(4)
+        assert sim.requests["create"] == 0
+
+
+def openrouter_signed(secret: str, doc: object) -> tuple[dict[str, str], bytes]:
+    body = msgspec.json.encode(doc)
+    stamp = str(int(time.time()))
+    header = openrouter_webhooks.signature_header([secret.encode()], stamp, body)
+    return {openrouter_webhooks.HEADER: header, "Content-Type": "application/json"}, body
+
+
+async def test_a_signed_but_hostile_openrouter_body_is_refused_or_stopped_by_the_fetch_policy(
+    open_vendor: Opener,
+) -> None:
+    async with open_vendor("openrouter", poll_interval_seconds=60.0) as rig:
+        secret = rig.sim.webhook_secret  # type: ignore[attr-defined]
+        for data in (
+            {"id": "j1", "videos": [{"url": 5}]},  # wrong type
+            {"id": ["j1"], "videos": [{"url": "https://x.example/a.mp4"}]},
+            {"id": "j1", "videos": [{"url": "https://x.example/a\r\nb"}]},  # control chars
+            {"id": "j1\u0000", "videos": [{"url": "https://x.example/a.mp4"}]},  # NUL
+            {"id": "j1", "videos": [{"url": "https://x.example/a.mp4"}] * 257},
+        ):
+            headers, body = openrouter_signed(
+                secret, {"type": "video.generation.completed", "data": data}
+            )
+            await rig.callback(headers, body, 400)
+        assert await rig.pool.fetchval("SELECT count(*) FROM callback_receipts") == 0
+        # Well-formed, signed, naming the cloud metadata address: recorded (the account
+        # said so), then refused by the fetch's network policy, never requested.
+        metadata = "https://169.254.169.254/latest/meta-data/video.mp4"
+        headers, body = openrouter_signed(
+            secret,
+            {
+                "type": "video.generation.completed",
+                "data": {"id": "j2", "videos": [{"url": metadata}]},
+            },
+        )
+        assert (await rig.callback(headers, body, 202))["outcome"] == "recorded"
+        async with rig.worker():
+            await rig.wait_outputs(1, ("INVALID_RESPONSE",))
+        assert rig.sim.requests["download"] == 0
+
+
+async def test_luma_calls_back_on_every_state_and_retries_yet_the_generation_is_read_once_done(
+    open_vendor: Opener,
+) -> None:
+    async with open_vendor("luma", poll_interval_seconds=60.0) as rig:
+        sim = rig.sim
+        sim.add_task("t1", bodies("luma", "t1"))
+        async with rig.worker():
+            for _ in range(3):  # "dreaming", delivered three times (Luma retries 3 times)
+                headers, body = sim.callback("t1")  # type: ignore[attr-defined]
+                assert (await rig.callback(headers, body, 202))["outcome"] == "task_read"
+            sim.complete("t1")
+            for _ in range(3):  # "completed", three times
+                headers, body = sim.callback("t1")  # type: ignore[attr-defined]
+                await rig.callback(headers, body, 202)
+            rows = await rig.wait_outputs(1)
+        assert len(rows) == 1
+        assert await rig.pool.fetchval("SELECT count(*) FROM generation_tasks") == 1
+        fetches = await rig.pool.fetchval(
+            "SELECT count(*) FROM (SELECT kind FROM jobs UNION ALL SELECT kind FROM job_history)"
+            " j WHERE kind = $1",
+            FETCH_KIND,
+        )
+        assert fetches == 1
+        assert sim.requests["create"] == 0
+
+
+async def test_the_openai_videos_api_is_shut_down_so_nothing_new_is_registered_for_it(
+    open_vendor: Opener,
+) -> None:
+    # A provider section still configured with the openai adapter (its Standard Webhooks
+    # secret too): the replicate simulator stands in for an API that no longer answers.
+    async with open_vendor("replicate", adapter="openai") as rig:
+        refused = (await rig.watch("video_123", expect=422))["error"]
+        assert refused["code"] == "provider_shut_down"
+        assert "OpenAI Videos API was shut down on 2026-09-24" in refused["detail"]
+        rig.sim.add_task("t1", bodies("replicate", "t1"), done=True)
+        headers, signed = rig.sim.callback("t1")  # type: ignore[attr-defined]
+        answer = (await rig.callback(headers, signed, 410))["error"]
+        assert answer["code"] == "provider_shut_down" and "2026-09-24" in answer["detail"]
+        assert await rig.pool.fetchval("SELECT count(*) FROM generation_tasks") == 0
+        assert await rig.pool.fetchval("SELECT count(*) FROM callback_receipts") == 0
+        assert rig.sim.requests["task"] == 0

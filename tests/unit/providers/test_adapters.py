@@ -45,13 +45,16 @@ def test_every_vendor_has_an_adapter_and_a_callback_scheme() -> None:
     assert schemes == {
         "runway": "none",
         "openai": "standard_webhooks",
-        "veo_gemini": "none",
+        "veo_gemini": "standard_webhooks",
         "veo_vertex": "none",
         "replicate": "standard_webhooks",
         "fal": "fal_ed25519",
         "luma": "unsigned",
         "kling": "unsigned",
         "minimax": "minimax_challenge",
+        "openrouter": "openrouter_hmac",
+        "seedance": "unsigned",
+        "wan": "none",
     }
     assert callback_scheme(ProviderConfig(callback_secret="x")) == "aivedio_hmac"
     assert callback_scheme(ProviderConfig()) == "none"
@@ -76,7 +79,17 @@ def test_download_credentials_go_to_the_vendors_own_origin_only() -> None:
     files = "https://generativelanguage.googleapis.com/v1beta/files/a:download?alt=media"
     assert gemini.download_headers(files) == {"x-goog-api-key": "k"}  # type: ignore[attr-defined]
     assert gemini.download_headers("https://evil.example/x") == {}  # type: ignore[attr-defined]
-    for signed in ("runway", "replicate", "fal", "luma", "kling", "minimax"):
+    for signed in (
+        "runway",
+        "replicate",
+        "fal",
+        "luma",
+        "kling",
+        "minimax",
+        "openrouter",
+        "seedance",
+        "wan",
+    ):
         assert adapter(signed).download_headers("https://x.example/a") == {}  # type: ignore[attr-defined]
 
 
@@ -161,10 +174,12 @@ def test_unsigned_callbacks_never_carry_outputs() -> None:
     luma = b'{"id": "g1", "state": "completed", "assets": {"video": "https://x/y"}}'
     kling = b'{"task_id": "k1", "task_status": "succeed", "task_result": {"videos": []}}'
     minimax = b'{"task_id": "m1", "status": "success", "file_id": "f"}'
+    seedance = b'{"id": "s1", "status": "succeeded", "content": {"video_url": "https://x/y"}}'
     for cls, body in (
         (VENDORS["luma"], luma),
         (KlingAdapter, kling),
         (MiniMaxAdapter, minimax),
+        (VENDORS["seedance"], seedance),
     ):
         hint = cls.parse_callback(body, ProviderConfig())
         assert hint.status == "SUCCEEDED" and hint.outputs is None

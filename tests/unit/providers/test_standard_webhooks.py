@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from multidict import CIMultiDict
 
@@ -81,3 +82,31 @@ def test_a_signed_timestamp_that_is_not_whole_ascii_seconds_is_refused(timestamp
     signed = headers(sign(KEY, MSG_ID, timestamp, BODY), **{"Webhook-Timestamp": timestamp})
     with pytest.raises(CallbackRejected, match="whole Unix seconds"):
         verify(KEY, signed, BODY, now=float(TIMESTAMP))
+
+
+def test_a_receiver_with_several_secrets_accepts_a_delivery_signed_by_any_of_them() -> None:
+    # Gemini: the project's static webhook and a request's dynamic one, each its own secret.
+    other = secret_key("whsec_" + "c2Vjb25kLXNlY3JldC1vZi10aGUtcHJvamVjdA==")
+    assert verify([other, KEY], headers(), BODY, now=float(TIMESTAMP)) == MSG_ID
+    with pytest.raises(CallbackRejected, match="does not match"):
+        verify([other], headers(), BODY, now=float(TIMESTAMP))
+
+
+def test_our_signatures_agree_with_the_reference_library_both_ways() -> None:
+    """The ``standardwebhooks`` package (the specification's own library) signs what we
+    verify and verifies what we sign."""
+    from datetime import UTC, datetime
+
+    from standardwebhooks.webhooks import Webhook
+
+    secret = "whsec_" + "Z2VtaW5pLXByb2plY3Qtd2ViaG9vay1zZWNyZXQ="
+    body = b'{"type": "video.generated", "data": {"output_file_uri": "https://x/f"}}'
+    stamp = int(datetime.now(UTC).timestamp())
+    theirs = Webhook(secret).sign("msg_1", datetime.fromtimestamp(stamp, UTC), body)
+    got = CIMultiDict(
+        {"webhook-id": "msg_1", "webhook-timestamp": str(stamp), "webhook-signature": theirs}
+    )
+    assert verify(secret_key(secret), got, body) == "msg_1"
+    ours = sign(secret_key(secret), "msg_2", str(stamp), body)
+    sent = {"webhook-id": "msg_2", "webhook-timestamp": str(stamp), "webhook-signature": ours}
+    assert Webhook(secret).verify(body, sent) == msgspec.json.decode(body)

@@ -18,12 +18,14 @@ and JSON shapes of its task API, and builds its callbacks (signed or not). What 
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from aivedio.providers import standard_webhooks
 from aivedio.sim.provider import Faults, SimulatedProvider, _error
 
 
@@ -156,7 +158,7 @@ class VendorSim(SimulatedProvider):
         self, request: web.Request, task_id: str, index: int
     ) -> web.StreamResponse:
         """An output's bytes, through its faults, for vendors that serve them from an API
-        route (OpenAI's content endpoint, Gemini files, GCS) rather than a signed URL."""
+        route (Gemini files, GCS) rather than a signed URL."""
         self.requests["download"] += 1
         output = self._tasks.get(task_id, {}).get(index)
         if output is None:
@@ -177,3 +179,16 @@ class VendorSim(SimulatedProvider):
         if output.attempts <= faults.throttle_requests:
             return _error(429, "throttled", {"Retry-After": f"{faults.retry_after_seconds:g}"})
         return await self._send_body(request, output)
+
+
+def standard_webhooks_headers(secret: str, body: bytes, timestamp: int | None) -> dict[str, str]:
+    """A Standard Webhooks delivery's headers under a ``whsec_`` secret (Replicate, Gemini)."""
+    webhook_id = f"msg_{secrets.token_hex(8)}"
+    stamp = str(int(time.time()) if timestamp is None else timestamp)
+    key = standard_webhooks.secret_key(secret)
+    return {
+        "webhook-id": webhook_id,
+        "webhook-timestamp": stamp,
+        "webhook-signature": standard_webhooks.sign(key, webhook_id, stamp, body),
+        "Content-Type": "application/json",
+    }

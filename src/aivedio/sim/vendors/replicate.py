@@ -7,8 +7,7 @@ import msgspec
 from aiohttp import web
 
 from aivedio.sim.provider import _iso_utc
-from aivedio.sim.vendors.base import SimTask, VendorSim
-from aivedio.sim.vendors.openai import standard_webhooks_headers
+from aivedio.sim.vendors.base import SimTask, VendorSim, standard_webhooks_headers
 
 STATUS = {"running": "processing", "succeeded": "succeeded", "failed": "failed"}
 
