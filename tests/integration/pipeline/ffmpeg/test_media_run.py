@@ -172,11 +172,7 @@ def audio_streams(info: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in info["streams"] if s["codec_type"] == "audio"]
 
 
-def stream_md5(path: Path, stream: str) -> str:
-    argv = [mf.FFMPEG, "-nostdin", "-v", "error", "-i", str(path), "-map", stream]
-    proc = subprocess.run([*argv, "-c", "copy", "-f", "md5", "-"], capture_output=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.decode().strip()
+stream_md5 = mf.stream_md5
 
 
 def video_packet_flags(path: Path) -> list[str]:
