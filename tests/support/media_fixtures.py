@@ -440,15 +440,15 @@ def anamorphic_mp4(directory: Path, *, sar: str = "4/3") -> Path:
 
 
 def vfr_with_audio(directory: Path) -> Path:
-    """``vfr_mp4``'s variable-rate video (frames dropped: 30 fps, then 53 ms apart) with a
-    2 s AAC sine beside it, both from 0: the audio must stay in sync once the video is
-    made constant-rate."""
+    """2 s of 30 fps video with frames dropped (every other one in the second half, and
+    none at all from 0.7 to 0.9 s: ``-fps_mode vfr`` keeps the gaps) beside a 2 s AAC sine,
+    both from 0: the audio must stay in sync once the video is made constant-rate."""
     out = _fresh(directory, "vfr_audio.mp4")
     run_ffmpeg(
         *("-f", "lavfi", "-i", "testsrc2=s=320x240:r=30:d=2"),
         *("-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000:duration=2"),
         *("-map", "0:v", "-map", "1:a"),
-        *("-vf", "settb=1/1000,setpts='if(lt(N,30),N*100/3,1000+(N-30)*53)/1000/TB'"),
+        *("-vf", "select='not(between(n\\,21\\,26))*(lt(n\\,30)+not(mod(n\\,2)))'"),
         *("-fps_mode", "vfr", "-video_track_timescale", "1000"),
         *("-c:v", "libx264", "-preset", "ultrafast", *_X264_HIGH, "-pix_fmt", "yuv420p"),
         *("-c:a", "aac", "-b:a", "64k"),
@@ -474,6 +474,14 @@ def tone_at(
         str(out),
     )
     return out
+
+
+def frame_times(path: Path) -> list[float]:
+    """The presentation times (seconds) of the video frames of ``path``, in order."""
+    argv = [FFPROBE, "-v", "error", "-select_streams", "v:0", "-show_entries"]
+    argv += ["packet=pts_time", "-of", "csv=p=0", str(path)]
+    proc = subprocess.run(argv, capture_output=True, timeout=60, check=True)
+    return sorted(float(line) for line in proc.stdout.decode().split() if line.strip())
 
 
 def ebur128_of(path: Path, stream: str = "0:a:0") -> dict[str, float]:

@@ -28,6 +28,7 @@ from aivedio.errors import (
     RenderError,
     ResourceExhaustedError,
 )
+from aivedio.logs import get_logger
 from aivedio.pipeline.ffmpeg.finalize import Finalizing
 from aivedio.pipeline.ffmpeg.outputs import NodeOutcome, Report
 from aivedio.pipeline.ffmpeg.sandbox import RunResult
@@ -46,6 +47,8 @@ from aivedio.pipeline.media.loudness import MEASURED, Loudness, parse_measuremen
 from aivedio.pipeline.media.plan import Plan, make_plan
 from aivedio.pipeline.media.sniff import Sniff, sniff_file
 from aivedio.pipeline.media.validate import Declared, MediaSummary
+
+log = get_logger("aivedio.media")
 
 
 class MediaRun(Finalizing):
@@ -220,17 +223,25 @@ class MediaRun(Finalizing):
         return self.report.verdict
 
     async def _measure_loudness(self, summary: MediaSummary) -> Loudness | None:
-        """The source audio's loudness by an audio-only pass (``measure_args``)."""
+        """The source audio's loudness by an audio-only pass (``measure_args``); None when
+        the pass fails (the audio is then published as it is: a measurement is never a
+        reason to fail a source whose decode check passed). Running out of time or memory
+        raises, as any process does."""
         assert self._sniff is not None and summary.audio_stream_index is not None
         started = time.monotonic()
         measured = self.layout.work / MEASURED
         args = measure_args(
             summary.audio_stream_index, self.media, self._sniff, self.source, measured
         )
-        await self._ffmpeg("loudness", args, summary.duration_seconds)
-        if self.report is not None:
-            self.report.steps["loudness"] = time.monotonic() - started
-        text = await anyio.Path(measured).read_text("utf-8", "replace")
+        try:
+            await self._ffmpeg("loudness", args, summary.duration_seconds)
+            text = await anyio.Path(measured).read_text("utf-8", "replace")
+        except (RenderError, OSError) as exc:
+            log.warning("loudness_not_measured", detail=str(exc)[:300])
+            return None
+        finally:
+            if self.report is not None:
+                self.report.steps["loudness"] = time.monotonic() - started
         return parse_measurement(text)
 
     async def package_encoded(self, plan: Plan, nodes: list[str]) -> Report:

@@ -237,8 +237,11 @@ def test_transcode_pass_splits_one_decode_into_every_branch(layout: Layout) -> N
     maps = values(args, "-map")
     assert maps == ["[o_r0]", "[o_r1]", "[o_r2]", "[o_px]", "[o_po]", "[o_sp]", "[o_wave]", "0:a:0"]
     for r in plan.rungs:
-        assert f"scale={r.width}:{r.height}:flags=bicubic,format=yuv420p,setsar=1" in graph
-    assert "scale=640:360:flags=bicubic,format=yuv420p,setsar=1" in graph  # proxy
+        assert (
+            f"scale={r.width}:{r.height}:flags=bicubic:out_range=tv,format=yuv420p,setsar=1"
+            in graph
+        )
+    assert "scale=640:360:flags=bicubic:out_range=tv,format=yuv420p,setsar=1" in graph  # proxy
     assert "tile=10x10" in graph
     # Frame 1.5 s x 29.97 = 44 of the CFR stream.
     assert "select='eq(n\\,44)'" in graph
