@@ -5,11 +5,11 @@ with its audio in sync. (Rotation, odd sizes and video-only sources: test_media_
 from __future__ import annotations
 
 from fractions import Fraction
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 
 from aivedio.config.media import MediaConfig, RungConfig
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
@@ -68,7 +68,7 @@ def test_a_variable_rate_source_comes_out_constant_rate_with_its_audio_in_sync(
     assert rate == Fraction(video["r_frame_rate"]) and rate.denominator == 1
     # Constant: every frame one period apart.
     times = mf.frame_times(playback)
-    gaps = {round(b - a, 3) for a, b in zip(times, times[1:], strict=False)}
+    gaps = {round(b - a, 3) for a, b in pairwise(times)}
     assert max(gaps) - min(gaps) <= 0.002, gaps
     # In sync: both tracks start together and last as long (within a frame and an AAC
     # frame), as they did in the source.
