@@ -1,8 +1,10 @@
 """Media benchmark: ``aivedio process`` against a naive baseline, in one run.
 
 Sources (generated here with ffmpeg, never committed): a 10 s 1080p HEVC source in Matroska
-(the transcode path) and a 10 s 1080p H.264 MP4 with moov at the end (the remux path), both
-with AAC audio.
+(the transcode path), a 10 s 1080p H.264 MP4 with moov at the end (the remux path), both
+with AAC audio; a 10 s 1080p 10-bit HEVC tagged HDR10 (PQ, BT.2020: the ``hdr`` path, tone
+mapped to SDR BT.709) and the H.264 remux source with its audio 15 dB louder (the
+``normalized_remux`` path: the audio alone re-encoded to -16 LUFS, the video copied).
 
 For each source:
 
@@ -11,11 +13,19 @@ For each source:
   processes' wall time, CPU time and peak RSS, and the time per node;
 * the naive baseline: separate sequential ffmpeg processes producing the same outputs, each
   decoding the source again (playback MP4, one HLS rendition per rung, proxy, poster, sprite
-  sheet, waveform PCM), with the same x264 preset, CRFs and rung sizes.
+  sheet, waveform PCM), with the same x264 preset, CRFs and rung sizes; for ``hdr`` each of
+  them tone-maps again (the same chain), for ``normalized_remux`` a measuring pass
+  (``ebur128``) comes first and every output with audio applies the gain it found.
+
+For the normalized remux the required set alone (``--only playback,poster``) is also run
+with normalization off (``AIVEDIO_MEDIA__LOUDNESS__NORMALIZE=false``): the difference is
+what normalizing adds to a remux's required set on the queue path (``aivedio process``
+measures in a pass of its own; the worker's fast path measures in its frames pass).
 
 Targets (issue 4): transcode path <= 0.6x naive wall and CPU; remux path's required outputs
 (playback + poster) at RTF <= 0.05; aivedio's overhead (its wall minus its ffmpeg processes'
-wall) <= 5%; peak RSS of any ffmpeg process <= 1 GiB.
+wall) <= 5%; peak RSS of any ffmpeg process <= 1 GiB. Issue 29: the HDR tone-mapped ladder
+<= 0.6x naive wall; normalizing adds <= 0.3 s to an 8 s remux's required set.
 
 Usage: .venv/bin/python scripts/bench/media.py [--seconds 10] [--size 1920x1080] [--workdir DIR]
        [--smoke]
@@ -47,6 +57,8 @@ from typing import Any
 import msgspec
 
 from aivedio.config.media import MediaConfig
+from aivedio.pipeline.media import colour, loudness
+from aivedio.pipeline.media.colour import Colour
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from smoke import positive, verdict
@@ -119,7 +131,35 @@ def make_sources(work: Path, seconds: int, size: str) -> dict[str, Path]:
         ],
         check=True,
     )
-    return {"transcode": hevc, "remux": h264}
+    hdr = work / "source_hdr10.mkv"
+    subprocess.run(
+        [
+            *ffmpeg,
+            *lavfi,
+            *("-c:v", "libx265", "-preset", "fast", "-pix_fmt", "yuv420p10le"),
+            *("-x265-params", "log-level=error:keyint=48:hdr10=1:max-cll=1000,400"),
+            *("-color_primaries", "bt2020", "-color_trc", "smpte2084"),
+            *("-colorspace", "bt2020nc", "-color_range", "tv"),
+            *("-c:a", "aac", "-shortest", str(hdr)),
+        ],
+        check=True,
+    )
+    loud = work / "source_h264_loud.mp4"
+    subprocess.run(
+        [*ffmpeg, "-i", str(h264), "-c:v", "copy", "-af", "volume=15dB", "-c:a", "aac", str(loud)],
+        check=True,
+    )
+    return {"transcode": hevc, "remux": h264, "hdr": hdr, "normalized_remux": loud}
+
+
+# The plan each source must get, and the baseline's shape for it.
+PLANS = {
+    "transcode": "transcode",
+    "remux": "remux",
+    "hdr": "transcode",
+    "normalized_remux": "remux",
+}
+HDR10 = Colour(primaries="bt2020", transfer="smpte2084", matrix="bt2020nc", range="tv")
 
 
 def probe(path: Path) -> dict[str, Any]:
@@ -142,9 +182,14 @@ def probe(path: Path) -> dict[str, Any]:
     return data
 
 
-def naive_commands(src: Path, out: Path, mode: str, media: MediaConfig) -> list[list[str]]:
-    """Separate processes for the same outputs; each decodes the source again."""
+def naive_commands(
+    src: Path, out: Path, mode: str, media: MediaConfig, *, pre: str = "", gain: str = ""
+) -> list[list[str]]:
+    """Separate processes for the same outputs; each decodes the source again. ``pre``: a
+    filter every video output applies first (the tone map); ``gain``: the audio filter
+    every output with audio applies (then a copied video keeps its video copied)."""
     ff = ["ffmpeg", "-nostdin", "-v", "error", "-y"]
+    lead = f"{pre}," if pre else ""
     x264 = [
         "-c:v",
         "libx264",
@@ -157,7 +202,9 @@ def naive_commands(src: Path, out: Path, mode: str, media: MediaConfig) -> list[
         "-sc_threshold",
         "0",
     ]
-    aac = ["-c:a", "aac", "-b:a", f"{media.audio_bitrate_kbps}k"]
+    aac = [*(["-af", gain] if gain else []), "-c:a", "aac", "-b:a", f"{media.audio_bitrate_kbps}k"]
+    # A copy of the source's streams, or of its video only when the audio is normalized.
+    copy = ["-c:v", "copy", *aac] if gain else ["-c", "copy"]
     seg = media.segment_seconds
     keys = ["-force_key_frames", f"expr:gte(t,n_forced*{seg:g})"]
     cmds: list[list[str]] = []
@@ -168,8 +215,7 @@ def naive_commands(src: Path, out: Path, mode: str, media: MediaConfig) -> list[
                 *ff,
                 "-i",
                 str(src),
-                "-c",
-                "copy",
+                *copy,
                 "-movflags",
                 "+faststart",
                 str(out / "playback.mp4"),
@@ -184,7 +230,7 @@ def naive_commands(src: Path, out: Path, mode: str, media: MediaConfig) -> list[
                 "-i",
                 str(src),
                 "-vf",
-                f"scale=-2:{top}",
+                f"{lead}scale=-2:{top}",
                 *x264,
                 "-crf",
                 str(rung.crf),
@@ -216,7 +262,7 @@ def naive_commands(src: Path, out: Path, mode: str, media: MediaConfig) -> list[
             str(rdir / "index.m3u8"),
         ]
         if mode == "remux" and rung.height == top:
-            cmds.append([*ff, "-i", str(src), "-c", "copy", *hls])
+            cmds.append([*ff, "-i", str(src), *copy, *hls])
             continue
         cmds.append(
             [
@@ -224,7 +270,7 @@ def naive_commands(src: Path, out: Path, mode: str, media: MediaConfig) -> list[
                 "-i",
                 str(src),
                 "-vf",
-                f"scale=-2:{rung.height}",
+                f"{lead}scale=-2:{rung.height}",
                 *x264,
                 "-crf",
                 str(rung.crf),
@@ -243,7 +289,7 @@ def naive_commands(src: Path, out: Path, mode: str, media: MediaConfig) -> list[
             "-i",
             str(src),
             "-vf",
-            f"scale=-2:{media.proxy_height}",
+            f"{lead}scale=-2:{media.proxy_height}",
             *x264,
             "-crf",
             str(media.proxy_crf),
@@ -264,6 +310,7 @@ def naive_commands(src: Path, out: Path, mode: str, media: MediaConfig) -> list[
             "1",
             "-i",
             str(src),
+            *(["-vf", pre] if pre else []),
             "-frames:v",
             "1",
             "-q:v",
@@ -279,7 +326,7 @@ def naive_commands(src: Path, out: Path, mode: str, media: MediaConfig) -> list[
             "-i",
             str(src),
             "-vf",
-            f"fps=1/{media.sprite_interval_seconds:g},scale={media.sprite_width}:-2,"
+            f"{lead}fps=1/{media.sprite_interval_seconds:g},scale={media.sprite_width}:-2,"
             f"tile={media.sprite_columns}x{media.sprite_rows}",
             "-q:v",
             "5",
@@ -305,20 +352,38 @@ def naive_commands(src: Path, out: Path, mode: str, media: MediaConfig) -> list[
 
 
 def run_naive(src: Path, out: Path, mode: str, media: MediaConfig) -> dict[str, Any]:
+    """The baseline's processes one after the other; for ``normalized_remux`` a measuring
+    pass first, whose figures give the gain the outputs apply."""
     out.mkdir(parents=True)
     wall = cpu = 0.0
-    for argv in naive_commands(src, out, mode, media):
+    pre = gain = ""
+    if mode == "hdr":
+        pre = colour.colour_filter(HDR10, media.colour)
+    if mode == "normalized_remux":
+        measured = out / loudness.MEASURED
+        argv = ["ffmpeg", "-nostdin", "-v", "error", "-y", "-i", str(src), "-map", "0:a:0"]
+        argv += ["-af", loudness.measure_filter(str(measured)), "-f", "null", "-"]
+        wall, cpu, _ = run_measured(argv)
+        figures = loudness.parse_measurement(measured.read_text())
+        assert figures is not None, "the baseline's measuring pass printed nothing"
+        gain = loudness.normalize_filter(figures, media.loudness, 48000)
+    for argv in naive_commands(src, out, PLANS[mode], media, pre=pre, gain=gain):
         w, c, _ = run_measured(argv)
         wall += w
         cpu += c
     return {"wall_seconds": wall, "cpu_seconds": cpu}
 
 
-def run_aivedio(src: Path, out: Path, only: str | None = None) -> dict[str, Any]:
+def run_aivedio(
+    src: Path, out: Path, only: str | None = None, *, normalize: bool = True
+) -> dict[str, Any]:
     argv = [*AIVEDIO, "process", str(src), "--out", str(out)]
     if only:
         argv += ["--only", only]
-    wall, cpu, done = run_measured(argv, env={**os.environ, "AIVEDIO_LOG__LEVEL": "warning"})
+    env = {**os.environ, "AIVEDIO_LOG__LEVEL": "warning"}
+    if not normalize:
+        env["AIVEDIO_MEDIA__LOUDNESS__NORMALIZE"] = "false"
+    wall, cpu, done = run_measured(argv, env=env)
     summary: dict[str, Any] = json.loads(done.stdout)
     ffmpeg_wall = summary["ffmpeg_wall_seconds"]
     return {
@@ -331,6 +396,7 @@ def run_aivedio(src: Path, out: Path, only: str | None = None) -> dict[str, Any]
         "in_process_overhead_ratio": summary["overhead_seconds"] / summary["wall_seconds"],
         "peak_rss_bytes": summary["peak_rss_bytes"],
         "plan": summary["plan"]["mode"],
+        "audio": summary["plan"]["audio"],
         "nodes": {k: v["seconds"] for k, v in summary["nodes"].items()},
         "steps": summary["steps"],
         "processes": [
@@ -351,13 +417,13 @@ def sized_ladder(media: MediaConfig, size: str) -> MediaConfig:
 def sanity(results: dict[str, Any]) -> list[str]:
     """Both plans as named, every time a positive figure, every output process accounted."""
     problems = []
-    for mode in ("transcode", "remux"):
+    for mode in PLANS:
         entry = results.get(mode)
         if entry is None:
             problems.append(f"{mode}: not measured")
             continue
         ours = entry["aivedio"]
-        if ours["plan"] != mode:
+        if ours["plan"] != PLANS[mode]:
             problems.append(f"{mode} source: aivedio planned {ours['plan']}")
         figures = {
             "aivedio wall": ours["wall_seconds"],
@@ -372,6 +438,8 @@ def sanity(results: dict[str, Any]) -> list[str]:
             problems.append(f"{mode}: no ffmpeg process or node reported")
         if mode == "remux" and not positive(entry.get("required_rtf_end_to_end")):
             problems.append(f"remux: required-only RTF = {entry.get('required_rtf_end_to_end')}")
+        if mode == "normalized_remux" and ours["audio"] != "aac":
+            problems.append(f"normalized_remux: the audio was planned {ours['audio']}")
     return problems
 
 
@@ -417,6 +485,15 @@ def main() -> int:
                 entry["required_only"] = required
                 entry["required_rtf_nodes"] = node_seconds / duration
                 entry["required_rtf_end_to_end"] = required["wall_seconds"] / duration
+            if mode == "normalized_remux":
+                required = "playback,poster"
+                on = run_aivedio(src, work / "normalized_required", only=required)
+                off = run_aivedio(
+                    src, work / "unnormalized_required", only=required, normalize=False
+                )
+                entry["required_normalized_wall_seconds"] = on["wall_seconds"]
+                entry["required_unnormalized_wall_seconds"] = off["wall_seconds"]
+                entry["normalizing_adds_seconds"] = on["wall_seconds"] - off["wall_seconds"]
             results[mode] = entry
             print(
                 json.dumps({mode: {k: v for k, v in entry.items() if k != "aivedio"}}, indent=1),

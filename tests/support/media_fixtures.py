@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import math
 import os
 import random
 import secrets
@@ -68,6 +69,15 @@ def ffprobe_json(path: Path, *extra: str) -> dict[str, Any]:
         raise MediaToolError(f"ffprobe {path}: exit {proc.returncode}\n{stderr}")
     result: dict[str, Any] = json.loads(proc.stdout)
     return result
+
+
+def stream_md5(path: Path, stream: str) -> str:
+    """The MD5 of ``stream``'s packets as they are stored (copied, not decoded)."""
+    argv = [FFMPEG, "-nostdin", "-v", "error", "-i", str(path), "-map", stream]
+    proc = subprocess.run([*argv, "-c", "copy", "-f", "md5", "-"], capture_output=True, timeout=60)
+    if proc.returncode != 0:
+        raise MediaToolError(f"md5 of {path} {stream}: {proc.stderr.decode(errors='replace')}")
+    return proc.stdout.decode().strip()
 
 
 def ffprobe_streams(path: Path) -> list[dict[str, Any]]:
@@ -378,6 +388,121 @@ def odd_dimensions_mp4(directory: Path) -> Path:
         str(out),
     )
     return out
+
+
+# A P3 D65 display of 1000 nits (x265's notation): what ``colour_tagged``'s HDR10 says.
+MASTER_DISPLAY = "G(13250,34500)B(7500,3000)R(34000,16000)WP(15635,16450)L(10000000,1)"
+
+
+def colour_tagged(
+    directory: Path,
+    *,
+    transfer: str,
+    primaries: str = "bt2020",
+    matrix: str = "bt2020nc",
+    codec: str = "libx265",
+    pix_fmt: str = "yuv420p10le",
+    seconds: float = 2,
+) -> Path:
+    """320x240 video + AAC, 2 s, tagged with the given colour (``-color_primaries``,
+    ``-color_trc``, ``-colorspace``, limited range): HDR10 (``smpte2084``) or HLG
+    (``arib-std-b67``) as 10-bit HEVC by default. The pixels are testsrc2's; only the tags
+    say what light they mean, which is all a pipeline reads."""
+    out = _fresh(directory, f"colour_{transfer}_{codec}_{pix_fmt}.mp4")
+    x265 = "log-level=error"
+    if transfer == "smpte2084":  # HDR10's static metadata, in the bitstream's SEI
+        x265 += f":hdr10=1:master-display={MASTER_DISPLAY}:max-cll=1000,400"
+    extra = ["-x265-params", x265, "-tag:v", "hvc1"] if codec == "libx265" else []
+    run_ffmpeg(
+        *("-f", "lavfi", "-i", f"testsrc2=s=320x240:r=24:d={seconds}"),
+        *("-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={seconds}"),
+        *("-map", "0:v", "-map", "1:a", "-c:v", codec, "-preset", "ultrafast", *extra),
+        *("-pix_fmt", pix_fmt, "-color_primaries", primaries, "-color_trc", transfer),
+        *("-colorspace", matrix, "-color_range", "tv"),
+        *("-c:a", "aac", "-b:a", "64k", "-movflags", "+faststart"),
+        str(out),
+    )
+    return out
+
+
+def anamorphic_mp4(directory: Path, *, sar: str = "4/3") -> Path:
+    """H.264 + AAC whose 320x240 pixels are ``sar`` wide (``setsar``): shown 427x240."""
+    out = _fresh(directory, "anamorphic.mp4")
+    run_ffmpeg(
+        *("-f", "lavfi", "-i", "testsrc2=s=320x240:r=24:d=2"),
+        *("-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000:duration=2"),
+        *("-map", "0:v", "-map", "1:a", "-vf", f"setsar={sar}"),
+        *("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p"),
+        *("-c:a", "aac", "-b:a", "64k"),
+        str(out),
+    )
+    return out
+
+
+def vfr_with_audio(directory: Path) -> Path:
+    """2 s of 30 fps video with frames dropped (every other one in the second half, and
+    none at all from 0.7 to 0.9 s: ``-fps_mode vfr`` keeps the gaps) beside a 2 s AAC sine,
+    both from 0: the audio must stay in sync once the video is made constant-rate."""
+    out = _fresh(directory, "vfr_audio.mp4")
+    run_ffmpeg(
+        *("-f", "lavfi", "-i", "testsrc2=s=320x240:r=30:d=2"),
+        *("-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000:duration=2"),
+        *("-map", "0:v", "-map", "1:a"),
+        *("-vf", "select='not(between(n\\,21\\,26))*(lt(n\\,30)+not(mod(n\\,2)))'"),
+        *("-fps_mode", "vfr", "-video_track_timescale", "1000"),
+        *("-c:v", "libx264", "-preset", "ultrafast", *_X264_HIGH, "-pix_fmt", "yuv420p"),
+        *("-c:a", "aac", "-b:a", "64k"),
+        str(out),
+    )
+    return out
+
+
+def tone_at(
+    directory: Path, *, volume_db: float, seconds: float = 2, pix_fmt: str = "yuv420p"
+) -> Path:
+    """H.264 320x240 + a stereo 1 kHz AAC sine ``volume_db`` from sine's own level (about
+    -21 LUFS at 0 dB): a loud (+15) or quiet (-15) source. ``yuv420p`` remuxes, ``yuv444p``
+    needs a transcode."""
+    out = _fresh(directory, f"tone_{volume_db:g}dB_{pix_fmt}.mp4")
+    run_ffmpeg(
+        *("-f", "lavfi", "-i", f"testsrc2=s=320x240:r=24:d={seconds}"),
+        *("-f", "lavfi", "-i", f"sine=frequency=1000:sample_rate=48000:duration={seconds}"),
+        *("-map", "0:v", "-map", "1:a", "-filter:a", f"volume={volume_db}dB"),
+        *("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", pix_fmt),
+        *("-c:a", "aac", "-b:a", "128k", "-ac", "2"),
+        *("-movflags", "+faststart"),
+        str(out),
+    )
+    return out
+
+
+def frame_times(path: Path) -> list[float]:
+    """The presentation times (seconds) of the video frames of ``path``, in order."""
+    argv = [FFPROBE, "-v", "error", "-select_streams", "v:0", "-show_entries"]
+    argv += ["packet=pts_time", "-of", "csv=p=0", str(path)]
+    proc = subprocess.run(argv, capture_output=True, timeout=60, check=True)
+    return sorted(float(line) for line in proc.stdout.decode().split() if line.strip())
+
+
+def ebur128_of(path: Path, stream: str = "0:a:0") -> dict[str, float]:
+    """ffmpeg's own EBU R128 figures of ``stream``: ``I`` (LUFS), ``LRA`` (LU) and ``TP``
+    (dBTP, the highest channel), read from the filter's frame metadata."""
+    argv = [FFMPEG, "-nostdin", "-hide_banner", "-v", "error", "-i", str(path), "-map", stream]
+    argv += ["-filter:a", "ebur128=peak=true:metadata=1,ametadata=mode=print:file=-"]
+    argv += ["-f", "null", "-"]
+    proc = subprocess.run(argv, capture_output=True, timeout=60, check=True)
+    figures: dict[str, float] = {}
+    peak = 0.0
+    for line in proc.stdout.decode().splitlines():
+        key, _, value = line.partition("=")
+        if key == "lavfi.r128.I":
+            figures["I"] = float(value)
+        elif key == "lavfi.r128.LRA":
+            figures["LRA"] = float(value)
+        elif key.startswith("lavfi.r128.true_peaks_ch"):
+            peak = max(peak, float(value))
+    figures["TP"] = 20 * math.log10(peak) if peak > 0 else -math.inf
+    return figures
 
 
 def audio_only_m4a(directory: Path) -> Path:

@@ -42,6 +42,41 @@ class ToleranceConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     aspect_ratio: float = 0.02
 
 
+# ffmpeg's ``tonemap`` operators (``none`` would leave PQ/HLG values in an SDR picture).
+TONEMAP_OPERATORS = ("clip", "linear", "gamma", "reinhard", "hable", "mobius")
+
+
+class ColourConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How an HDR source (PQ or HLG) becomes the SDR BT.709 of the H.264 ladder."""
+
+    # The tone curve (ffmpeg ``tonemap``): hable keeps highlights and mid-tones, the
+    # common choice for film and phone HDR; mobius keeps more in-gamut saturation.
+    tonemap: str = "hable"
+    # The SDR white the linear light is scaled to, in nits (zscale ``npl``): 100 is the
+    # SDR reference white; higher makes the picture darker.
+    nominal_peak_nits: float = 100.0
+    # The source peak the curve maps to white, relative to nominal_peak_nits (tonemap
+    # ``peak``); 0: taken from the frame's mastering metadata, else ffmpeg's default.
+    tonemap_peak: float = 0.0
+    # Desaturation of highlights brighter than this (tonemap ``desat``); 0: none.
+    desaturation: float = 0.0
+
+
+class LoudnessConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """EBU R128 loudness: measured for every source with audio, and normalized to a target."""
+
+    normalize: bool = True
+    target_lufs: float = -16.0  # integrated loudness
+    true_peak_dbtp: float = -1.5  # the ceiling of the normalized audio's true peak
+    # The loudness range the dynamic fallback (loudnorm) aims for, in LU.
+    range_lu: float = 11.0
+    # A remuxed source keeps its own audio (a copy) while its integrated loudness is within
+    # this many LU of the target and its true peak under the ceiling plus this.
+    tolerance_lu: float = 1.0
+    # Tenants (by name) whose audio is measured but never normalized.
+    off_tenants: list[str] = msgspec.field(default_factory=list)
+
+
 class MediaConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     pipeline_version: int = 1
     ffmpeg: str = "ffmpeg"
@@ -116,6 +151,8 @@ class MediaConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     optional_outputs: list[str] = msgspec.field(
         default_factory=lambda: ["hls", "proxy", "sprite", "waveform", "keyframes"]
     )
+    colour: ColourConfig = msgspec.field(default_factory=ColourConfig)
+    loudness: LoudnessConfig = msgspec.field(default_factory=LoudnessConfig)
 
 
 def validate_media(media: MediaConfig) -> None:
@@ -200,3 +237,34 @@ def validate_media(media: MediaConfig) -> None:
         raise ConfigError("config error: media.waveform_zooms: positive samples per pixel")
     if not 0.0 <= media.poster_at_ratio < 1.0:
         raise ConfigError("config error: media.poster_at_ratio: must be in [0, 1)")
+    validate_colour(media.colour)
+    validate_loudness(media.loudness)
+
+
+def validate_colour(colour: ColourConfig) -> None:
+    if colour.tonemap not in TONEMAP_OPERATORS:
+        raise ConfigError(
+            f"config error: media.colour.tonemap: {colour.tonemap!r}; one of "
+            + ", ".join(TONEMAP_OPERATORS)
+        )
+    if not 10.0 <= colour.nominal_peak_nits <= 10000.0:
+        raise ConfigError("config error: media.colour.nominal_peak_nits: 10 to 10000 (nits)")
+    if not (colour.tonemap_peak == 0 or 1.0 <= colour.tonemap_peak <= 100.0):
+        raise ConfigError(
+            "config error: media.colour.tonemap_peak: 0 (from the source) or 1 to 100"
+            " (times nominal_peak_nits)"
+        )
+    if not 0.0 <= colour.desaturation <= 10.0:
+        raise ConfigError("config error: media.colour.desaturation: 0 (off) to 10")
+
+
+def validate_loudness(loudness: LoudnessConfig) -> None:
+    # The ranges ffmpeg's loudnorm accepts, so a target is one the fallback can aim for.
+    if not -70.0 <= loudness.target_lufs <= -5.0:
+        raise ConfigError("config error: media.loudness.target_lufs: -70 to -5 (LUFS)")
+    if not -9.0 <= loudness.true_peak_dbtp <= 0.0:
+        raise ConfigError("config error: media.loudness.true_peak_dbtp: -9 to 0 (dBTP)")
+    if not 1.0 <= loudness.range_lu <= 50.0:
+        raise ConfigError("config error: media.loudness.range_lu: 1 to 50 (LU)")
+    if not 0.0 <= loudness.tolerance_lu <= 10.0:
+        raise ConfigError("config error: media.loudness.tolerance_lu: 0 to 10 (LU)")

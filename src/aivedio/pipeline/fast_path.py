@@ -50,12 +50,19 @@ import msgspec
 from aivedio.errors import AivedioError, DatabaseError, InvalidMediaError, StaleStateError
 from aivedio.logs import get_logger
 from aivedio.pipeline import media_objects
-from aivedio.pipeline.ffmpeg.frames import STILLS, Frame, PosterShot, source_frames
+from aivedio.pipeline.ffmpeg.frames import (
+    STILLS,
+    Frame,
+    PosterShot,
+    read_loudness,
+    source_frames,
+)
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord
 from aivedio.pipeline.ffmpeg.sandbox import RunResult
 from aivedio.pipeline.ffmpeg.verdict import Verdict, decode_failed
-from aivedio.pipeline.media.plan import Plan, poster_seconds, transcode_reasons
+from aivedio.pipeline.media.loudness import Loudness
+from aivedio.pipeline.media.plan import Plan, poster_seconds, transcode_reasons, with_loudness
 from aivedio.pipeline.media.validate import MediaSummary
 from aivedio.pipeline.media_seams import MediaServices
 from aivedio.pipeline.moderation import (
@@ -146,11 +153,13 @@ class FastPath:
         scratch = run.layout.root / "frames"
         poster = self._poster_shot(summary, scratch)
         framed = anyio.Event()
+        measured: list[Loudness] = []
 
         async def render() -> None:
             started = time.monotonic()
             try:
-                planned = await run.run(plan_only=True)
+                # The audio's loudness comes from the frames pass's decode: not measured here.
+                planned = await run.run(plan_only=True, measure=False)
                 plan = planned.plan
                 assert plan is not None
                 plans.append(plan)
@@ -170,6 +179,11 @@ class FastPath:
                     await run.adopt("poster", poster.path, plan)
                     stored.extend(await self._store(job, run, asset, revision, finalized))
                     phases.add("poster", started)
+                if plan.audio != "none" and plan.chunking is None:
+                    await framed.wait()
+                    started = time.monotonic()
+                    if await self._loudness(job, run, asset, revision, measured, finalized, stored):
+                        phases.add("loudness", started)
             except Exception as exc:  # re-raised after the group, as itself
                 errors.append(exc)
                 scope.cancel()
@@ -196,8 +210,11 @@ class FastPath:
                         scratch,
                         check=checking,
                         poster=poster,
+                        measure=summary.audio_stream_index is not None,
                         record=runs,
                     )
+                    loudness = await read_loudness(scratch)
+                    measured.extend([loudness] if loudness is not None else [])
                     framed.set()
                 except InvalidMediaError as exc:
                     verdict = decode_failed(verdict, exc, FULL)
@@ -221,9 +238,45 @@ class FastPath:
             return Made(verdict, None, [], [], None, "", len(frames))
         if errors:
             raise errors[0]
-        (plan,) = plans
+        plan = run.report.plan if run.report is not None and run.report.plan else plans[0]
         failed = [n for n in plan.required if n not in {r.variant_type for r in stored}]
         return Made(verdict, plan, stored, failed, decision, unavailable, len(frames))
+
+    async def _loudness(
+        self,
+        job: Job,
+        run: MediaRun,
+        asset: asyncpg.Record,
+        revision: int,
+        measured: list[Loudness],
+        finalized: list[OutputRecord],
+        stored: list[OutputRecord],
+    ) -> bool:
+        """The plan with the loudness the frames pass measured (``run.report.plan``: what
+        is recorded); a playback made before it whose audio the measurement changes
+        (normalized: a transcode's, or a remux's off target) is made again, its audio
+        alone (the encoded video in ``work/`` is used again; a copy stays a copy): True.
+        One that cannot be made again is left to the render job, as a failed one."""
+        report = run.report
+        assert report is not None and report.plan is not None
+        summary = report.verdict.media
+        if not measured or summary is None:
+            return False
+        plan = report.plan
+        final = with_loudness(
+            plan, summary, self.services.config.media, measured[0], normalize=run.normalize
+        )
+        report.plan = final
+        same = (final.audio, final.audio_filter) == (plan.audio, plan.audio_filter)
+        if same or "playback" not in {record.variant_type for record in stored}:
+            return False
+        finalized.clear()
+        if not final.top.copy:
+            run.encoded_rungs.add(final.top.name)
+        await run.run(wants=["playback"], plan=final)
+        again = await self._store(job, run, asset, revision, finalized)
+        stored[:] = [r for r in stored if r.variant_type != "playback"] + again
+        return True
 
     def _poster_shot(self, summary: MediaSummary, scratch: Path) -> PosterShot | None:
         """The poster the frames pass takes when the plan will be a remux (the plan copies

@@ -148,6 +148,7 @@ class ProbeStage:
             phases.add("source", started)
             started = time.monotonic()
             run = MediaRun(self.services.sandbox, source, root)
+            run.normalize = normalizes(media, asset)
             # A crash in the verdict itself is the verdict (INVALID_MEDIA, decoder_crashed);
             # one in the keyframe scans after it fails the attempt and counts as a crash.
             # The fast path's decode check runs with its frames, beside the render.
@@ -284,6 +285,7 @@ class ProbeStage:
             source = root / "source.bin"
             await media_objects.download_source(self.services.store, asset, source)
             run = MediaRun(self.services.sandbox, source, root)
+            run.normalize = normalizes(self.services.config.media, asset)
             async with self.poison.watch_crashes(job, asset_id, run, seams):
                 report = await run.run(plan_only=True)
             verdict = verdict_json(report.verdict)
@@ -481,6 +483,13 @@ class ProbeStage:
             "path": plan.path,
             "network_isolated": verdict["network_isolated"],
         }
+
+
+def normalizes(media: MediaConfig, asset: asyncpg.Record) -> bool:
+    """Whether the asset's tenant has its audio normalized (``[media.loudness]``: on, and
+    the tenant not among ``off_tenants``)."""
+    loudness = media.loudness
+    return loudness.normalize and asset["tenant_name"] not in loudness.off_tenants
 
 
 def _primary(output: str, plan: Plan) -> str:

@@ -28,7 +28,8 @@ ASSET_COLUMNS = (
     " (SELECT o.safety_labels FROM provider_outputs o"
     "  WHERE o.id = a.source_provider_output_id) AS safety_labels,"
     " (SELECT coalesce(max(r.revision), 0) + 1 FROM asset_revisions r"
-    "  WHERE r.asset_id = a.id) AS next_revision"
+    "  WHERE r.asset_id = a.id) AS next_revision,"
+    " (SELECT t.name FROM tenants t WHERE t.id = a.tenant_id) AS tenant_name"
 )
 ASSET_ROW = f"SELECT {ASSET_COLUMNS} FROM assets a WHERE a.id = $1"
 ASSET_AND_REVISION = (
@@ -75,8 +76,9 @@ def still_probing_part(asset_id: uuid.UUID) -> Part:
 
 
 async def asset_row(pool: Pool, asset_id: uuid.UUID) -> asyncpg.Record | None:
-    """The asset row with ``media_crashes``, ``task_status`` (None for an upload) and
-    ``next_revision`` (``ASSET_COLUMNS``); None when there is no such asset."""
+    """The asset row with ``media_crashes``, ``task_status`` (None for an upload),
+    ``next_revision`` and ``tenant_name`` (``ASSET_COLUMNS``); None when there is no such
+    asset."""
     with map_db_errors("loading the asset"):
         row: asyncpg.Record | None = await pool.fetchrow(ASSET_ROW, asset_id)
     return row

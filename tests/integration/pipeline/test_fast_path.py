@@ -496,3 +496,59 @@ async def test_a_transcodes_ladder_takes_its_top_rung_from_the_published_playbac
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(await rig.store.get_bytes(info.key, max_bytes=1 << 30))
     assert check_hls(local / "hls" / "master.m3u8") == []
+
+
+async def _published_playback(rig: Rig, asset_id: Any, tmp_path: Path) -> Path:
+    playback = (await rig.variants(asset_id))["playback"]
+    path = tmp_path / f"{asset_id}.mp4"
+    path.write_bytes(await rig.store.get_bytes(playback["object_key"], max_bytes=1 << 30))
+    return path
+
+
+async def test_a_loud_remux_is_published_normalized_from_the_frames_pass_measurement(
+    rig: Rig, media_cache: MediaCache, tmp_path: Path
+) -> None:
+    source = media_cache.get("loud", lambda d: mf.tone_at(d, volume_db=15))
+    asset_id = await rig.quarantine(source.read_bytes())
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait("SELECT 1 FROM assets WHERE status = 'ENRICHED'")
+        await rig.wait_idle(asset_id)
+    result = await probe_result(rig, asset_id)
+    assert result["fast_path"] is True and result["decision"] == "allow"
+    # Measured by the frames pass's own audio decode: no measuring pass of its own; the
+    # playback's audio alone made again, normalized.
+    assert "loudness" not in result["processes"]
+    assert "loudness" in [p["phase"] for p in result["phases"]]
+    first, *_ = await rig.revisions(asset_id)
+    plan = first["plan"]
+    assert plan["mode"] == "remux" and plan["audio"] == "aac"
+    assert plan["loudness"]["integrated_lufs"] > -10
+    published = await _published_playback(rig, asset_id, tmp_path)
+    assert abs(mf.ebur128_of(published)["I"] - rig.config.media.loudness.target_lufs) <= 1.0
+    assert mf.stream_md5(published, "0:v:0") == mf.stream_md5(source, "0:v:0")
+
+
+async def test_a_tenant_with_normalization_off_keeps_its_audio_on_the_fast_path(
+    config: Config, pool: Pool, media_cache: MediaCache, tmp_path: Path
+) -> None:
+    import msgspec
+
+    source = media_cache.get("loud", lambda d: mf.tone_at(d, volume_db=15))
+    async with make_rig(config, pool, tmp_path) as rig:
+        media = rig.config.media
+        off = msgspec.structs.replace(media.loudness, off_tenants=["acme"])
+        rig.config = msgspec.structs.replace(
+            rig.config, media=msgspec.structs.replace(media, loudness=off)
+        )
+        asset_id = await rig.quarantine(source.read_bytes())
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig):
+            await rig.wait("SELECT 1 FROM assets WHERE status = 'ENRICHED'")
+            await rig.wait_idle(asset_id)
+        first, *_ = await rig.revisions(asset_id)
+        assert first["plan"]["audio"] == "copy"
+        # Measured all the same (the pass decodes the audio anyway), and recorded.
+        assert first["plan"]["loudness"]["integrated_lufs"] > -10
+        published = await _published_playback(rig, asset_id, tmp_path)
+        assert mf.stream_md5(published, "0:a:0") == mf.stream_md5(source, "0:a:0")

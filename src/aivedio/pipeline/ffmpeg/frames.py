@@ -20,6 +20,10 @@ stderr). Two ways to take them:
 
 Every still is scaled to at most ``frame_width`` wide and written as a JPEG in the scratch
 directory; ``read_frames`` collects them with their times.
+
+The audio decoded by the source pass goes through ``ebur128`` on its way to the null
+muxer (``measure``): the source's loudness, measured by the decode that was made anyway
+(``read_loudness``), with which the plan decides whether and how to normalize it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from aivedio.errors import RenderError
 from aivedio.pipeline.ffmpeg.probe import raise_decode_failed
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
 from aivedio.pipeline.media.ffmpeg_args import POSTER_JPEG_QUALITY
+from aivedio.pipeline.media.loudness import MEASURED, Loudness, measure_filter, parse_measurement
 from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.media.validate import MediaSummary
 
@@ -174,10 +179,12 @@ def source_frames_args(
     max_pixels: int,
     check: bool = True,
     poster: PosterShot | None = None,
+    measure: bool = False,
 ) -> list[str]:
     """The fast path's pass over the source: one opening, decoded whole, split into the
     three stills and the scene branch (and ``poster``'s); the audio decoded into the null
-    muxer. ``check``: under ``-xerror`` (the decode check), so any decode error fails the
+    muxer (through ``ebur128`` when ``measure``: ``read_loudness``). ``check``: under
+    ``-xerror`` (the decode check), so any decode error fails the
     process. Streams are named by absolute index: the stream validated is the stream
     decoded and looked at."""
     video, audio = summary.video_stream_index, summary.audio_stream_index
@@ -208,7 +215,10 @@ def source_frames_args(
         graph.append(f"[v_poster]trim=start={poster.seconds:.3f},trim=end_frame=1[poster]")
         outputs += ["-map", "[poster]", "-frames:v", "1", "-q:v", POSTER_JPEG_QUALITY]
         outputs += ["-update", "1", "-f", "image2", str(poster.path)]
-    if audio is not None:
+    if audio is not None and measure:
+        graph.append(f"[0:{audio}]{measure_filter(MEASURED)}[loudness]")
+        outputs += ["-map", "[loudness]", "-f", "null", "-"]
+    elif audio is not None:
         outputs += ["-map", f"0:{audio}", "-f", "null", "-"]
     opening = input_args(sniff, source, max_streams=max_streams, max_pixels=max_pixels)
     return [
@@ -230,6 +240,7 @@ async def source_frames(
     *,
     check: bool = True,
     poster: PosterShot | None = None,
+    measure: bool = False,
     record: list[RunResult] | None = None,
 ) -> list[Frame]:
     """Run ``source_frames_args`` in the sandbox and read the frames. With ``check``, a
@@ -251,6 +262,7 @@ async def source_frames(
             max_pixels=media.max_pixels,
             check=check,
             poster=poster,
+            measure=measure,
         ),
         cwd=scratch,
         deadline_seconds=media_deadline(media, summary.duration_seconds),
@@ -286,6 +298,15 @@ def plain_decode_args(
     maps = ["-map", f"0:{video}", *(["-map", f"0:{audio}"] if audio is not None else [])]
     opening = input_args(sniff, source, max_streams=max_streams, max_pixels=max_pixels)
     return ["-xerror", *opening, *maps, "-f", "null", "-"]
+
+
+async def read_loudness(scratch: Path) -> Loudness | None:
+    """The loudness a pass with ``measure`` printed in ``scratch``; None when it printed
+    none (no audio, or none decoded)."""
+    path = anyio.Path(scratch / MEASURED)
+    if not await path.is_file():
+        return None
+    return parse_measurement(await path.read_text("utf-8", "replace"))
 
 
 async def read_frames(scratch: Path, times: dict[str, float]) -> list[Frame]:

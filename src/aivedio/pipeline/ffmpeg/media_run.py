@@ -28,6 +28,7 @@ from aivedio.errors import (
     RenderError,
     ResourceExhaustedError,
 )
+from aivedio.logs import get_logger
 from aivedio.pipeline.ffmpeg.finalize import Finalizing
 from aivedio.pipeline.ffmpeg.outputs import NodeOutcome, Report
 from aivedio.pipeline.ffmpeg.sandbox import RunResult
@@ -37,13 +38,17 @@ from aivedio.pipeline.media.ffmpeg_args import (
     EncodeJob,
     encode_args,
     encode_job,
+    measure_args,
     merge_runs,
     package_args,
     poster_seek_args,
 )
+from aivedio.pipeline.media.loudness import MEASURED, Loudness, parse_measurement
 from aivedio.pipeline.media.plan import Plan, make_plan
 from aivedio.pipeline.media.sniff import Sniff, sniff_file
 from aivedio.pipeline.media.validate import Declared, MediaSummary
+
+log = get_logger("aivedio.media")
 
 
 class MediaRun(Finalizing):
@@ -108,10 +113,14 @@ class MediaRun(Finalizing):
         plan: Plan | None = None,
         plan_only: bool = False,
         decode: bool = True,
+        measure: bool = True,
     ) -> Report:
         """Inspect (unless already done), plan, and produce ``wants`` (default: all).
         ``plan_only``: stop after the plan (the probe job), a plan good for every output.
-        ``decode=False``: the inspection's decode check is deferred (``check_decode``)."""
+        ``decode=False``: the inspection's decode check is deferred (``check_decode``).
+        ``measure``: a plan that may normalize the audio is made with its loudness (an
+        audio-only pass); False: the caller measures it in a pass of its own (the fast
+        path's frames pass) and replans (``plan.with_loudness``)."""
         started = time.monotonic()
         wants = None if wants is None else list(wants)
         inspected_before = self.report is not None
@@ -134,6 +143,12 @@ class MediaRun(Finalizing):
             source_keys, start, packets, earliest = (
                 await self._source_keyframes(summary) if needs_cuts else (None, None, None, None)
             )
+            normalizing = self.normalize and self.media.loudness.normalize
+            measured = (
+                await self._measure_loudness(summary)
+                if measure and normalizing and summary.audio_stream_index is not None
+                else None
+            )
             plan = make_plan(
                 summary,
                 self.media,
@@ -141,6 +156,8 @@ class MediaRun(Finalizing):
                 stream_start=start,
                 video_packets=packets,
                 source_earliest=earliest,
+                measured=measured,
+                normalize=self.normalize,
             )
         report.plan = plan
         if plan_only:
@@ -204,6 +221,28 @@ class MediaRun(Finalizing):
                 self.report.record(f"inspect:{run.tool}", run)
             self.report.steps["decode_check"] = time.monotonic() - started
         return self.report.verdict
+
+    async def _measure_loudness(self, summary: MediaSummary) -> Loudness | None:
+        """The source audio's loudness by an audio-only pass (``measure_args``); None when
+        the pass fails (the audio is then published as it is: a measurement is never a
+        reason to fail a source whose decode check passed). Running out of time or memory
+        raises, as any process does."""
+        assert self._sniff is not None and summary.audio_stream_index is not None
+        started = time.monotonic()
+        measured = self.layout.work / MEASURED
+        args = measure_args(
+            summary.audio_stream_index, self.media, self._sniff, self.source, measured
+        )
+        try:
+            await self._ffmpeg("loudness", args, summary.duration_seconds)
+            text = await anyio.Path(measured).read_text("utf-8", "replace")
+        except (RenderError, OSError) as exc:
+            log.warning("loudness_not_measured", detail=str(exc)[:300])
+            return None
+        finally:
+            if self.report is not None:
+                self.report.steps["loudness"] = time.monotonic() - started
+        return parse_measurement(text)
 
     async def package_encoded(self, plan: Plan, nodes: list[str]) -> Report:
         """The chunked assembly: the rung videos (and the audio) are already in ``work/``;

@@ -93,9 +93,9 @@ class PacketScans(RunProcesses):
             else:
                 earliest = min(earliest, plan.source_earliest)
         inputs += [(None, self.layout.rung_video(r), None) for r in encoded]
-        # The audio file is muxed with the encoded rungs only (a copied one takes the
-        # source's own audio).
-        if has_audio and encoded and self.layout.audio.exists():
+        # The audio file is muxed with the encoded rungs (and with a copied one when the
+        # plan encodes its audio: normalized; else it takes the source's own).
+        if has_audio and (encoded or plan.audio == "aac") and self.layout.audio.exists():
             inputs.append((None, self.layout.audio, None))
         for sniff, path, stream in inputs:
             args = packet_args(

@@ -24,6 +24,28 @@ from aivedio.pipeline.media.sniff import Sniff, input_args
 class SideData(msgspec.Struct, kw_only=True):
     side_data_type: str = ""
     rotation: float | None = None
+    # "Mastering display metadata": chromaticities and luminances as ffprobe's fractions
+    # ("34000/50000"), kept as text.
+    red_x: str = ""
+    red_y: str = ""
+    green_x: str = ""
+    green_y: str = ""
+    blue_x: str = ""
+    blue_y: str = ""
+    white_point_x: str = ""
+    white_point_y: str = ""
+    min_luminance: str = ""
+    max_luminance: str = ""
+    # "Content light level metadata", in nits.
+    max_content: int | None = None
+    max_average: int | None = None
+    # "DOVI configuration record" (Dolby Vision).
+    dv_profile: int | None = None
+    dv_level: int | None = None
+    rpu_present_flag: int | None = None
+    el_present_flag: int | None = None
+    bl_present_flag: int | None = None
+    dv_bl_signal_compatibility_id: int | None = None
 
 
 class Disposition(msgspec.Struct, kw_only=True):
@@ -52,7 +74,11 @@ class Stream(msgspec.Struct, kw_only=True):
     channels: int | None = None
     channel_layout: str = ""
     field_order: str = ""
+    color_range: str = ""
+    color_space: str = ""  # the matrix
     color_transfer: str = ""
+    color_primaries: str = ""
+    bits_per_raw_sample: int | None = None
     tags: dict[str, str] = msgspec.field(default_factory=dict)
     side_data_list: list[SideData] = msgspec.field(default_factory=list)
     disposition: Disposition = msgspec.field(default_factory=Disposition)
@@ -71,6 +97,14 @@ class Format(msgspec.Struct, kw_only=True):
 class ProbeOutput(msgspec.Struct, kw_only=True):
     streams: list[Stream] = msgspec.field(default_factory=list)
     format: Format = msgspec.field(default_factory=Format)
+
+
+class ProbedFrame(msgspec.Struct, kw_only=True):
+    side_data_list: list[SideData] = msgspec.field(default_factory=list)
+
+
+class FramesOutput(msgspec.Struct, kw_only=True):
+    frames: list[ProbedFrame] = msgspec.field(default_factory=list)
 
 
 # Text ffprobe prints when one of our parser limits stopped it: a verdict, not a resource
@@ -117,6 +151,51 @@ def probe_args(media: MediaConfig, sniff: Sniff, path: Path) -> list[str]:
         "-show_format",
         "-show_streams",
     ]
+
+
+def first_frame_args(media: MediaConfig, sniff: Sniff, path: Path, stream: int) -> list[str]:
+    """The side data of the first decoded frame of ``stream``: where an HEVC or AV1 source
+    carries its HDR metadata (SEI, OBU) when the container does not (MP4 in ffmpeg 5.1
+    reads no ``mdcv``/``clli`` box). One frame is decoded."""
+    return [
+        *input_args(sniff, path, max_streams=media.max_streams, max_pixels=media.max_pixels),
+        "-select_streams",
+        str(stream),
+        "-read_intervals",
+        "%+#1",
+        "-show_entries",
+        "frame_side_data",
+        "-print_format",
+        "json",
+    ]
+
+
+async def first_frame_side_data(
+    sandbox: Sandbox,
+    sniff: Sniff,
+    path: Path,
+    stream: int,
+    *,
+    cwd: Path,
+    record: list[RunResult] | None = None,
+) -> list[SideData]:
+    """``first_frame_args``' side data; empty when the run or its output fails (the HDR
+    metadata is recorded when it can be read, never a reason to refuse a source)."""
+    result = await sandbox.run(
+        "ffprobe",
+        first_frame_args(sandbox.media, sniff, path, stream),
+        cwd=cwd,
+        deadline_seconds=sandbox.media.probe_timeout_seconds,
+        capture_stdout=True,
+        record=record,
+    )
+    if not result.ok:
+        return []
+    try:
+        output = msgspec.json.decode(result.stdout, type=FramesOutput, strict=False)
+    except msgspec.DecodeError:
+        return []
+    return [side for frame in output.frames[:1] for side in frame.side_data_list]
 
 
 def limit_reason(result: RunResult) -> str | None:

@@ -56,6 +56,9 @@ class RunProcesses:
         self._summary: MediaSummary | None = None
         # Rungs whose video a caller put in ``work/`` already (``Layout.rung_video``).
         self.encoded_rungs: set[str] = set()
+        # Whether the plan may normalize the audio's loudness (the tenant's switch; the
+        # ``[media.loudness] normalize`` one applies as well).
+        self.normalize = True
 
     async def _ffmpeg(self, step: str, args: list[str], duration: float) -> RunResult:
         assert self.report is not None

@@ -15,8 +15,14 @@ import msgspec
 
 from aivedio.config.media import MediaConfig, ToleranceConfig
 from aivedio.errors import InvalidMediaError
-from aivedio.pipeline.ffmpeg.probe import ProbeOutput, raise_decode_failed, run_ffprobe
+from aivedio.pipeline.ffmpeg.probe import (
+    ProbeOutput,
+    first_frame_side_data,
+    raise_decode_failed,
+    run_ffprobe,
+)
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
+from aivedio.pipeline.media import colour
 from aivedio.pipeline.media.sniff import Sniff, input_args, sniff_file
 from aivedio.pipeline.media.validate import Declared, MediaSummary, validate
 
@@ -112,6 +118,7 @@ async def inspect_file(
         summary, reasons = validate(probe, media, declared=declared, tolerance=tolerance)
         if reasons or summary is None:
             return _invalid(sniff.kind, reasons, summary, "skipped", isolated), probe
+        summary = await _with_frame_hdr(sandbox, sniff, path, summary, scratch, record)
         if media.decode_check != "none" and decode:
             try:
                 await decode_check(sandbox, sniff, path, summary, cwd=scratch, record=record)
@@ -132,6 +139,29 @@ async def inspect_file(
         ),
         probe,
     )
+
+
+async def _with_frame_hdr(
+    sandbox: Sandbox,
+    sniff: Sniff,
+    path: Path,
+    summary: MediaSummary,
+    cwd: Path,
+    record: list[RunResult] | None,
+) -> MediaSummary:
+    """An HDR source's metadata from its first frame when its stream lacks the mastering
+    display or the light levels (HEVC and AV1 carry them in the bitstream). Only an HDR
+    source pays for the frame: an SDR one has none to find."""
+    hdr = summary.hdr
+    if colour.dynamic_range(summary.colour) == "sdr" or (
+        hdr is not None and hdr.mastering_display and hdr.content_light
+    ):
+        return summary
+    side = await first_frame_side_data(
+        sandbox, sniff, path, summary.video_stream_index, cwd=cwd, record=record
+    )
+    summary.hdr = colour.merged(hdr, colour.hdr_metadata(side))
+    return summary
 
 
 async def checked_verdict(

@@ -19,11 +19,12 @@ from pathlib import Path
 
 from aivedio.config.media import MediaConfig
 from aivedio.pipeline.media.chunks import NUT, Chunking, forced_keyframes, timing_filter
-from aivedio.pipeline.media.plan import Plan, Rung
+from aivedio.pipeline.media.colour import Colour, colour_args
+from aivedio.pipeline.media.loudness import measure_filter
+from aivedio.pipeline.media.plan import AUDIO_MAX_RATE, Plan, Rung
 from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.media.thumbnails import sprite_filter
 
-AUDIO_MAX_RATE = 48000
 KEYFRAME_EPSILON = 0.0005  # force a key on the frame AT the cut, never the one after
 
 
@@ -129,9 +130,11 @@ def encode_job(
     rungs: list[Rung] = []
     if "hls" in wants:
         rungs = [r for r in plan.rungs if not r.copy and r.name not in encoded]
-    if "playback" in wants and not plan.top.copy and plan.top not in rungs:
+    top_encoded = plan.top.copy or plan.top.name in encoded
+    if "playback" in wants and not top_encoded and plan.top not in rungs:
         rungs.insert(0, plan.top)
-    needs_audio_file = plan.mode == "transcode" and ("playback" in wants or "hls" in wants)
+    # Encoded audio: a transcode's, or a remux's whose audio is normalized (its video copied).
+    needs_audio_file = plan.audio == "aac" and ("playback" in wants or "hls" in wants)
     return EncodeJob(
         rungs=tuple(rungs),
         proxy="proxy" in wants,
@@ -142,13 +145,35 @@ def encode_job(
     )
 
 
-def _x264(rung: Rung, media: MediaConfig, keyframes: list[str], *, gop: int) -> list[str]:
+def encoded_colour(plan: Plan) -> Colour | None:
+    """The colour of an encoded rendition: the plan's, in limited range (each rung's
+    ``scale`` converts a full-range source); None for a plan recorded without colour."""
+    if plan.colour is None:
+        return None
+    return Colour(
+        primaries=plan.colour.primaries,
+        transfer=plan.colour.transfer,
+        matrix=plan.colour.matrix,
+        range="tv",
+    )
+
+
+def rung_scale(rung: Rung) -> str:
+    """A rung's size, limited range, 8-bit 4:2:0 (H.264 High), square pixels."""
+    return f"scale={rung.width}:{rung.height}:flags=bicubic:out_range=tv,format=yuv420p,setsar=1"
+
+
+def _x264(
+    rung: Rung, media: MediaConfig, keyframes: list[str], *, gop: int, colour: Colour | None
+) -> list[str]:
     args = ["-c:v", "libx264", "-preset", media.x264_preset, "-crf", str(rung.crf)]
     if rung.maxrate_kbps:
         args += ["-maxrate", f"{rung.maxrate_kbps}k", "-bufsize", f"{rung.bufsize_kbps}k"]
     args += ["-profile:v", "high", "-pix_fmt", "yuv420p", "-g", str(gop), "-sc_threshold", "0"]
     if media.threads:
         args += ["-threads", str(media.threads)]
+    if colour is not None:
+        args += colour_args(colour)
     return args + keyframes
 
 
@@ -161,8 +186,11 @@ def _forced_keyframes(plan: Plan) -> list[str]:
     return ["-force_key_frames", f"expr:gte(t,n_forced*{plan.segment_seconds:g})"]
 
 
-def _audio_encode(media: MediaConfig, channels: int | None, rate: int | None) -> list[str]:
-    args = ["-c:a", "aac", "-profile:a", "aac_low", "-b:a", f"{media.audio_bitrate_kbps}k"]
+def _audio_encode(
+    media: MediaConfig, channels: int | None, rate: int | None, audio_filter: str = ""
+) -> list[str]:
+    args = ["-filter:a", audio_filter] if audio_filter else []
+    args += ["-c:a", "aac", "-profile:a", "aac_low", "-b:a", f"{media.audio_bitrate_kbps}k"]
     if channels is None or channels > 2:
         args += ["-ac", "2"]
     if rate is None or rate > AUDIO_MAX_RATE:
@@ -186,13 +214,13 @@ def encode_args(
     pre = []
     if plan.mode == "transcode":
         pre.append(f"fps={plan.frame_rate_expr}")
+    if plan.colour_filter:  # once, before the split: every branch gets the planned colour
+        pre.append(plan.colour_filter)
     branches: list[tuple[str, str]] = []  # (label, chain after split)
     for index, rung in enumerate(job.rungs):
-        chain = f"scale={rung.width}:{rung.height}:flags=bicubic,format=yuv420p,setsar=1"
-        branches.append((f"r{index}", chain))
+        branches.append((f"r{index}", rung_scale(rung)))
     if job.proxy and plan.proxy is not None:
-        p = plan.proxy
-        branches.append(("px", f"scale={p.width}:{p.height}:flags=bicubic,format=yuv420p,setsar=1"))
+        branches.append(("px", rung_scale(plan.proxy)))
     if job.poster:
         frame = max(int(plan.poster_seconds * plan.frame_rate), 0)
         top = plan.top
@@ -226,12 +254,15 @@ def encode_args(
     # the forced ones (a GOP longer than the media); transcode: a generous cap.
     gop = 1_000_000 if plan.mode == "remux" else max(plan.gop_frames * 10, 250)
     keys = _forced_keyframes(plan)
+    colour = encoded_colour(plan)
     for index, rung in enumerate(job.rungs):
-        args += ["-map", f"[o_r{index}]", *_x264(rung, media, keys, gop=gop), "-an"]
+        x264 = _x264(rung, media, keys, gop=gop, colour=colour)
+        args += ["-map", f"[o_r{index}]", *x264, "-an"]
         args += ["-f", "mp4", str(layout.rung_video(rung))]
     if job.proxy and plan.proxy is not None:
         gop_p = str(media.proxy_gop_frames)
-        args += ["-map", "[o_px]", *_x264(plan.proxy, media, [], gop=media.proxy_gop_frames)]
+        x264 = _x264(plan.proxy, media, [], gop=media.proxy_gop_frames, colour=colour)
+        args += ["-map", "[o_px]", *x264]
         args += ["-keyint_min", gop_p, "-bf", "0", "-an", "-f", "mp4", str(layout.proxy_video)]
     if job.poster:
         args += ["-map", "[o_po]", "-frames:v", "1", "-q:v", POSTER_JPEG_QUALITY, "-update", "1"]
@@ -246,9 +277,27 @@ def encode_args(
         if plan.audio == "copy":
             args += ["-c:a", "copy"]
         else:
-            args += _audio_encode(media, audio_channels, audio_rate)
+            args += _audio_encode(media, audio_channels, audio_rate, plan.audio_filter)
         args += ["-f", "mp4", str(layout.audio)]
     return args
+
+
+def measure_args(
+    plan_audio: int, media: MediaConfig, sniff: Sniff, source: Path, measured: Path
+) -> list[str]:
+    """The audio stream ``plan_audio`` (absolute index) decoded through ``ebur128`` into the
+    null muxer, its figures printed to ``measured``: the loudness where no other pass
+    decodes the audio before the plan is made."""
+    return [
+        *input_args(sniff, source, max_streams=media.max_streams, max_pixels=media.max_pixels),
+        "-map",
+        f"0:{plan_audio}",
+        "-filter:a",
+        measure_filter(measured.name),
+        "-f",
+        "null",
+        "-",
+    ]
 
 
 def pieces_args(
@@ -263,12 +312,12 @@ def pieces_args(
     then split, each branch scaled and encoded as its own ``(chunk, rendition)`` encode
     would be (the same frames into the same x264 settings)."""
     timing = timing_filter(chunking, index, plan.frame_rate_expr)
+    if plan.colour_filter:
+        timing = f"{timing},{plan.colour_filter}"
+    colour = encoded_colour(plan)
     gop = 1_000_000 if plan.mode == "remux" else max(plan.gop_frames * 10, 250)
     cuts = plan.cut_points if plan.mode == "remux" else None
     keys = forced_keyframes(chunking, index, segment_seconds=plan.segment_seconds, cut_points=cuts)
-
-    def scale(rung: Rung) -> str:
-        return f"scale={rung.width}:{rung.height}:flags=bicubic,format=yuv420p,setsar=1"
 
     # passthrough: the timing filter made exactly the frames wanted, at the chunk's own
     # times; a filter_complex output would otherwise be filled with copies from time 0.
@@ -280,17 +329,18 @@ def pieces_args(
             "-map",
             "0:v:0",
             "-vf",
-            f"{timing},{scale(rung)}",
-            *_x264(rung, media, keys, gop=gop),
+            f"{timing},{rung_scale(rung)}",
+            *_x264(rung, media, keys, gop=gop, colour=colour),
             *tail,
             str(output),
         ]
     branches = "".join(f"[s{i}]" for i in range(len(rungs)))
     graph = [f"[0:v:0]{timing},split={len(rungs)}{branches}"]
-    graph += [f"[s{i}]{scale(rung)}[o{i}]" for i, (rung, _) in enumerate(rungs)]
+    graph += [f"[s{i}]{rung_scale(rung)}[o{i}]" for i, (rung, _) in enumerate(rungs)]
     args = [*input_args(NUT, chunk), "-filter_complex", ";".join(graph)]
     for i, (rung, output) in enumerate(rungs):
-        args += ["-map", f"[o{i}]", *_x264(rung, media, keys, gop=gop), *tail, str(output)]
+        x264 = _x264(rung, media, keys, gop=gop, colour=colour)
+        args += ["-map", f"[o{i}]", *x264, *tail, str(output)]
     return args
 
 
@@ -326,17 +376,28 @@ def package_args(
     def video_map(from_source: bool) -> list[str]:
         return ["-map", plan.video_map if from_source else "0:v:0"]
 
+    # A copied rung keeps the source's audio unless the plan encodes it (normalized).
+    copy_own_audio = plan.audio != "aac"
+    # The copied rung's colour tags: its container's (the bitstream stays the source's).
+    copy_tags = colour_args(plan.colour) if plan.colour is not None else []
+
+    def rung_io(rung: Rung) -> tuple[list[str], list[str], list[str]]:
+        """A rendition's inputs, maps and colour tags."""
+        if not rung.copy:
+            return [*video_input(rung), *audio_in], ["-map", "0:v:0", *audio_map(True)], []
+        if copy_own_audio:
+            return source_in, [*video_map(True), *audio_map(False)], copy_tags
+        return [*source_in, *audio_in], [*video_map(True), *audio_map(True)], copy_tags
+
     if "playback" in wants:
-        top = plan.top
-        # Remux: video and audio both come from the source itself.
-        inputs = source_in if top.copy else [*video_input(top), *audio_in]
-        maps = [*video_map(top.copy), *audio_map(not top.copy)]
+        inputs, maps, tags = rung_io(plan.top)
         runs.append(
             [
                 *inputs,
                 *maps,
                 "-c",
                 "copy",
+                *tags,
                 "-movflags",
                 "+faststart",
                 "-f",
@@ -364,17 +425,14 @@ def package_args(
     if "hls" in wants:
         for rung in plan.rungs:
             directory = layout.hls_rung(rung)
-            if rung.copy:
-                inputs, maps = source_in, [*video_map(True), *audio_map(False)]
-            else:
-                inputs = [*video_input(rung), *audio_in]
-                maps = ["-map", "0:v:0", *audio_map(True)]
+            inputs, maps, tags = rung_io(rung)
             runs.append(
                 [
                     *inputs,
                     *maps,
                     "-c",
                     "copy",
+                    *tags,
                     "-output_ts_offset",
                     f"{hls_offset:.6f}",
                     "-f",

@@ -21,10 +21,15 @@ import math
 import msgspec
 
 from aivedio.config.media import MediaConfig
+from aivedio.pipeline.media import colour, loudness
 from aivedio.pipeline.media.chunks import Chunking, make_chunking
+from aivedio.pipeline.media.colour import Colour
 from aivedio.pipeline.media.keyframes import Packet, segment_boundaries
+from aivedio.pipeline.media.loudness import Loudness
 from aivedio.pipeline.media.validate import MediaSummary
 
+# The rate transcoded audio is never above (and what ``loudnorm``'s output returns to).
+AUDIO_MAX_RATE = 48000
 REMUX_PROFILES = frozenset({"Constrained Baseline", "Baseline", "Main", "High"})
 MAX_REMUX_LEVEL = 51  # 5.1
 MAX_OUTPUT_FPS = 60.0
@@ -72,6 +77,16 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     # probe's scans): what a copied rung adds to the HLS timestamp offset. None (a plan
     # recorded before it was, or made without the scans): the render scans the source.
     source_earliest: float | None = None
+    # The colour of every rendition (tags written on each output, a copy's too) and the
+    # chain that makes it from the decoded source ("" none); None: a plan recorded before
+    # colour was planned (its outputs keep what ffmpeg passes through).
+    colour: Colour | None = None
+    colour_filter: str = ""
+    dynamic_range: str = "sdr"  # the source's: sdr | pq | hlg
+    # The source audio's EBU R128 figures (None: not measured, or no audio) and the
+    # filter that normalizes it ("" none: the audio as it is).
+    loudness: Loudness | None = None
+    audio_filter: str = ""
 
     @property
     def path(self) -> str:
@@ -119,6 +134,7 @@ def transcode_reasons(s: MediaSummary) -> list[str]:
         reasons.append("frame_rate")
     if s.audio_codec is not None and (s.audio_codec != "aac" or s.audio_profile != "LC"):
         reasons.append(f"audio:{s.audio_codec}/{s.audio_profile}")
+    reasons += colour.remux_reasons(s.colour)
     # Cut points are source timestamps and forced keyframes are output timestamps: they
     # agree only when the video starts at zero (within half a frame).
     half_frame = 0.5 / (s.frame_rate or 30.0)
@@ -177,8 +193,12 @@ def make_plan(
     outputs: list[str] | None = None,
     video_packets: list[Packet] | None = None,
     source_earliest: float | None = None,
+    measured: Loudness | None = None,
+    normalize: bool = True,
 ) -> Plan:
-    """The plan for this media. ``source_keyframes`` (seconds) is needed to remux with HLS;
+    """The plan for this media. ``measured``: the audio's loudness, normalized when
+    ``normalize`` (the tenant's switch) and ``[media.loudness] normalize`` are both on.
+    ``source_keyframes`` (seconds) is needed to remux with HLS;
     ``stream_start`` is the earliest packet of any stream muxed with the video (AAC priming
     starts about 23 ms before the video), from which the HLS muxer measures its cuts.
     ``video_packets`` (decode order) lets a source longer than
@@ -254,12 +274,7 @@ def make_plan(
     if outputs is not None:
         required = [o for o in required if o in outputs]
         optional = [o for o in optional if o in outputs]
-    if s.audio_codec is None:
-        audio = "none"
-    elif mode == "remux":
-        audio = "copy"
-    else:
-        audio = "aac"
+    audio, audio_filter = audio_treatment(s, media, mode, measured, normalize=normalize)
     duration = max(s.duration_seconds, 0.0)
     chunking = None
     # Only encoding is worth spreading: a remux whose ladder is the copied rung alone is not.
@@ -298,4 +313,42 @@ def make_plan(
         audio_stream=s.audio_stream_index,
         chunking=chunking,
         source_earliest=source_earliest,
+        colour=colour.output_colour(s.colour, copied=mode == "remux"),
+        colour_filter="" if mode == "remux" else colour.colour_filter(s.colour, media.colour),
+        dynamic_range=colour.dynamic_range(s.colour),
+        loudness=measured,
+        audio_filter=audio_filter,
     )
+
+
+def audio_treatment(
+    s: MediaSummary,
+    media: MediaConfig,
+    mode: str,
+    measured: Loudness | None,
+    *,
+    normalize: bool,
+) -> tuple[str, str]:
+    """``(audio, audio_filter)``: ``none`` without audio; a remux copies its audio unless it
+    is to be normalized and is off target (then ``aac`` with the gain); a transcode encodes,
+    normalized when it is to be (and measured)."""
+    if s.audio_codec is None:
+        return "none", ""
+    config = media.loudness
+    wanted = normalize and config.normalize and measured is not None
+    rate = min(s.audio_sample_rate or AUDIO_MAX_RATE, AUDIO_MAX_RATE)
+    gain = loudness.normalize_filter(measured, config, rate) if measured and wanted else ""
+    if mode == "remux":
+        if not gain or (measured is not None and loudness.on_target(measured, config)):
+            return "copy", ""
+        return "aac", gain
+    return "aac", gain
+
+
+def with_loudness(
+    plan: Plan, s: MediaSummary, media: MediaConfig, measured: Loudness, *, normalize: bool
+) -> Plan:
+    """``plan`` (made before the audio was measured) with the measurement and what it
+    decides for the audio; the video is planned as it was."""
+    audio, audio_filter = audio_treatment(s, media, plan.mode, measured, normalize=normalize)
+    return msgspec.structs.replace(plan, loudness=measured, audio=audio, audio_filter=audio_filter)

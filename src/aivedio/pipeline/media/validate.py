@@ -23,6 +23,7 @@ import msgspec
 
 from aivedio.config.media import MediaConfig, ToleranceConfig
 from aivedio.pipeline.ffmpeg.probe import ProbeOutput, Stream, parse_rate, rotation_of
+from aivedio.pipeline.media.colour import Colour, HdrMetadata, bit_depth, filled, hdr_metadata
 
 
 class IgnoredStream(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +73,26 @@ class MediaSummary(msgspec.Struct, kw_only=True):
     # audio track's): a single frame under a long audio track is too short to render.
     video_duration_seconds: float | None = None
     ignored_streams: list[IgnoredStream] = msgspec.field(default_factory=list)
+    # The video's colour as probed ("" where the stream has no tag), its bits per
+    # component and its HDR side data (the stream's, else its first frame's).
+    color_primaries: str = ""
+    color_transfer: str = ""
+    color_space: str = ""  # the matrix
+    color_range: str = ""
+    bit_depth: int | None = None
+    hdr: HdrMetadata | None = None
+    # The colour the source is taken to have: the probed tags, BT.709 limited where missing.
+    colour_assumed: Colour | None = None
+
+    @property
+    def colour(self) -> Colour:
+        """The probed colour ("" for a missing tag)."""
+        return Colour(
+            primaries=self.color_primaries,
+            transfer=self.color_transfer,
+            matrix=self.color_space,
+            range=self.color_range,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +190,26 @@ def summarize(probe: ProbeOutput) -> MediaSummary | None:
         data_streams=counts["data"],
         video_duration_seconds=video.duration if video.duration and video.duration > 0 else None,
         ignored_streams=_ignored(probe, {video.index} | ({audio.index} if audio else set())),
+        color_primaries=_tag(video.color_primaries),
+        color_transfer=_tag(video.color_transfer),
+        color_space=_tag(video.color_space),
+        color_range=_tag(video.color_range),
+        bit_depth=bit_depth(video.pix_fmt, video.bits_per_raw_sample),
+        hdr=hdr_metadata(video.side_data_list),
+        colour_assumed=filled(
+            Colour(
+                primaries=video.color_primaries,
+                transfer=video.color_transfer,
+                matrix=video.color_space,
+                range=video.color_range,
+            )
+        ),
     )
+
+
+def _tag(value: str) -> str:
+    """A colour tag as recorded: "" when the stream does not set one."""
+    return "" if value in ("unknown", "unspecified", "reserved") else value
 
 
 def validate(

@@ -26,7 +26,7 @@ import pytest
 import structlog
 
 from aivedio.cli import main as cli
-from aivedio.config.media import MediaConfig, RungConfig
+from aivedio.config.media import LoudnessConfig, MediaConfig, RungConfig
 from aivedio.errors import RenderError
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import Report
@@ -38,8 +38,13 @@ from aivedio.pipeline.media.validate import MediaSummary
 from tests.support import media_fixtures as mf
 from tests.support.hls_check import check_hls
 
-SMALL = MediaConfig(ladder=[RungConfig(height=360), RungConfig(height=240)], segment_seconds=1)
-DEFAULT = MediaConfig()
+# Loudness normalization off: these runs hold the DAG's copies to the source's own
+# bitstreams (test_media_run_loudness.py holds the normalization).
+QUIET = LoudnessConfig(normalize=False)
+SMALL = MediaConfig(
+    ladder=[RungConfig(height=360), RungConfig(height=240)], segment_seconds=1, loudness=QUIET
+)
+DEFAULT = MediaConfig(loudness=QUIET)
 REQUIRED = {"playback", "poster"}
 ALL_OUTPUTS = {"playback", "poster", "hls", "proxy", "sprite", "waveform", "keyframes"}
 
@@ -172,11 +177,7 @@ def audio_streams(info: dict[str, Any]) -> list[dict[str, Any]]:
     return [s for s in info["streams"] if s["codec_type"] == "audio"]
 
 
-def stream_md5(path: Path, stream: str) -> str:
-    argv = [mf.FFMPEG, "-nostdin", "-v", "error", "-i", str(path), "-map", stream]
-    proc = subprocess.run([*argv, "-c", "copy", "-f", "md5", "-"], capture_output=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout.decode().strip()
+stream_md5 = mf.stream_md5
 
 
 def video_packet_flags(path: Path) -> list[str]:
@@ -838,6 +839,7 @@ TIGHT = MediaConfig(
     segment_seconds=1,
     process_timeout_seconds=0.03,  # below an encode of the 720p clip on a fast host
     process_timeout_per_media_second=0,
+    loudness=QUIET,
 )
 
 

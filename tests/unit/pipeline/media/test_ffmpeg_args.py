@@ -11,6 +11,7 @@ import pytest
 
 from aivedio.config.media import MediaConfig
 from aivedio.pipeline.media.chunks import Chunking, split_args
+from aivedio.pipeline.media.colour import BT709
 from aivedio.pipeline.media.ffmpeg_args import (
     EncodeJob,
     Layout,
@@ -18,6 +19,7 @@ from aivedio.pipeline.media.ffmpeg_args import (
     encode_job,
     merge_runs,
     package_args,
+    pieces_args,
     poster_seek_args,
 )
 from aivedio.pipeline.media.plan import Plan, Rung
@@ -237,8 +239,11 @@ def test_transcode_pass_splits_one_decode_into_every_branch(layout: Layout) -> N
     maps = values(args, "-map")
     assert maps == ["[o_r0]", "[o_r1]", "[o_r2]", "[o_px]", "[o_po]", "[o_sp]", "[o_wave]", "0:a:0"]
     for r in plan.rungs:
-        assert f"scale={r.width}:{r.height}:flags=bicubic,format=yuv420p,setsar=1" in graph
-    assert "scale=640:360:flags=bicubic,format=yuv420p,setsar=1" in graph  # proxy
+        assert (
+            f"scale={r.width}:{r.height}:flags=bicubic:out_range=tv,format=yuv420p,setsar=1"
+            in graph
+        )
+    assert "scale=640:360:flags=bicubic:out_range=tv,format=yuv420p,setsar=1" in graph  # proxy
     assert "tile=10x10" in graph
     # Frame 1.5 s x 29.97 = 44 of the CFR stream.
     assert "select='eq(n\\,44)'" in graph
@@ -570,3 +575,42 @@ def test_plan_round_trips_through_msgspec() -> None:
     # Plans are stored with jobs: what the builders read survives encoding.
     plan = make_plan("remux")
     assert msgspec.json.decode(msgspec.json.encode(plan), type=Plan) == plan
+
+
+# -- colour and loudness in the argv ----------------------------------------------------------
+
+
+def test_a_normalized_remux_copies_the_video_and_takes_the_encoded_audio(layout: Layout) -> None:
+    plan = make_plan("remux", audio="aac", audio_filter="volume=-8.00dB", colour=BT709)
+    job = encode_job(plan, {"playback", "poster"}, has_audio=True)
+    assert job.audio and not job.rungs  # the audio alone is encoded
+    args = encode(plan, layout, {"playback", "poster"})
+    assert values(args, "-filter:a") == ["volume=-8.00dB"]
+    assert values(args, "-c:a") == ["aac"]
+    [playback] = package(plan, layout, {"playback"})
+    assert [v for _, v in inputs(playback)] == [f"file:{SOURCE}", f"file:{layout.audio}"]
+    assert values(playback, "-map") == ["0:0", "1:a:0"]
+    assert values(playback, "-c") == ["copy"]
+    assert values(playback, "-color_trc") == ["bt709"]  # the copy's container tags
+
+
+def test_the_colour_chain_runs_once_before_the_split_and_every_encode_is_tagged(
+    layout: Layout,
+) -> None:
+    chain = "zscale=tin=smpte2084:t=linear,format=gbrpf32le,tonemap=tonemap=hable"
+    plan = make_plan("transcode", colour=BT709, colour_filter=chain)
+    args = encode(plan, layout)
+    graph = filter_graph(args)
+    assert graph.count("zscale=tin=smpte2084") == 1
+    assert graph.startswith(f"[0:0]fps=30000/1001,{chain},split=")
+    assert values(args, "-color_primaries") == ["bt709"] * (len(plan.rungs) + 1)  # + proxy
+    assert values(args, "-color_range") == ["tv"] * (len(plan.rungs) + 1)
+    piece = pieces_args(plan, CHUNKING, 0, [(plan.rungs[1], layout.work / "p.mp4")], MEDIA, SOURCE)
+    assert chain in piece[piece.index("-vf") + 1]
+    assert values(piece, "-colorspace") == ["bt709"]
+
+
+def test_a_plan_recorded_without_colour_writes_no_colour_tags(layout: Layout) -> None:
+    args = encode(make_plan("transcode"), layout)
+    assert "-color_primaries" not in args
+    assert all("-color_trc" not in run for run in package(make_plan("remux"), layout))
