@@ -505,7 +505,7 @@ async def _published_playback(rig: Rig, asset_id: Any, tmp_path: Path) -> Path:
     return path
 
 
-async def test_a_loud_remux_is_published_normalized_from_the_frames_pass_measurement(
+async def test_a_loud_remux_is_measured_first_and_its_playback_made_once_normalized(
     rig: Rig, media_cache: MediaCache, tmp_path: Path
 ) -> None:
     source = media_cache.get("loud", lambda d: mf.tone_at(d, volume_db=15))
@@ -516,10 +516,10 @@ async def test_a_loud_remux_is_published_normalized_from_the_frames_pass_measure
         await rig.wait_idle(asset_id)
     result = await probe_result(rig, asset_id)
     assert result["fast_path"] is True and result["decision"] == "allow"
-    # Measured by the frames pass's own audio decode: no measuring pass of its own; the
-    # playback's audio alone made again, normalized.
-    assert "loudness" not in result["processes"]
-    assert "loudness" in [p["phase"] for p in result["phases"]]
+    # Measured by an audio-only pass before the render, so the playback is made once,
+    # normalized: never made again after the frames pass (the "loudness" phase).
+    assert "loudness" in result["processes"]
+    assert "loudness" not in [p["phase"] for p in result["phases"]]
     first, *_ = await rig.revisions(asset_id)
     plan = first["plan"]
     assert plan["mode"] == "remux" and plan["audio"] == "aac"
@@ -548,7 +548,9 @@ async def test_a_tenant_with_normalization_off_keeps_its_audio_on_the_fast_path(
             await rig.wait_idle(asset_id)
         first, *_ = await rig.revisions(asset_id)
         assert first["plan"]["audio"] == "copy"
-        # Measured all the same (the pass decodes the audio anyway), and recorded.
+        # Measured all the same by the frames pass's audio decode, and recorded; no
+        # measuring pass of its own.
+        assert "loudness" not in (await probe_result(rig, asset_id))["processes"]
         assert first["plan"]["loudness"]["integrated_lufs"] > -10
         published = await _published_playback(rig, asset_id, tmp_path)
         assert mf.stream_md5(published, "0:a:0") == mf.stream_md5(source, "0:a:0")
