@@ -171,7 +171,9 @@ async def _create(
 
 async def _open_granted(request: web.Request, length: int) -> web.StreamResponse:
     """Creation with an upload token: its upload exists already; answer it."""
-    session = await resumable_of_id(request, granted_upload(request))
+    granted = granted_upload(request)
+    assert granted is not None
+    session = await resumable_of_id(request, granted)
     if length != session.declared_size_bytes:
         raise ApiError(
             400,
@@ -182,7 +184,7 @@ async def _open_granted(request: web.Request, length: int) -> web.StreamResponse
     return await _answer_created(request, session)
 
 
-async def resumable_of_id(request: web.Request, video_id: uuid.UUID | None) -> UploadSession:
+async def resumable_of_id(request: web.Request, video_id: uuid.UUID) -> UploadSession:
     session = await uploads.load_session(context(request).pool, tenant_of(request), video_id)
     if session is None or session.method != uploads.TUS:
         raise ApiError(404, "no such upload")

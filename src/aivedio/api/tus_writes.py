@@ -196,10 +196,10 @@ async def _append(
     except NotFoundError:
         # The append is gone: a finish completed the object before its session could be
         # marked (a crash, a lost database), or the upload was removed.
-        info = await ctx.store.head(key)
-        if info is None or info.size != length:
+        published = await ctx.store.head(key)
+        if published is None or published.size != length:
             raise
-        return await _complete(ctx, session, info, None)
+        return await _complete(ctx, session, published, None)
     recorded = await resumable_uploads.record_checkpoint(
         ctx.pool,
         session.id,

@@ -421,7 +421,6 @@ async def _verify(ctx: ApiContext, session: UploadSession, key: str, info: Objec
         await fail_upload(
             ctx,
             session,
-            key,
             "size_mismatch",
             f"the uploaded object has {info.size} bytes, declared {declared}",
         )
@@ -431,7 +430,6 @@ async def _verify(ctx: ApiContext, session: UploadSession, key: str, info: Objec
             await fail_upload(
                 ctx,
                 session,
-                key,
                 "size_mismatch",
                 f"received {session.received_size_bytes} bytes, declared {declared}",
             )
@@ -441,7 +439,6 @@ async def _verify(ctx: ApiContext, session: UploadSession, key: str, info: Objec
         await fail_upload(
             ctx,
             session,
-            key,
             "checksum_mismatch",
             f"the uploaded object's SHA-256 is {digest}, declared {session.declared_sha256}",
         )

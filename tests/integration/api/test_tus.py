@@ -431,9 +431,12 @@ async def test_tuspy_resumes_after_a_dropped_connection(
     source = tmp_path / "clip.mp4"
     source.write_bytes(data)
     chunk = 2 * MIB
-    async with cutting_proxy(cut_after_bytes=3 * MIB) as proxy, serve(
-        config, pool, tmp_path, request, kind, public_base_url=f"http://127.0.0.1:{proxy.port}"
-    ) as api:
+    async with (
+        cutting_proxy(cut_after_bytes=3 * MIB) as proxy,
+        serve(
+            config, pool, tmp_path, request, kind, public_base_url=f"http://127.0.0.1:{proxy.port}"
+        ) as api,
+    ):
         proxy.target_port = int(api.base.rsplit(":", 1)[1])
         url = await anyio.to_thread.run_sync(first_attempt, api, proxy, source, chunk, checksum)
         assert proxy.cuts == 1
