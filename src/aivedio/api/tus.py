@@ -195,7 +195,7 @@ async def _answer_created(request: web.Request, session: UploadSession) -> web.R
     """201 with Location; a body's bytes (creation-with-upload) are appended first."""
     ctx = context(request)
     offset = session.upload_offset or 0
-    has_body = request.body_exists and (request.content_length or 0) != 0
+    has_body = request.body_exists and request.content_length != 0  # None: chunked
     if has_body:
         checksum = parse_checksum(request.headers.get("Upload-Checksum"))
         received = await receive(request, session, offset, checksum)
