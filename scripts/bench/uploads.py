@@ -32,6 +32,11 @@ figure must be a positive number. Only loopback addresses are contacted.
 
 from __future__ import annotations
 
+import sys
+
+if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
+    sys.path.pop(0)  # scripts/bench/queue.py would shadow the standard library's queue
+
 import argparse
 import asyncio
 import base64
@@ -42,7 +47,6 @@ import platform
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
