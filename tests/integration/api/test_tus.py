@@ -440,6 +440,7 @@ async def test_tuspy_resumes_after_a_dropped_connection(
         proxy.target_port = int(api.base.rsplit(":", 1)[1])
         url = await anyio.to_thread.run_sync(first_attempt, api, proxy, source, chunk, checksum)
         assert proxy.cuts == 1
+        await writer_gone(api, video_of(url))  # the cut PATCH's handler has finished
         stored = await offset_of(api, url)
         if checksum:
             assert stored == chunk  # the checksummed PATCH cut short counts for nothing
@@ -449,6 +450,17 @@ async def test_tuspy_resumes_after_a_dropped_connection(
         row = await asset_row(api.rig.pool, video_of(url))
         assert row["source_sha256"] == hashlib.sha256(data).hexdigest()
         assert row["jobs"] == 1
+
+
+async def writer_gone(api: Api, video_id: str) -> None:
+    """Wait until no PATCH holds the upload (the server saw the cut and recorded or refused
+    what arrived): its writer lease is released then."""
+    with anyio.fail_after(10):
+        while await api.rig.pool.fetchval(
+            "SELECT writer_id IS NOT NULL FROM upload_sessions WHERE id = $1",
+            uuid.UUID(video_id),
+        ):
+            await anyio.sleep(0.02)
 
 
 def first_attempt(api: Api, proxy: CuttingProxy, source: Path, chunk: int, checksum: bool) -> str:
