@@ -284,15 +284,10 @@ async def test_one_writer_at_a_time(api2: Api) -> None:
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(first)
-        # Once the first holds the upload, a second writer is refused 423 (tus clients retry).
-        with anyio.fail_after(10):
-            while True:
-                status, headers, _ = await patch(api2, url, 0, b"c" * 10)
-                if status == 423:
-                    break
-                assert status in (409,), status
-                await anyio.sleep(0.05)
-        assert headers["Retry-After"] == "1"
+        await writer_held(api2, video_of(url))  # the first PATCH holds the upload now
+        # A second writer meanwhile is refused 423 (tus clients retry it).
+        status, headers, _ = await patch(api2, url, 0, b"c" * 10)
+        assert status == 423 and headers["Retry-After"] == "1"
         release.set()
     assert await offset_of(api2, url) == 2 * MIB
 
@@ -454,6 +449,16 @@ async def test_tuspy_resumes_after_a_dropped_connection(
         row = await asset_row(api.rig.pool, video_of(url))
         assert row["source_sha256"] == hashlib.sha256(data).hexdigest()
         assert row["jobs"] == 1
+
+
+async def writer_held(api: Api, video_id: str) -> None:
+    """Wait until a PATCH holds the upload's writer lease."""
+    with anyio.fail_after(10):
+        while not await api.rig.pool.fetchval(
+            "SELECT writer_id IS NOT NULL FROM upload_sessions WHERE id = $1",
+            uuid.UUID(video_id),
+        ):
+            await anyio.sleep(0.01)
 
 
 async def writer_gone(api: Api, video_id: str) -> None:
