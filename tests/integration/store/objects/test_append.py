@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from aivedio.errors import NotFoundError
 from aivedio.store.objects.append import AppendingStore, AppendMark
 from aivedio.store.objects.base import ObjectStore
@@ -17,6 +19,8 @@ from tests.integration.store.objects.test_engines import (  # noqa: F401 (fixtur
     store,
     store_kind,
 )
+
+pytestmark = [pytest.mark.anyio, pytest.mark.integration]
 
 KEY = "quarantine/t/v/source.bin"
 SCRATCH = "quarantine/t/v/tus/"
