@@ -181,26 +181,25 @@ class S3Appender:
         return self._mark
 
     async def finish(self) -> ObjectInfo:
-        if self._filled or self._next == 1:
-            await self._submit()
-        await self._drain()
-        parts = [
-            UploadedPart(number, etag, checksum_sha256=checksum)
-            for number, (etag, checksum) in sorted(self._parts.items())
-            if number < self._next
-        ]
-        if len(parts) != self._next - 1:
-            raise TransientError(f"append of {self._key!r}: a part was lost before completion")
         try:
+            if self._filled or self._next == 1:
+                await self._submit()
+            await self._drain()
+            parts = [
+                UploadedPart(number, etag, checksum_sha256=checksum)
+                for number, (etag, checksum) in sorted(self._parts.items())
+                if number < self._next
+            ]
+            if len(parts) != self._next - 1:
+                raise TransientError(f"append of {self._key!r}: a part was lost before completion")
             return await self._store.complete_multipart(self._key, self._upload_id, parts)
-        except NotFoundError:
-            return await self._finished_before()
-
-    async def _finished_before(self) -> ObjectInfo:
-        info = await self._store.head(self._key)
-        if info is None or info.size != self._offset:
-            raise NotFoundError(f"the multipart upload of {self._key!r} is gone")
-        return info
+        except (NotFoundError, TransientError):
+            # The upload is gone: a previous finish completed it (S3 answers NoSuchUpload;
+            # moto a 500 to a part of a completed upload). Its object, when it is whole.
+            info = await self._store.head(self._key)
+            if info is None or info.size != self._offset:
+                raise
+            return info
 
 
 @asynccontextmanager
