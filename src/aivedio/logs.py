@@ -71,6 +71,8 @@ _PATTERNS = [
         ),
         "av_" + MASK,
     ),
+    # One-time upload tokens of resumable uploads (avu_…, store/resumable_uploads.py).
+    (re.compile(r"(?i)avu(?:_|%5f)[A-Za-z0-9_%-]{4,}"), "avu_" + MASK),
     # Standard Webhooks secrets (whsec_ and base64), ours for receivers and vendors'.
     (re.compile(r"whsec_[A-Za-z0-9+/=_-]{4,}"), "whsec_" + MASK),
     # Playback tokens (api/tokens.py: base64url of a JSON array, so "Wz", a dot and a MAC)

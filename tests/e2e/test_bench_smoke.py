@@ -42,6 +42,7 @@ SMOKES: dict[str, list[str]] = {
     "publish.py": ["--dsn", SERVER_DSN],
     "queue.py": ["--server-dsn", SERVER_DSN],
     "time_to_playable.py": ["--server-dsn", SERVER_DSN],
+    "uploads.py": ["--server-dsn", SERVER_DSN],
 }
 # Not benchmarks by themselves: the workloads a benchmark runs as its children (they need
 # its servers), run by that benchmark's smoke mode.

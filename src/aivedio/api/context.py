@@ -8,6 +8,7 @@ from aiohttp import web
 
 from aivedio.api.token_buckets import BucketTable
 from aivedio.api.tokens import TokenSigner
+from aivedio.api.upload_hashes import UploadHashes
 from aivedio.config.load import Config
 from aivedio.crypto import UrlCipher
 from aivedio.errors import ConfigError
@@ -48,8 +49,12 @@ class ApiContext:
     # one), and a bucket per playback token.
     sandbox: Sandbox | None = None
     thumbnail_buckets: BucketTable = field(default_factory=lambda: BucketTable(50_000))
+    # Resumable uploads (api/tus.py): their whole-file hashes so far, and the bound on the
+    # PATCHes streaming at once (made from config).
+    upload_hashes: UploadHashes = field(init=False)
 
     def __post_init__(self) -> None:
+        self.upload_hashes = UploadHashes(self.config.api.resumable_writes)
         self.backlog = BacklogMonitor(self.config.backlog, self.pool, self.metrics.backlog)
         self.conditions = Conditions(self.metrics.supervision)
 

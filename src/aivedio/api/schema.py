@@ -46,11 +46,15 @@ _ERROR_TEXT = {
     405: "method not allowed",
     408: "the body did not arrive in time",
     409: "conflicting state",
+    410: "gone: the upload ended (expired, terminated or failed)",
     411: "Content-Length required",
+    412: "Tus-Resumable is not 1.0.0 (Tus-Version says what is)",
     413: "body too large",
     415: "unsupported media type",
     416: "range not satisfiable",
     422: "well-formed but unacceptable",
+    423: "locked: another request is writing to it; retry after Retry-After",
+    460: "the body is not what its Upload-Checksum says; nothing of it was kept",
     503: "unavailable; retry later",
 }
 

@@ -40,12 +40,28 @@ class CreateVideo(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     """``POST /v1/videos``: what the client is about to upload."""
 
     size_bytes: Annotated[int, msgspec.Meta(ge=1, description="exact size of the file")]
-    sha256: Annotated[str, msgspec.Meta(pattern=_SHA256, description="SHA-256 of the file, hex")]
+    sha256: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                pattern=_SHA256,
+                description="SHA-256 of the file, hex: verified when given, computed when not",
+            ),
+        ]
+        | None
+    ) = None
     content_type: ContentType = "video/mp4"
     filename: Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=_TEXT)] | None = (
         None
     )
     passthrough: Passthrough | None = None
+    resumable: Annotated[
+        bool,
+        msgspec.Meta(
+            description="send the bytes with tus 1.0 (PATCH /v1/uploads/{id}) and a one-time "
+            "upload token instead of the API key: for browsers"
+        ),
+    ] = False
 
 
 class CompletedPart(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -72,11 +88,14 @@ class UploadInstructions(msgspec.Struct, frozen=True, kw_only=True, omit_default
     """How to send the bytes. ``PUT``: one request to ``url`` with exactly ``headers`` (and
     the file as the body). ``MULTIPART``: each part's bytes (``part_size`` each, the last
     one the rest) PUT to that part's ``url``; keep the ``ETag`` each answers for complete.
-    ``credentials``: ``api_key`` means send your API key (``Authorization: Bearer …``) as
-    on every API call; ``none`` means the URL is presigned: send no Authorization header."""
+    ``TUS``: a tus 1.0 upload at ``url`` (HEAD it, PATCH the bytes; it completes with its
+    last PATCH), sending ``headers``. ``credentials``: ``api_key`` means send your API key
+    (``Authorization: Bearer …``) as on every API call; ``none`` means the URL is presigned:
+    send no Authorization header; ``upload_token`` means ``headers`` carry a one-time token
+    that opens this one upload only (hand it to the browser, never your API key)."""
 
-    method: Literal["PUT", "MULTIPART"]
-    credentials: Literal["api_key", "none"]
+    method: Literal["PUT", "MULTIPART", "TUS"]
+    credentials: Literal["api_key", "none", "upload_token"]
     expires_at: datetime
     url: str | None = None
     headers: dict[str, str] = {}
@@ -136,9 +155,9 @@ class TimelineEntry(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
 
 class UploadSummary(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     size_bytes: int
-    sha256: str
     content_type: str
     expires_at: datetime
+    sha256: str | None = None
     filename: str | None = None
     received_bytes: int | None = None
 

@@ -1,7 +1,8 @@
 """``PUT /v1/videos/{id}/upload``: the local store's upload path, through the API.
 
 The API streams the body into the store while counting and hashing it (never whole in
-memory) and keeps it only when its size and SHA-256 are the declared ones; a refused attempt
+memory) and keeps it only when its size and SHA-256 are the declared ones (a session that
+declared no SHA-256 keeps the one measured); a refused attempt
 leaves the session open for another. (With S3 the client sends the bytes to presigned URLs
 and this route refuses them: ``videos.py``.) The route is described with the other video
 routes in ``video_paths.py``.
@@ -11,48 +12,24 @@ from __future__ import annotations
 
 import hashlib
 import uuid
-from collections.abc import AsyncIterator
 from typing import NoReturn
 
 import aiohttp
-import anyio
 from aiohttp import http_exceptions, web
 
 from aivedio.api import schema
 from aivedio.api.context import ApiContext, context
 from aivedio.api.problems import ApiError
 from aivedio.api.video_bodies import UploadReceived
-from aivedio.api.video_sessions import hash_chunk, refuse_ended, session_of
+from aivedio.api.video_sessions import arriving, hash_chunk, refuse_ended, session_of
 from aivedio.errors import StaleStateError
 from aivedio.logs import get_logger
 from aivedio.store import uploads
-from aivedio.store.objects.base import MIB
 from aivedio.store.uploads import UploadSession
 
 log = get_logger("aivedio.api")
 
 routes = web.RouteTableDef()
-
-# Request bodies are read this many bytes at a time while streaming into the store.
-CHUNK_BYTES = 1 * MIB
-
-
-async def _arriving(request: web.Request, idle_seconds: float) -> AsyncIterator[bytes]:
-    """The body's chunks as they arrive, 408 when none comes for ``idle_seconds``: a large
-    upload may take hours, but a client that stops sending must not hold a handler (and an
-    open multipart upload) for ever."""
-    chunks = request.content.iter_chunked(CHUNK_BYTES).__aiter__()
-    while True:
-        try:
-            with anyio.fail_after(idle_seconds):
-                chunk = await anext(chunks)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            raise ApiError(
-                408, f"the upload sent nothing for {idle_seconds:g} s", "body_timeout"
-            ) from None
-        yield chunk
 
 
 @routes.put("/v1/videos/{video_id}/upload")
@@ -85,7 +62,7 @@ async def upload_video(request: web.Request) -> web.Response:
     idle_seconds = ctx.config.api.body_read_timeout_seconds
     try:
         async with await ctx.store.start_upload(key, content_type=session.content_type) as up:
-            async for chunk in _arriving(request, idle_seconds):
+            async for chunk in arriving(request, idle_seconds):
                 received += len(chunk)
                 if received > declared:
                     await _refused(
@@ -98,7 +75,7 @@ async def upload_video(request: web.Request) -> web.Response:
                     ctx, session, "size_mismatch", f"received {received} bytes, declared {declared}"
                 )
             digest = hasher.hexdigest()
-            if digest != session.declared_sha256:
+            if session.declared_sha256 is not None and digest != session.declared_sha256:
                 await _refused(
                     ctx,
                     session,

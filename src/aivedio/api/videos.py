@@ -7,6 +7,12 @@ source to the pipeline, ``GET /v1/videos/{id}/status`` shows where it is.
   (``store/uploads.complete_session``), like the fetch stage does for provider outputs; a
   second complete finds the session COMPLETED and answers the same, so there is one asset
   and one probe job however often a client retries.
+* **A resumable upload** (``"resumable": true``, or ``POST /v1/uploads`` straight away)
+  takes its bytes with tus 1.0 on either store (``api/tus.py``); the answer carries a
+  one-time upload token, so a browser sends them without ever holding the API key, and the
+  last PATCH completes the upload by itself (the same intake as complete).
+* **The SHA-256 is optional.** Declared, a mismatch fails the upload; not declared, the
+  digest measured while the bytes arrived (or read back from S3) is the source's.
 * **Where the bytes go depends on the store.** S3 (a ``PresigningStore``): the client sends
   them straight to S3 with presigned URLs that bind the object's key, its exact length (per
   part for multipart) and, for a single PUT, its SHA-256; the API never carries them. The
@@ -34,23 +40,23 @@ source to the pipeline, ``GET /v1/videos/{id}/status`` shows where it is.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from typing import Any
 
 import anyio
 import msgspec
 from aiohttp import web
 
 from aivedio import untrusted
-from aivedio.api import schema
+from aivedio.api import schema, tus_protocol
 from aivedio.api.auth import tenant_of
 from aivedio.api.bodies import read_body
 from aivedio.api.context import ApiContext, context
 from aivedio.api.idempotency import idempotent
 from aivedio.api.problems import ApiError
+from aivedio.api.resumable_sessions import open_resumable, upload_path
 from aivedio.api.video_bodies import (
     CompleteVideo,
     CreateVideo,
@@ -66,9 +72,11 @@ from aivedio.api.video_bodies import (
 )
 from aivedio.api.video_paths import PATHS as PATHS  # these routes and video_upload's
 from aivedio.api.video_sessions import (
-    hash_chunk,
+    fail_upload,
+    hash_object,
     path_video_id,
     refuse_ended,
+    refuse_under_pressure,
     session_of,
     status_path,
 )
@@ -157,7 +165,7 @@ async def create_video(request: web.Request) -> web.StreamResponse:
 async def _create_video(request: web.Request, raw: bytes) -> web.Response:
     ctx = context(request)
     body: CreateVideo = await _decode(request, CreateVideo, required=True, raw=raw)
-    await _refuse_under_pressure(ctx)
+    await refuse_under_pressure(ctx)
     limit = ctx.config.api.upload_max_bytes
     if body.size_bytes > limit:
         # A field over its schema's maximum (openapi.py states the limit there), like any
@@ -170,9 +178,28 @@ async def _create_video(request: web.Request, raw: bytes) -> web.Response:
         )
     tenant_id = tenant_of(request)
     video_id = uuid.uuid4()
-    sha256 = body.sha256.lower()
+    sha256 = body.sha256.lower() if body.sha256 is not None else None
     ttl = ctx.config.api.upload_session_ttl_seconds
     store = ctx.store
+    if body.resumable:
+        session, token = await open_resumable(
+            ctx,
+            tenant_id=tenant_id,
+            size_bytes=body.size_bytes,
+            content_type=body.content_type,
+            filename=body.filename,
+            sha256=sha256,
+            passthrough=body.passthrough,
+            with_token=True,
+        )
+        assert token is not None
+        return _created(
+            session.id,
+            session.expires_at,
+            resumable_instructions(ctx, session, token),
+            tenant_id=tenant_id,
+            size_bytes=body.size_bytes,
+        )
     if isinstance(store, PresigningStore):
         ttl = min(ttl, MAX_PRESIGN_SECONDS)  # the session ends when its URLs do
     expires_at = datetime.now(UTC) + timedelta(seconds=ttl)
@@ -197,11 +224,24 @@ async def _create_video(request: web.Request, raw: bytes) -> web.Response:
             url=f"{ctx.base_url()}/v1/videos/{video_id}/upload",
             headers={"Content-Type": "application/octet-stream"},
         )
+    return _created(
+        video_id, expires_at, instructions, tenant_id=tenant_id, size_bytes=body.size_bytes
+    )
+
+
+def _created(
+    video_id: uuid.UUID,
+    expires_at: datetime,
+    instructions: UploadInstructions,
+    *,
+    tenant_id: int,
+    size_bytes: int,
+) -> web.Response:
     log.info(
         "upload_session_created",
         video_id=str(video_id),
         tenant_id=tenant_id,
-        size_bytes=body.size_bytes,
+        size_bytes=size_bytes,
         method=instructions.method,
     )
     created = VideoCreated(
@@ -210,20 +250,16 @@ async def _create_video(request: web.Request, raw: bytes) -> web.Response:
     return schema.encode(created, 201, headers={"Location": status_path(video_id)})
 
 
-async def _refuse_under_pressure(ctx: ApiContext) -> None:
-    """503 + Retry-After while the backlog pressure is on (and refusing is configured)."""
-    reading = await ctx.backlog.current()
-    if not ctx.backlog.refuse_uploads:
-        return
-    ctx.metrics.uploads_refused.inc()
-    seconds = ctx.config.backlog.retry_after_seconds
-    log.warning("upload_refused", reason=reading.describe(), retry_after_seconds=seconds)
-    raise ApiError(
-        503,
-        f"new uploads are paused while the processing backlog drains ({reading.describe()}); "
-        f"retry after {seconds} s",
-        code="overloaded",
-        headers={"Retry-After": str(seconds)},
+def resumable_instructions(
+    ctx: ApiContext, session: UploadSession, token: str
+) -> UploadInstructions:
+    """Where a browser sends the bytes with tus: the upload's URL and its one-time token."""
+    return UploadInstructions(
+        method="TUS",
+        credentials="upload_token",
+        expires_at=session.expires_at,
+        url=f"{ctx.base_url()}{upload_path(session.id)}",
+        headers={"Authorization": f"Bearer {token}", "Tus-Resumable": tus_protocol.VERSION},
     )
 
 
@@ -242,7 +278,7 @@ async def _presigned(
             expires_seconds=seconds,
             content_length=size,
             content_type=common["content_type"],
-            sha256_hex=common["sha256"],
+            sha256_hex=common["sha256"],  # None: complete computes it, reading the object
         )
         await uploads.create_session(ctx.pool, method=uploads.S3_PUT, object_key=key, **common)
         return UploadInstructions(
@@ -299,6 +335,13 @@ async def complete_video(request: web.Request) -> web.Response:
     if session.status == uploads.COMPLETED:
         return await _accepted(ctx, session)
     refuse_ended(session)
+    if session.method == uploads.TUS:
+        raise ApiError(
+            409,
+            f"a resumable upload completes with its last PATCH to {upload_path(session.id)}: "
+            f"{session.upload_offset or 0} of {session.declared_size_bytes} bytes are stored",
+            code="incomplete_upload",
+        )
     key, info = await _uploaded_object(ctx, session, body)
     sha256 = await _verify(ctx, session, key, info)
     probe = probe_spec(session.id, session.tenant_id)
@@ -366,7 +409,8 @@ async def _uploaded_object(
 
 
 async def _verify(ctx: ApiContext, session: UploadSession, key: str, info: ObjectInfo) -> str:
-    """The object's SHA-256 when it is the declared one; else the session fails (422).
+    """The object's SHA-256 when it is the declared one (or when none was declared); else
+    the session fails (422).
 
     Through the API the digest was measured while the bytes streamed in and the key was
     written once, by that PUT. For presigned uploads the object is read back through SHA-256:
@@ -374,54 +418,31 @@ async def _verify(ctx: ApiContext, session: UploadSession, key: str, info: Objec
     """
     declared = session.declared_size_bytes
     if info.size != declared:
-        await _fail(
+        await fail_upload(
             ctx,
             session,
-            key,
             "size_mismatch",
             f"the uploaded object has {info.size} bytes, declared {declared}",
         )
     if session.method == uploads.API_PUT:
         digest = session.received_sha256 or ""
         if session.received_size_bytes != declared:
-            await _fail(
+            await fail_upload(
                 ctx,
                 session,
-                key,
                 "size_mismatch",
                 f"received {session.received_size_bytes} bytes, declared {declared}",
             )
     else:
-        hasher = hashlib.sha256()
-        stream = ctx.store.get(key)
-        try:
-            async for chunk in stream:
-                await hash_chunk(hasher, chunk)
-        finally:
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        digest = hasher.hexdigest()
-    if digest != session.declared_sha256:
-        await _fail(
+        digest = await hash_object(ctx.store, key)
+    if session.declared_sha256 is not None and digest != session.declared_sha256:
+        await fail_upload(
             ctx,
             session,
-            key,
             "checksum_mismatch",
             f"the uploaded object's SHA-256 is {digest}, declared {session.declared_sha256}",
         )
     return digest
-
-
-async def _fail(
-    ctx: ApiContext, session: UploadSession, key: str, error_class: str, detail: str
-) -> NoReturn:
-    """The session FAILED with the reason, its objects removed; answers 422."""
-    if await uploads.fail_session(ctx.pool, session.id, error_class, detail):
-        await uploads.remove_session_objects(ctx.store, session)
-        await uploads.mark_cleaned(ctx.pool, session.id)
-        log.info("upload_failed", video_id=str(session.id), error_class=error_class)
-    raise ApiError(422, f"upload failed: {detail}; create a new video", code=error_class)
 
 
 async def _accepted(ctx: ApiContext, session: UploadSession) -> web.Response:
@@ -430,7 +451,7 @@ async def _accepted(ctx: ApiContext, session: UploadSession) -> web.Response:
         video_id=session.id,
         state=str(state or "QUARANTINED"),
         size_bytes=session.received_size_bytes or session.declared_size_bytes,
-        sha256=session.received_sha256 or session.declared_sha256,
+        sha256=session.received_sha256 or session.declared_sha256 or "",
         status_url=status_path(session.id),
     )
     return schema.encode(accepted, 202, headers={"Location": status_path(session.id)})
@@ -494,11 +515,13 @@ async def video_status(request: web.Request) -> web.Response:
 def _summary(session: UploadSession) -> UploadSummary:
     return UploadSummary(
         size_bytes=session.declared_size_bytes,
-        sha256=session.declared_sha256,
+        sha256=session.received_sha256 or session.declared_sha256,
         content_type=session.content_type,
         expires_at=session.expires_at,
         filename=session.filename,
-        received_bytes=session.received_size_bytes,
+        received_bytes=(
+            session.upload_offset if session.method == uploads.TUS else session.received_size_bytes
+        ),
     )
 
 

@@ -89,6 +89,17 @@ class ApiConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     upload_session_ttl_seconds: float = 24 * 3600.0
     # S3: uploads larger than this get presigned multipart part URLs of this size.
     upload_part_size_bytes: int = 64 * MIB
+    # Resumable uploads (tus 1.0, /v1/uploads): an upload nobody has written to for
+    # resumable_idle_seconds expires (the sweeper removes what it left); a PATCH holds the
+    # upload's writer lease for resumable_lease_seconds at a time, renewed while its body
+    # arrives (a writer whose process died frees the upload after that long). On S3 the
+    # PATCHes become parts of resumable_part_size_bytes (grown past size/10,000 when a file
+    # needs it), at most resumable_writes PATCHes at once stream per API process (more wait
+    # answered 503): memory is about part size x 3 per write in flight.
+    resumable_idle_seconds: float = 24 * 3600.0
+    resumable_lease_seconds: float = 60.0
+    resumable_part_size_bytes: int = 8 * MIB
+    resumable_writes: int = 16
     # Playback gateway: answer with a redirect to a presigned object-store URL (S3 only)
     # instead of streaming the bytes through the API.
     media_redirect: bool = False
@@ -128,6 +139,8 @@ def validate_api(api: ApiConfig) -> None:
         "callback_skew_seconds",
         "body_read_timeout_seconds",
         "upload_session_ttl_seconds",
+        "resumable_idle_seconds",
+        "resumable_lease_seconds",
         "presign_ttl_seconds",
         "sse_keepalive_seconds",
         "drain_timeout_seconds",
@@ -142,6 +155,10 @@ def validate_api(api: ApiConfig) -> None:
         raise ConfigError("config error: api.upload_max_bytes: must be positive")
     if not 5 * MIB <= api.upload_part_size_bytes <= 5 * GIB:
         raise ConfigError("config error: api.upload_part_size_bytes: between 5 MiB and 5 GiB")
+    if not 5 * MIB <= api.resumable_part_size_bytes <= 5 * GIB:
+        raise ConfigError("config error: api.resumable_part_size_bytes: between 5 MiB and 5 GiB")
+    if api.resumable_writes < 1:
+        raise ConfigError("config error: api.resumable_writes: at least 1")
     if api.pool_max_size < 2:
         raise ConfigError("config error: api.pool_max_size: at least 2")
     validate_rate_limits(api.rate_limits)

@@ -45,6 +45,7 @@ EXPIRED = "EXPIRED"
 API_PUT = "API_PUT"
 S3_PUT = "S3_PUT"
 S3_MULTIPART = "S3_MULTIPART"
+TUS = "TUS"  # resumable (tus 1.0) through the API, on either store: resumable_uploads.py
 # Sessions handled per reaper call; the next call takes the rest.
 REAP_BATCH = 500
 
@@ -52,7 +53,8 @@ COLUMNS = (
     "id, tenant_id, status, method, content_type, filename, declared_size_bytes,"
     " declared_sha256, object_key, multipart_upload_id, part_size_bytes, received_size_bytes,"
     " received_sha256, error_class, error_detail, expires_at, uploaded_at, completed_at,"
-    " ended_at, cleaned_at, created_at, passthrough"
+    " ended_at, cleaned_at, created_at, passthrough, upload_offset, parts, tail_key,"
+    " upload_metadata"
 )
 
 
@@ -64,7 +66,7 @@ class UploadSession(msgspec.Struct, frozen=True, kw_only=True):
     content_type: str
     filename: str | None
     declared_size_bytes: int
-    declared_sha256: str
+    declared_sha256: str | None  # optional: computed while receiving when not declared
     object_key: str | None
     multipart_upload_id: str | None
     part_size_bytes: int | None
@@ -79,6 +81,12 @@ class UploadSession(msgspec.Struct, frozen=True, kw_only=True):
     cleaned_at: datetime | None
     created_at: datetime
     passthrough: str | None = None
+    # Resumable (TUS) sessions only: bytes stored for good, the S3 parts sent ([etag,
+    # base64 SHA-256] each), the S3 tail object, and the client's Upload-Metadata as sent.
+    upload_offset: int | None = None
+    parts: list[list[str]] | None = None
+    tail_key: str | None = None
+    upload_metadata: str | None = None
 
     def expired(self, now: datetime | None = None) -> bool:
         """EXPIRED, or still awaiting its upload past ``expires_at``."""
@@ -87,7 +95,7 @@ class UploadSession(msgspec.Struct, frozen=True, kw_only=True):
         return self.status == AWAITING and self.expires_at <= (now or datetime.now(UTC))
 
 
-def _session(record: Any) -> UploadSession:
+def session_from_row(record: Any) -> UploadSession:
     return UploadSession(**row_dict(record))
 
 
@@ -114,20 +122,25 @@ async def create_session(
     content_type: str,
     filename: str | None,
     size_bytes: int,
-    sha256: str,
+    sha256: str | None,
     expires_at: datetime,
     object_key: str | None = None,
     multipart_upload_id: str | None = None,
     part_size_bytes: int | None = None,
     passthrough: str | None = None,
+    upload_metadata: str | None = None,
+    upload_token_sha256: bytes | None = None,
 ) -> UploadSession:
+    """A session awaiting its bytes; a TUS one starts at offset 0 with no part sent."""
+    start = 0 if method == TUS else None
     with map_db_errors("recording the upload session"):
         row = await pool.fetchrow(
             "INSERT INTO upload_sessions (id, tenant_id, status, method, content_type, filename,"
             " declared_size_bytes, declared_sha256, object_key, multipart_upload_id,"
-            " part_size_bytes, expires_at, passthrough)"
-            f" VALUES ($1, $2, '{AWAITING}', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
-            f" RETURNING {COLUMNS}",
+            " part_size_bytes, expires_at, passthrough, upload_metadata, upload_token_sha256,"
+            " upload_offset, parts)"
+            f" VALUES ($1, $2, '{AWAITING}', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,"
+            f" $14, $15, $16) RETURNING {COLUMNS}",
             video_id,
             tenant_id,
             method,
@@ -140,9 +153,13 @@ async def create_session(
             part_size_bytes,
             expires_at,
             passthrough,
+            upload_metadata,
+            upload_token_sha256,
+            start,
+            [] if method == TUS else None,
         )
     assert row is not None
-    return _session(row)
+    return session_from_row(row)
 
 
 async def load_session(pool: Pool, tenant_id: int, video_id: uuid.UUID) -> UploadSession | None:
@@ -153,7 +170,7 @@ async def load_session(pool: Pool, tenant_id: int, video_id: uuid.UUID) -> Uploa
             video_id,
             tenant_id,
         )
-    return None if row is None else _session(row)
+    return None if row is None else session_from_row(row)
 
 
 async def record_received(
@@ -294,7 +311,7 @@ async def expired_uploads(
 ) -> list[UploadSession]:
     """What the reaper takes: sessions still awaiting their upload past ``expires_at``, and
     FAILED or EXPIRED sessions whose objects were not (yet) removed."""
-    return [_session(row) for row in await _expired_rows(pool, now, limit)]
+    return [session_from_row(row) for row in await _expired_rows(pool, now, limit)]
 
 
 async def _expired_rows(pool: Pool, now: datetime | None, limit: int) -> list[Any]:
@@ -337,7 +354,7 @@ async def reap_expired_uploads(
     reaped: list[ReapedUpload] = []
     for row in await _expired_rows(pool, now, limit):
         with guard.row("expired_uploads", row["id"], on_skip=on_skip):
-            reaped.append(await _reap(pool, store, _session(row), now, dry_run))
+            reaped.append(await _reap(pool, store, session_from_row(row), now, dry_run))
     return reaped
 
 

@@ -164,6 +164,35 @@ async def test_upload_to_a_presigned_url_to_playable(s3_api: Api, tmp_path: Path
     assert_processed(await play_through(api, video_id))
 
 
+async def test_a_video_declared_without_its_sha256_gets_the_one_measured(local_api: Api) -> None:
+    await measured_when_not_declared(local_api)
+
+
+async def test_a_presigned_video_without_its_sha256_gets_the_one_read_back(s3_api: Api) -> None:
+    await measured_when_not_declared(s3_api)
+
+
+async def measured_when_not_declared(api: Api) -> None:
+    body = os.urandom(300_000)
+    created = await api.json(
+        "POST",
+        "/v1/videos",
+        expect=201,
+        json={"size_bytes": len(body), "content_type": "video/mp4"},
+    )
+    video_id, upload = created["video_id"], created["upload"]
+    assert "x-amz-checksum-sha256" not in upload.get("headers", {})
+    code, text = await put(api, upload, body)
+    assert code == 200, text
+    accepted = await api.json("POST", f"/v1/videos/{video_id}/complete", expect=202)
+    digest = hashlib.sha256(body).hexdigest()
+    assert accepted["sha256"] == digest
+    asset = await api.rig.asset(uuid.UUID(video_id))
+    assert asset["source_sha256"] == digest
+    status = await api.json("GET", f"/v1/videos/{video_id}/status")
+    assert status["upload"]["sha256"] == digest
+
+
 async def test_multipart_upload_to_presigned_part_urls(s3_api: Api) -> None:
     api = s3_api
     body = os.urandom(11 * MIB)

@@ -268,6 +268,9 @@ class UploadedPart(msgspec.Struct, frozen=True):
     part_number: int
     etag: str
     size: int | None = None
+    # Base64, for uploads started with a checksum algorithm: S3 then wants it back on
+    # completion (resumable uploads start theirs so; presigned ones do not).
+    checksum_sha256: str | None = None
 
 
 @runtime_checkable

@@ -46,7 +46,7 @@ import stat
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Sequence
-from contextlib import suppress
+from contextlib import AbstractAsyncContextManager, suppress
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -60,6 +60,7 @@ from aivedio.errors import (
     NotFoundError,
     TransientError,
 )
+from aivedio.store.objects.append import AppendMark
 from aivedio.store.objects.base import (
     DEFAULT_CONTENT_TYPE,
     READ_CHUNK_BYTES,
@@ -73,6 +74,7 @@ from aivedio.store.objects.base import (
     validate_prefix,
     validate_range,
 )
+from aivedio.store.objects.local_append import LocalAppender, open_local_append
 from aivedio.store.objects.local_disk import (
     file_etag,
     file_mtime,
@@ -173,6 +175,30 @@ class LocalObjectStore(ObjectStoreConveniences):
         self._tmp_path(upload_id, "upload").write_bytes(marker)
         # Closed by _commit or _discard.
         return open(self._tmp_path(upload_id, "part"), "xb")
+
+    async def begin_append(self, key: str, *, content_type: str = DEFAULT_CONTENT_TYPE) -> str:
+        """An append file (``local_append.py``): a pending upload that outlives its process."""
+        validate_key(key)
+        append_id = uuid.uuid4().hex
+        file = await in_thread(
+            f"starting an append of {key!r}", self._begin, append_id, key, content_type
+        )
+        await in_thread(f"starting an append of {key!r}", file.close)
+        return append_id
+
+    def open_append(
+        self,
+        key: str,
+        append_id: str,
+        mark: AppendMark,
+        *,
+        part_size_bytes: int,
+        scratch_prefix: str,
+        content_type: str = DEFAULT_CONTENT_TYPE,
+    ) -> AbstractAsyncContextManager[LocalAppender]:
+        """The append file at ``mark`` (parts and scratch objects are S3's business)."""
+        validate_key(key)
+        return open_local_append(self, key, append_id, mark, content_type)
 
     def _commit(
         self,

@@ -29,7 +29,7 @@ import builtins
 import functools
 import weakref
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack, contextmanager, suppress
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any, Self
 
@@ -49,6 +49,7 @@ from aivedio.errors import (
     NotFoundError,
     TransientError,
 )
+from aivedio.store.objects.append import AppendMark
 from aivedio.store.objects.base import (
     DEFAULT_CONTENT_TYPE,
     MAX_PRESIGN_SECONDS,
@@ -66,6 +67,7 @@ from aivedio.store.objects.base import (
     validate_prefix,
     validate_range,
 )
+from aivedio.store.objects.s3_append import S3Appender, open_s3_append
 from aivedio.store.objects.s3_upload import CHECKSUM_ALGORITHM as CHECKSUM_ALGORITHM
 from aivedio.store.objects.s3_upload import (
     CONTROL_REQUEST_TIMEOUT_SECONDS as CONTROL_REQUEST_TIMEOUT_SECONDS,
@@ -501,6 +503,7 @@ class S3ObjectStore(ObjectStoreConveniences):
                         int(part["PartNumber"]),
                         _etag(part.get("ETag")) or "",
                         int(part.get("Size", 0)),
+                        part.get("ChecksumSHA256") or None,
                     )
                 )
             if not page.get("IsTruncated"):
@@ -513,6 +516,7 @@ class S3ObjectStore(ObjectStoreConveniences):
         validate_key(key)
         listed = [
             {"PartNumber": p.part_number, "ETag": f'"{p.etag.strip(chr(34))}"'}
+            | ({"ChecksumSHA256": p.checksum_sha256} if p.checksum_sha256 else {})
             for p in sorted(parts, key=lambda p: p.part_number)
         ]
         with map_s3_errors(f"completing the multipart upload of {key!r}"):
@@ -526,6 +530,64 @@ class S3ObjectStore(ObjectStoreConveniences):
         if info is None:
             raise TransientError(f"completed the upload of {key!r} but cannot see it yet")
         return info
+
+    # -- appending (resumable uploads: s3_append.py) ---------------------------------------
+
+    async def begin_append(self, key: str, *, content_type: str = DEFAULT_CONTENT_TYPE) -> str:
+        """A multipart upload whose parts carry SHA-256 checksums; its id."""
+        validate_key(key)
+        with map_s3_errors(f"starting an append of {key!r}"):
+            response = await self._client.create_multipart_upload(
+                Bucket=self.bucket,
+                Key=self._full_key(key),
+                ContentType=content_type,
+                ChecksumAlgorithm=CHECKSUM_ALGORITHM,
+            )
+        upload_id: str = response["UploadId"]
+        return upload_id
+
+    def open_append(
+        self,
+        key: str,
+        append_id: str,
+        mark: AppendMark,
+        *,
+        part_size_bytes: int,
+        scratch_prefix: str,
+        content_type: str = DEFAULT_CONTENT_TYPE,
+    ) -> AbstractAsyncContextManager[S3Appender]:
+        validate_key(key)
+        if part_size_bytes < MIN_PART_SIZE_BYTES:
+            raise ValueError(f"part_size_bytes must be >= {MIN_PART_SIZE_BYTES} (S3's minimum)")
+        return open_s3_append(
+            self,
+            key,
+            append_id,
+            mark,
+            part_size_bytes=part_size_bytes,
+            scratch_prefix=scratch_prefix,
+        )
+
+    async def put_part(
+        self, key: str, upload_id: str, number: int, body: Any, checksum: str
+    ) -> str:
+        """Send one part (``body``: a ``_PartBody``) with its SHA-256; its ETag."""
+        with map_s3_errors(f"uploading part {number} of {key!r}"):
+            response = await self._client.upload_part(
+                Bucket=self.bucket,
+                Key=self._full_key(key),
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=body,
+                ChecksumAlgorithm=CHECKSUM_ALGORITHM,
+                ChecksumSHA256=checksum,
+            )
+        echoed = response.get("ChecksumSHA256")
+        if echoed is not None and echoed != checksum:
+            raise ChecksumMismatchError(
+                f"part {number} of {key!r}: the store computed SHA-256 {echoed}, we sent {checksum}"
+            )
+        return str(response["ETag"])
 
     async def presign_get(
         self,
