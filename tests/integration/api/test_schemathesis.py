@@ -69,14 +69,21 @@ BEYOND_THE_SCHEMA: dict[str, str | list[str]] = {
     "listWebhookDeliveries": "400",
     "getMedia": "416",
     "headMedia": "416",
-    # tus: a length over this deployment's limit (413), metadata whose keys repeat or whose
-    # values are not ours to take (a filetype we do not process: 400); a body past the
-    # upload's length (413) or not what its random Upload-Checksum says (460); an upload
-    # that ended (410). Rules of configuration and state, not of the schema.
-    "createUpload": ["400", "413", "460"],
-    "appendUpload": ["410", "413", "460"],
-    "getUploadOffset": "410",
-    "terminateUpload": "410",
+}
+# The tus routes are left out of the fuzzing: the protocol answers a missing or unsupported
+# Tus-Resumable with 412 (where the fuzzer expects a 400-class answer), its OPTIONS is the
+# capability discovery and CORS preflight that answers any URL under /v1/uploads, and its
+# bodies are application/offset+octet-stream, which the fuzzer cannot make. They are held to
+# the protocol by a real tus client and hostile headers instead (tests/integration/api/
+# test_tus.py, tests/unit/api/test_tus_protocol.py); their entries in the document are
+# still validated with the whole document.
+TUS = {
+    "discoverUploads",
+    "createUpload",
+    "discoverUpload",
+    "getUploadOffset",
+    "appendUpload",
+    "terminateUpload",
 }
 # A callback is signed with its provider's secret, which the fuzzer cannot do: every request
 # to a configured provider is 401, to any other 404, so "authentication failed" and "missing
@@ -110,7 +117,7 @@ def settings(
     pinned = "".join(f"{toml(name)} = {toml(value)}\n" for name, value in parameters.items())
     operations = ""
     for operation in sorted(
-        BEYOND_THE_SCHEMA.keys() | per_operation.keys() | UNSIGNABLE | {"streamAssetEvents"}
+        BEYOND_THE_SCHEMA.keys() | per_operation.keys() | UNSIGNABLE | TUS | {"streamAssetEvents"}
     ):
         operations += f"\n[[operations]]\ninclude-operation-id = {toml(operation)}\n"
         if operation == "streamAssetEvents":
@@ -122,6 +129,8 @@ def settings(
             beyond = BEYOND_THE_SCHEMA[operation]
             statuses = [*ACCEPTED, *([beyond] if isinstance(beyond, str) else beyond)]
             operations += f"checks.positive_data_acceptance.expected-statuses = {toml(statuses)}\n"
+        if operation in TUS:
+            operations += "enabled = false\n"
         for name, value in per_operation.get(operation, {}).items():
             operations += f"parameters.{toml(name)} = {toml(value)}\n"
     return f"""

@@ -73,12 +73,12 @@ from aivedio.store.objects.s3_upload import (
     CONTROL_REQUEST_TIMEOUT_SECONDS as CONTROL_REQUEST_TIMEOUT_SECONDS,
 )
 from aivedio.store.objects.s3_upload import MAX_PARTS as MAX_PARTS
+from aivedio.store.objects.s3_upload import MIN_PART_SIZE_BYTES as MIN_PART_SIZE_BYTES
 from aivedio.store.objects.s3_upload import S3Upload as S3Upload
-from aivedio.store.objects.s3_upload import _etag
+from aivedio.store.objects.s3_upload import _etag, check_echoed, validate_part_size
 from aivedio.store.objects.s3_upload import sha256_b64 as sha256_b64
 
 DEFAULT_PART_SIZE_BYTES = 8 * MIB
-MIN_PART_SIZE_BYTES = 5 * MIB  # S3's minimum for every part but the last
 DEFAULT_PARTS_IN_FLIGHT = 4
 DEFAULT_CONNECT_TIMEOUT_SECONDS = 10.0
 DEFAULT_READ_TIMEOUT_SECONDS = 60.0
@@ -196,8 +196,7 @@ class S3ObjectStore(ObjectStoreConveniences):
         read_timeout_seconds: float = DEFAULT_READ_TIMEOUT_SECONDS,
         max_attempts: int = 3,
     ) -> None:
-        if part_size_bytes < MIN_PART_SIZE_BYTES:
-            raise ValueError(f"part_size_bytes must be >= {MIN_PART_SIZE_BYTES} (S3's minimum)")
+        validate_part_size(part_size_bytes)
         if not bucket:
             raise ValueError("bucket must not be empty")
         if parts_in_flight < 1:
@@ -557,8 +556,7 @@ class S3ObjectStore(ObjectStoreConveniences):
         content_type: str = DEFAULT_CONTENT_TYPE,
     ) -> AbstractAsyncContextManager[S3Appender]:
         validate_key(key)
-        if part_size_bytes < MIN_PART_SIZE_BYTES:
-            raise ValueError(f"part_size_bytes must be >= {MIN_PART_SIZE_BYTES} (S3's minimum)")
+        validate_part_size(part_size_bytes)
         return open_s3_append(
             self,
             key,
@@ -582,11 +580,7 @@ class S3ObjectStore(ObjectStoreConveniences):
                 ChecksumAlgorithm=CHECKSUM_ALGORITHM,
                 ChecksumSHA256=checksum,
             )
-        echoed = response.get("ChecksumSHA256")
-        if echoed is not None and echoed != checksum:
-            raise ChecksumMismatchError(
-                f"part {number} of {key!r}: the store computed SHA-256 {echoed}, we sent {checksum}"
-            )
+        check_echoed(response, checksum, f"part {number} of {key!r}")
         return str(response["ETag"])
 
     async def presign_get(

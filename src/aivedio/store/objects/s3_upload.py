@@ -45,6 +45,7 @@ from aivedio.transfer_cpu import measuring
 log = get_logger("aivedio.store.objects.base")
 
 MAX_PARTS = 10_000  # S3's maximum part number
+MIN_PART_SIZE_BYTES = 5 * 1024 * 1024  # S3's minimum for every part but the last
 # Deadline of a shielded control request (create, final put/complete); past it we give up.
 CONTROL_REQUEST_TIMEOUT_SECONDS = 120.0
 CHECKSUM_ALGORITHM = "SHA256"
@@ -93,6 +94,20 @@ class _PartBody:
 
 def sha256_b64(data: bytes | bytearray | memoryview) -> str:
     return base64.b64encode(hashlib.sha256(data).digest()).decode("ascii")
+
+
+def validate_part_size(part_size_bytes: int) -> None:
+    if part_size_bytes < MIN_PART_SIZE_BYTES:
+        raise ValueError(f"part_size_bytes must be >= {MIN_PART_SIZE_BYTES} (S3's minimum)")
+
+
+def check_echoed(response: Any, checksum: str, what: str) -> None:
+    """A store that echoes a SHA-256 other than the one we sent stored other bytes."""
+    echoed = response.get("ChecksumSHA256")
+    if echoed is not None and echoed != checksum:
+        raise ChecksumMismatchError(
+            f"{what}: the store computed SHA-256 {echoed}, we sent {checksum}"
+        )
 
 
 def _etag(value: Any) -> str | None:
@@ -284,11 +299,7 @@ class S3Upload(UploadContextMixin):
             self._slots.release()
 
     def _check_echo(self, response: Any, checksum: str, what: str) -> None:
-        echoed = response.get("ChecksumSHA256")
-        if echoed is not None and echoed != checksum:
-            raise ChecksumMismatchError(
-                f"{what} of {self._key!r}: the store computed SHA-256 {echoed}, we sent {checksum}"
-            )
+        check_echoed(response, checksum, f"{what} of {self._key!r}")
 
     # -- completing ----------------------------------------------------------------------
 
