@@ -219,11 +219,6 @@ async def _append(
     return Received(new.offset, session, completed=False)
 
 
-# Chunks read ahead of the one being hashed and written (``CHUNK_BYTES`` each): the reading
-# of the body (the event loop) overlaps the hashing and the writing (worker threads).
-STREAM_DEPTH = 2
-
-
 async def _stream(
     request: web.Request,
     ctx: ApiContext,
@@ -235,71 +230,29 @@ async def _stream(
     length: int,
 ) -> str | None:
     """Feed the body to the appender and the hashes; None when it arrived whole, else why
-    it stopped (what arrived was written).
-
-    Three things at once, in order per chunk: the next chunks are read (the event loop)
-    while one is hashed (each hash in a worker thread) and written (the store's own worker
-    thread or part upload). One after the other, they ran at half the speed of a plain
-    write of the same bytes on two cores."""
+    it stopped (what arrived was written)."""
     lease = ctx.config.api.resumable_lease_seconds
     renewed = time.monotonic()
-    hashers = [hasher for hasher in (whole, body) if hasher is not None]
-    received = appender.offset
-    cut: str | None = None
-    send, receive = anyio.create_memory_object_stream[bytes](STREAM_DEPTH)
-
-    async def keep() -> None:
-        async with receive:
-            async for chunk in receive:
-                await _take(appender, hashers, chunk)
-
     try:
-        async with anyio.create_task_group() as group:
-            group.start_soon(keep)
-            async with send:
-                try:
-                    async for chunk in arriving(request, ctx.config.api.body_read_timeout_seconds):
-                        if received + len(chunk) > length:
-                            raise ApiError(
-                                413, f"the body passes the upload's length {length}", "too_large"
-                            )
-                        received += len(chunk)
-                        await send.send(chunk)
-                        if time.monotonic() - renewed > lease / 3:
-                            renewed = time.monotonic()
-                            if not await resumable_uploads.renew_writer(
-                                ctx.pool, session.id, writer, lease
-                            ):
-                                raise ApiError(
-                                    409, "the upload's writer lease was lost; HEAD it and resume"
-                                )
-                except ApiError as exc:
-                    if exc.status != 408:
-                        raise
-                    cut = "the body stopped arriving"
-                except BODY_ENDED as exc:
-                    cut = f"the body ended early ({type(exc).__name__})"
-    except BaseExceptionGroup as group_error:
-        raise _first(group_error) from None
-    return cut
-
-
-async def _take(appender: Appender, hashers: list[Any], chunk: bytes) -> None:
-    """One chunk into the hashes and the appender, the hashes beside the write."""
-    if not hashers:
-        await appender.write(chunk)
-        return
-    async with anyio.create_task_group() as group:
-        for hasher in hashers:
-            group.start_soon(hash_chunk, hasher, chunk)
-        group.start_soon(appender.write, chunk)
-
-
-def _first(error: BaseException) -> BaseException:
-    """The error a task group wrapped (the first, unwrapped): callers expect ours."""
-    while isinstance(error, BaseExceptionGroup) and error.exceptions:
-        error = error.exceptions[0]
-    return error
+        async for chunk in arriving(request, ctx.config.api.body_read_timeout_seconds):
+            if appender.offset + len(chunk) > length:
+                raise ApiError(413, f"the body passes the upload's length {length}", "too_large")
+            if whole is not None:
+                await hash_chunk(whole, chunk)
+            if body is not None:
+                await hash_chunk(body, chunk)
+            await appender.write(chunk)
+            if time.monotonic() - renewed > lease / 3:
+                renewed = time.monotonic()
+                if not await resumable_uploads.renew_writer(ctx.pool, session.id, writer, lease):
+                    raise ApiError(409, "the upload's writer lease was lost; HEAD it and resume")
+    except ApiError as exc:
+        if exc.status != 408:
+            raise
+        return "the body stopped arriving"
+    except BODY_ENDED as exc:
+        return f"the body ended early ({type(exc).__name__})"
+    return None
 
 
 async def _complete(
