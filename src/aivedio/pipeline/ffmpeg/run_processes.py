@@ -15,11 +15,14 @@ from aivedio.errors import RenderError
 from aivedio.logs import get_logger
 from aivedio.pipeline.ffmpeg.chunk_steps import ChunkSteps
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord, Report
+from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
 from aivedio.pipeline.media.ffmpeg_args import Layout
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.sniff import Sniff
 from aivedio.pipeline.media.validate import MediaSummary
+from aivedio.provenance.seam import Signing
+from aivedio.provenance.summary import Provenance
 
 log = get_logger("aivedio.media")
 
@@ -56,6 +59,14 @@ class RunProcesses:
         self._summary: MediaSummary | None = None
         # Rungs whose video a caller put in ``work/`` already (``Layout.rung_video``).
         self.encoded_rungs: set[str] = set()
+        # C2PA: the outputs signed before they are hashed (None: nothing is signed), and the
+        # source's provenance, read by ``inspect`` or given by a caller that skips it.
+        self.signing: Signing | None = None
+        self.source_provenance: Provenance | None = None
+        # The reader of the source's manifest store at ``inspect`` (None: not read), and
+        # whether the verdict requires the source to have valid provenance.
+        self.provenance_reader: ProvenanceReader | None = None
+        self.require_provenance = False
 
     async def _ffmpeg(self, step: str, args: list[str], duration: float) -> RunResult:
         assert self.report is not None
