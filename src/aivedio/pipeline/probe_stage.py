@@ -147,7 +147,7 @@ class ProbeStage:
             await media_objects.download_source(self.services.store, asset, source)
             phases.add("source", started)
             started = time.monotonic()
-            run = MediaRun(self.services.sandbox, source, root)
+            run = self.services.equip(MediaRun(self.services.sandbox, source, root), asset)
             # A crash in the verdict itself is the verdict (INVALID_MEDIA, decoder_crashed);
             # one in the keyframe scans after it fails the attempt and counts as a crash.
             # The fast path's decode check runs with its frames, beside the render.
@@ -283,7 +283,7 @@ class ProbeStage:
         with self.services.sandbox.scratch() as root:
             source = root / "source.bin"
             await media_objects.download_source(self.services.store, asset, source)
-            run = MediaRun(self.services.sandbox, source, root)
+            run = self.services.equip(MediaRun(self.services.sandbox, source, root), asset)
             async with self.poison.watch_crashes(job, asset_id, run, seams):
                 report = await run.run(plan_only=True)
             verdict = verdict_json(report.verdict)
@@ -328,6 +328,7 @@ class ProbeStage:
                     "probe": verdict,
                     "last_error_class": "invalid_media",
                     "last_error_detail": detail[:1000],
+                    **provenance_columns(verdict),
                 },
             )
         log.warning("asset_invalid_media", asset_id=str(asset_id), reasons=verdict["reasons"])
@@ -390,6 +391,7 @@ class ProbeStage:
                     "frame_rate_den": den,
                     "last_error_class": None,
                     "last_error_detail": None,
+                    **provenance_columns(verdict),
                     **({"moderation_status": statuses[decision.decision]} if decision else {}),
                 },
             )
@@ -481,6 +483,14 @@ class ProbeStage:
             "path": plan.path,
             "network_isolated": verdict["network_isolated"],
         }
+
+
+def provenance_columns(verdict: dict[str, Any]) -> dict[str, Any]:
+    """The asset's provenance columns from a verdict (none when the store was not read)."""
+    found = verdict.get("provenance")
+    if found is None:
+        return {}
+    return {"provenance": found, "provenance_state": found["state"]}
 
 
 def _primary(output: str, plan: Plan) -> str:

@@ -37,7 +37,7 @@ from aivedio.config.provenance import ProvenanceConfig
 from aivedio.errors import ConfigError, SigningError
 from aivedio.logs import get_logger
 from aivedio.provenance import bmff
-from aivedio.provenance.seam import Signed, SignRequest
+from aivedio.provenance.seam import Signed, Signing, SignRequest
 from aivedio.provenance.summary import text
 
 log = get_logger("aivedio.provenance")
@@ -194,6 +194,19 @@ class C2paSigner:
             with reader:
                 manifest = reader.get_active_manifest() or {}
         return text(manifest.get("label"))
+
+
+def signing_from_config(config: ProvenanceConfig) -> Signing | None:
+    """The media pipeline's signing from ``[provenance]``; None when no signer is
+    configured. Raises ConfigError for a chain, key or callback that cannot be used."""
+    signer = C2paSigner.from_config(config)
+    if signer is None:
+        return None
+    return Signing(
+        signer=signer,
+        outputs=frozenset(config.signed_outputs),
+        publish_unsigned=config.on_sign_failure == "publish_unsigned",
+    )
 
 
 def _unreadable(codes: list[str]) -> bool:
