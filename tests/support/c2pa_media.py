@@ -19,7 +19,7 @@ from pathlib import Path
 
 import c2pa
 
-from aivedio.provenance.bmff import C2PA_BOX_UUID
+from aivedio.pipeline.media.c2pa_boxes import C2PA_BOX_UUID
 from aivedio.provenance.throwaway import SigningChain
 
 TRAINED = "http://cv.iptc.org/newscodes/digitalsourcetype/trainedAlgorithmicMedia"

@@ -13,11 +13,11 @@ from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
+from aivedio.pipeline.media.provenance import Provenance
+from aivedio.pipeline.media.signing import Signing
 from aivedio.pipeline.moderation import ModerationStage
 from aivedio.pipeline.publish import InJobPublish, PublishStage
 from aivedio.pipeline.upkeep.backlog import BacklogMonitor
-from aivedio.provenance.seam import Signing
-from aivedio.provenance.summary import Provenance
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.queue import Job, Queue

@@ -20,6 +20,7 @@ from aivedio.pipeline import chunk_stage, jobs
 from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.jobs import JobContext, Registry
+from aivedio.pipeline.media.signing import Signing
 from aivedio.pipeline.media_poison import PoisonGuard
 from aivedio.pipeline.media_seams import NO_SEAMS, MediaServices, WorkerSeams
 from aivedio.pipeline.moderation import ModerationStage
@@ -28,7 +29,6 @@ from aivedio.pipeline.publish import PublishStage
 from aivedio.pipeline.render_stage import RenderStage
 from aivedio.pipeline.revisions import Revisions, will_retry
 from aivedio.pipeline.upkeep.backlog import BacklogMonitor
-from aivedio.provenance.seam import Signing
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.objects.opening import open_object_store

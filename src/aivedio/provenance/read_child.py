@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from aivedio.provenance.bmff import store_hash
-from aivedio.provenance.summary import ABSENT, Provenance, summarize, text, unreadable
+from aivedio.pipeline.media.c2pa_boxes import store_hash
+from aivedio.pipeline.media.provenance import ABSENT, Provenance, summarize, text, unreadable
 
 
 def read(path: Path, mime: str | None, trust_anchors: str | None) -> Provenance:

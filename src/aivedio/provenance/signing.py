@@ -36,9 +36,9 @@ from aivedio import __version__
 from aivedio.config.provenance import ProvenanceConfig
 from aivedio.errors import ConfigError, SigningError
 from aivedio.logs import get_logger
-from aivedio.provenance import bmff
-from aivedio.provenance.seam import Signed, Signing, SignRequest
-from aivedio.provenance.summary import text
+from aivedio.pipeline.media import c2pa_boxes as bmff
+from aivedio.pipeline.media.provenance import text
+from aivedio.pipeline.media.signing import Signed, Signing, SignRequest
 
 log = get_logger("aivedio.provenance")
 

@@ -21,7 +21,7 @@ from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import Report
 from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
-from aivedio.provenance.seam import Signing
+from aivedio.pipeline.media.signing import Signing
 from aivedio.provenance.signing import C2paSigner
 from aivedio.provenance.throwaway import SigningChain, make_chain
 from tests.support import c2pa_media
@@ -88,9 +88,12 @@ def run_media(
 
 def read(path: Path, mime: str, anchors: str) -> dict[str, Any]:
     settings = {"verify": {"remote_manifest_fetch": False}, "trust": {"trust_anchors": anchors}}
-    with c2pa.Context.from_dict(settings) as context, path.open("rb") as handle:
-        with c2pa.Reader(mime, handle, None, context) as reader:
-            store: dict[str, Any] = json.loads(reader.json())
+    with (
+        c2pa.Context.from_dict(settings) as context,
+        path.open("rb") as handle,
+        c2pa.Reader(mime, handle, None, context) as reader,
+    ):
+        store: dict[str, Any] = json.loads(reader.json())
     return store
 
 
@@ -124,16 +127,12 @@ def sources(tmp_path_factory: pytest.TempPathFactory, chains: Chains) -> Sources
 
 
 @pytest.fixture(scope="module")
-def remuxed(
-    sources: Sources, chains: Chains, tmp_path_factory: pytest.TempPathFactory
-) -> Made:
+def remuxed(sources: Sources, chains: Chains, tmp_path_factory: pytest.TempPathFactory) -> Made:
     return run_media(sources.remux, tmp_path_factory.mktemp("remux"), chains)
 
 
 @pytest.fixture(scope="module")
-def transcoded(
-    sources: Sources, chains: Chains, tmp_path_factory: pytest.TempPathFactory
-) -> Made:
+def transcoded(sources: Sources, chains: Chains, tmp_path_factory: pytest.TempPathFactory) -> Made:
     return run_media(sources.transcode, tmp_path_factory.mktemp("transcode"), chains)
 
 

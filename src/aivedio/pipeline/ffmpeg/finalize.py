@@ -21,8 +21,8 @@ from aivedio.pipeline.ffmpeg.packet_scans import PacketScans, packet_args
 from aivedio.pipeline.ffmpeg.provenance_read import MIME_OF_KIND
 from aivedio.pipeline.media import hls, keyframes, thumbnails, waveform
 from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media.signing import Signed, SignRequest, actions_for
 from aivedio.pipeline.media.validate import MediaSummary
-from aivedio.provenance.seam import Signed, SignRequest, actions_for
 
 log = get_logger("aivedio.media")
 

@@ -20,7 +20,7 @@ from aivedio.errors import RenderError
 from aivedio.pipeline.ffmpeg.sandbox import RunResult
 from aivedio.pipeline.ffmpeg.verdict import Verdict
 from aivedio.pipeline.media.plan import Plan
-from aivedio.provenance.seam import Signed
+from aivedio.pipeline.media.signing import Signed
 from aivedio.transfer_cpu import measured
 
 MIME = {

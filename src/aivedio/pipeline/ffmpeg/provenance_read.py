@@ -19,7 +19,7 @@ import msgspec
 from aivedio.config.provenance import ProvenanceConfig
 from aivedio.logs import get_logger
 from aivedio.pipeline.ffmpeg.sandbox import Limits, RunResult, Sandbox
-from aivedio.provenance.summary import STATES, Provenance, text, unreadable
+from aivedio.pipeline.media.provenance import STATES, Provenance, text, unreadable
 
 log = get_logger("aivedio.provenance")
 

@@ -19,10 +19,10 @@ from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
 from aivedio.pipeline.media.ffmpeg_args import Layout
 from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media.provenance import Provenance
+from aivedio.pipeline.media.signing import Signing
 from aivedio.pipeline.media.sniff import Sniff
 from aivedio.pipeline.media.validate import MediaSummary
-from aivedio.provenance.seam import Signing
-from aivedio.provenance.summary import Provenance
 
 log = get_logger("aivedio.media")
 

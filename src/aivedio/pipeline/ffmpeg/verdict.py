@@ -22,9 +22,9 @@ from aivedio.errors import InvalidMediaError
 from aivedio.pipeline.ffmpeg.probe import ProbeOutput, raise_decode_failed, run_ffprobe
 from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
+from aivedio.pipeline.media.provenance import Provenance
 from aivedio.pipeline.media.sniff import Sniff, input_args, sniff_file
 from aivedio.pipeline.media.validate import Declared, MediaSummary, validate
-from aivedio.provenance.summary import Provenance
 
 # A valid verdict whose decode check is still to run (``inspect_file(decode=False)``).
 DEFERRED = "deferred"

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import msgspec
 
-from aivedio.provenance.summary import Provenance
+from aivedio.pipeline.media.provenance import Provenance
 
 REPACKAGED = "c2pa.repackaged"
 TRANSCODED = "c2pa.transcoded"

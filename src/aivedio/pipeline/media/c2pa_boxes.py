@@ -1,7 +1,7 @@
 """Where an ISO BMFF file (MP4, MOV) keeps its C2PA manifest store: a top-level ``uuid`` box
 with the C2PA UUID. Found by walking the top-level box headers only (bounded), never by
 parsing the store: its hash for the record, and a copy without it when the store must not
-be parsed again (``signing``)."""
+be parsed again (``aivedio/provenance/signing.py``)."""
 
 from __future__ import annotations
 
