@@ -230,21 +230,32 @@ HOSTILE = b"""<!DOCTYPE html>
 PROVENANCE = DEMO / "c2pa"
 
 
-def make_signing_chains() -> None:
-    """A provider's and the platform's throwaway C2PA chains, new every run, and the trust
-    anchors (both roots) the platform reads and verifies with."""
+def make_signing_chains(directory: Path = PROVENANCE) -> None:
+    """A provider's (``provider/``) and the platform's (``platform/``) throwaway C2PA chains,
+    new every run, and the trust anchors (``anchors.pem``: both roots) the platform reads
+    and verifies with."""
     provider = make_chain("Example Video Provider (demo)")
     platform = make_chain("aivedio demo platform")
-    provider.write(PROVENANCE / "provider")
-    platform.write(PROVENANCE / "platform")
-    (PROVENANCE / "anchors.pem").write_text(provider.root + platform.root)
+    provider.write(directory / "provider")
+    platform.write(directory / "platform")
+    (directory / "anchors.pem").write_text(provider.root + platform.root)
 
 
-def sign_as_provider(unsigned: Path, target: Path) -> None:
+def provenance_config(directory: Path = PROVENANCE) -> str:
+    """The ``[provenance]`` section that reads with both roots trusted and signs with the
+    platform's chain of ``make_signing_chains``."""
+    return f"""[provenance]
+trust_anchors_file = {toml_str(str(directory / "anchors.pem"))}
+certificate_chain_file = {toml_str(str(directory / "platform" / "chain.pem"))}
+private_key_file = {toml_str(str(directory / "platform" / "key.pem"))}
+"""
+
+
+def sign_as_provider(unsigned: Path, target: Path, directory: Path = PROVENANCE) -> None:
     """``unsigned`` signed into ``target`` as an AI video provider signs its outputs."""
     import c2pa
 
-    chain = PROVENANCE / "provider"
+    chain = directory / "provider"
     manifest = {
         "claim_generator_info": [{"name": "example-video-provider", "version": "demo"}],
         "title": target.name,
@@ -629,11 +640,7 @@ tenant = "{TENANT}"
 # C2PA: the provider's outputs are read and verified at the probe; what is published is
 # signed with the platform's throwaway chain (var/demo/c2pa, made every run). Production
 # uses a certificate from a CA on the C2PA trust list, or key_callback for a KMS.
-[provenance]
-trust_anchors_file = {toml_str(str(PROVENANCE / "anchors.pem"))}
-certificate_chain_file = {toml_str(str(PROVENANCE / "platform" / "chain.pem"))}
-private_key_file = {toml_str(str(PROVENANCE / "platform" / "key.pem"))}
-
+{provenance_config()}
 # Development moderation, chosen explicitly: allow everything. Production uses
 # backend = "http" with the moderation service's url and auth_header.
 [moderation]

@@ -80,7 +80,7 @@ def run_media(
         run.signing = Signing(
             signer=signer, outputs=frozenset(SIGNED_OUTPUTS), publish_unsigned=publish_unsigned
         )
-        return await run.run(wants=wants or ["playback", "poster", "proxy", "keyframes"])
+        return await run.run(wants=wants or ["playback", "poster", "proxy", "keyframes", "hls"])
 
     report = anyio.run(main)
     return Made(report, root / "out")
@@ -239,3 +239,18 @@ def test_a_hostile_source_store_is_never_parsed_by_the_signer(
     [parent] = active(store)["ingredients"]
     assert "could not be read" in parent.get("description", "")
     assert len(store["manifests"]) == 1
+
+
+def test_the_hls_set_names_its_provenance_record_binding_every_file(remuxed: Made) -> None:
+    hls = remuxed.out / "hls"
+    master = (hls / "master.m3u8").read_text()
+    assert '#EXT-X-SESSION-DATA:DATA-ID="org.aivedio.provenance",URI="provenance.json"' in master
+    record = json.loads((hls / "provenance.json").read_text())
+    assert record["segments_signed"] is False
+    assert record["signed_reference"]["path"] == "../playback.mp4"
+    assert record["source"]["signer_subject"] == "Example Video Provider"
+    listed = {f["path"]: f["sha256"] for f in record["files"]}
+    made = {f.path.removeprefix("hls/"): f.sha256 for f in remuxed.report.outputs["hls"].files}
+    assert listed and all(made[path] == digest for path, digest in listed.items())
+    assert "provenance.json" in made  # uploaded and checked with the set
+    assert any(path.endswith(".m4s") for path in listed)

@@ -96,7 +96,12 @@ class Finalizing(PacketScans):
             for rendition in renditions:
                 files += hls.files_of(layout.hls, rendition.name)
             master = layout.hls / "master.m3u8"
-            master.write_text(hls.master_playlist(layout.hls, renditions))
+            record_provenance = self.signing is not None
+            master.write_text(
+                hls.master_playlist(layout.hls, renditions, provenance=record_provenance)
+            )
+            if record_provenance:
+                files.append(await self._hls_provenance(files))
             return await self._record(
                 node,
                 "hls/master.m3u8",
@@ -113,6 +118,20 @@ class Finalizing(PacketScans):
         if node == "keyframes":
             return await self._finalize_keyframes(plan, required)
         raise ValueError(f"unknown output {node!r}")
+
+    async def _hls_provenance(self, files: list[Path]) -> Path:
+        """Write the rendition set's ``provenance.json`` (``hls.provenance_record``)."""
+        hls_dir = self.layout.hls
+        digests = await anyio.to_thread.run_sync(
+            lambda: [describe(p, hls_dir).sha256 for p in files]
+        )
+        source = self.source_provenance
+        record = hls.provenance_record(
+            hls_dir, files, digests, msgspec.to_builtins(source) if source else None
+        )
+        path = hls_dir / hls.PROVENANCE_FILE
+        path.write_bytes(msgspec.json.encode(record))
+        return path
 
     async def _sign(
         self, node: str, path: Path, mime: str, copied: bool, resized: bool
