@@ -55,7 +55,12 @@ Targets (issue 24): (a) p50 <= 1.0 s and <= 3x the floor; (b) p50 <= 1.3x the ba
 RESULT.json`` compares with an earlier run's result file, e.g. of today's code).
 
 Usage: .venv/bin/python scripts/bench/time_to_playable.py [--outputs 10] [--floor-runs 3]
-       [--server-dsn DSN] [--baseline RESULT.json] [--smoke]
+       [--server-dsn DSN] [--baseline RESULT.json] [--smoke] [--sign]
+
+``--sign``: C2PA provenance on (docs/provenance.md): the sources are signed as a provider
+signs them (a throwaway chain) and the worker reads them at the probe and signs the playback,
+proxy and poster; run once without and once with it (``--baseline`` the first result) to
+measure what signing adds to callback -> PLAYABLE.
 
 A JSON result goes to ``var/bench-ttp/result-*.json``. Every process is a watched child
 (``scripts/lib/children.py``; logs in ``var/bench-ttp/*.log``). ``--smoke``: one output per
@@ -94,7 +99,14 @@ from aivedio.config.media import MediaConfig
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts" / "lib"))
 from children import Child, Children, environ_without_aivedio  # noqa: E402
-from demo_driver import free_port, http, send_callback  # noqa: E402
+from demo_driver import (  # noqa: E402
+    free_port,
+    http,
+    make_signing_chains,
+    provenance_config,
+    send_callback,
+    sign_as_provider,
+)
 from smoke import positive, verdict  # noqa: E402
 
 
@@ -354,6 +366,7 @@ def write_config(
     callback_secret: str,
     moderation: str,
     moderator_url: str = "",
+    sign: bool = False,
 ) -> None:
     if moderation == "http":
         section = f"""[moderation]
@@ -395,7 +408,8 @@ api_base_url = {json.dumps(sim["base_url"])}
 callback_secret = {json.dumps(callback_secret)}
 tenant = "{TENANT}"
 
-{section}"""
+{section}
+{provenance_config(BENCH / "c2pa") if sign else ""}"""
     )
     path.chmod(0o600)
 
@@ -543,6 +557,14 @@ async def bench(
     args: argparse.Namespace, dsn: str, children: Children, moderator: ModeratorStandIn
 ) -> dict[str, Any]:
     sources = make_sources(BENCH / "media", args.seconds, args.size, args.fps)
+    if args.sign:
+        # C2PA on: the sources signed as a provider signs them, the outputs signed by the
+        # platform (a run without --sign is the comparison: --baseline its result).
+        make_signing_chains(BENCH / "c2pa")
+        for kind, path in list(sources.items()):
+            signed = path.with_name(f"{path.stem}.signed{path.suffix}")
+            sign_as_provider(path, signed, BENCH / "c2pa")
+            sources[kind] = signed
     if not moov_at_end(sources["h264"]):
         raise SystemExit(f"{sources['h264']}: the moov is not at the end")
     media = MediaConfig()
@@ -589,6 +611,7 @@ async def bench(
             callback_secret=callback_secret,
             moderation=backend,
             moderator_url=moderator_url,
+            sign=args.sign,
         )
     local_env = {**env, "AIVEDIO_CONFIG": str(configs["local"])}
     fleet.run_cli(local_env, "migrate")
@@ -943,6 +966,11 @@ def main() -> int:
     parser.add_argument("--baseline", help="an earlier result file: compare callback → ENRICHED")
     parser.add_argument(
         "--smoke", action="store_true", help="1 output per case, 2 s 640x360; sanity"
+    )
+    parser.add_argument(
+        "--sign",
+        action="store_true",
+        help="C2PA on: provider-signed sources, outputs signed (compare with --baseline)",
     )
     args = parser.parse_args()
     if args.smoke:

@@ -8,7 +8,9 @@ What it does, in order (every file under ``var/demo``):
    (dropped and created: each run starts empty), the secrets (made once, kept in ``*.key``
    files, mode 600), the sample media (made with ffmpeg once: an H.264/AAC clip that only
    needs a remux, an HEVC clip that needs a transcode, a portrait clip to upload, and an
-   HTML error page named ``.mp4``);
+   HTML error page named ``.mp4``); a throwaway C2PA signing chain for the provider and one
+   for the platform (``aivedio.provenance.throwaway``, made every run), and the two provider
+   clips signed as an AI video provider signs them (CREATE, trainedAlgorithmicMedia);
 2. the simulated provider (HTTPS on loopback, its own test CA) serving three outputs; with
    ``--s3``, SeaweedFS (a real S3 engine, ``seaweedfs.py``) on loopback and a bucket;
 3. ``aivedio.toml``, migrations, tenant ``demo`` and an API key;
@@ -18,7 +20,9 @@ What it does, in order (every file under ``var/demo``):
    ``webhook-timestamp``, ``webhook-signature``), one replayed to show it is refused, and one
    upload through ``POST /v1/videos``;
 6. waits for every video to settle (ENRICHED, or INVALID_MEDIA for the error page), printing
-   each state as it changes, then each video's timeline, the final states, the ``/watch``
+   each state as it changes, then each video's timeline and Content Credentials (the
+   source's manifest verified, the published files signed by the platform with the source
+   as their ingredient), the final states, the ``/watch``
    URLs (checked: the page and the HLS master answer 200), and where the logs are;
 7. keeps serving until Ctrl-C or SIGTERM (``--exit``: stops at once), then SIGTERMs the API
    and the workers, waits for them to drain, and stops the provider and S3 server.
@@ -56,6 +60,8 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 import seaweedfs
+
+from aivedio.provenance.throwaway import make_chain
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "var" / "demo"
@@ -222,11 +228,78 @@ HOSTILE = b"""<!DOCTYPE html>
 """
 
 
+PROVENANCE = DEMO / "c2pa"
+
+
+def make_signing_chains(directory: Path = PROVENANCE) -> None:
+    """A provider's (``provider/``) and the platform's (``platform/``) throwaway C2PA chains,
+    new every run, and the trust anchors (``anchors.pem``: both roots) the platform reads
+    and verifies with."""
+    provider = make_chain("Example Video Provider (demo)")
+    platform = make_chain("aivedio demo platform")
+    provider.write(directory / "provider")
+    platform.write(directory / "platform")
+    (directory / "anchors.pem").write_text(provider.root + platform.root)
+
+
+def provenance_config(directory: Path = PROVENANCE) -> str:
+    """The ``[provenance]`` section that reads with both roots trusted and signs with the
+    platform's chain of ``make_signing_chains``."""
+    return f"""[provenance]
+trust_anchors_file = {toml_str(str(directory / "anchors.pem"))}
+certificate_chain_file = {toml_str(str(directory / "platform" / "chain.pem"))}
+private_key_file = {toml_str(str(directory / "platform" / "key.pem"))}
+"""
+
+
+def sign_as_provider(unsigned: Path, target: Path, directory: Path = PROVENANCE) -> None:
+    """``unsigned`` signed into ``target`` as an AI video provider signs its outputs."""
+    import c2pa
+
+    chain = directory / "provider"
+    manifest = {
+        "claim_generator_info": [{"name": "example-video-provider", "version": "demo"}],
+        "title": target.name,
+        "format": "video/mp4",
+        "assertions": [
+            {
+                "label": "c2pa.actions",
+                "data": {
+                    "actions": [
+                        {
+                            "action": "c2pa.created",
+                            "digitalSourceType": "http://cv.iptc.org/newscodes/"
+                            "digitalsourcetype/trainedAlgorithmicMedia",
+                        }
+                    ]
+                },
+            }
+        ],
+    }
+    info = c2pa.C2paSignerInfo(
+        c2pa.C2paSigningAlg.ES256,
+        (chain / "chain.pem").read_bytes(),
+        (chain / "key.pem").read_bytes(),
+        None,
+    )
+    with c2pa.Signer.from_info(info) as signer:
+        builder = c2pa.Builder(manifest)
+        builder.set_intent(
+            c2pa.C2paBuilderIntent.CREATE, c2pa.C2paDigitalSourceType.TRAINED_ALGORITHMIC_MEDIA
+        )
+        with unsigned.open("rb") as source, target.open("w+b") as out:
+            builder.sign(signer, "video/mp4", source, out)
+
+
 def make_samples() -> None:
-    """Each sample once; remade when its recipe changes (the recipe is kept beside it)."""
+    """Each sample once; remade when its recipe changes (the recipe is kept beside it). The
+    provider's MP4 samples are signed again every run, with this run's provider chain."""
     MEDIA.mkdir(parents=True, exist_ok=True)
+    make_signing_chains()
     for sample in SAMPLES:
         path = MEDIA / sample.file
+        if sample.ffmpeg and not sample.uploaded:
+            path = path.with_name(path.stem + ".unsigned.mp4")
         recipe_file = path.with_name(path.name + ".recipe")
         recipe = json.dumps(sample.ffmpeg) if sample.ffmpeg else HOSTILE.decode()
         if path.is_file() and recipe_file.is_file() and recipe_file.read_text() == recipe:
@@ -240,6 +313,10 @@ def make_samples() -> None:
         else:
             path.write_bytes(HOSTILE)
         recipe_file.write_text(recipe)
+    for sample in SAMPLES:
+        if sample.ffmpeg and not sample.uploaded:
+            target = MEDIA / sample.file
+            sign_as_provider(target.with_name(target.stem + ".unsigned.mp4"), target)
 
 
 # -- child processes ---------------------------------------------------------------------------
@@ -561,6 +638,10 @@ api_base_url = {toml_str(sim["base_url"])}
 callback_secret = {toml_str(callback_secret)}
 tenant = "{TENANT}"
 
+# C2PA: the provider's outputs are read and verified at the probe; what is published is
+# signed with the platform's throwaway chain (var/demo/c2pa, made every run). Production
+# uses a certificate from a CA on the C2PA trust list, or key_callback for a KMS.
+{provenance_config()}
 # Development moderation, chosen explicitly: allow everything. Production uses
 # backend = "http" with the moderation service's url and auth_header.
 [moderation]
@@ -806,6 +887,28 @@ def describe_media(env: dict[str, str], video: Video) -> str:
     )
 
 
+def credentials_line(found: dict[str, Any] | None) -> str:
+    """The video's C2PA chain as the status API gives it: the source's manifest (verified?
+    by whom? AI-generated?) and the platform's signing of what was published."""
+    if not found:
+        return ""
+    source = found.get("source") or {}
+    if not source.get("present"):
+        parts = ["source unsigned"]
+    else:
+        parts = [f"source manifest {source.get('state')}, signed by {source.get('signer_subject')}"]
+        if found.get("ai_generated"):
+            parts.append(f"AI-generated ({source.get('digital_source_type')})")
+    outputs = found.get("outputs") or {}
+    signed = sorted(name for name, o in outputs.items() if o.get("signed"))
+    kept = sorted(name for name, o in outputs.items() if o.get("parent_manifest"))
+    if signed:
+        parts.append(f"published {', '.join(signed)} signed by {found.get('platform_signer')}")
+    if kept:
+        parts.append(f"source manifest kept as ingredient of {', '.join(kept)}")
+    return "; ".join(parts)
+
+
 def report(api: Api, env: dict[str, str], videos: list[Video], t0: float) -> bool:
     out()
     out("== timelines (seconds since the first callback; from GET /v1/videos/ID/status)")
@@ -818,6 +921,9 @@ def report(api: Api, env: dict[str, str], videos: list[Video], t0: float) -> boo
             out(f"  {media}")
         for entry in video.status.get("timeline", []):
             out(timeline_line(entry, t0))
+        credentials = credentials_line(video.status.get("content_credentials"))
+        if credentials:
+            out(f"  content credentials: {credentials}")
         if video.error:
             out(f"  error: {video.error}")
     out()

@@ -162,6 +162,14 @@ class RenderError(AivedioError):
     retry = Retry.LIMITED
 
 
+class SigningError(RenderError):
+    """An output could not be signed with the platform's C2PA manifest (the signer or its
+    key failed): the output fails like a failed render, unless configured to be published
+    unsigned."""
+
+    error_class = "signing_failed"
+
+
 class PoisonMediaError(AivedioError):
     """The source crashed its media jobs too often (a decoder killed by a crash signal, or a
     worker dying mid-job): the asset is quarantined with its source kept, never retried."""

@@ -20,6 +20,7 @@ from aivedio.config.load import Config
 from aivedio.config.media import MediaConfig, RungConfig
 from aivedio.config.moderation import LocalModerationConfig, ModerationConfig
 from aivedio.pipeline.jobs import Registry
+from aivedio.pipeline.media.signing import Signing
 from aivedio.pipeline.media_stage import open_media_stage
 from aivedio.pipeline.moderation import open_moderation_stage
 from aivedio.pipeline.publish import PublishStage
@@ -189,10 +190,14 @@ def registry_without(*kinds: str) -> Registry:
 
 
 @asynccontextmanager
-async def running_worker(rig: Rig, registry: Registry | None = None) -> AsyncIterator[Worker]:
+async def running_worker(
+    rig: Rig, registry: Registry | None = None, signing: Signing | None = None
+) -> AsyncIterator[Worker]:
+    """A worker with the media, moderation and publish stages; ``signing``: the media
+    stage signs its outputs with it."""
     queue = Queue(rig.pool)
     async with (
-        open_media_stage(rig.config, rig.pool, queue, rig.store) as media,
+        open_media_stage(rig.config, rig.pool, queue, rig.store, signing) as media,
         open_moderation_stage(rig.config, rig.pool, queue, rig.store) as moderation,
         anyio.create_task_group() as tg,
     ):

@@ -20,6 +20,7 @@ from aivedio.api.context import context
 from aivedio.api.ids import path_uuid
 from aivedio.api.problems import ApiError
 from aivedio.api.published import published_files
+from aivedio.pipeline.media.credentials import ContentCredentials, content_credentials
 from aivedio.pipeline.upkeep.lifecycle import delete_asset
 from aivedio.store import asset_reads, task_reads
 
@@ -54,6 +55,9 @@ class Asset(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: datetime
     outputs: list[Output]
     passthrough: str | None = None
+    # Its C2PA provenance: the source's manifest (verified? AI-generated?) and the
+    # platform's signing of the published outputs; None until the source was probed.
+    content_credentials: ContentCredentials | None = None
 
 
 class TaskOutput(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,6 +95,7 @@ async def get_asset(request: web.Request) -> web.Response:
     if row is None:
         raise ApiError(404, "no such asset")
     outputs: list[Output] = []
+    files: dict[str, dict[str, Any]] = {}
     if row["current_revision"] is not None and row["status"] != "DELETED":
         files = await published_files(ctx.pool, tenant, asset_id, row["current_revision"])
         outputs = [
@@ -125,6 +130,9 @@ async def get_asset(request: web.Request) -> web.Response:
             updated_at=row["updated_at"],
             outputs=outputs,
             passthrough=row["passthrough"],
+            content_credentials=content_credentials(
+                row["provenance"], {name: f["c2pa"] for name, f in files.items()}
+            ),
         )
     )
 

@@ -44,6 +44,8 @@ from aivedio.api.ids import path_uuid
 from aivedio.api.problems import ApiError
 from aivedio.api.published import is_servable, published_files
 from aivedio.logs import get_logger
+from aivedio.pipeline.media.credentials import ContentCredentials, content_credentials
+from aivedio.store import asset_reads
 
 log = get_logger("aivedio.api")
 
@@ -184,8 +186,55 @@ def _hls_js_missing(path: Path) -> None:
         log.warning("hls_js_missing", path=str(path), hint=INSTALL_HINT)
 
 
+_STATE_TEXT = {
+    "trusted": "verified, trusted signer",
+    "valid": "verified",
+    "untrusted": "verified, signer not on the trust list",
+    "invalid": "failed verification",
+}
+
+
+def credentials_html(found: ContentCredentials | None) -> str:
+    """The "Content Credentials" badge: a disclosure with what the C2PA manifests say
+    (every value from a manifest escaped: a source's manifest is untrusted text)."""
+    if found is None:
+        return ""
+    rows: list[tuple[str, str]] = []
+    if found.ai_generated is not None:
+        kind = found.source.digital_source_type if found.source else None
+        rows.append(("AI-generated", ("yes" if found.ai_generated else "no") + f" ({kind})"))
+    source = found.source
+    if source is not None and source.present:
+        signer = source.signer_subject or "unknown"
+        if source.signer_issuer:
+            signer += f" (issued by {source.signer_issuer})"
+        rows.append(("Source signed by", signer))
+        rows.append(("Source manifest", _STATE_TEXT.get(source.state, source.state)))
+        if source.claim_generator:
+            rows.append(("Made with", source.claim_generator))
+    elif source is not None:
+        rows.append(("Source manifest", "none"))
+    if found.platform_signed and found.platform_signer:
+        rows.append(("Published files signed by", found.platform_signer))
+    elif found.outputs:
+        rows.append(("Published files", "not all signed"))
+    items = "".join(
+        f"<dt>{html.escape(name)}</dt><dd>{html.escape(value)}</dd>" for name, value in rows
+    )
+    mark = " ai" if found.ai_generated else ""
+    return (
+        f'<details class="credentials{mark}" id="player-credentials">'
+        '<summary><span class="cr-mark" aria-hidden="true">cr</span> Content Credentials'
+        f"</summary><dl>{items}</dl></details>"
+    )
+
+
 async def render_page(
-    asset_id: uuid.UUID, revision: int, token: str, files: dict[str, dict[str, Any]]
+    asset_id: uuid.UUID,
+    revision: int,
+    token: str,
+    files: dict[str, dict[str, Any]],
+    credentials: ContentCredentials | None = None,
 ) -> str:
     media = f"/media/{quote(token, safe='')}/"
     settings: dict[str, Any] = {"asset_id": str(asset_id), "revision": revision}
@@ -217,6 +266,7 @@ async def render_page(
         settings=_json_for_html(settings),
         poster=f' poster="{html.escape(poster)}"' if poster else "",
         notice=notice,
+        credentials=credentials_html(credentials),
     )
 
 
@@ -235,7 +285,12 @@ async def watch(request: web.Request) -> web.Response:
     if not await is_servable(ctx.pool, claims.tenant_id, claims.asset_id, claims.revision):
         raise ApiError(404, "no such video")
     files = await published_files(ctx.pool, claims.tenant_id, claims.asset_id, claims.revision)
-    page = await render_page(asset_id, claims.revision, token, files)
+    row = await asset_reads.tenant_asset(ctx.pool, claims.tenant_id, claims.asset_id)
+    credentials = content_credentials(
+        row["provenance"] if row is not None else None,
+        {name: f["c2pa"] for name, f in files.items()},
+    )
+    page = await render_page(asset_id, claims.revision, token, files, credentials)
     return web.Response(
         text=page,
         content_type="text/html",
@@ -254,7 +309,8 @@ PATHS: dict[str, Any] = {
         "get": {
             "summary": "The player page of a published video",
             "description": "An HTML page playing the revision the token opens (HLS with "
-            "hls.js or natively, else the MP4), with sprite thumbnails and the waveform.",
+            "hls.js or natively, else the MP4), with sprite thumbnails, the waveform and a "
+            "Content Credentials badge (the C2PA provenance of the video).",
             "operationId": "watchVideo",
             "tags": ["playback"],
             "security": [],

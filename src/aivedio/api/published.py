@@ -39,7 +39,8 @@ async def published_files(
     pool: Pool, tenant_id: int, asset_id: uuid.UUID, revision: int
 ) -> dict[str, dict[str, Any]]:
     """The revision's published outputs: variant type → its primary file's path under the
-    revision's storage prefix, and what else is known (size, width, height, extra)."""
+    revision's storage prefix, and what else is known (size, width, height, its C2PA
+    signing)."""
     rows = await published_variants(pool, asset_id, revision)
     storage = rows[0]["storage_revision"] if rows else revision
     prefix = revision_prefix(tenant_id, asset_id, storage) + "/"
@@ -50,6 +51,7 @@ async def published_files(
             "size_bytes": row["size_bytes"],
             "width": row["width"],
             "height": row["height"],
+            "c2pa": (row["extra"] or {}).get("c2pa"),
         }
         for row in rows
         if row["object_key"].startswith(prefix)

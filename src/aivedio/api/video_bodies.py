@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from aivedio.pipeline.media.credentials import ContentCredentials
 from aivedio.store import uploads
 from aivedio.store.objects.s3_upload import MAX_PARTS
 from aivedio.untrusted import whole
@@ -168,7 +169,10 @@ class VideoStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     PROCESSING_FAILED, REJECTED, DELETED…). ``published_revision`` is the revision playback
     serves. ``upload`` is absent for videos that came from a provider, not an upload.
     ``progress`` is the render's progress in percent (as Cloudflare Stream's ``pctComplete``):
-    its slowest running job's, 100 once ENRICHED, absent when nothing is rendering."""
+    its slowest running job's, 100 once ENRICHED, absent when nothing is rendering.
+    ``content_credentials``: its C2PA provenance (the source's manifest, whether it verified
+    and says AI-generated, and the platform's signing of what is published), absent until
+    the source was probed."""
 
     video_id: uuid.UUID
     state: str
@@ -180,6 +184,7 @@ class VideoStatus(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     upload: UploadSummary | None = None
     passthrough: str | None = None
     progress: float | None = None
+    content_credentials: ContentCredentials | None = None
 
 
 _SESSION_STATE = {

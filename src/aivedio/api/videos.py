@@ -83,6 +83,7 @@ from aivedio.api.video_sessions import (
 from aivedio.errors import MalformedInputError, NotFoundError
 from aivedio.logs import get_logger, redact_text
 from aivedio.pipeline.jobs import probe_spec
+from aivedio.pipeline.media.credentials import content_credentials
 from aivedio.store import asset_reads, uploads
 from aivedio.store.asset_status import asset_status
 from aivedio.store.objects.base import (
@@ -508,6 +509,9 @@ async def video_status(request: web.Request) -> web.Response:
                 else await asset_reads.passthrough(ctx.pool, video_id)
             ),
             progress=status["progress"],
+            content_credentials=content_credentials(
+                status["source_provenance"], status["output_signing"]
+            ),
         )
     )
 

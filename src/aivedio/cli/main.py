@@ -141,6 +141,7 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
             from aivedio.pipeline.upkeep.diagnostics import Journal
             from aivedio.pipeline.upkeep.outbox_relay import open_outbox_relay
             from aivedio.pipeline.upkeep.sweeper import open_sweeper, seed_periodic_sweep
+            from aivedio.provenance.signing import signing_from_config
             from aivedio.store.objects.metered import MeteredObjectStore
 
             journal = Journal(config.diagnostics.execution_journal_dir)
@@ -155,7 +156,9 @@ def cmd_worker(config: Config, args: argparse.Namespace) -> int:
                     open_fetch_stage(
                         config, pool, queue, store := MeteredObjectStore(opened, metrics.store)
                     ) as fetch_stage,
-                    open_media_stage(config, pool, queue, store) as media_stage,
+                    open_media_stage(
+                        config, pool, queue, store, signing_from_config(config.provenance)
+                    ) as media_stage,
                     open_moderation_stage(config, pool, queue, store) as moderation,
                     open_sweeper(config, pool, store, metrics=metrics) as sweeper,
                 ):

@@ -1,10 +1,14 @@
 """``aivedio probe FILE`` and ``aivedio process FILE --out DIR``: the media stage locally.
 
 ``probe`` prints one JSON verdict (``verdict``, ``error_class``, ``reasons``, the media
-summary) and exits 0 when valid, 5 when invalid. ``process`` runs the whole DAG without a
+summary, and ``provenance``: the C2PA manifest summary with its validation state, read in
+the sandbox) and exits 0 when valid, 5 when invalid (``--provider`` applies that provider's
+tolerances and its ``require_provenance``). ``process`` runs the whole DAG without a
 database or an object store and writes the revision's files under DIR exactly as they
 would sit under ``assets/{tenant}/{asset}/rev/{n}/``, then prints a JSON summary: the plan,
-every output with its checksums, the time per node and step, and each ffmpeg process's
+every output with its checksums (and its C2PA signing, ``c2pa``, when ``[provenance]``
+configures a signer: the playback, proxy and poster signed before they are hashed), the
+time per node and step, and each ffmpeg process's
 wall time, CPU time and peak RSS. Exit 0 when every required output was made, 5 when the
 source is invalid, 1 when a required output failed. On a terminal (stdout a TTY) it
 draws the render's progress on one line while it runs (``aivedio.progress``), cleared
@@ -32,6 +36,7 @@ from aivedio.cli.common import (
 from aivedio.config.load import Config
 from aivedio.config.media import OUTPUT_TYPES
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
+from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.ffmpeg.verdict import inspect_file, verdict_json
 from aivedio.pipeline.media.validate import Declared
@@ -68,13 +73,28 @@ def cmd_probe(config: Config, args: argparse.Namespace) -> int:
     tolerance = config.media.tolerances.get(args.provider) if args.provider else None
 
     async def main() -> int:
+        sandbox = Sandbox(config.media)
         verdict, _ = await inspect_file(
-            Sandbox(config.media), path, declared=_declared(args), tolerance=tolerance
+            sandbox,
+            path,
+            declared=_declared(args),
+            tolerance=tolerance,
+            provenance=_reader(config, sandbox),
+            require_provenance=_requires(config, args.provider),
         )
         print_json(verdict_json(verdict))
         return EXIT_OK if verdict.valid else EXIT_INVALID_MEDIA
 
     return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
+
+
+def _reader(config: Config, sandbox: Sandbox) -> ProvenanceReader | None:
+    return ProvenanceReader(sandbox, config.provenance) if config.provenance.read else None
+
+
+def _requires(config: Config, provider: str | None) -> bool:
+    found = config.providers.get(provider or "")
+    return found is not None and found.require_provenance
 
 
 def cmd_process(config: Config, args: argparse.Namespace) -> int:
@@ -100,6 +120,9 @@ def cmd_process(config: Config, args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     line = ProgressLine(sys.stdout) if sys.stdout.isatty() else None
+    from aivedio.provenance.signing import signing_from_config  # loads c2pa: only here
+
+    signing = signing_from_config(config.provenance)
 
     async def main() -> int:
         sandbox = Sandbox(config.media)
@@ -107,6 +130,9 @@ def cmd_process(config: Config, args: argparse.Namespace) -> int:
             progress.current.set(progress.Meter(on_change=line.draw))
         with sandbox.scratch() as root:
             run = MediaRun(sandbox, path, root, parallel=_media_slots(config))
+            run.provenance_reader = _reader(config, sandbox)
+            run.require_provenance = _requires(config, args.provider)
+            run.signing = signing
             # The decode check beside the outputs (a failed one discards them all).
             report = await run.run_checked(
                 wants=wants, declared=_declared(args), tolerance=tolerance

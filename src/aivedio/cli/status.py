@@ -48,6 +48,7 @@ from aivedio.cli.common import (
     table,
 )
 from aivedio.config.load import Config, DatabaseConfig
+from aivedio.pipeline.media.credentials import content_credentials
 from aivedio.store import listening, status_reads
 from aivedio.store.asset_status import (
     FINAL_ASSET_STATES,
@@ -225,8 +226,41 @@ def _asset_text(status: dict[str, Any]) -> str:
     ]
     if ignored:
         lines.append(f"  ignored streams: {', '.join(ignored)}")
+    credentials = credentials_text(status)
+    if credentials:
+        lines.append(f"  content credentials: {credentials}")
     lines.extend(_entry_line(entry) for entry in status["timeline"])
     return "\n".join(lines)
+
+
+def credentials_text(status: dict[str, Any]) -> str | None:
+    """The asset's C2PA provenance on one line: the source's manifest (its state, signer,
+    what it says of AI) and the platform's signing of what is published."""
+    found = content_credentials(status.get("source_provenance"), status.get("output_signing", {}))
+    if found is None:
+        return None
+    source = found.source
+    if source is None:
+        parts = ["source not read"]
+    elif not source.present:
+        parts = ["source has no manifest"]
+    else:
+        codes = f" ({', '.join(source.codes)})" if source.codes else ""
+        parts = [f"source {source.state}{codes}, signed by {source.signer_subject or '?'}"]
+        if source.signer_issuer:
+            parts[-1] += f" ({source.signer_issuer})"
+    if found.ai_generated is not None:
+        kind = source.digital_source_type if source else None
+        parts.append(("AI-generated" if found.ai_generated else "not AI-generated") + f" ({kind})")
+    signed = [name for name, s in found.outputs.items() if s.signed]
+    unsigned = [
+        f"{name} ({s.unsigned_reason})" for name, s in found.outputs.items() if not s.signed
+    ]
+    if signed:
+        parts.append(f"published {', '.join(signed)} signed by {found.platform_signer}")
+    if unsigned:
+        parts.append(f"unsigned: {', '.join(unsigned)}")
+    return "; ".join(parts)
 
 
 def _output_text(status: dict[str, Any]) -> str:

@@ -40,6 +40,7 @@ from aivedio.config.net import NetConfig as NetConfig
 from aivedio.config.net import ProviderConfig as ProviderConfig
 from aivedio.config.net import validate_net as validate_net
 from aivedio.config.outbox import OutboxConfig, validate_outbox
+from aivedio.config.provenance import ProvenanceConfig, validate_provenance
 from aivedio.config.sweeper import SweeperConfig, validate_sweeper
 from aivedio.config.worker import LaneConfig as LaneConfig
 from aivedio.config.worker import QueueConfig, default_lanes, validate_worker
@@ -131,6 +132,7 @@ class Config(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
     sweeper: SweeperConfig = msgspec.field(default_factory=SweeperConfig)
     api: ApiConfig = msgspec.field(default_factory=ApiConfig)
     backlog: BacklogConfig = msgspec.field(default_factory=BacklogConfig)
+    provenance: ProvenanceConfig = msgspec.field(default_factory=ProvenanceConfig)
     providers: dict[str, ProviderConfig] = msgspec.field(default_factory=dict)
 
     @property
@@ -277,6 +279,7 @@ def validate(config: Config, *, require_secrets: bool = True) -> None:
                 f"config error: api.rate_limits.callback_providers.{name}: no [providers.{name}]"
             )
     validate_backlog(config.backlog)
+    validate_provenance(config.provenance)
 
 
 def _validate_key(value: str, name: str = "") -> None:

@@ -110,6 +110,9 @@ class ProviderConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     poll_jitter_seconds: float | None = None
     poll_requests_per_second: float = 2.0  # per worker process, for this provider
     watch_max_seconds: float = 2 * 86400.0  # give a watched task up after this long
+    # A source without a valid C2PA manifest (missing, or failing validation) is
+    # INVALID_MEDIA (provenance_missing, provenance_invalid) instead of published.
+    require_provenance: bool = False
 
 
 class FetchConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

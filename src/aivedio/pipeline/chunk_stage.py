@@ -118,6 +118,17 @@ class ChunkStage:
         run.assume_valid(summary, sniff=None if source_present else MP4)
         return run
 
+    async def _assembly_run(
+        self, root: Path, asset: asyncpg.Record, summary: MediaSummary, plan: Plan
+    ) -> MediaRun:
+        """The assembly's run: the source at hand when a copied rung comes from it, or when
+        outputs are signed (the source is the signed outputs' parent ingredient)."""
+        if any(rung.copy for rung in plan.rungs) or self.services.signing is not None:
+            run = await self._source_run(root, asset, summary)
+        else:
+            run = self._run(root, summary, source_present=False)
+        return self.services.equip(run, asset)
+
     async def _source_run(
         self, root: Path, asset: asyncpg.Record, summary: MediaSummary
     ) -> MediaRun:
@@ -508,11 +519,8 @@ class ChunkStage:
             assert plan.chunking is not None
             done: list[str] = []
             with self.services.sandbox.scratch() as root:
-                if any(rung.copy for rung in plan.rungs):
-                    # The copied rung and its audio come from the source itself.
-                    run = await self._source_run(root, asset, summary)
-                else:
-                    run = self._run(root, summary, source_present=False)
+                # The copied rung and its audio come from the source itself.
+                run = await self._assembly_run(root, asset, summary, plan)
                 steps = run.chunk_steps(plan)
                 if plan.audio != "none":
                     await media_objects.download_piece(

@@ -103,6 +103,8 @@ def variant_columns(records: Sequence[OutputRecord], prefix: str) -> list[list[A
                 "files": [msgspec.to_builtins(f) for f in r.files],
                 "total_bytes": r.size,
                 "required": r.required,
+                # Its C2PA signing: signed (the platform's manifest label) or the reason not.
+                **({"c2pa": msgspec.to_builtins(r.c2pa)} if r.c2pa is not None else {}),
             }
             for r, _ in rows
         ],

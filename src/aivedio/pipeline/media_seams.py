@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import asyncpg
+import msgspec
+
 from aivedio.config.load import Config
 from aivedio.metrics import WorkerMetrics
+from aivedio.pipeline.ffmpeg.media_run import MediaRun
+from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
+from aivedio.pipeline.media.provenance import Provenance
+from aivedio.pipeline.media.signing import Signing
 from aivedio.pipeline.moderation import ModerationStage
 from aivedio.pipeline.publish import InJobPublish, PublishStage
 from aivedio.pipeline.upkeep.backlog import BacklogMonitor
@@ -46,7 +53,9 @@ NO_SEAMS = WorkerSeams()
 @dataclass
 class MediaServices:
     """The worker's services a media job uses: configuration, database, queue, object
-    store, the ffmpeg sandbox and the session locks (a render's revision lock)."""
+    store, the ffmpeg sandbox and the session locks (a render's revision lock), and the C2PA
+    side: the reader of a source's manifest store (None: reading is off) and the signing of
+    outputs (None: no signer configured)."""
 
     config: Config
     pool: Pool
@@ -54,3 +63,18 @@ class MediaServices:
     store: ObjectStore
     sandbox: Sandbox
     locks: SessionLocks
+    reader: ProvenanceReader | None = None
+    signing: Signing | None = None
+
+    def equip(self, run: MediaRun, asset: asyncpg.Record) -> MediaRun:
+        """``run`` with this worker's provenance reading and signing for ``asset``: the
+        source's provenance as the probe recorded it (a run that skips ``inspect``), and
+        whether its provider requires provenance."""
+        run.provenance_reader = self.reader
+        run.signing = self.signing
+        provider = self.config.providers.get(asset["source_provider"] or "")
+        run.require_provenance = provider is not None and provider.require_provenance
+        recorded = asset["provenance"]
+        if recorded is not None:
+            run.source_provenance = msgspec.convert(recorded, Provenance)
+        return run

@@ -17,8 +17,10 @@ from aivedio.config.load import Config
 from aivedio.errors import TransientError
 from aivedio.metrics import WorkerMetrics
 from aivedio.pipeline import chunk_stage, jobs
+from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.jobs import JobContext, Registry
+from aivedio.pipeline.media.signing import Signing
 from aivedio.pipeline.media_poison import PoisonGuard
 from aivedio.pipeline.media_seams import NO_SEAMS, MediaServices, WorkerSeams
 from aivedio.pipeline.moderation import ModerationStage
@@ -67,8 +69,14 @@ class MediaStage:
 
 @asynccontextmanager
 async def open_media_stage(
-    config: Config, pool: Pool, queue: Queue, store: ObjectStore | None = None
+    config: Config,
+    pool: Pool,
+    queue: Queue,
+    store: ObjectStore | None = None,
+    signing: Signing | None = None,
 ) -> AsyncIterator[MediaStage]:
+    """The media stage; ``signing``: the C2PA signing of outputs (built by the caller from
+    ``[provenance]``, so that this stage never loads c2pa itself)."""
     async with AsyncExitStack() as stack:
         if store is None:
             store = await stack.enter_async_context(open_object_store(config.storage))
@@ -78,8 +86,16 @@ async def open_media_stage(
         await sandbox.check()
         locks = SessionLocks(config.database)
         stack.push_async_callback(locks.aclose)
+        reader = ProvenanceReader(sandbox, config.provenance) if config.provenance.read else None
         services = MediaServices(
-            config=config, pool=pool, queue=queue, store=store, sandbox=sandbox, locks=locks
+            config=config,
+            pool=pool,
+            queue=queue,
+            store=store,
+            sandbox=sandbox,
+            locks=locks,
+            reader=reader,
+            signing=signing,
         )
         yield MediaStage(services)
 

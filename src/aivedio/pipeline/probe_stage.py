@@ -147,7 +147,7 @@ class ProbeStage:
             await media_objects.download_source(self.services.store, asset, source)
             phases.add("source", started)
             started = time.monotonic()
-            run = MediaRun(self.services.sandbox, source, root)
+            run = self.services.equip(MediaRun(self.services.sandbox, source, root), asset)
             run.normalize = normalizes(media, asset)
             # A crash in the verdict itself is the verdict (INVALID_MEDIA, decoder_crashed);
             # one in the keyframe scans after it fails the attempt and counts as a crash.
@@ -284,7 +284,7 @@ class ProbeStage:
         with self.services.sandbox.scratch() as root:
             source = root / "source.bin"
             await media_objects.download_source(self.services.store, asset, source)
-            run = MediaRun(self.services.sandbox, source, root)
+            run = self.services.equip(MediaRun(self.services.sandbox, source, root), asset)
             run.normalize = normalizes(self.services.config.media, asset)
             async with self.poison.watch_crashes(job, asset_id, run, seams):
                 report = await run.run(plan_only=True)
@@ -330,6 +330,7 @@ class ProbeStage:
                     "probe": verdict,
                     "last_error_class": "invalid_media",
                     "last_error_detail": detail[:1000],
+                    **provenance_columns(verdict),
                 },
             )
         log.warning("asset_invalid_media", asset_id=str(asset_id), reasons=verdict["reasons"])
@@ -392,6 +393,7 @@ class ProbeStage:
                     "frame_rate_den": den,
                     "last_error_class": None,
                     "last_error_detail": None,
+                    **provenance_columns(verdict),
                     **({"moderation_status": statuses[decision.decision]} if decision else {}),
                 },
             )
@@ -490,6 +492,14 @@ def normalizes(media: MediaConfig, asset: asyncpg.Record) -> bool:
     the tenant not among ``off_tenants``)."""
     loudness = media.loudness
     return loudness.normalize and asset["tenant_name"] not in loudness.off_tenants
+
+
+def provenance_columns(verdict: dict[str, Any]) -> dict[str, Any]:
+    """The asset's provenance columns from a verdict (none when the store was not read)."""
+    found = verdict.get("provenance")
+    if found is None:
+        return {}
+    return {"provenance": found, "provenance_state": found["state"]}
 
 
 def _primary(output: str, plan: Plan) -> str:

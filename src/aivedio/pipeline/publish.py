@@ -43,6 +43,7 @@ from aivedio.errors import (
 from aivedio.logs import get_logger
 from aivedio.pipeline import jobs
 from aivedio.pipeline.jobs import JobContext, Registry, publish_spec
+from aivedio.pipeline.media.credentials import content_credentials, to_json
 from aivedio.pipeline.publish_release import NotPublishable, PointerMoved, Unmet, release
 from aivedio.states import Entity
 from aivedio.store import publishing
@@ -280,6 +281,7 @@ class PublishStage:
                 revision_no,
                 outputs,
                 enriched,
+                credentials=_credentials(asset, variants, outputs),
             )
         except NotPublishable as exc:  # undone; the job itself is fine
             await self._abandon(asset_id, revision_no, str(exc))
@@ -390,6 +392,7 @@ class PublishStage:
                 enriched,
                 enriches=base_no,
                 copy=copy,
+                credentials=_credentials(asset, variants, outputs),
             )
         except Unmet as exc:
             if exc.code in outcomes:
@@ -415,6 +418,19 @@ class PublishStage:
         if asset is None:
             raise StaleStateError(f"asset {asset_id} does not exist")
         return asset, asset["revision_row"], asset["variant_rows"]
+
+
+def _credentials(
+    asset: asyncpg.Record, variants: Sequence[Row], outputs: Sequence[str]
+) -> dict[str, Any] | None:
+    """The ``asset.ready`` event's Content Credentials: the source's provenance and the
+    signing of each output the release publishes."""
+    signing = {
+        v["variant_type"]: (v.get("extra") or {}).get("c2pa")
+        for v in variants
+        if v["variant_type"] in outputs
+    }
+    return to_json(content_credentials(asset["provenance"], signing))
 
 
 def _wanted(variant: Row) -> dict[str, int]:

@@ -63,6 +63,7 @@ async def release(
     *,
     enriches: int | None = None,
     copy: dict[str, Part] | None = None,
+    credentials: dict[str, Any] | None = None,
 ) -> None:
     """Lock the task and the asset, check ``checks`` against the locked row, and release:
     the revision READY with the outputs it publishes, the pointer switched, the previous
@@ -107,6 +108,8 @@ async def release(
     }
     if enriches is not None:
         payload["enriches"] = enriches
+    if credentials is not None:  # the C2PA provenance (pipeline/media/credentials.py)
+        payload["content_credentials"] = credentials
     parts["release"] = publishing.release_part(asset_id, revision_no, previous, outputs)
     parts["link"] = publishing.link_task_part(asset_id)
     parts["event"] = outbox.event_part(

@@ -239,6 +239,7 @@ class RenderStage:
                         )
 
             run = MediaRun(self.services.sandbox, source, root, on_done=record_now)
+            self.services.equip(run, asset)
             run.assume_valid(summary)
             if "keyframes" in group and "playback" not in group:
                 await media_objects.download(

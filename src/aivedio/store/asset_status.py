@@ -72,7 +72,8 @@ async def asset_status(pool: Pool, asset_id: uuid.UUID) -> dict[str, Any] | None
         return None
     revision = asset["current_revision"]
     variants = await pool.fetch(
-        "SELECT v.variant_type, v.object_key, v.size_bytes, v.checksum, v.status, v.mime_type"
+        "SELECT v.variant_type, v.object_key, v.size_bytes, v.checksum, v.status, v.mime_type,"
+        " v.extra->'c2pa' AS c2pa"
         " FROM asset_variants v JOIN asset_revisions r USING (asset_id, revision)"
         " WHERE v.asset_id = $1 AND v.revision = $2"
         " AND v.variant_type = ANY(coalesce(r.published_outputs, ARRAY[]::text[]))"
@@ -144,6 +145,10 @@ async def asset_status(pool: Pool, asset_id: uuid.UUID) -> dict[str, Any] | None
         # The source's streams no output carries (more audio tracks than one, a cover
         # picture, subtitles), as the probe's verdict listed them.
         "ignored_streams": _ignored_streams(asset["probe"]),
+        # The source's C2PA summary (read at the probe; None: not read) and each published
+        # output's signing: ``pipeline/media/credentials.py`` makes them one summary.
+        "source_provenance": asset["provenance"],
+        "output_signing": {v["variant_type"]: v["c2pa"] for v in variants},
         "progress": progress_of(
             asset["status"], [job["progress"] for job in jobs if job["status"] == "running"]
         ),

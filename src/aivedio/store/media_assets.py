@@ -2,7 +2,8 @@
 
 The media jobs decide on more than the row: how often its source crashed a media job (the
 poison rule), its generation task's provider status (a cancel), the provider's safety labels
-of its output (what moderation is told) and the number its next revision takes.
+of its output (what moderation is told), the provider it came from (whether provenance is
+required) and the number its next revision takes.
 ``ASSET_COLUMNS`` reads them with the row, so none costs a round trip of its own. Status
 changes go through ``store.records.transition``; what is here sets no status.
 """
@@ -27,6 +28,8 @@ ASSET_COLUMNS = (
     "  WHERE o.id = a.source_provider_output_id) AS task_status,"
     " (SELECT o.safety_labels FROM provider_outputs o"
     "  WHERE o.id = a.source_provider_output_id) AS safety_labels,"
+    " (SELECT o.provider FROM provider_outputs o"
+    "  WHERE o.id = a.source_provider_output_id) AS source_provider,"
     " (SELECT coalesce(max(r.revision), 0) + 1 FROM asset_revisions r"
     "  WHERE r.asset_id = a.id) AS next_revision,"
     " (SELECT t.name FROM tenants t WHERE t.id = a.tenant_id) AS tenant_name"

@@ -37,6 +37,8 @@ SETTABLE: Mapping[Entity, frozenset[str]] = {
             "current_revision",
             "moderation_status",
             "probe",
+            "provenance",
+            "provenance_state",
             "media_type",
             "duration_us",
             "width",

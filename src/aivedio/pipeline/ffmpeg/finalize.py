@@ -1,6 +1,11 @@
 """Finalizing a run's outputs: each node's files checked (faststart, JPEG magic, the
 sprite sheets' count), its indexes written (HLS master playlist, WebVTT, waveform JSON,
-keyframe index) and every file described (size, SHA-256) in its ``OutputRecord``."""
+keyframe index) and every file described (size, SHA-256) in its ``OutputRecord``.
+
+The playback MP4, the proxy and the poster are signed with the platform's C2PA manifest
+(``Signing``, when the run has one) after their checks and before they are described, so
+the SHA-256 recorded, uploaded and verified is the signed file's; a signed MP4 is checked
+for faststart again (the manifest is a box before ``moov``)."""
 
 from __future__ import annotations
 
@@ -9,12 +14,17 @@ from pathlib import Path
 import anyio
 import msgspec
 
-from aivedio.errors import RenderError
+from aivedio.errors import RenderError, SigningError
+from aivedio.logs import get_logger
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord, describe, require_faststart, require_jpeg
 from aivedio.pipeline.ffmpeg.packet_scans import PacketScans, packet_args
+from aivedio.pipeline.ffmpeg.provenance_read import MIME_OF_KIND
 from aivedio.pipeline.media import hls, keyframes, thumbnails, waveform
 from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media.signing import Signed, SignRequest, actions_for
 from aivedio.pipeline.media.validate import MediaSummary
+
+log = get_logger("aivedio.media")
 
 
 class Finalizing(PacketScans):
@@ -24,9 +34,15 @@ class Finalizing(PacketScans):
         layout = self.layout
         top = plan.top
         required = node in plan.required
+        source_size = (summary.display_width, summary.display_height)
         if node == "playback":
             require_faststart(layout.playback)
-            return await self._record(
+            signed = await self._sign(
+                node, layout.playback, "video/mp4", top.copy, (top.width, top.height) != source_size
+            )
+            if signed is not None and signed.signed:
+                require_faststart(layout.playback)
+            record = await self._record(
                 node,
                 "playback.mp4",
                 [layout.playback],
@@ -35,13 +51,26 @@ class Finalizing(PacketScans):
                 height=top.height,
                 codec="h264",
             )
+            record.c2pa = signed
+            return record
         if node == "poster":
             require_jpeg(layout.poster)
-            return await self._record(node, "poster.jpg", [layout.poster], required)
+            signed = await self._sign(
+                node, layout.poster, "image/jpeg", False, (top.width, top.height) != source_size
+            )
+            record = await self._record(node, "poster.jpg", [layout.poster], required)
+            record.c2pa = signed
+            return record
         if node == "proxy":
             require_faststart(layout.proxy)
             assert plan.proxy is not None
-            return await self._record(
+            proxy_size = (plan.proxy.width, plan.proxy.height)
+            signed = await self._sign(
+                node, layout.proxy, "video/mp4", plan.proxy.copy, proxy_size != source_size
+            )
+            if signed is not None and signed.signed:
+                require_faststart(layout.proxy)
+            record = await self._record(
                 node,
                 "proxy.mp4",
                 [layout.proxy],
@@ -50,6 +79,8 @@ class Finalizing(PacketScans):
                 height=plan.proxy.height,
                 codec="h264",
             )
+            record.c2pa = signed
+            return record
         if node == "hls":
             renditions = [
                 hls.Rendition(
@@ -65,7 +96,12 @@ class Finalizing(PacketScans):
             for rendition in renditions:
                 files += hls.files_of(layout.hls, rendition.name)
             master = layout.hls / "master.m3u8"
-            master.write_text(hls.master_playlist(layout.hls, renditions))
+            record_provenance = self.signing is not None
+            master.write_text(
+                hls.master_playlist(layout.hls, renditions, provenance=record_provenance)
+            )
+            if record_provenance:
+                files.append(await self._hls_provenance(files))
             return await self._record(
                 node,
                 "hls/master.m3u8",
@@ -82,6 +118,53 @@ class Finalizing(PacketScans):
         if node == "keyframes":
             return await self._finalize_keyframes(plan, required)
         raise ValueError(f"unknown output {node!r}")
+
+    async def _hls_provenance(self, files: list[Path]) -> Path:
+        """Write the rendition set's ``provenance.json`` (``hls.provenance_record``)."""
+        hls_dir = self.layout.hls
+        digests = await anyio.to_thread.run_sync(
+            lambda: [describe(p, hls_dir).sha256 for p in files]
+        )
+        source = self.source_provenance
+        record = hls.provenance_record(
+            hls_dir, files, digests, msgspec.to_builtins(source) if source else None
+        )
+        path = hls_dir / hls.PROVENANCE_FILE
+        path.write_bytes(msgspec.json.encode(record))
+        return path
+
+    async def _sign(
+        self, node: str, path: Path, mime: str, copied: bool, resized: bool
+    ) -> Signed | None:
+        """Sign ``path`` in place when the run signs ``node``: the signer's record of it,
+        or None when it is not signed. A failed signing raises ``SigningError`` (the node
+        fails), unless the run publishes unsigned: then the reason is recorded."""
+        signing = self.signing
+        if signing is None or node not in signing.outputs:
+            return None
+        if not await anyio.Path(self.source).is_file():
+            # The chunked assembly never has the source at hand: without its parent, a
+            # manifest would claim the platform created the picture.
+            return Signed(signed=False, unsigned_reason="source_not_at_hand")
+        request = SignRequest(
+            output=node,
+            path=str(path),
+            mime=mime,
+            actions=actions_for(node, copied=copied, resized=resized),
+            source_path=str(self.source),
+            source_mime=MIME_OF_KIND.get(self.sniff.kind),
+            source=self.source_provenance,
+        )
+        try:
+            signed = await signing.signer.sign(request)
+        except SigningError as exc:
+            if not signing.publish_unsigned:
+                raise
+            log.warning("output_signing_failed", output=node, detail=exc.detail[:300])
+            return Signed(signed=False, unsigned_reason=exc.detail[:300])
+        if not signed.signed:
+            log.info("output_unsigned", output=node, reason=signed.unsigned_reason)
+        return signed
 
     async def _finalize_sprite(
         self, plan: Plan, summary: MediaSummary, required: bool

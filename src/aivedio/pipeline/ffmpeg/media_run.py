@@ -95,8 +95,12 @@ class MediaRun(Finalizing):
             tolerance=tolerance,
             record=runs,
             decode=decode,
+            provenance=self.provenance_reader,
+            require_provenance=self.require_provenance,
         )
         self.report = Report(verdict=verdict, origin=started)
+        if verdict.provenance is not None:
+            self.source_provenance = verdict.provenance
         for run in runs:
             self.report.record(f"inspect:{run.tool}", run)
         self.report.steps["inspect"] = time.monotonic() - started

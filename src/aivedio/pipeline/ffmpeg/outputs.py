@@ -20,6 +20,7 @@ from aivedio.errors import RenderError
 from aivedio.pipeline.ffmpeg.sandbox import RunResult
 from aivedio.pipeline.ffmpeg.verdict import Verdict
 from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media.signing import Signed
 from aivedio.transfer_cpu import measured
 
 MIME = {
@@ -59,6 +60,8 @@ class OutputRecord(msgspec.Struct, kw_only=True):
     height: int | None = None
     codec: str | None = None
     bitrate: int | None = None
+    # Its C2PA signing (None: signing is off for it).
+    c2pa: Signed | None = None
 
     @property
     def size(self) -> int:

@@ -15,9 +15,12 @@ from aivedio.errors import RenderError
 from aivedio.logs import get_logger
 from aivedio.pipeline.ffmpeg.chunk_steps import ChunkSteps
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord, Report
+from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
 from aivedio.pipeline.media.ffmpeg_args import Layout
 from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media.provenance import Provenance
+from aivedio.pipeline.media.signing import Signing
 from aivedio.pipeline.media.sniff import Sniff
 from aivedio.pipeline.media.validate import MediaSummary
 
@@ -59,6 +62,14 @@ class RunProcesses:
         # Whether the plan may normalize the audio's loudness (the tenant's switch; the
         # ``[media.loudness] normalize`` one applies as well).
         self.normalize = True
+        # C2PA: the outputs signed before they are hashed (None: nothing is signed), and the
+        # source's provenance, read by ``inspect`` or given by a caller that skips it.
+        self.signing: Signing | None = None
+        self.source_provenance: Provenance | None = None
+        # The reader of the source's manifest store at ``inspect`` (None: not read), and
+        # whether the verdict requires the source to have valid provenance.
+        self.provenance_reader: ProvenanceReader | None = None
+        self.require_provenance = False
 
     async def _ffmpeg(self, step: str, args: list[str], duration: float) -> RunResult:
         assert self.report is not None

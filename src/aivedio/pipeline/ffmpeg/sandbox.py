@@ -1,6 +1,8 @@
 """The one runner for every ffmpeg and ffprobe process, each in its own sandbox.
 
-ffmpeg is a native parser of hostile input. Every process started here gets:
+ffmpeg is a native parser of hostile input, and so is c2pa-rs, whose C2PA manifest reader
+runs here too as the ``c2pa`` tool (``python -I -m aivedio.provenance.read_child``, see
+``pipeline/ffmpeg/provenance_read.py``). Every process started here gets:
 
 * an argv list (never a shell) with ``-nostdin`` (ffmpeg) and the caller's own arguments;
 * an empty scratch directory as its working directory and a cleared environment;
@@ -26,6 +28,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -175,7 +178,9 @@ class Sandbox:
     def __init__(self, media: MediaConfig) -> None:
         self.media = media
         self.limits = Limits.from_media(media)
-        self._tools = {"ffmpeg": media.ffmpeg, "ffprobe": media.ffprobe}
+        # c2pa: this interpreter, running the C2PA reader's child module (no shell, no
+        # site of the user's, no environment: ``-I``).
+        self._tools = {"ffmpeg": media.ffmpeg, "ffprobe": media.ffprobe, "c2pa": sys.executable}
         self._paths: dict[str, str] = {}
         self._isolation: list[str] | None = None
         self._isolation_checked = False
@@ -300,10 +305,10 @@ class Sandbox:
                 return prefix
         return []
 
-    def _limit_prefix(self) -> list[str]:
+    def _limit_prefix(self, limits: Limits | None = None) -> list[str]:
         if self._prlimit is None:
             raise ConfigError("prlimit (util-linux) is required to start ffmpeg under rlimits")
-        lim = self.limits
+        lim = limits or self.limits
         return [
             self._prlimit,
             f"--as={lim.address_space_bytes}",
@@ -328,12 +333,15 @@ class Sandbox:
         on_progress: ProgressCallback | None = None,
         record: list[RunResult] | None = None,
         log_level: str = "warning",
+        limits: Limits | None = None,
     ) -> RunResult:
-        """Run ``tool`` (ffmpeg or ffprobe) with ``args``; never raises for the tool's failure.
+        """Run ``tool`` (ffmpeg, ffprobe or c2pa) with ``args``; never raises for the tool's
+        failure.
 
         ffmpeg gets ``-nostdin -hide_banner -nostats -progress pipe:1`` and level-tagged logs
         at ``log_level`` (``warning``, or ``info`` when the caller reads a filter's info
-        lines); ffprobe logs errors only, its stdout captured (bounded) on ``capture_stdout``.
+        lines); ffprobe logs errors only, its stdout captured (bounded) on ``capture_stdout``,
+        as is the c2pa reader's. ``limits``: tighter rlimits than ``[media]``'s for this run.
         """
         if tool not in self._tools:
             raise ValueError(f"unknown tool {tool!r}")
@@ -344,10 +352,12 @@ class Sandbox:
             # -y: a node retried in the same scratch directory rewrites its intermediates.
             head = ["-y", "-nostdin", "-hide_banner", "-nostats", "-loglevel", f"level+{log_level}"]
             head += ["-progress", "pipe:1"]
+        elif tool == "c2pa":
+            head = ["-I", "-m", "aivedio.provenance.read_child"]
         else:
             head = ["-hide_banner", "-loglevel", "level+error"]
         isolation = await self.isolation_prefix()
-        argv = [*self._limit_prefix(), *isolation, binary, *head, *args]
+        argv = [*self._limit_prefix(limits), *isolation, binary, *head, *args]
         result = RunResult(
             tool=tool,
             args=list(args),

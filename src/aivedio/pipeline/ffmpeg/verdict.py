@@ -1,6 +1,9 @@
 """The whole verdict on one file: sniff, probe, validate, decode check.
 
-``inspect_file`` is what the probe job and ``aivedio probe`` both run. Deterministic
+``inspect_file`` is what the probe job and ``aivedio probe`` both run. Beside the probe, the
+source's C2PA manifest store is read in the sandbox (``provenance_read``) and its summary
+joins the verdict; it makes the verdict invalid (``provenance_missing``,
+``provenance_invalid``) only when the provider requires provenance. Deterministic
 failures raise nothing here: they come back as an ``invalid`` verdict with reason codes
 (never retried); running out of time or memory raises ``ResourceExhaustedError`` (its own
 class, retried a few times); a broken installation raises ``ConfigError``.
@@ -11,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 
 from aivedio.config.media import MediaConfig, ToleranceConfig
@@ -21,8 +25,10 @@ from aivedio.pipeline.ffmpeg.probe import (
     raise_decode_failed,
     run_ffprobe,
 )
+from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
 from aivedio.pipeline.media import colour
+from aivedio.pipeline.media.provenance import Provenance
 from aivedio.pipeline.media.sniff import Sniff, input_args, sniff_file
 from aivedio.pipeline.media.validate import Declared, MediaSummary, validate
 
@@ -39,6 +45,8 @@ class Verdict(msgspec.Struct, kw_only=True, omit_defaults=False):
     decode_check: str  # none | sampled | full | skipped | deferred (not yet run)
     network_isolated: bool | None
     detail: str | None = None
+    # The source's C2PA manifest store (None: not read).
+    provenance: Provenance | None = None
 
     @property
     def valid(self) -> bool:
@@ -99,34 +107,85 @@ async def inspect_file(
     tolerance: ToleranceConfig | None = None,
     record: list[RunResult] | None = None,
     decode: bool = True,
+    provenance: ProvenanceReader | None = None,
+    require_provenance: bool = False,
 ) -> tuple[Verdict, ProbeOutput | None]:
     """Sniff, probe, validate and decode-check ``path``; see the module docstring.
     ``decode=False``: the decode check is left to the caller (``checked_verdict``, or the
     probe job's fast path, whose frames pass decodes the whole source); the verdict says
-    ``decode_check="deferred"`` until then."""
-    media = sandbox.media
+    ``decode_check="deferred"`` until then. ``provenance``: the reader of its C2PA
+    manifest store, run beside the probe."""
     sniff = sniff_file(path)
     if not sniff.accepted:
         assert sniff.reason is not None
         return _invalid(sniff.kind, [sniff.reason], None, "skipped", None), None
     isolated = bool(await sandbox.isolation_prefix())
     with sandbox.scratch() as scratch:
+        found: list[Provenance] = []
+        async with anyio.create_task_group() as group:
+            if provenance is not None:
+                reader = provenance
+
+                async def read() -> None:
+                    found.append(
+                        await reader.read(path, kind=sniff.kind, cwd=scratch, record=record)
+                    )
+
+                group.start_soon(read)
+            verdict, probe = await _inspect(
+                sandbox, sniff, path, scratch, isolated, declared, tolerance, record, decode
+            )
+    if found:
+        verdict = with_provenance(verdict, found[0], required=require_provenance)
+    return verdict, probe
+
+
+def with_provenance(verdict: Verdict, provenance: Provenance, *, required: bool) -> Verdict:
+    """``verdict`` with the source's provenance; when it is ``required`` and missing or
+    failed validation, the verdict is invalid (``provenance_missing``,
+    ``provenance_invalid``). An untrusted signer still counts as provenance."""
+    verdict = msgspec.structs.replace(verdict, provenance=provenance)
+    if not required or not verdict.valid or provenance.verified:
+        return verdict
+    reason = "provenance_invalid" if provenance.present else "provenance_missing"
+    detail = ", ".join(provenance.codes) or None
+    return msgspec.structs.replace(
+        verdict,
+        verdict="invalid",
+        error_class=InvalidMediaError.error_class,
+        reasons=[reason],
+        detail=detail,
+    )
+
+
+async def _inspect(
+    sandbox: Sandbox,
+    sniff: Sniff,
+    path: Path,
+    scratch: Path,
+    isolated: bool,
+    declared: Declared | None,
+    tolerance: ToleranceConfig | None,
+    record: list[RunResult] | None,
+    decode: bool,
+) -> tuple[Verdict, ProbeOutput | None]:
+    media = sandbox.media
+    try:
+        probe, _ = await run_ffprobe(sandbox, sniff, path, cwd=scratch, record=record)
+    except InvalidMediaError as exc:
+        return _invalid(sniff.kind, exc.reasons, None, "skipped", isolated, exc.detail), None
+    summary, reasons = validate(probe, media, declared=declared, tolerance=tolerance)
+    if reasons or summary is None:
+        return _invalid(sniff.kind, reasons, summary, "skipped", isolated), probe
+    summary = await _with_frame_hdr(sandbox, sniff, path, summary, scratch, record)
+    if media.decode_check != "none" and decode:
         try:
-            probe, _ = await run_ffprobe(sandbox, sniff, path, cwd=scratch, record=record)
+            await decode_check(sandbox, sniff, path, summary, cwd=scratch, record=record)
         except InvalidMediaError as exc:
-            return _invalid(sniff.kind, exc.reasons, None, "skipped", isolated, exc.detail), None
-        summary, reasons = validate(probe, media, declared=declared, tolerance=tolerance)
-        if reasons or summary is None:
-            return _invalid(sniff.kind, reasons, summary, "skipped", isolated), probe
-        summary = await _with_frame_hdr(sandbox, sniff, path, summary, scratch, record)
-        if media.decode_check != "none" and decode:
-            try:
-                await decode_check(sandbox, sniff, path, summary, cwd=scratch, record=record)
-            except InvalidMediaError as exc:
-                verdict = _invalid(
-                    sniff.kind, exc.reasons, summary, media.decode_check, isolated, exc.detail
-                )
-                return verdict, probe
+            verdict = _invalid(
+                sniff.kind, exc.reasons, summary, media.decode_check, isolated, exc.detail
+            )
+            return verdict, probe
     return (
         Verdict(
             verdict="valid",
@@ -188,9 +247,10 @@ async def checked_verdict(
 
 def decode_failed(verdict: Verdict, exc: InvalidMediaError, mode: str) -> Verdict:
     """``verdict`` (valid, its decode check deferred) after that check failed."""
-    return _invalid(
+    failed = _invalid(
         verdict.container, exc.reasons, verdict.media, mode, verdict.network_isolated, exc.detail
     )
+    return msgspec.structs.replace(failed, provenance=verdict.provenance)
 
 
 def _invalid(

@@ -13,6 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aivedio.errors import InvalidMediaError
 
@@ -84,9 +85,18 @@ def measure(directory: Path, playlist: MediaPlaylist) -> tuple[int, int]:
     return max(math.ceil(peak), 1), max(math.ceil(average), 1)
 
 
-def master_playlist(hls_dir: Path, renditions: list[Rendition]) -> str:
-    """The master playlist text for ``renditions`` (top first), all under ``hls_dir``."""
+# The session data the master playlist names the rendition set's provenance record by.
+PROVENANCE_DATA_ID = "org.aivedio.provenance"
+PROVENANCE_FILE = "provenance.json"
+
+
+def master_playlist(hls_dir: Path, renditions: list[Rendition], *, provenance: bool = False) -> str:
+    """The master playlist text for ``renditions`` (top first), all under ``hls_dir``;
+    ``provenance``: it names ``provenance.json`` beside it (``EXT-X-SESSION-DATA``, whose
+    URI must be JSON), the rendition set's provenance record."""
     lines = ["#EXTM3U", "#EXT-X-VERSION:7", "#EXT-X-INDEPENDENT-SEGMENTS"]
+    if provenance:
+        lines.append(f'#EXT-X-SESSION-DATA:DATA-ID="{PROVENANCE_DATA_ID}",URI="{PROVENANCE_FILE}"')
     for rendition in renditions:
         directory = hls_dir / rendition.name
         playlist = parse_media_playlist(directory / "index.m3u8")
@@ -101,6 +111,25 @@ def master_playlist(hls_dir: Path, renditions: list[Rendition]) -> str:
         )
         lines.append(f"{rendition.name}/index.m3u8")
     return "\n".join(lines) + "\n"
+
+
+def provenance_record(
+    hls_dir: Path, files: list[Path], digests: list[str], source: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The rendition set's provenance record (``provenance.json``): HLS segments are not
+    C2PA-signed (c2pa-python cannot sign fragmented MP4), so the record binds every file of
+    the set by its SHA-256 and names the revision's signed progressive MP4, whose manifest
+    carries the source's as its parent ingredient."""
+    return {
+        "type": "aivedio.provenance.v1",
+        "segments_signed": False,
+        "signed_reference": {"path": "../playback.mp4", "format": "video/mp4"},
+        "source": source,
+        "files": [
+            {"path": path.relative_to(hls_dir).as_posix(), "sha256": digest}
+            for path, digest in zip(files, digests, strict=True)
+        ],
+    }
 
 
 def files_of(hls_dir: Path, rendition: str) -> list[Path]:

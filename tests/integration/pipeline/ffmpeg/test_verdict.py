@@ -215,6 +215,7 @@ async def test_refused_by_sniff(
         "decode_check": "skipped",
         "network_isolated": None,  # nothing was started, so nothing was isolated
         "detail": None,
+        "provenance": None,  # nor was the C2PA reader
     }
     assert got.record == []
     assert not (tmp_path / "scratch").exists()  # not even a scratch directory
