@@ -156,11 +156,7 @@ class FastPath:
         measured: list[Loudness] = []
         # Normalizing: measured before the render (below); otherwise the frames pass's own
         # audio decode measures it, for the record (the audio is published as it is).
-        normalizing = (
-            run.normalize
-            and self.services.config.media.loudness.normalize
-            and summary.audio_stream_index is not None
-        )
+        normalizing = run.normalizes_audio(summary)
 
         async def render() -> None:
             started = time.monotonic()

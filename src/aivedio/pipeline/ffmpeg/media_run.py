@@ -60,6 +60,13 @@ class MediaRun(Finalizing):
 
     # -- entry points ----------------------------------------------------------------------
 
+    def normalizes_audio(self, summary: MediaSummary) -> bool:
+        """Whether this run's plan may normalize the source's audio (the tenant's switch,
+        ``[media.loudness] normalize``, and an audio track to normalize): such a plan is
+        made with the audio's loudness measured first."""
+        loudness = self.media.loudness
+        return self.normalize and loudness.normalize and summary.audio_stream_index is not None
+
     def assume_valid(self, summary: MediaSummary, *, sniff: Sniff | None = None) -> None:
         """Skip the verdict: the probe job already passed this source (same bytes, checked
         against the recorded SHA-256 on download). ``sniff``: the source's, when the source
@@ -147,10 +154,9 @@ class MediaRun(Finalizing):
             source_keys, start, packets, earliest = (
                 await self._source_keyframes(summary) if needs_cuts else (None, None, None, None)
             )
-            normalizing = self.normalize and self.media.loudness.normalize
             measured = (
                 await self._measure_loudness(summary)
-                if measure and normalizing and summary.audio_stream_index is not None
+                if measure and self.normalizes_audio(summary)
                 else None
             )
             plan = make_plan(
