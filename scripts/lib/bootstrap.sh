@@ -12,14 +12,35 @@ as_root() {
     if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo -n "$@"; else return 1; fi
 }
 
+apt_get() {
+    # apt_get ARGS...: apt-get as root, waiting up to 10 minutes for another apt or dpkg
+    # (a second bootstrap, unattended upgrades) to let go of its locks instead of failing.
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 "$@"
+}
+
+apt_update_once() {
+    # The package lists, updated once per run. apt-get update does not wait for the lists'
+    # lock (DPkg::Lock::Timeout covers dpkg's only): another apt holding it is waited out for
+    # up to 10 minutes; any other failure fails at once.
+    local err tries=0
+    [ -n "${_AIVEDIO_APT_UPDATED:-}" ] && return 0
+    err="$(mktemp)"
+    until apt_get update -qq >/dev/null 2>"$err"; do
+        if ! grep -q "Could not get lock" "$err" || [ "$tries" -ge 120 ]; then
+            cat "$err" >&2; rm -f "$err"; return 1
+        fi
+        [ "$tries" = 0 ] && say "waiting for another apt to release its lock"
+        tries=$((tries + 1)); sleep 5
+    done
+    rm -f "$err"
+    _AIVEDIO_APT_UPDATED=1
+}
+
 apt_install() {
     # apt_install PACKAGE...: install Debian packages, updating the lists once per run.
     command -v apt-get >/dev/null || return 1
-    if [ -z "${_AIVEDIO_APT_UPDATED:-}" ]; then
-        as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null || return 1
-        _AIVEDIO_APT_UPDATED=1
-    fi
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+    apt_update_once || return 1
+    apt_get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
 ensure_python() {
@@ -205,11 +226,7 @@ ensure_deploy_tools() {
     if ! "$VENV/bin/promtool" --version >/dev/null 2>&1; then
         say "installing promtool (from Debian's prometheus package) into .venv/bin"
         tmp="$(mktemp -d)"
-        if [ -z "${_AIVEDIO_APT_UPDATED:-}" ]; then
-            as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null \
-                || die "apt-get update failed: promtool (Debian's prometheus) cannot be fetched"
-            _AIVEDIO_APT_UPDATED=1
-        fi
+        apt_update_once || die "apt-get update failed: promtool (Debian's prometheus) cannot be fetched"
         (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1) \
             || { rm -rf "$tmp"; die "could not download Debian's prometheus package (for promtool)"; }
         dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x" \
