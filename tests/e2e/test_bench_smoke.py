@@ -8,84 +8,32 @@ here, and the watcher of ``scripts/lib/children.py`` that the benchmarks start t
 processes with is held to failing a run at once, with the child's stderr, in each way a
 script can be waiting (blocked in the main thread, in a coroutine, in ``asyncio.run``).
 
-The chaos harness (``scripts/chaos``) has its small run in ``test_chaos.py``.
+The smoke runs of the benchmarks that spend their time in ffmpeg are in
+``test_bench_smoke_media.py``, the pinned ones in ``test_bench_smoke_pinned.py``; the chaos
+harness (``scripts/chaos``) has its small run in ``test_chaos.py``.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SERVER_DSN
-
-ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "scripts" / "bench"
-LIB = ROOT / "scripts" / "lib"
-
-# Each benchmark and the arguments its smoke run needs here (the PostgreSQL server of the
-# suite; fleet.py and chunked.py start clusters of their own).
-SMOKES: dict[str, list[str]] = {
-    "chunked.py": [],
-    "fetch.py": [],
-    "fleet.py": [],
-    "media.py": [],
-    "overheads.py": ["--database-url", SERVER_DSN],
-    "playback_tokens.py": [],
-    "publish.py": ["--dsn", SERVER_DSN],
-    "queue.py": ["--server-dsn", SERVER_DSN],
-    "time_to_playable.py": ["--server-dsn", SERVER_DSN],
-    "uploads.py": ["--server-dsn", SERVER_DSN],
-}
-# Not benchmarks by themselves: the workloads a benchmark runs as its children (they need
-# its servers), run by that benchmark's smoke mode.
-WORKLOADS = {
-    "boto3_upload.py": "fetch.py",
-    "fetch_worker.py": "fetch.py",
-    "procrastinate_drain.py": "queue.py",
-}
-# The benchmarks that simulate nodes (``--pin``: each worker on CPUs of its own, by taskset),
-# whose smoke run also checks that every ffmpeg ran on its worker's CPUs.
-PINNED = ("chunked.py", "fleet.py")
-# A smoke run takes under 30 s on 2 busy cores; this only stops one that hangs.
-SMOKE_LIMIT_SECONDS = 100
-STOP_GRACE_SECONDS = 30
+from tests.support.bench_smokes import (
+    BENCH,
+    LIB,
+    MEDIA_SMOKES,
+    SMOKE_LIMIT_SECONDS,
+    SMOKES,
+    STOP_GRACE_SECONDS,
+    WORKLOADS,
+    run_script,
+    run_smoke,
+)
 
 pytestmark = pytest.mark.integration
-
-
-def run_script(argv: list[str], limit: float) -> tuple[int, str, str, float]:
-    """Exit status, stdout, stderr and wall seconds; past ``limit`` the script gets SIGINT
-    (it stops the processes it started, each in a session of its own), then SIGKILL."""
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        stdout, stderr = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        try:
-            stdout, stderr = proc.communicate(timeout=STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            stdout, stderr = proc.communicate()
-        pytest.fail(
-            f"{' '.join(argv)} did not finish in {limit:g} s:\n{stdout[-3000:]}\n{stderr[-3000:]}"
-        )
-    return proc.returncode, stdout, stderr, time.monotonic() - started
 
 
 def test_every_benchmark_script_has_a_smoke_run() -> None:
@@ -98,35 +46,13 @@ def test_every_benchmark_script_has_a_smoke_run() -> None:
         assert '"--smoke"' in (BENCH / name).read_text(), name
     for workload, parent in WORKLOADS.items():
         assert workload in (BENCH / parent).read_text(), (workload, parent)
+    assert set(MEDIA_SMOKES) <= set(SMOKES)
 
 
 @pytest.mark.timeout(SMOKE_LIMIT_SECONDS + STOP_GRACE_SECONDS + 20)
-@pytest.mark.parametrize("script", sorted(SMOKES))
+@pytest.mark.parametrize("script", sorted(set(SMOKES) - set(MEDIA_SMOKES)))
 def test_benchmark_smoke_run_passes(script: str) -> None:
-    code, stdout, stderr, seconds = run_script(
-        [sys.executable, str(BENCH / script), "--smoke", *SMOKES[script]], SMOKE_LIMIT_SECONDS
-    )
-    name = script.removesuffix(".py")
-    tail = "\n".join(stdout.splitlines()[-30:]) + "\n" + stderr[-4000:]
-    assert code == 0, f"{script} --smoke exited {code} after {seconds:.1f} s:\n{tail}"
-    assert f"smoke: {name} ok" in stdout.splitlines(), tail
-
-
-@pytest.mark.timeout(SMOKE_LIMIT_SECONDS + STOP_GRACE_SECONDS + 20)
-@pytest.mark.skipif(
-    len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None,
-    reason="--pin needs two CPUs and taskset",
-)
-@pytest.mark.parametrize("script", PINNED)
-def test_pinned_benchmark_smoke_run_keeps_each_worker_on_its_cpus(script: str) -> None:
-    code, stdout, stderr, seconds = run_script(
-        [sys.executable, str(BENCH / script), "--smoke", "--pin"], SMOKE_LIMIT_SECONDS
-    )
-    name = script.removesuffix(".py")
-    tail = "\n".join(stdout.splitlines()[-30:]) + "\n" + stderr[-4000:]
-    assert code == 0, f"{script} --smoke --pin exited {code} after {seconds:.1f} s:\n{tail}"
-    assert f"smoke: {name} ok" in stdout.splitlines(), tail
-    assert "worker-2: CPUs " in stdout, tail  # the second node's worker and where it ran
+    run_smoke(script)
 
 
 # -- the watcher -------------------------------------------------------------------------------
