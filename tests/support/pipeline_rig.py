@@ -161,6 +161,15 @@ class Rig:
             await anyio.sleep(0.1)
         raise AssertionError(f"timed out waiting for: {sql} {args}")
 
+    async def due_now(self, kind: str) -> None:
+        """Jobs of ``kind`` that a worker without it handed back are claimable at once: the
+        30 s a rolling deploy waits for a worker that knows the kind is not the test's."""
+        await self.pool.execute(
+            "UPDATE jobs SET status = 'queued', lease_owner = NULL, lease_until = NULL,"
+            " run_after = now() WHERE kind = $1 AND status <> 'running'",
+            kind,
+        )
+
     async def wait_idle(self, asset_id: uuid.UUID, timeout: float = 90) -> None:
         """Until no job for this asset is left in the live queue."""
         await self.wait(

@@ -379,6 +379,7 @@ async def test_a_reject_stored_by_a_probe_that_died_is_finished_by_the_moderate_
         (revision,) = await rig.revisions(asset_id)
         assert (revision["status"], revision["moderation_verdict"]) == ("BUILDING", "reject")
         assert (await rig.asset(asset_id))["status"] == "PROCESSING"
+        await rig.due_now("moderate")
         async with running_worker(rig):
             await rig.wait("SELECT 1 FROM assets WHERE status = 'REJECTED'")
             await rig.wait_idle(asset_id)
