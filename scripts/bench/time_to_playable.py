@@ -13,7 +13,13 @@ Sources, made with ffmpeg once and kept in ``var/bench-ttp/media``:
 (b) 8 s 1920x1080 30 fps HEVC/AAC MP4 (the transcode path), local policy;
 (c) the file of (a), with ``backend = "http"`` pointed at a stand-in moderator served by this
     script (aiohttp on loopback) that answers ``allow`` after 100 ms. The worker is restarted
-    for it with that config (still one worker at a time).
+    for it with that config (still one worker at a time);
+(n) as (a), but its audio 6 LU under the loudness target (a 440 Hz sine at ffmpeg's default
+    level, -21.8 LUFS): the default ``[media.loudness]`` normalizes it, so the playback's
+    audio is re-encoded while its video is copied (issue 29).
+
+The audio of (a), (b) and (c) is the same sine raised to the default target (-16 LUFS, within
+the tolerance): a remux keeps it untouched, as it keeps an output that is already right.
 
 For each case, N outputs (``--outputs``, default 10) are recorded ONE AT A TIME: one signed
 SUCCEEDED callback through the API's provider route, and the next only once the previous
@@ -52,7 +58,8 @@ check and the moderation frames need, by hand, alone.
 
 Targets (issue 24): (a) p50 <= 1.0 s and <= 3x the floor; (b) p50 <= 1.3x the bare transcode;
 (c) p50 <= 1.2 s; every case's callback -> ENRICHED not slower than today's (``--baseline
-RESULT.json`` compares with an earlier run's result file, e.g. of today's code).
+RESULT.json`` compares with an earlier run's result file, e.g. of today's code). Issue 29:
+(n) p50 <= (a)'s p50 + 0.3 s in the same run (what normalizing the audio adds).
 
 Usage: .venv/bin/python scripts/bench/time_to_playable.py [--outputs 10] [--floor-runs 3]
        [--server-dsn DSN] [--baseline RESULT.json] [--smoke] [--sign]
@@ -137,16 +144,23 @@ CASES = {
     "a": ("h264", "local", "H.264/AAC MP4, moov at end; local policy"),
     "b": ("hevc", "local", "HEVC/AAC MP4 (transcode); local policy"),
     "c": ("h264", "http", "as (a); HTTP moderator answering after 100 ms"),
+    "n": ("h264-quiet", "local", "as (a), audio 6 LU under the target: normalized"),
 }
 # The issue's targets: the p50 of callback -> PLAYABLE, seconds, and the ratio to the floor.
 TARGETS = {
     "a": "p50 <= 1.0 s and <= 3x the floor",
     "b": "p50 <= 1.3x the bare transcode",
     "c": "p50 <= 1.2 s",
+    "n": "p50 <= (a) + 0.3 s",
 }
+# The sine's own level is -21.8 LUFS (ffmpeg's ebur128); this gain brings it to the default
+# target, -16 LUFS, so that only (n)'s source is off target.
+ON_TARGET_GAIN_DB = 5.8
 
 
 def ffmpeg_source(kind: str, seconds: int, size: str, fps: int) -> list[str]:
+    """ffmpeg's arguments for a source: ``h264``, ``h264-quiet`` (its audio off target) or
+    ``hevc``."""
     lavfi = [
         "-f",
         "lavfi",
@@ -157,7 +171,8 @@ def ffmpeg_source(kind: str, seconds: int, size: str, fps: int) -> list[str]:
         "-i",
         f"sine=frequency=440:duration={seconds}",
     ]
-    if kind == "h264":  # the mp4 muxer's default: moov at the end
+    audio = [] if kind == "h264-quiet" else ["-af", f"volume={ON_TARGET_GAIN_DB}dB"]
+    if kind.startswith("h264"):  # the mp4 muxer's default: moov at the end
         video = ["-c:v", "libx264", "-preset", "medium", "-g", str(2 * fps), "-pix_fmt", "yuv420p"]
     else:
         video = [
@@ -172,13 +187,13 @@ def ffmpeg_source(kind: str, seconds: int, size: str, fps: int) -> list[str]:
             "-pix_fmt",
             "yuv420p",
         ]
-    return [*lavfi, *video, "-c:a", "aac", "-b:a", "128k", "-shortest", "-f", "mp4"]
+    return [*lavfi, *video, *audio, "-c:a", "aac", "-b:a", "128k", "-shortest", "-f", "mp4"]
 
 
 def make_sources(media_dir: Path, seconds: int, size: str, fps: int) -> dict[str, Path]:
     media_dir.mkdir(parents=True, exist_ok=True)
     paths = {}
-    for kind in ("h264", "hevc"):
+    for kind in ("h264", "h264-quiet", "hevc"):
         recipe = ffmpeg_source(kind, seconds, size, fps)
         path = media_dir / f"{kind}-{size}-{seconds}s.mp4"
         marker = path.with_name(path.name + ".recipe")
@@ -231,7 +246,7 @@ def floor_steps(
         ),
         ("ffprobe", ["ffprobe", "-v", "error", "-show_format", "-show_streams", str(src)]),
     ]
-    if kind == "h264":
+    if kind.startswith("h264"):
         steps.append(
             (
                 "ffmpeg -c copy +faststart",
@@ -831,6 +846,12 @@ def targets(result: dict[str, Any], baseline_path: str | None) -> dict[str, Any]
     }
     c50 = c["callback_to_playable_s"]["p50"]
     found["c"] = {"target": TARGETS["c"], "value": f"{c50:.2f} s", "met": c50 <= 1.2}
+    n50 = cases["n"]["callback_to_playable_s"]["p50"]
+    found["n"] = {
+        "target": TARGETS["n"],
+        "value": f"{n50:.2f} s, {n50 - a50:+.2f} s on (a)",
+        "met": n50 <= a50 + 0.3,
+    }
     if baseline_path:
         before = json.loads(Path(baseline_path).read_text())["cases"]
         for case in CASES:
