@@ -725,15 +725,16 @@ async def test_the_periodic_sweep_runs_through_a_worker_once_per_interval(rig: R
         worker.request_drain(force=True)
     elapsed = time.monotonic() - started
     rows = await rig.pool.fetch(
-        "SELECT idempotency_key, (payload->>'not_before')::float8 AS due, finished_at"
-        " FROM job_history WHERE kind = 'sweep' ORDER BY id"
+        "SELECT idempotency_key, (payload->>'not_before')::float8 AS due, finished_at,"
+        " result->>'outcome' AS outcome FROM job_history WHERE kind = 'sweep' ORDER BY id"
     )
     buckets = [int(r["idempotency_key"].rsplit(":", 1)[1]) for r in rows]
     assert len(buckets) == len(set(buckets))  # one job per bucket
-    # Passes ran in bucket order. (Not ids: a seed that crossed into the next bucket while
-    # the first pass enqueued the one after it creates the two the other way round.)
-    by_bucket = sorted(zip(buckets, (r["finished_at"] for r in rows), strict=True))
-    assert [f for _, f in by_bucket] == sorted(f for _, f in by_bucket)
+    # Each job swept, or found another pass holding the fleet's lock. Their order is not
+    # promised: on a loaded machine a bucket's job claimed late, once the next bucket is due
+    # as well, may run beside it (the lock lets one of them sweep) or after it; a pass is
+    # idempotent, so that costs a pass, never a result.
+    assert {r["outcome"] for r in rows} <= {"swept", "another_sweeper_running"}, rows
     # None ran early: a job claimed before its bucket is due defers itself (its started_at
     # may be that early claim), so the pass, and its completion, come after the due time.
     assert all(r["finished_at"].timestamp() >= r["due"] for r in rows)
