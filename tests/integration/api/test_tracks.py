@@ -19,7 +19,13 @@ import pytest
 from aivedio.config.load import Config
 from aivedio.store.database import Pool
 from tests.support.api_rig import Api, open_api, published
-from tests.support.caption_media import GOOD_VTT, HOSTILE_SRT, probe
+from tests.support.caption_media import (
+    FRIENDLY_SRT,
+    GOOD_VTT,
+    HOSTILE_SRT,
+    clip_with_mov_text,
+    probe,
+)
 from tests.support.media_fixtures import h264_720p
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(240)]
@@ -268,3 +274,44 @@ async def test_only_the_owner_and_only_a_published_video_get_a_track(
         await pool.execute("UPDATE assets SET status = 'DELETED' WHERE id = $1", video)
         got, _, answer = await post(api, video, payload)
         assert got == 404, answer
+
+
+async def test_a_mov_text_stream_of_the_source_is_published_as_a_track(
+    config: Config, pool: Pool, tmp_path: Path
+) -> None:
+    srt = FRIENDLY_SRT + "\n3\n00:00:03,600 --> 00:00:03,900\n<script>alert(1)</script>tail\n"
+    clip = clip_with_mov_text(tmp_path / "clip", srt)
+    streams = probe(clip, "-show_streams")["streams"]
+    assert [s["codec_name"] for s in streams if s["codec_type"] == "subtitle"] == ["mov_text"]
+    async with open_api(config, pool, tmp_path) as api:
+        video = await api.publish(clip)
+        play = await api.json("GET", f"/v1/videos/{video}/playback")
+        (track,) = play["tracks"]
+        assert (track["language"], track["kind"], track["default"]) == ("eng", "subtitles", True)
+        vtt = await text(api, track["url"])
+        assert re.findall(r"^(\S+) --> (\S+)", vtt, re.M) == [
+            ("00:00:00.500", "00:00:01.800"),
+            ("00:00:02.000", "00:00:03.500"),
+            ("00:00:03.600", "00:00:03.900"),
+        ]
+        assert "Hello" in vtt and "Second line &amp; more" in vtt and "<script" not in vtt
+        master = await text(api, play["master_playlist"])
+        media = [attributes(x) for x in master.splitlines() if x.startswith("#EXT-X-MEDIA:")]
+        assert [(m["TYPE"], m["LANGUAGE"], m["DEFAULT"]) for m in media] == [
+            ("SUBTITLES", "eng", "YES")
+        ]
+        variants = [x for x in master.splitlines() if x.startswith("#EXT-X-STREAM-INF:")]
+        assert variants and all(attributes(v)["SUBTITLES"] == "subs" for v in variants)
+        subtitles = urljoin(play["master_playlist"], media[0]["URI"])
+        found = await anyio.to_thread.run_sync(
+            lambda: probe(subtitles, "-show_streams", "-show_packets")
+        )
+        assert [s["codec_name"] for s in found["streams"]] == ["webvtt"]
+        assert [p["pts_time"] for p in found["packets"]] == ["0.500000", "2.000000", "3.600000"]
+        # A sidecar added later joins the source's track in the new revision.
+        status, _, added = await post(api, video, body(GOOD_VTT, "fr"))
+        assert status == 201, added
+        assert [(t["origin"], t["language"]) for t in added["tracks"]] == [
+            ("source", "eng"),
+            ("sidecar", "fr"),
+        ]

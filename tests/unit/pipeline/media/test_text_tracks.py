@@ -89,7 +89,7 @@ def test_malformed_language_tags_are_refused(tag: str) -> None:
 @pytest.mark.parametrize("label", ['a"b', "a\\b", "line\nbreak", "", "x" * 101])
 def test_labels_that_would_break_a_quoted_attribute_are_refused(label: str) -> None:
     assert not text_tracks.valid_label(label)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a label"):
         make_track(
             "a1",
             kind="captions",

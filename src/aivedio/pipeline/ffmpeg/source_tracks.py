@@ -1,0 +1,110 @@
+"""The source's own subtitle streams (``mov_text``, ``subrip``, ``webvtt``) as text tracks
+of the HLS output.
+
+Each stream is converted to WebVTT by ffmpeg, sandboxed like every run over the source
+(its input options, limits and deadline), and the converted text is then read as any
+caption text from outside is: ``webvtt.clean`` writes the published file anew (a source's
+subtitles are as untrusted as a sidecar). A stream that fails to convert or to clean is
+left out with a warning: a broken subtitle stream never fails the video. At most
+``MAX_SOURCE_TRACKS`` streams are published; the ones past it are logged.
+
+The chunked assembly never has the source at hand, so it publishes no source tracks (a
+sidecar can still be attached later, ``POST /v1/videos/{id}/tracks``).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import anyio
+import msgspec
+
+from aivedio.errors import AivedioError
+from aivedio.logs import get_logger
+from aivedio.pipeline.ffmpeg.packet_scans import PacketScans
+from aivedio.pipeline.media import text_tracks, webvtt
+from aivedio.pipeline.media.sniff import input_args
+from aivedio.pipeline.media.text_tracks import TextTrack
+from aivedio.pipeline.media.validate import MediaSummary, TextStream
+
+log = get_logger("aivedio.media")
+
+MAX_SOURCE_TRACKS = 8
+
+
+def source_track(stream: TextStream, number: int, cues: int) -> TextTrack:
+    """The record of the ``number``-th (from 1) source stream published as a track: its
+    language tag (``und`` when it has none or one that is not BCP 47), its title as the
+    label when that is a valid label, else its language and number."""
+    language = stream.language if text_tracks.valid_language(stream.language) else "und"
+    title = " ".join(stream.title.split())[:100]
+    label = title if text_tracks.valid_label(title) else f"{language} ({number})"
+    return text_tracks.make_track(
+        f"source-{number}",
+        kind="captions" if stream.captions else "subtitles",
+        language=language,
+        label=label,
+        default=stream.default,
+        origin="source",
+        cues=cues,
+    )
+
+
+class SourceTracks(PacketScans):
+    """Converts the source's subtitle streams into clean WebVTT tracks under ``hls/``."""
+
+    async def _source_tracks(
+        self, summary: MediaSummary, duration_seconds: float
+    ) -> tuple[list[TextTrack], list[Path]]:
+        """The tracks made from the source's text streams and their files (a WebVTT file
+        and a subtitle playlist each), written under ``hls/text/``."""
+        streams = summary.text_streams
+        if not streams:
+            return [], []
+        if not await anyio.Path(self.source).is_file():
+            log.info("source_tracks_skipped", reason="source_not_at_hand", streams=len(streams))
+            return [], []
+        if len(streams) > MAX_SOURCE_TRACKS:
+            log.warning("source_tracks_capped", streams=len(streams), kept=MAX_SOURCE_TRACKS)
+        tracks: list[TextTrack] = []
+        files: list[Path] = []
+        for number, stream in enumerate(streams[:MAX_SOURCE_TRACKS], start=1):
+            captions = await self._converted(stream, duration_seconds)
+            if captions is None:
+                continue
+            track = source_track(stream, number, len(captions.cues))
+            if track.default and any(t.default for t in tracks):
+                track = msgspec.structs.replace(track, default=False)  # one default at most
+            tracks.append(track)
+            root = self.layout.out
+            vtt, playlist = root / track.vtt, root / track.playlist
+            vtt.parent.mkdir(parents=True, exist_ok=True)
+            vtt.write_text(captions.webvtt())
+            playlist.write_text(text_tracks.subtitle_playlist(track, duration_seconds))
+            files += [vtt, playlist]
+        return tracks, files
+
+    async def _converted(self, stream: TextStream, duration: float) -> webvtt.Track | None:
+        """The stream converted by the sandboxed ffmpeg and cleaned; None when it fails."""
+        target = self.layout.work / f"text-{stream.index}.vtt"
+        args = [
+            *input_args(
+                self.sniff, self.source, max_streams=self.media.max_streams, max_pixels=None
+            ),
+            *("-map", f"0:{stream.index}", "-c:s", "webvtt", "-f", "webvtt", str(target)),
+        ]
+        try:
+            await self._ffmpeg(f"text_track_{stream.index}", args, duration)
+            data = await anyio.Path(target).read_bytes()
+            return webvtt.clean(data)
+        except (AivedioError, OSError, webvtt.CaptionsRefused) as exc:
+            reason = exc.reason if isinstance(exc, webvtt.CaptionsRefused) else "convert_failed"
+            log.warning(
+                "source_track_dropped",
+                stream_index=stream.index,
+                codec=stream.codec_name,
+                reason=reason,
+                detail=re.sub(r"\s+", " ", str(exc))[:300],
+            )
+            return None
