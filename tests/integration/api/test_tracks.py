@@ -27,6 +27,7 @@ from tests.support.caption_media import (
     probe,
 )
 from tests.support.media_fixtures import h264_720p
+from tests.support.pipeline_rig import running_worker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -315,3 +316,41 @@ async def test_a_mov_text_stream_of_the_source_is_published_as_a_track(
             ("source", "eng"),
             ("sidecar", "fr"),
         ]
+
+
+async def test_captions_a_provider_reported_are_published_as_a_track(
+    config: Config, pool: Pool, tmp_path: Path
+) -> None:
+    clip = h264_720p(tmp_path / "clip", seconds=3)
+    async with open_api(config, pool, tmp_path) as api:
+        asset = await api.rig.quarantine(clip.read_bytes(), task=("sim", "captioned-task"))
+        # As intake records them (pipeline/intake.py), from the adapter's ProviderCaption.
+        captions = [
+            {
+                "language": "de",
+                "label": "Deutsch",
+                "kind": "captions",
+                "default": False,
+                "text": HOSTILE_SRT,
+            },
+            {"language": "not a tag!", "label": "", "text": "garbage without timing"},
+        ]
+        await pool.execute(
+            "UPDATE provider_outputs SET captions = $1::jsonb WHERE id ="
+            " (SELECT source_provider_output_id FROM assets WHERE id = $2)",
+            captions,
+            asset,
+        )
+        await api.rig.enqueue_probe(asset)
+        async with running_worker(api.rig):
+            await api.wait_state(asset, ("PLAYABLE", "ENRICHED"))
+            await api.rig.wait_idle(asset)
+        play = await api.json("GET", f"/v1/videos/{asset}/playback")
+        # The garbage one is left out; the other is published, cleaned.
+        assert [(t["language"], t["kind"], t["label"]) for t in play["tracks"]] == [
+            ("de", "captions", "Deutsch")
+        ]
+        vtt = await text(api, play["tracks"][0]["url"])
+        assert "<script" not in vtt and "<i>kept</i>" in vtt
+        master = await text(api, play["master_playlist"])
+        assert 'LANGUAGE="de"' in master and 'SUBTITLES="subs"' in master

@@ -1,5 +1,7 @@
-"""The source's own subtitle streams (``mov_text``, ``subrip``, ``webvtt``) as text tracks
-of the HLS output.
+"""The text tracks a render publishes with the HLS output: the source's own subtitle
+streams (``mov_text``, ``subrip``, ``webvtt``), the captions its provider reported with it
+(``providers.seam.ProviderCaption``), and, when it has neither, what the ``Transcriber``
+makes (``pipeline/transcriber.py``; the null one makes nothing).
 
 Each stream is converted to WebVTT by ffmpeg, sandboxed like every run over the source
 (its input options, limits and deadline), and the converted text is then read as any
@@ -25,8 +27,10 @@ from aivedio.logs import get_logger
 from aivedio.pipeline.ffmpeg.packet_scans import PacketScans
 from aivedio.pipeline.media import text_tracks, webvtt
 from aivedio.pipeline.media.sniff import input_args
-from aivedio.pipeline.media.text_tracks import TextTrack
+from aivedio.pipeline.media.text_tracks import Origin, TextTrack
 from aivedio.pipeline.media.validate import MediaSummary, TextStream
+from aivedio.pipeline.transcriber import NULL_TRANSCRIBER, Transcriber
+from aivedio.providers.seam import ProviderCaption
 
 log = get_logger("aivedio.media")
 
@@ -51,29 +55,72 @@ def source_track(stream: TextStream, number: int, cues: int) -> TextTrack:
     )
 
 
+def provided_track(caption: ProviderCaption, track_id: str, origin: Origin, cues: int) -> TextTrack:
+    """The record of captions a provider (or a transcriber) reported: its tag when that is
+    BCP 47 (else ``und``), its label when valid (else its language), its kind."""
+    language = caption.language if text_tracks.valid_language(caption.language) else "und"
+    label = " ".join(caption.label.split())[:100]
+    return text_tracks.make_track(
+        track_id,
+        kind="captions" if caption.kind == "captions" else "subtitles",
+        language=language,
+        label=label if text_tracks.valid_label(label) else language,
+        default=caption.default,
+        origin=origin,
+        cues=cues,
+    )
+
+
 class SourceTracks(PacketScans):
-    """Converts the source's subtitle streams into clean WebVTT tracks under ``hls/``."""
+    """Makes the render's text tracks, clean WebVTT under ``hls/text/``."""
+
+    # Set by the worker (``MediaServices.equip``): the provider's captions of this source
+    # and the transcriber asked when there are no others.
+    provided_captions: tuple[ProviderCaption, ...] = ()
+    transcriber: Transcriber = NULL_TRANSCRIBER
 
     async def _source_tracks(
         self, summary: MediaSummary, duration_seconds: float
     ) -> tuple[list[TextTrack], list[Path]]:
-        """The tracks made from the source's text streams and their files (a WebVTT file
-        and a subtitle playlist each), written under ``hls/text/``."""
+        """The tracks and their files (a WebVTT file and a subtitle playlist each)."""
+        made: list[tuple[TextTrack, webvtt.Track]] = []
         streams = summary.text_streams
-        if not streams:
-            return [], []
-        if not await anyio.Path(self.source).is_file():
+        at_hand = await anyio.Path(self.source).is_file()
+        if streams and not at_hand:
             log.info("source_tracks_skipped", reason="source_not_at_hand", streams=len(streams))
-            return [], []
-        if len(streams) > MAX_SOURCE_TRACKS:
+        elif len(streams) > MAX_SOURCE_TRACKS:
             log.warning("source_tracks_capped", streams=len(streams), kept=MAX_SOURCE_TRACKS)
+        for number, stream in enumerate(streams[:MAX_SOURCE_TRACKS] if at_hand else [], 1):
+            captions = await self._converted(stream, duration_seconds)
+            if captions is not None:
+                made.append((source_track(stream, number, len(captions.cues)), captions))
+        provided: list[tuple[ProviderCaption, str, Origin]] = [
+            (c, f"provider-{n}", "provider") for n, c in enumerate(self.provided_captions, 1)
+        ]
+        if not made and not provided and at_hand:
+            try:
+                heard = await self.transcriber.transcribe(self.source, summary)
+            except AivedioError as exc:
+                log.warning(
+                    "transcriber_failed", transcriber=self.transcriber.name, detail=exc.detail[:300]
+                )
+                heard = []
+            provided = [(c, f"transcript-{n}", "transcriber") for n, c in enumerate(heard, 1)]
+        for caption, track_id, origin in provided[:MAX_SOURCE_TRACKS]:
+            try:
+                cleaned = webvtt.clean(caption.text.encode())
+            except webvtt.CaptionsRefused as exc:
+                log.warning(
+                    "provided_track_dropped",
+                    origin=origin,
+                    reason=exc.reason,
+                    detail=exc.detail[:300],
+                )
+                continue
+            made.append((provided_track(caption, track_id, origin, len(cleaned.cues)), cleaned))
         tracks: list[TextTrack] = []
         files: list[Path] = []
-        for number, stream in enumerate(streams[:MAX_SOURCE_TRACKS], start=1):
-            captions = await self._converted(stream, duration_seconds)
-            if captions is None:
-                continue
-            track = source_track(stream, number, len(captions.cues))
+        for track, captions in made:
             if track.default and any(t.default for t in tracks):
                 track = msgspec.structs.replace(track, default=False)  # one default at most
             tracks.append(track)
