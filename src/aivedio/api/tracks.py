@@ -37,10 +37,11 @@ from aivedio.pipeline.track_revision import NewTrack, TrackNotAdded, add_track
 
 routes = web.RouteTableDef()
 
-CAPTION_LIMITS = webvtt.Limits()
+# A sidecar is a JSON string, so it is held to the edge's string bound (64 KiB: captions
+# for an hour of speech, more than a generated video has) and, within it, to 2,000 cues.
+CAPTION_LIMITS = webvtt.Limits(max_bytes=untrusted.API_BOUNDS.max_string_chars, max_cues=2000)
 # The largest body read: the largest caption text, each character escaped in JSON at worst.
 BODY_MAX_BYTES = 6 * CAPTION_LIMITS.max_bytes + 4096
-BOUNDS = untrusted.Bounds(max_string_chars=CAPTION_LIMITS.max_bytes)
 _STATUS = {"not_found": 404, "not_published": 409, "revision_busy": 409, "no_hls": 409}
 
 
@@ -148,7 +149,7 @@ def _decode(request: web.Request, raw: bytes) -> AddTrack:
     ):
         raise ApiError(415, f"the body must be application/json, not {media_type}")
     try:
-        return untrusted.decode(raw, AddTrack, bounds=BOUNDS)
+        return untrusted.decode(raw, AddTrack)
     except MalformedInputError as exc:
         if exc.reason == "invalid_field":
             raise ApiError(422, f"request body: {exc.detail}", field=exc.field) from None

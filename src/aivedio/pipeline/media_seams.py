@@ -15,9 +15,9 @@ from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.media.provenance import Provenance
 from aivedio.pipeline.media.signing import Signing
+from aivedio.pipeline.media.transcriber import NULL_TRANSCRIBER, Transcriber
 from aivedio.pipeline.moderation import ModerationStage
 from aivedio.pipeline.publish import InJobPublish, PublishStage
-from aivedio.pipeline.transcriber import NULL_TRANSCRIBER, Transcriber
 from aivedio.pipeline.upkeep.backlog import BacklogMonitor
 from aivedio.providers.seam import ProviderCaption
 from aivedio.store.database import Pool
@@ -67,7 +67,7 @@ class MediaServices:
     locks: SessionLocks
     reader: ProvenanceReader | None = None
     signing: Signing | None = None
-    # Captions from speech when a source has none (``pipeline/transcriber.py``).
+    # Captions from speech when a source has none (``pipeline/media/transcriber.py``).
     transcriber: Transcriber = NULL_TRANSCRIBER
 
     def equip(self, run: MediaRun, asset: asyncpg.Record) -> MediaRun:

@@ -10,8 +10,8 @@ import pytest
 
 from aivedio.errors import MalformedInputError
 from aivedio.pipeline.ffmpeg.source_tracks import provided_track
+from aivedio.pipeline.media.transcriber import NULL_TRANSCRIBER
 from aivedio.pipeline.media.validate import MediaSummary
-from aivedio.pipeline.transcriber import NULL_TRANSCRIBER
 from aivedio.providers.seam import (
     MAX_CAPTION_BYTES,
     MAX_CAPTIONS,

@@ -1,7 +1,7 @@
 """The text tracks a render publishes with the HLS output: the source's own subtitle
 streams (``mov_text``, ``subrip``, ``webvtt``), the captions its provider reported with it
 (``providers.seam.ProviderCaption``), and, when it has neither, what the ``Transcriber``
-makes (``pipeline/transcriber.py``; the null one makes nothing).
+makes (``pipeline/media/transcriber.py``; the null one makes nothing).
 
 Each stream is converted to WebVTT by ffmpeg, sandboxed like every run over the source
 (its input options, limits and deadline), and the converted text is then read as any
@@ -28,8 +28,8 @@ from aivedio.pipeline.ffmpeg.packet_scans import PacketScans
 from aivedio.pipeline.media import text_tracks, webvtt
 from aivedio.pipeline.media.sniff import input_args
 from aivedio.pipeline.media.text_tracks import Origin, TextTrack
+from aivedio.pipeline.media.transcriber import NULL_TRANSCRIBER, Transcriber
 from aivedio.pipeline.media.validate import MediaSummary, TextStream
-from aivedio.pipeline.transcriber import NULL_TRANSCRIBER, Transcriber
 from aivedio.providers.seam import ProviderCaption
 
 log = get_logger("aivedio.media")
