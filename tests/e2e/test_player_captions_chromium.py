@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
+from aivedio.api import player
 from aivedio.config.load import Config
+from aivedio.pipeline.media.text_tracks import make_track
 from aivedio.store.database import Pool
 from tests.support import chromium
 from tests.support.api_rig import open_api
@@ -120,3 +123,15 @@ async def test_the_player_page_shows_the_caption_cue_at_its_time_in_chromium(
             await anyio.sleep(0.5)
             before = await page.evaluate(TRACKS_JS)
             assert before["tracks"][0]["active"] == [], before
+
+
+async def test_the_page_escapes_what_it_writes_into_each_track_element() -> None:
+    track = make_track(
+        "a1", kind="captions", language="en", label="A <b>&", default=True, origin="sidecar", cues=1
+    )
+    files = {"hls": {"path": "hls/master.m3u8", "tracks": [track]}}
+    page = await player.render_page(uuid.uuid4(), 2, "tok.en", files)
+    assert (
+        '<track kind="captions" srclang="en" label="A &lt;b&gt;&amp;"'
+        ' src="/media/tok.en/hls/text/a1.vtt" default>'
+    ) in page

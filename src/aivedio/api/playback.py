@@ -105,7 +105,7 @@ async def issue(ctx: ApiContext, tenant_id: int, video: Any) -> Playback:
             url=media + t.vtt,
             playlist=media + t.playlist,
         )
-        for t in (files["hls"]["tracks"] if "hls" in files else [])
+        for t in files.get("hls", {}).get("tracks") or []
     ]
     return Playback(
         video_id=str(video),

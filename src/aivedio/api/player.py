@@ -233,7 +233,7 @@ def credentials_html(found: ContentCredentials | None) -> str:
 def tracks_html(media: str, files: dict[str, dict[str, Any]]) -> str:
     """A ``<track>`` per text track of the revision (every value escaped; the default one
     marked ``default``, so the browser shows it)."""
-    tracks: list[TextTrack] = files["hls"]["tracks"] if "hls" in files else []
+    tracks: list[TextTrack] = files.get("hls", {}).get("tracks") or []
     return "".join(
         f'<track kind="{html.escape(t.kind)}" srclang="{html.escape(t.language)}"'
         f' label="{html.escape(t.label)}" src="{html.escape(media + quote(t.vtt))}"'

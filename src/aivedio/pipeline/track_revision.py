@@ -141,7 +141,7 @@ async def _attempt(
     files = {
         track.vtt: new.captions.webvtt().encode(),
         track.playlist: text_tracks.subtitle_playlist(track, duration).encode(),
-        master_path: text_tracks.master_with_tracks(master_old.decode(), tracks).encode(),
+        master_path: _master(master_old, tracks),
     }
     written = [await _put(store, f"{prefix}/{path}", path, body) for path, body in files.items()]
     old_master = row["hls_key"].removeprefix(prefix + "/")
@@ -205,6 +205,14 @@ async def _attempt(
         cues=track.cues,
     )
     return Added(revision=new_no, track=track, tracks=tracks)
+
+
+def _master(master: bytes, tracks: list[TextTrack]) -> bytes:
+    """The published master playlist again, naming ``tracks``."""
+    try:
+        return text_tracks.master_with_tracks(master.decode(), tracks).encode()
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise TrackNotAdded("no_hls", "the published master playlist names no variant") from exc
 
 
 async def _put(store: ObjectStore, key: str, path: str, body: bytes) -> dict[str, Any]:

@@ -354,3 +354,36 @@ async def test_captions_a_provider_reported_are_published_as_a_track(
         assert "<script" not in vtt and "<i>kept</i>" in vtt
         master = await text(api, play["master_playlist"])
         assert 'LANGUAGE="de"' in master and 'SUBTITLES="subs"' in master
+
+
+async def test_tracks_added_at_once_are_both_published(
+    config: Config, pool: Pool, tmp_path: Path
+) -> None:
+    async with open_api(config, pool, tmp_path) as api:
+        video = await published(api)
+        answers: dict[str, tuple[int, dict[str, str], dict[str, Any]]] = {}
+
+        async def add(language: str) -> None:
+            cue = f"1\n00:00:00,000 --> 00:00:00,900\n{language}\n"
+            answers[language] = await post(api, video, body(cue, language))
+
+        async with anyio.create_task_group() as group:
+            for language in ("en", "fr", "de"):
+                group.start_soon(add, language)
+        assert all(status == 201 for status, _, _ in answers.values()), answers
+        play = await api.json("GET", f"/v1/videos/{video}/playback")
+        # Each was published on top of the others: the last revision has all three.
+        assert sorted(t["language"] for t in play["tracks"]) == ["de", "en", "fr"]
+        assert play["revision"] == 4
+        master = await text(api, play["master_playlist"])
+        assert master.count("#EXT-X-MEDIA:TYPE=SUBTITLES") == 3
+        states = await pool.fetch(
+            "SELECT revision, status FROM asset_revisions WHERE asset_id = $1 ORDER BY revision",
+            video,
+        )
+        assert [(r["revision"], r["status"]) for r in states] == [
+            (1, "SUPERSEDED"),
+            (2, "SUPERSEDED"),
+            (3, "SUPERSEDED"),
+            (4, "READY"),
+        ]
