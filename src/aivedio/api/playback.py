@@ -29,6 +29,19 @@ from aivedio.store import asset_reads, uploads
 routes = web.RouteTableDef()
 
 
+class PlaybackTrack(msgspec.Struct, frozen=True, kw_only=True):
+    """A caption or subtitle track: its WebVTT file (for a ``<track>`` element) and its
+    subtitle media playlist (the master playlist's SUBTITLES group names it too)."""
+
+    id: str
+    kind: str
+    language: str
+    label: str
+    default: bool
+    url: str
+    playlist: str
+
+
 class Playback(msgspec.Struct, frozen=True, kw_only=True):
     video_id: str
     state: str
@@ -43,6 +56,7 @@ class Playback(msgspec.Struct, frozen=True, kw_only=True):
     thumbnails_vtt: str | None = None
     waveform: str | None = None
     keyframes: str | None = None
+    tracks: list[PlaybackTrack] = []
 
 
 # Playback field → the variant whose primary file it points at.
@@ -81,6 +95,18 @@ async def issue(ctx: ApiContext, tenant_id: int, video: Any) -> Playback:
     base = ctx.base_url()
     media = f"{base}/media/{token}/"
     urls = {name: media + files[v]["path"] for name, v in FIELDS.items() if v in files}
+    tracks = [
+        PlaybackTrack(
+            id=t.id,
+            kind=t.kind,
+            language=t.language,
+            label=t.label,
+            default=t.default,
+            url=media + t.vtt,
+            playlist=media + t.playlist,
+        )
+        for t in files.get("hls", {}).get("tracks") or []
+    ]
     return Playback(
         video_id=str(video),
         state=row["status"],
@@ -88,6 +114,7 @@ async def issue(ctx: ApiContext, tenant_id: int, video: Any) -> Playback:
         token=token,
         expires_at=datetime.fromtimestamp(claims.expires_at, UTC),
         watch_url=f"{base}/watch/{video}?token={token}",
+        tracks=tracks,
         **urls,
     )
 
@@ -126,4 +153,4 @@ PATHS: dict[str, Any] = {
         }
     }
 }
-SCHEMAS: tuple[type, ...] = (Playback,)
+SCHEMAS: tuple[type, ...] = (Playback, PlaybackTrack)

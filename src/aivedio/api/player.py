@@ -45,6 +45,7 @@ from aivedio.api.problems import ApiError
 from aivedio.api.published import is_servable, published_files
 from aivedio.logs import get_logger
 from aivedio.pipeline.media.credentials import ContentCredentials, content_credentials
+from aivedio.pipeline.media.text_tracks import TextTrack
 from aivedio.store import asset_reads
 
 log = get_logger("aivedio.api")
@@ -229,6 +230,19 @@ def credentials_html(found: ContentCredentials | None) -> str:
     )
 
 
+def tracks_html(media: str, files: dict[str, dict[str, Any]]) -> str:
+    """A ``<track>`` per text track of the revision (every value escaped; the default one
+    marked ``default``, so the browser shows it)."""
+    tracks: list[TextTrack] = files.get("hls", {}).get("tracks") or []
+    return "".join(
+        f'<track kind="{html.escape(t.kind)}" srclang="{html.escape(t.language)}"'
+        f' label="{html.escape(t.label)}" src="{html.escape(media + quote(t.vtt))}"'
+        + (" default" if t.default else "")
+        + ">"
+        for t in tracks
+    )
+
+
 async def render_page(
     asset_id: uuid.UUID,
     revision: int,
@@ -265,6 +279,7 @@ async def render_page(
         scripts="\n".join(f'<script src="{html.escape(u)}" defer></script>' for u in scripts),
         settings=_json_for_html(settings),
         poster=f' poster="{html.escape(poster)}"' if poster else "",
+        tracks=tracks_html(media, files),
         notice=notice,
         credentials=credentials_html(credentials),
     )
@@ -309,7 +324,8 @@ PATHS: dict[str, Any] = {
         "get": {
             "summary": "The player page of a published video",
             "description": "An HTML page playing the revision the token opens (HLS with "
-            "hls.js or natively, else the MP4), with sprite thumbnails, the waveform and a "
+            "hls.js or natively, else the MP4), with its caption tracks, sprite thumbnails, the "
+            "waveform and a "
             "Content Credentials badge (the C2PA provenance of the video).",
             "operationId": "watchVideo",
             "tags": ["playback"],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from aivedio.pipeline.media.text_tracks import decode_tracks
 from aivedio.store.database import Pool
 from aivedio.store.objects.keys import revision_prefix
 from aivedio.store.playback_reads import published_variants, released_storage_revision
@@ -40,7 +41,7 @@ async def published_files(
 ) -> dict[str, dict[str, Any]]:
     """The revision's published outputs: variant type → its primary file's path under the
     revision's storage prefix, and what else is known (size, width, height, its C2PA
-    signing)."""
+    signing, the text tracks an ``hls`` output names)."""
     rows = await published_variants(pool, asset_id, revision)
     storage = rows[0]["storage_revision"] if rows else revision
     prefix = revision_prefix(tenant_id, asset_id, storage) + "/"
@@ -52,6 +53,7 @@ async def published_files(
             "width": row["width"],
             "height": row["height"],
             "c2pa": (row["extra"] or {}).get("c2pa"),
+            "tracks": decode_tracks(row["extra"]),
         }
         for row in rows
         if row["object_key"].startswith(prefix)

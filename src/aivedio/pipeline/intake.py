@@ -30,6 +30,7 @@ from aivedio.errors import ConfigError, NotFoundError, PolicyBlockedError, Trans
 from aivedio.pipeline import jobs
 from aivedio.providers import check_open
 from aivedio.providers.seam import (
+    ProviderCaption,
     ProviderOutput,
     ProviderTask,
     check_output,
@@ -58,6 +59,8 @@ class OutputDescriptor(msgspec.Struct, frozen=True, kw_only=True):
     sha256: str | None = None
     size: int | None = None
     content_type: str | None = None
+    # Captions the adapter reported with the output (``providers/seam.py``).
+    captions: list[ProviderCaption] = msgspec.field(default_factory=list)
 
 
 class Recorded(msgspec.Struct, frozen=True, kw_only=True):
@@ -308,6 +311,7 @@ def _output_part(
         d.sha256.lower() if d.sha256 else None,
         d.content_type,
         when,
+        captions=[msgspec.to_builtins(c) for c in d.captions] or None,
     )
 
 
@@ -396,6 +400,7 @@ async def record_task_outputs(
             sha256=output.sha256.lower() if output.sha256 else None,
             size=output.size,
             content_type=output.content_type,
+            captions=output.captions,
         )
         recorded.append(
             await record_provider_output(

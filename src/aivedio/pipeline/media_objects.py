@@ -105,6 +105,8 @@ def variant_columns(records: Sequence[OutputRecord], prefix: str) -> list[list[A
                 "required": r.required,
                 # Its C2PA signing: signed (the platform's manifest label) or the reason not.
                 **({"c2pa": msgspec.to_builtins(r.c2pa)} if r.c2pa is not None else {}),
+                # The text tracks its playlists name (``media/text_tracks.py``).
+                **({"tracks": msgspec.to_builtins(r.tracks)} if r.tracks else {}),
             }
             for r, _ in rows
         ],

@@ -15,9 +15,11 @@ from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.media.provenance import Provenance
 from aivedio.pipeline.media.signing import Signing
+from aivedio.pipeline.media.transcriber import NULL_TRANSCRIBER, Transcriber
 from aivedio.pipeline.moderation import ModerationStage
 from aivedio.pipeline.publish import InJobPublish, PublishStage
 from aivedio.pipeline.upkeep.backlog import BacklogMonitor
+from aivedio.providers.seam import ProviderCaption
 from aivedio.store.database import Pool
 from aivedio.store.objects.base import ObjectStore
 from aivedio.store.queue import Job, Queue
@@ -65,6 +67,8 @@ class MediaServices:
     locks: SessionLocks
     reader: ProvenanceReader | None = None
     signing: Signing | None = None
+    # Captions from speech when a source has none (``pipeline/media/transcriber.py``).
+    transcriber: Transcriber = NULL_TRANSCRIBER
 
     def equip(self, run: MediaRun, asset: asyncpg.Record) -> MediaRun:
         """``run`` with this worker's provenance reading and signing for ``asset``: the
@@ -77,4 +81,9 @@ class MediaServices:
         recorded = asset["provenance"]
         if recorded is not None:
             run.source_provenance = msgspec.convert(recorded, Provenance)
+        # The captions the provider reported with this source, made into tracks with it.
+        captions = asset.get("provider_captions")
+        if captions:
+            run.provided_captions = tuple(msgspec.convert(captions, list[ProviderCaption]))
+        run.transcriber = self.transcriber
         return run

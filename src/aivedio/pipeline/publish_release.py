@@ -53,7 +53,7 @@ UNIQUE_VIOLATION = "23505"
 async def release(
     pool: Pool,
     ledger_config: LedgerConfig,
-    job: Job,
+    job: Job | None,
     asset: asyncpg.Record,
     checks: dict[str, Part],
     previous: int | None,
@@ -68,8 +68,9 @@ async def release(
     """Lock the task and the asset, check ``checks`` against the locked row, and release:
     the revision READY with the outputs it publishes, the pointer switched, the previous
     revision SUPERSEDED, the release row, the task's link, ``asset.ready`` and the
-    charge. The part a publish and an enrichment share, ONE statement fenced by the
-    job's lease, undone whole by any check or compare-and-set that fails (raised as
+    charge. The part a publish, an enrichment and a track revision share, ONE statement
+    fenced by the job's lease (``job`` None: by no lease, for a track added through the
+    API, which holds none), undone whole by any check or compare-and-set that fails (raised as
     NotPublishable, PointerMoved, TransientError, StaleStateError, or Unmet for a check
     of the caller's own). ``copy``: writes made under the lock that the release must
     see (an enrichment's new revision), so a statement before it, in one transaction

@@ -57,6 +57,18 @@ def path_segment(task_id: str) -> str:
     return quote(task_id, safe=":@")  # pchar: neither changes which path it is
 
 
+class ProviderCaption(msgspec.Struct, frozen=True, kw_only=True):
+    """Captions an adapter found with an output (a vendor that returns a transcript or
+    subtitles beside the video): untrusted text, held to sizes here (``check_output``) and
+    cleaned into a WebVTT track by the render, which leaves out what it cannot clean."""
+
+    language: str  # a BCP 47 tag; one that is not becomes "und" in the track
+    label: str = ""
+    kind: str = "subtitles"  # captions or subtitles
+    default: bool = False
+    text: str  # WebVTT or SRT
+
+
 class ProviderOutput(msgspec.Struct, frozen=True, kw_only=True):
     index: int
     url: str
@@ -64,6 +76,7 @@ class ProviderOutput(msgspec.Struct, frozen=True, kw_only=True):
     sha256: str | None = None
     size: int | None = None
     content_type: str | None = None
+    captions: list[ProviderCaption] = msgspec.field(default_factory=list)
 
 
 class ProviderTask(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,6 +134,17 @@ def check_output(output: ProviderOutput, where: str, *, now: datetime | None = N
         or _CONTROL.search(content_type)
     ):
         raise refuse("content_type", f"not text of at most {MAX_CONTENT_TYPE_CHARS} characters")
+    if len(output.captions) > MAX_CAPTIONS:
+        raise refuse("captions", f"more than {MAX_CAPTIONS} caption tracks")
+    for at, caption in enumerate(output.captions):
+        if len(caption.text.encode()) > MAX_CAPTION_BYTES:
+            raise refuse(f"captions[{at}].text", f"over {MAX_CAPTION_BYTES} bytes")
+        if len(caption.language) > 35 or len(caption.label) > 100 or len(caption.kind) > 16:
+            raise refuse(f"captions[{at}]", "language, label or kind too long")
+
+
+MAX_CAPTIONS = 8
+MAX_CAPTION_BYTES = 1024 * 1024
 
 
 class RefreshedUrl(msgspec.Struct, frozen=True, kw_only=True):

@@ -30,6 +30,8 @@ ASSET_COLUMNS = (
     "  WHERE o.id = a.source_provider_output_id) AS safety_labels,"
     " (SELECT o.provider FROM provider_outputs o"
     "  WHERE o.id = a.source_provider_output_id) AS source_provider,"
+    " (SELECT o.captions FROM provider_outputs o"
+    "  WHERE o.id = a.source_provider_output_id) AS provider_captions,"
     " (SELECT coalesce(max(r.revision), 0) + 1 FROM asset_revisions r"
     "  WHERE r.asset_id = a.id) AS next_revision,"
     " (SELECT t.name FROM tenants t WHERE t.id = a.tenant_id) AS tenant_name"

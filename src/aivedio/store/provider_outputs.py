@@ -56,6 +56,8 @@ def insert_part(
     sha256: str | None,
     content_type: str | None,
     when: str,
+    *,
+    captions: list[Any] | None = None,
 ) -> Part:
     """The output's insert (FETCH_PENDING), when ``when`` holds; answers the id, or None
     when the output's key exists. ``sha256``: the provider's checksum, lower case."""
@@ -63,10 +65,11 @@ def insert_part(
         "INSERT INTO provider_outputs (id, tenant_id, generation_task_id, provider,"
         " provider_task_id, output_index, output_revision, source_url_ciphertext,"
         " source_url_key_id, source_url_expires_at, expected_size_bytes,"
-        " expected_checksum_alg, expected_checksum, content_type, fetch_status)"
+        " expected_checksum_alg, expected_checksum, content_type, fetch_status, captions)"
         " SELECT $1::uuid, $2::bigint, $3::uuid, $4::text, $5::text, $6::smallint, $7::int,"
         " $8::bytea, $9::text, $10::timestamptz, $11::bigint, $12::text, $13::text,"
-        f" $14::text, 'FETCH_PENDING' WHERE {when} ON CONFLICT DO NOTHING RETURNING id",
+        f" $14::text, 'FETCH_PENDING', $15::jsonb WHERE {when} ON CONFLICT DO NOTHING"
+        " RETURNING id",
         (
             output_id,
             tenant_id,
@@ -82,6 +85,7 @@ def insert_part(
             "sha256" if sha256 else None,
             sha256,
             content_type,
+            captions,
         ),
         value="id",
     )

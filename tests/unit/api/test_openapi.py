@@ -128,7 +128,8 @@ def test_every_json_body_documents_how_the_reader_can_refuse_it() -> None:
         for path, method, op in OPERATIONS
         if "application/json" in op.get("requestBody", {}).get("content", {})
     ]
-    assert len(bodies) == 5  # tasks, callbacks, videos, completing one, webhook receivers
+    # tasks, callbacks, videos, completing one, webhook receivers, a video's text tracks
+    assert len(bodies) == 6
     for path, method, op in bodies:
         # Malformed (naming the field), not whole in time, too large, against the schema.
         for status in ("400", "408", "413", "422"):

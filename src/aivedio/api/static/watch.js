@@ -96,7 +96,9 @@
 
   function playWithHlsJs() {
     var Hls = window.Hls;
-    var config = {};
+    // The page's <track> elements show the captions; hls.js would take their text tracks
+    // over (and clear their cues) for the master playlist's SUBTITLES group.
+    var config = { enableWebVTT: false };
     if (settings.hls_worker) config.workerPath = settings.hls_worker;
     else config.enableWorker = false; // an inline worker is a blob:, which the policy refuses
     var hls = new Hls(config);

@@ -17,9 +17,10 @@ import msgspec
 from aivedio.errors import RenderError, SigningError
 from aivedio.logs import get_logger
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord, describe, require_faststart, require_jpeg
-from aivedio.pipeline.ffmpeg.packet_scans import PacketScans, packet_args
+from aivedio.pipeline.ffmpeg.packet_scans import packet_args
 from aivedio.pipeline.ffmpeg.provenance_read import MIME_OF_KIND
-from aivedio.pipeline.media import hls, keyframes, thumbnails, waveform
+from aivedio.pipeline.ffmpeg.source_tracks import SourceTracks
+from aivedio.pipeline.media import hls, keyframes, text_tracks, thumbnails, waveform
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.signing import Signed, SignRequest, actions_for
 from aivedio.pipeline.media.validate import MediaSummary
@@ -27,7 +28,7 @@ from aivedio.pipeline.media.validate import MediaSummary
 log = get_logger("aivedio.media")
 
 
-class Finalizing(PacketScans):
+class Finalizing(SourceTracks):
     """The last step of every node: from files in ``out/`` to a verified record."""
 
     async def _finalize(self, node: str, plan: Plan, summary: MediaSummary) -> OutputRecord:
@@ -97,12 +98,16 @@ class Finalizing(PacketScans):
                 files += hls.files_of(layout.hls, rendition.name)
             master = layout.hls / "master.m3u8"
             record_provenance = self.signing is not None
-            master.write_text(
-                hls.master_playlist(layout.hls, renditions, provenance=record_provenance)
-            )
+            text = hls.master_playlist(layout.hls, renditions, provenance=record_provenance)
+            # The source's subtitle streams, as text tracks named by the master.
+            tracks, track_files = await self._source_tracks(summary, plan.duration_seconds)
+            if tracks:
+                text = text_tracks.master_with_tracks(text, tracks)
+                files += track_files
+            master.write_text(text)
             if record_provenance:
                 files.append(await self._hls_provenance(files))
-            return await self._record(
+            record = await self._record(
                 node,
                 "hls/master.m3u8",
                 [master, *files],
@@ -111,6 +116,8 @@ class Finalizing(PacketScans):
                 height=top.height,
                 codec="h264",
             )
+            record.tracks = tracks or None
+            return record
         if node == "sprite":
             return await self._finalize_sprite(plan, summary, required)
         if node == "waveform":

@@ -21,6 +21,7 @@ from aivedio.pipeline.ffmpeg.sandbox import RunResult
 from aivedio.pipeline.ffmpeg.verdict import Verdict
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.signing import Signed
+from aivedio.pipeline.media.text_tracks import TextTrack
 from aivedio.transfer_cpu import measured
 
 MIME = {
@@ -62,6 +63,8 @@ class OutputRecord(msgspec.Struct, kw_only=True):
     bitrate: int | None = None
     # Its C2PA signing (None: signing is off for it).
     c2pa: Signed | None = None
+    # The text tracks it names (the HLS output's, from the source's subtitle streams).
+    tracks: list[TextTrack] | None = None
 
     @property
     def size(self) -> int:

@@ -51,6 +51,8 @@ class SideData(msgspec.Struct, kw_only=True):
 class Disposition(msgspec.Struct, kw_only=True):
     attached_pic: int = 0
     default: int = 0
+    hearing_impaired: int = 0
+    captions: int = 0
 
 
 class Stream(msgspec.Struct, kw_only=True):

@@ -38,6 +38,22 @@ class IgnoredStream(msgspec.Struct, frozen=True, kw_only=True):
     why: str
 
 
+# Subtitle codecs whose text becomes a published WebVTT track (``media/text_tracks.py``);
+# bitmap subtitles (PGS, DVB) have no text to publish and stay not rendered.
+TEXT_CODECS = frozenset({"mov_text", "subrip", "webvtt"})
+
+
+class TextStream(msgspec.Struct, frozen=True, kw_only=True):
+    """A subtitle stream of the source whose text is published as a track."""
+
+    index: int  # absolute, as ffprobe numbers them
+    codec_name: str
+    language: str  # the stream's language tag, "" when it has none
+    title: str  # its title tag, "" when it has none
+    default: bool
+    captions: bool  # marked for the hearing impaired (captions, not subtitles)
+
+
 class MediaSummary(msgspec.Struct, kw_only=True):
     container: str
     duration_seconds: float
@@ -73,6 +89,8 @@ class MediaSummary(msgspec.Struct, kw_only=True):
     # audio track's): a single frame under a long audio track is too short to render.
     video_duration_seconds: float | None = None
     ignored_streams: list[IgnoredStream] = msgspec.field(default_factory=list)
+    # The subtitle streams published as text tracks (mov_text, subrip, webvtt).
+    text_streams: list[TextStream] = msgspec.field(default_factory=list)
     # The video's colour as probed ("" where the stream has no tag), its bits per
     # component and its HDR side data (the stream's, else its first frame's).
     color_primaries: str = ""
@@ -137,6 +155,21 @@ def _ignored(probe: ProbeOutput, used: set[int]) -> list[IgnoredStream]:
     return ignored
 
 
+def _text_streams(probe: ProbeOutput) -> list[TextStream]:
+    return [
+        TextStream(
+            index=s.index,
+            codec_name=s.codec_name,
+            language=s.tags.get("language", ""),
+            title=s.tags.get("title", ""),
+            default=bool(s.disposition.default),
+            captions=bool(s.disposition.hearing_impaired or s.disposition.captions),
+        )
+        for s in probe.streams
+        if s.codec_type == "subtitle" and s.codec_name in TEXT_CODECS
+    ]
+
+
 def summarize(probe: ProbeOutput) -> MediaSummary | None:
     """The summary of the streams we would use; None when there is no usable video stream."""
     video = chosen(_video_streams(probe))
@@ -154,6 +187,7 @@ def summarize(probe: ProbeOutput) -> MediaSummary | None:
     duration = probe.format.duration if probe.format.duration is not None else video.duration
     start = video.start_time if video.start_time is not None else probe.format.start_time
     counts = {kind: 0 for kind in ("video", "audio", "subtitle", "attachment", "data")}
+    texts = _text_streams(probe)
     for stream in probe.streams:
         if stream.codec_type in counts:
             counts[stream.codec_type] += 1
@@ -189,7 +223,11 @@ def summarize(probe: ProbeOutput) -> MediaSummary | None:
         attachment_streams=counts["attachment"],
         data_streams=counts["data"],
         video_duration_seconds=video.duration if video.duration and video.duration > 0 else None,
-        ignored_streams=_ignored(probe, {video.index} | ({audio.index} if audio else set())),
+        ignored_streams=_ignored(
+            probe,
+            {video.index} | ({audio.index} if audio else set()) | {t.index for t in texts},
+        ),
+        text_streams=texts,
         color_primaries=_tag(video.color_primaries),
         color_transfer=_tag(video.color_transfer),
         color_space=_tag(video.color_space),
