@@ -73,12 +73,15 @@ from aivedio.pipeline.moderation import (
 )
 from aivedio.store import media_assets
 from aivedio.store.objects import keys
-from aivedio.store.queue import Job, write_fenced
+from aivedio.store.queue import Job, lease_left_part, write_fenced
 
 log = get_logger("aivedio.media")
 
 # The decode check the frames pass amounts to (a whole decode under -xerror).
 FULL = "full"
+# Stores of one job within its lease as read by the last check need no check of their own;
+# this much of what was left is not relied on (the statement's own time, clock rates).
+LEASE_MARGIN_SECONDS = 5.0
 
 
 @dataclass
@@ -123,6 +126,9 @@ class FastPath:
     def __init__(self, services: MediaServices, moderation: ModerationStage) -> None:
         self.services = services
         self.moderation = moderation
+        # Until when (monotonic) this delivery is known to hold its lease, the asset having
+        # been in PROBING: the last check's answer (``_store``).
+        self._fenced_until = float("-inf")
 
     async def make(
         self,
@@ -310,15 +316,8 @@ class FastPath:
         stored is left to the render job (as one the run failed)."""
         if not records:
             return []
-        async with media_assets.connection(self.services.pool, "checking the probe") as conn:
-            got = await write_fenced(
-                conn,
-                job,
-                {"probing": media_assets.still_probing_part(asset["id"])},
-                "checking the probe is still this delivery's",
-            )
-        if not got["probing"]:
-            raise StaleStateError(f"asset {asset['id']} is no longer PROBING: not ours to store")
+        if time.monotonic() >= self._fenced_until:
+            await self._check(job, asset)
         prefix = keys.revision_prefix(asset["tenant_id"], asset["id"], revision)
         stored = []
         for record in records:
@@ -340,6 +339,29 @@ class FastPath:
                 continue
             stored.append(record)
         return stored
+
+    async def _check(self, job: Job, asset: asyncpg.Record) -> None:
+        """That this delivery holds the job's lease and the asset is in PROBING, and until
+        when the lease surely stays its own: no other delivery can have the job before the
+        lease ends (the reaper waits for that), and only a delivery of this job records a
+        revision. So the stores of one job (the required set, the poster after the frames
+        pass, a playback made again) cost one check, not one each. An asset deleted in
+        between gets no revision (the record's compare-and-set on PROBING fails) and the
+        objects stored meanwhile are the sweeper's GC's, as those of a delivery that died."""
+        sent = time.monotonic()
+        async with media_assets.connection(self.services.pool, "checking the probe") as conn:
+            got = await write_fenced(
+                conn,
+                job,
+                {
+                    "probing": media_assets.still_probing_part(asset["id"]),
+                    "lease_left": lease_left_part(job),
+                },
+                "checking the probe is still this delivery's",
+            )
+        if not got["probing"]:
+            raise StaleStateError(f"asset {asset['id']} is no longer PROBING: not ours to store")
+        self._fenced_until = sent + float(got["lease_left"] or 0.0) - LEASE_MARGIN_SECONDS
 
     async def _ask(
         self, asset: asyncpg.Record, revision: int, verdict: Verdict, frames: list[Frame]

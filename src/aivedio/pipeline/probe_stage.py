@@ -42,6 +42,7 @@ from aivedio.pipeline.fast_path import FastPath, Made, Phases
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import MIME, PRIMARY, OutputRecord
 from aivedio.pipeline.ffmpeg.verdict import verdict_json
+from aivedio.pipeline.inline_enrichment import InlineEnrichment, hold_seconds
 from aivedio.pipeline.jobs import moderate_spec
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.validate import MediaSummary
@@ -192,6 +193,7 @@ class ProbeStage:
                     sum(p.wall_seconds for p in run.report.processes),
                     made.plan.duration_seconds,
                 )
+            hold = await self._inline_hold(made, seams)
             started = time.monotonic()
             result = await self.start_revision(
                 asset,
@@ -202,11 +204,24 @@ class ProbeStage:
                 media.pipeline_version,
                 made=made.outputs,
                 decision=made.decision,
+                hold=hold,
             )
             phases.add("record", started)
-        started = time.monotonic()
-        await self._after_fast(job, asset, revision, made, seams)
-        phases.add("publish" if _allowed(made.decision) else "verdict", started)
+            started = time.monotonic()
+            held = result.pop("held", None)
+            await self._after_fast(job, asset, revision, made, seams, follows=held is not None)
+            phases.add("publish" if _allowed(made.decision) else "verdict", started)
+            if held is not None:
+                # The enrichment from the same scratch, its render job held meanwhile.
+                started = time.monotonic()
+                pending, key = held
+                enrichment = InlineEnrichment(self.revisions)
+                result.update(
+                    await enrichment.run(
+                        job, run, asset, revision, made.plan, pending, key, seams, hold=hold
+                    )
+                )
+                phases.add("enrichment", started)
         result.update(
             fast_path=True,
             made=[r.variant_type for r in made.outputs],
@@ -221,6 +236,17 @@ class ProbeStage:
             result["moderation_unavailable"] = made.unavailable[:300]
         return result
 
+    async def _inline_hold(self, made: Made, seams: WorkerSeams) -> float:
+        """How long the revision's render job is held while this job makes the enrichment
+        (``inline_enrichment``); 0: it is queued as ever. Only for an allowed revision with
+        its required set made, and not under backlog pressure, where the optional outputs
+        wait for the queue to drain (``render_stage``)."""
+        if not _allowed(made.decision) or made.failed or made.verdict.media is None:
+            return 0.0
+        if made.plan is None or made.plan.chunking is not None or await seams.deferring():
+            return 0.0
+        return hold_seconds(render_timeout(self.services.config, made.verdict.media))
+
     def _moderates_here(self) -> bool:
         """Whether this worker runs the control lane, where moderate jobs run: only then
         does its probe ask the moderator. A media-only node (``slots = 0`` for the other
@@ -229,7 +255,14 @@ class ProbeStage:
         return lane is not None and lane.slots > 0
 
     async def _after_fast(
-        self, job: Job, asset: asyncpg.Record, revision: int, made: Made, seams: WorkerSeams
+        self,
+        job: Job,
+        asset: asyncpg.Record,
+        revision: int,
+        made: Made,
+        seams: WorkerSeams,
+        *,
+        follows: bool = False,
     ) -> None:
         """After the fast path's record, which stored the decision in hand with the
         revision: an allow publishes in this job once the required set is complete (else
@@ -255,7 +288,7 @@ class ProbeStage:
             if here is not None and not made.failed:
                 # Both gates were opened by this job's own statement: no need to read them
                 # back (the publish checks everything again under its lock).
-                if await here.run(asset_id, revision):
+                if await here.run(asset_id, revision, enrichment_follows=follows):
                     return
                 here = None  # it could not publish now: the publish job does
             await publish_when_ready(
@@ -352,6 +385,7 @@ class ProbeStage:
         reprocess: bool = False,
         made: Sequence[OutputRecord] = (),
         decision: Decision | None = None,
+        hold: float = 0.0,
     ) -> dict[str, Any]:
         """The asset PROCESSING (a rebuild: its probe refreshed), a BUILDING revision, a
         variant per output and the jobs that make the rest, in one statement. ``made``:
@@ -449,7 +483,12 @@ class ProbeStage:
         # without a job that will make it.
         lead = [o for o in todo if o not in by_chunks][:1]
         timeout = render_timeout(self.services.config, summary)
-        specs += [render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
+        lead_specs = [render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
+        if hold > 0:  # made by this job meanwhile (``inline_enrichment``)
+            lead_specs = [
+                msgspec.structs.replace(s, held_seconds=hold, held_by=job.id) for s in lead_specs
+            ]
+        specs += lead_specs
         if "playback" in done and (decision is None or decision.decision == "reject"):
             # Moderation starts once the playback exists: a render that records it asks; the
             # playback made here with no decision in hand (the moderator was unavailable, or
@@ -463,8 +502,7 @@ class ProbeStage:
         # The asset's move, the revision, its outputs and jobs: one statement.
         async with media_assets.connection(self.services.pool, "starting a revision") as conn:
             got = await write_together(conn, parts, "starting a revision")
-        if jobs is not None:
-            jobs.made(got)
+        created = jobs.made(got) if jobs is not None else {}
         if not got["asset"] and reprocess:
             raise StaleStateError(f"asset {asset_id} disappeared")
         if not got["asset"]:
@@ -478,7 +516,11 @@ class ProbeStage:
             outputs=plan.outputs,
             job_id=job.id,
         )
-        return {
+        held = [s.idempotency_key for s in lead_specs if s.held_seconds]
+        answer: dict[str, Any] = {}
+        if held and held[0] in created:  # (pending outputs, the held job's key)
+            answer["held"] = ([o for o in todo if o not in by_chunks], held[0])
+        return answer | {
             "outcome": "processing",
             "revision": revision,
             "plan": plan.mode,

@@ -81,19 +81,29 @@ async def test_the_probe_job_makes_moderates_and_publishes_the_required_set(
     first, *_ = await rig.revisions(asset_id)
     assert first["moderation_verdict"] == "allow" and first["moderated_at"] is not None
     assert first["status"] in ("READY", "SUPERSEDED")
-    # No moderate job and no publish job: the probe moderated and published; its render
-    # job made the optional outputs (the enrichment).
+    # No moderate job and no publish job: the probe moderated and published, then made the
+    # optional outputs (the enrichment) itself while the revision's render job was held,
+    # and finished that job with them: it never ran.
     kinds = await kinds_of(rig, asset_id)
     assert "moderate" not in kinds
     assert kinds.count("probe") == 1 and kinds.count("render") == 1
+    render = await rig.pool.fetchrow(
+        "SELECT status, attempts, result FROM job_history WHERE kind = 'render'"
+        " AND payload->>'asset_id' = $1",
+        str(asset_id),
+    )
+    assert render["status"] == "succeeded" and render["attempts"] == 0
+    assert render["result"]["outcome"] == "rendered_by_probe"
     result = await probe_result(rig, asset_id)
+    assert result["enrichment"] == "inline" and result["enrich_failed"] == []
+    assert set(result["enriched"]) == set(first["optional_outputs"])
     assert result["fast_path"] is True and result["decision"] == "allow"
     assert sorted(result["made"]) == ["playback", "poster"] and result["failed"] == []
     assert result["frames"] >= 3
     phases = [p["phase"] for p in result["phases"]]
     for phase in ("probe", "decode_check_and_frames", "moderation", "render", "record"):
         assert phase in phases
-    assert phases[-1] == "publish"
+    assert phases[-2:] == ["publish", "enrichment"]
     # A remux's poster is a frame the pass over the source took: the render only copied.
     assert "poster" in phases
     assert "frames" in result["processes"] and "package" in result["processes"]
@@ -233,13 +243,16 @@ async def test_a_second_delivery_of_the_probe_adds_nothing(rig: Rig, source: byt
     outcomes = sorted(r["outcome"] for r in results)
     assert outcomes.count("processing") == 1, results
     assert results[-1]["outcome"] == "already_probed"
+    # One revision from the probe, released once; the delivery that made it went on with
+    # the enrichment (revision 2, released once).
     revisions = await rig.revisions(asset_id)
-    assert [r["revision"] for r in revisions] == [1]
-    assert revisions[0]["status"] == "READY"
-    assert (
-        await rig.pool.fetchval("SELECT count(*) FROM releases WHERE asset_id = $1", asset_id) == 1
+    assert [r["revision"] for r in revisions] == [1, 2]
+    assert revisions[0]["status"] == "SUPERSEDED" and revisions[1]["enriches"] == 1
+    released = await rig.pool.fetch(
+        "SELECT revision FROM releases WHERE asset_id = $1 ORDER BY revision", asset_id
     )
-    assert (await rig.asset(asset_id))["status"] == "PLAYABLE"
+    assert [r["revision"] for r in released] == [1, 2]
+    assert (await rig.asset(asset_id))["status"] == "ENRICHED"
 
 
 async def test_without_the_fast_path_the_queue_path_still_publishes(
@@ -483,7 +496,8 @@ async def test_a_transcodes_ladder_takes_its_top_rung_from_the_published_playbac
     async with running_worker(rig):
         await rig.wait("SELECT 1 FROM assets WHERE status = 'ENRICHED'", timeout=120)
         await rig.wait_idle(asset_id)
-    # The top rung (240p) encoded once, for the playback; the ladder's run encodes the rest.
+    # The top rung (240p) encoded once, for the playback; the ladder's run (the enrichment,
+    # in the probe job) encodes the rest.
     top = [names for names in encoded if names]
     assert top == [["240p"], ["180p"]], encoded
     # And the ladder is whole and aligned, the reused rung with the encoded one.

@@ -13,3 +13,11 @@ $$;
 CREATE TRIGGER webhook_receivers_changed
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON webhook_receivers
     FOR EACH STATEMENT EXECUTE FUNCTION webhook_receivers_notify();
+
+-- A job inserted held back for the job whose work it stands for (store/job_types.py
+-- ``held_by``: a fast-path probe makes the enrichment its revision's render job would make,
+-- pipeline/inline_enrichment.py). Should that job's lease expire (its worker died) or be
+-- given back (a drain), the held job is due at once (the ``reap`` and ``release``
+-- statements) instead of when its hold ends.
+ALTER TABLE jobs ADD COLUMN held_by bigint;
+CREATE INDEX jobs_held_by ON jobs (held_by) WHERE held_by IS NOT NULL AND status = 'waiting';
