@@ -241,6 +241,8 @@ class ProbeStage:
         (``inline_enrichment``); 0: it is queued as ever. Only for an allowed revision with
         its required set made, and not under backlog pressure, where the optional outputs
         wait for the queue to drain (``render_stage``)."""
+        if not self.services.config.media.enrich_in_probe:
+            return 0.0
         if not _allowed(made.decision) or made.failed or made.verdict.media is None:
             return 0.0
         if made.plan is None or made.plan.chunking is not None or await seams.deferring():

@@ -276,6 +276,30 @@ async def test_without_the_fast_path_the_queue_path_still_publishes(
         assert (await rig.asset(asset_id))["probe"]["decode_check"] == "sampled"
 
 
+async def test_with_the_enrichment_left_to_its_render_job_that_job_makes_it(
+    config: Config, pool: Pool, tmp_path: Path, source: bytes
+) -> None:
+    import msgspec
+
+    async with make_rig(config, pool, tmp_path) as rig:
+        rig.config = msgspec.structs.replace(
+            rig.config, media=msgspec.structs.replace(rig.config.media, enrich_in_probe=False)
+        )
+        asset_id = await rig.quarantine(source)
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig):
+            await rig.wait("SELECT 1 FROM assets WHERE status = 'ENRICHED'")
+            await rig.wait_idle(asset_id)
+        result = await probe_result(rig, asset_id)
+        assert result["fast_path"] is True and "enrichment" not in result
+        render = await rig.pool.fetchrow(
+            "SELECT attempts, result FROM job_history WHERE kind = 'render'"
+            " AND payload->>'asset_id' = $1",
+            str(asset_id),
+        )
+        assert render["attempts"] == 1 and render["result"]["outcome"] == "rendered"
+
+
 async def test_a_delete_during_the_fast_path_publishes_nothing(
     rig: Rig, source: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
