@@ -84,6 +84,12 @@ FULL = "full"
 LEASE_MARGIN_SECONDS = 5.0
 
 
+def fenced_deadline(sent: float, lease_left: float | None) -> float:
+    """Until when (monotonic) a lease whose time left was read by a statement sent at
+    ``sent`` surely stays this delivery's (``LEASE_MARGIN_SECONDS`` not relied on)."""
+    return sent + float(lease_left or 0.0) - LEASE_MARGIN_SECONDS
+
+
 @dataclass
 class Phases:
     """Each phase of the fast path: its start (seconds after the job's own start) and
@@ -123,12 +129,19 @@ class FastPath:
     """Runs the frames pass and the required set at once; records nothing (the probe
     stage records what it made, ``ProbeStage.start_revision``)."""
 
-    def __init__(self, services: MediaServices, moderation: ModerationStage) -> None:
+    def __init__(
+        self,
+        services: MediaServices,
+        moderation: ModerationStage,
+        *,
+        fenced_until: float = float("-inf"),
+    ) -> None:
         self.services = services
         self.moderation = moderation
         # Until when (monotonic) this delivery is known to hold its lease, the asset having
-        # been in PROBING: the last check's answer (``_store``).
-        self._fenced_until = float("-inf")
+        # been in PROBING: the last check's answer (``_check``), or the probe's move to
+        # PROBING, which checks the lease with it.
+        self._fenced_until = fenced_until
 
     async def make(
         self,
@@ -361,7 +374,7 @@ class FastPath:
             )
         if not got["probing"]:
             raise StaleStateError(f"asset {asset['id']} is no longer PROBING: not ours to store")
-        self._fenced_until = sent + float(got["lease_left"] or 0.0) - LEASE_MARGIN_SECONDS
+        self._fenced_until = fenced_deadline(sent, got["lease_left"])
 
     async def _ask(
         self, asset: asyncpg.Record, revision: int, verdict: Verdict, frames: list[Frame]

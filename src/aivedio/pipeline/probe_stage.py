@@ -22,7 +22,6 @@ again.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -38,7 +37,7 @@ from aivedio.config.media import MediaConfig
 from aivedio.errors import AivedioError, DeferredError, StaleStateError
 from aivedio.logs import get_logger
 from aivedio.pipeline import chunk_pieces, media_objects
-from aivedio.pipeline.fast_path import FastPath, Made, Phases
+from aivedio.pipeline.fast_path import FastPath, Made, Phases, fenced_deadline
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import MIME, PRIMARY, OutputRecord
 from aivedio.pipeline.ffmpeg.verdict import verdict_json
@@ -55,7 +54,7 @@ from aivedio.pipeline.upkeep.lifecycle import retire_if_cancelled
 from aivedio.states import Entity
 from aivedio.store import asset_variants, media_assets, outbox, revision_rows
 from aivedio.store.objects import keys
-from aivedio.store.queue import Job, JobSpec
+from aivedio.store.queue import Job, JobSpec, lease_left_part, write_fenced
 from aivedio.store.records import stale, transition, transition_part
 from aivedio.store.together import Part, write_together
 
@@ -92,16 +91,12 @@ class ProbeStage:
             self.services.pool, asset_id, retain_days=retain_days
         ):
             return {"outcome": "cancelled", "source_retained": True}
+        fenced_until = float("-inf")
         if asset["status"] == "QUARANTINED":
-            async with media_assets.connection(self.services.pool, "starting the probe") as conn:
-                # Another delivery of this job may have moved it first: PROBING either way.
-                with contextlib.suppress(StaleStateError):
-                    await transition(
-                        conn, Entity.ASSET, (asset_id,), expected="QUARANTINED", new="PROBING"
-                    )
+            fenced_until = await self._start_probing(job, asset_id)
         try:
             await self.poison.refuse_poison(job, asset_id, seams, known=asset["media_crashes"])
-            return await self._probe(job, asset, seams)
+            return await self._probe(job, asset, seams, fenced_until)
         except DeferredError:
             raise
         except AivedioError as exc:
@@ -110,6 +105,25 @@ class ProbeStage:
                 with anyio.CancelScope(shield=True):
                     await self._probe_failed(asset_id, exc)
             raise
+
+    async def _start_probing(self, job: Job, asset_id: uuid.UUID) -> float:
+        """QUARANTINED → PROBING (another delivery of this job may have moved it first:
+        PROBING either way), the job's lease checked in the same statement: until when
+        (monotonic) this delivery surely holds its lease with the asset in PROBING, so that
+        the fast path's stores before then need no check of their own (``FastPath``)."""
+        sent = time.monotonic()
+        parts = {
+            "move": transition_part(
+                Entity.ASSET, (asset_id,), expected="QUARANTINED", new="PROBING"
+            ),
+            "probing": media_assets.still_probing_part(asset_id),
+            "lease_left": lease_left_part(job),
+        }
+        async with media_assets.connection(self.services.pool, "starting the probe") as conn:
+            got = await write_fenced(conn, job, parts, "starting the probe")
+        if not (got["move"] or got["probing"]):
+            return float("-inf")
+        return fenced_deadline(sent, got["lease_left"])
 
     async def _probe_failed(self, asset_id: uuid.UUID, exc: AivedioError) -> None:
         async with media_assets.connection(
@@ -137,7 +151,9 @@ class ProbeStage:
             detail=exc.detail[:300],
         )
 
-    async def _probe(self, job: Job, asset: asyncpg.Record, seams: WorkerSeams) -> dict[str, Any]:
+    async def _probe(
+        self, job: Job, asset: asyncpg.Record, seams: WorkerSeams, fenced_until: float
+    ) -> dict[str, Any]:
         asset_id: uuid.UUID = asset["id"]
         media = self.services.config.media
         phases = Phases()
@@ -179,7 +195,8 @@ class ProbeStage:
             assert seams.moderation is not None
             revision = int(asset["next_revision"])
             async with self.poison.watch_crashes(job, asset_id, run, seams):
-                made = await FastPath(self.services, seams.moderation).make(
+                fast_path = FastPath(self.services, seams.moderation, fenced_until=fenced_until)
+                made = await fast_path.make(
                     job, run, asset, revision, phases, ask=self._moderates_here()
                 )
             verdict = verdict_json(made.verdict)
