@@ -353,6 +353,10 @@ class FastPath:
             stored.append(record)
         return stored
 
+    @property
+    def fenced_until(self) -> float:
+        return self._fenced_until
+
     async def _check(self, job: Job, asset: asyncpg.Record) -> None:
         """That this delivery holds the job's lease and the asset is in PROBING, and until
         when the lease surely stays its own: no other delivery can have the job before the

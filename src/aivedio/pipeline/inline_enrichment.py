@@ -17,13 +17,15 @@ one statement fenced by the probe job's lease. The revision is then looked at ag
 render job would look at it (``Revisions.check_revision``), and the enrichment is published
 in the job.
 
-Guarantees. Nothing here is recorded unless the probe job still holds its lease; the held
-job is the crash recovery: should the probe worker die, stall or be drained, the job comes
-back by itself when its hold ends and renders whatever is still pending with its own retry
-rules. The work here is bounded to end before that (and before the probe job's deadline),
-so the held job and this run never render the same revision at once: no revision lock is
-needed. An output that fails here, or a run that cannot finish in time, wakes the held job
-at once instead of finishing it.
+Guarantees. Nothing here is recorded unless the probe job still holds its lease. The held
+job is the crash recovery: the reaper makes it due once the probe job's lease expired (its
+worker died or stalled), the drain's release once it was given back, and at the latest it
+comes back when its hold ends; then it renders whatever is still pending by its own rules.
+The work here is bounded to end before the hold (and the probe job's deadline), and no
+output is uploaded here but within the lease's time as last read (the rule of the fast
+path's own stores, ``fast_path.fenced_deadline``), so the held job and this run never write
+one revision's keys at once: no revision lock is taken. An output that fails here, a run
+that cannot finish in time or an interrupted job wakes the held job at once.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from typing import Any
 import anyio
 import asyncpg
 
-from aivedio.errors import AivedioError
+from aivedio.errors import AivedioError, LeaseLostError
 from aivedio.logs import get_logger
 from aivedio.pipeline import media_objects
+from aivedio.pipeline.fast_path import fenced_deadline
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord
 from aivedio.pipeline.media.plan import Plan
@@ -46,7 +49,7 @@ from aivedio.pipeline.media_seams import WorkerSeams
 from aivedio.pipeline.revisions import Revisions
 from aivedio.store import asset_variants, media_assets
 from aivedio.store.objects import keys
-from aivedio.store.queue import Job, write_fenced
+from aivedio.store.queue import Job, lease_left_part, write_fenced
 from aivedio.store.together import Part
 
 log = get_logger("aivedio.media")
@@ -71,6 +74,8 @@ class InlineEnrichment:
     def __init__(self, revisions: Revisions) -> None:
         self.revisions = revisions
         self.services = revisions.services
+        # Until when (monotonic) the probe job's lease surely stays this delivery's.
+        self._fenced_until = float("-inf")
 
     async def run(
         self,
@@ -84,11 +89,13 @@ class InlineEnrichment:
         seams: WorkerSeams,
         *,
         hold: float,
+        fenced_until: float,
     ) -> dict[str, Any]:
         """The outcome for the probe job's result. ``pending``: the outputs the revision's
         record left PENDING (held for this job); ``hold``: the held job's hold, in seconds
         from the record. Interrupted (a drain, a lease lost, the database), the held job is
         woken on the way out: it does what is left now, not when its hold ends."""
+        self._fenced_until = fenced_until
         try:
             return await self._run(job, run, asset, revision, plan, pending, held_key, seams, hold)
         except BaseException:
@@ -117,7 +124,17 @@ class InlineEnrichment:
         prefix = keys.revision_prefix(asset["tenant_id"], asset_id, revision)
         made: list[OutputRecord] = []
 
+        lost: list[LeaseLostError] = []  # the run fails the node; the job is what ends
+
         async def store(record: OutputRecord) -> None:
+            if lost:
+                raise lost[0]
+            if time.monotonic() >= self._fenced_until:
+                try:
+                    await self._check_lease(job)
+                except LeaseLostError as exc:
+                    lost.append(exc)
+                    raise
             await media_objects.upload_and_verify(
                 self.services.store, prefix, run.layout.out, record
             )
@@ -132,6 +149,10 @@ class InlineEnrichment:
             with anyio.fail_after(budget):
                 report = await run.run(wants=list(pending), plan=plan)
             failed = sorted(n.name for n in report.failed())
+            if lost:
+                raise lost[0]
+        except LeaseLostError:
+            raise  # this delivery is no longer the one: nothing more of it (woken below)
         except (AivedioError, TimeoutError, OSError) as exc:
             log.warning(
                 "enrichment_left_to_render_job",
@@ -192,6 +213,18 @@ class InlineEnrichment:
         async with media_assets.connection(self.services.pool, "recording outputs") as conn:
             got = await write_fenced(conn, job, parts, "recording the enrichment's outputs")
         return set(asset_variants.moved(got)) if made else set()
+
+    async def _check_lease(self, job: Job) -> None:
+        """That this delivery still holds the probe job's lease, and until when it surely
+        will (``fast_path.fenced_deadline``): the held job cannot come back before then, so
+        no render job writes these keys while this one does. As the fast path's stores: a
+        delivery that lost its lease (it stalled, and the held job may be rendering) never
+        writes its outputs; one within its lease's time needs no check per output."""
+        sent = time.monotonic()
+        parts = {"lease_left": lease_left_part(job)}
+        async with media_assets.connection(self.services.pool, "checking the lease") as conn:
+            got = await write_fenced(conn, job, parts, "checking the probe job's lease")
+        self._fenced_until = fenced_deadline(sent, got["lease_left"])
 
     async def _wake(self, key: str, asset_id: uuid.UUID, revision: int, why: str) -> None:
         """The held job now, rather than when its hold ends (at worst it ends by itself)."""

@@ -235,7 +235,16 @@ class ProbeStage:
                 enrichment = InlineEnrichment(self.revisions)
                 result.update(
                     await enrichment.run(
-                        job, run, asset, revision, made.plan, pending, key, seams, hold=hold
+                        job,
+                        run,
+                        asset,
+                        revision,
+                        made.plan,
+                        pending,
+                        key,
+                        seams,
+                        hold=hold,
+                        fenced_until=fast_path.fenced_until,
                     )
                 )
                 phases.add("enrichment", started)

@@ -592,3 +592,76 @@ async def test_a_tenant_with_normalization_off_keeps_its_audio_on_the_fast_path(
         assert first["plan"]["loudness"]["integrated_lufs"] > -10
         published = await _published_playback(rig, asset_id, tmp_path)
         assert mf.stream_md5(published, "0:a:0") == mf.stream_md5(source, "0:a:0")
+
+
+async def test_an_inline_enrichment_that_lost_its_lease_writes_nothing_and_wakes_its_job(
+    rig: Rig,
+) -> None:
+    # The probe job stalled past its lease (the reaper may have woken the held render job,
+    # which may be rendering this revision): its enrichment, whose lease window has passed,
+    # checks before its first upload, stores nothing and wakes the held job.
+    from types import SimpleNamespace
+
+    from aivedio.errors import LeaseLostError
+    from aivedio.pipeline.inline_enrichment import InlineEnrichment
+    from aivedio.pipeline.media_seams import WorkerSeams
+    from aivedio.store.job_types import JobSpec
+
+    asset_id = await rig.quarantine(b"not read: the run is a stand-in")
+    await rig.enqueue_probe(asset_id)
+    queue = Queue(rig.pool)
+    (job,) = await queue.claim("media", 1, "test", 60)
+    held = JobSpec(
+        kind="render",
+        lane="media",
+        idempotency_key=f"render:{asset_id}:1:hls:v1",
+        payload={"asset_id": str(asset_id), "revision": 1, "variant_type": "hls"},
+        held_seconds=3600,
+        held_by=job.id,
+    )
+    async with rig.pool.acquire() as conn:
+        await queue.enqueue(conn, [held])
+    await rig.pool.execute("UPDATE jobs SET lease_token = lease_token + 1 WHERE id = $1", job.id)
+    asset = await rig.pool.fetchrow("SELECT id, tenant_id FROM assets WHERE id = $1", asset_id)
+    made: list[str] = []
+
+    class Run:
+        layout = SimpleNamespace(out=Path("/nonexistent"))
+        on_done: Any = None
+        report = None
+
+        async def run(self, wants: list[str], plan: Any) -> Any:
+            from aivedio.pipeline.ffmpeg.outputs import OutputFile, OutputRecord
+
+            record = OutputRecord(
+                variant_type="hls",
+                primary="hls/master.m3u8",
+                files=[OutputFile(path="hls/master.m3u8", size=1, sha256="0" * 64, mime="x")],
+                required=False,
+            )
+            await self.on_done(record)
+            made.append(record.variant_type)
+
+    plan = SimpleNamespace(top=SimpleNamespace(copy=True))
+    async with open_media_stage(rig.config, rig.pool, queue, rig.store) as media:
+        enrichment = InlineEnrichment(media.revisions)
+        with pytest.raises(LeaseLostError):
+            await enrichment.run(
+                job,
+                Run(),  # type: ignore[arg-type]
+                asset,
+                1,
+                plan,  # type: ignore[arg-type]
+                ["hls"],
+                held.idempotency_key,
+                WorkerSeams(),
+                hold=3600,
+                fenced_until=float("-inf"),
+            )
+    assert made == []
+    prefix = keys.revision_prefix(rig.tenant_id, asset_id, 1)
+    assert [info async for info in rig.store.list(prefix + "/")] == []
+    status = await rig.pool.fetchval(
+        "SELECT status FROM jobs WHERE idempotency_key = $1", held.idempotency_key
+    )
+    assert status == "queued"  # woken: it renders now, by its own rules
