@@ -141,6 +141,7 @@ class InlineEnrichment:
             made.append(record)
 
         run.on_done = store
+        earlier = len(run.report.processes) if run.report is not None else 0
         if not plan.top.copy and run.layout.rung_video(plan.top).exists():
             # The playback's encode IS the top rung's (one x264 pass): the ladder takes it.
             run.encoded_rungs.add(plan.top.name)
@@ -167,7 +168,8 @@ class InlineEnrichment:
             seams.metrics.media_processed(
                 plan.path,
                 plan.mode,
-                sum(p.wall_seconds for p in run.report.processes) if run.report else 0.0,
+                # This run's processes only: the probe counted the ones before.
+                sum(p.wall_seconds for p in run.report.processes[earlier:]) if run.report else 0.0,
                 plan.duration_seconds,
             )
         done = [r.variant_type for r in made]
