@@ -10,6 +10,10 @@ Real ``aivedio worker`` processes on real PostgreSQL, the local store and real f
   test holds the ``releases`` table, so the publish waits inside its transaction), then
   the worker dies and its connections are ended.
 
+* killed mid-enrichment: the probe job published the required set and goes on with the
+  optional outputs from its scratch, the revision's render job held for it: the expired
+  lease makes the held job due, and it renders them.
+
 Each time a second worker finishes: exactly one release of revision 1, the asset
 ENRICHED (its enrichment published as revision 2), no dead job.
 """
@@ -221,3 +225,43 @@ async def test_killed_between_the_verdict_and_the_publish(
     assert not await rig.pool.fetchval("SELECT count(*) FROM releases")
     workers.append(WorkerProcess(config, tmp_path / "survivor.log"))
     await published_once(rig, asset_id)
+
+
+@pytest.mark.timeout(180)
+async def test_killed_mid_enrichment_in_the_probe_job(
+    rig: Rig, database: str, tmp_path: Path, workers: list[WorkerProcess], long_source: bytes
+) -> None:
+    config, doomed, asset_id = await doomed_worker_with_its_asset(
+        rig, database, tmp_path, workers, long_source
+    )
+    # Published by the probe job, which renders the ladder and keyframes next.
+    await rig.wait(
+        "SELECT 1 FROM assets WHERE id = $1 AND status = 'PLAYABLE'", asset_id, timeout=90
+    )
+    doomed.kill()
+    assert not alive(doomed.proc.pid)
+    assert (await rig.asset(asset_id))["status"] == "PLAYABLE"
+    probe_id = await rig.pool.fetchval(
+        "SELECT id FROM jobs WHERE kind = 'probe' AND payload->>'asset_id' = $1", str(asset_id)
+    )
+    held = await rig.pool.fetchrow(
+        "SELECT status, held_by FROM jobs WHERE kind = 'render' AND payload->>'asset_id' = $1",
+        str(asset_id),
+    )
+    assert held["status"] == "waiting" and held["held_by"] == probe_id
+    workers.append(WorkerProcess(config, tmp_path / "survivor.log"))
+    await published_once(rig, asset_id)
+    # The held job came back when the probe's lease expired (not when its hold would end)
+    # and made the enrichment; the probe's second delivery found the asset published.
+    render = await rig.pool.fetchrow(
+        "SELECT attempts, result FROM job_history WHERE kind = 'render'"
+        " AND payload->>'asset_id' = $1",
+        str(asset_id),
+    )
+    assert render["attempts"] == 1 and render["result"]["outcome"] == "rendered"
+    probe = await rig.pool.fetchrow(
+        "SELECT attempts, result FROM job_history WHERE kind = 'probe'"
+        " AND payload->>'asset_id' = $1",
+        str(asset_id),
+    )
+    assert probe["attempts"] == 2 and probe["result"]["outcome"] == "already_probed"

@@ -126,6 +126,12 @@ class MediaConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     # and its moderation in the probe job, published in that job. Off: a render job, then a
     # moderate job, then the publish, as separate jobs.
     fast_path: bool = True
+    # On the fast path, the optional outputs made by the probe job after its publish, from
+    # the same scratch, their render job held meanwhile (pipeline/inline_enrichment.py):
+    # fewer jobs and statements per asset and ENRICHED sooner, but under a burst each
+    # asset's enrichment takes its media slot before the next asset's probe (PLAYABLE
+    # later for the queue; backlog pressure turns it off by itself). Off: a render job.
+    enrich_in_probe: bool = True
     tolerances: dict[str, ToleranceConfig] = msgspec.field(default_factory=dict)
     # Plan and outputs.
     ladder: list[RungConfig] = msgspec.field(default_factory=_default_ladder)

@@ -73,12 +73,21 @@ from aivedio.pipeline.moderation import (
 )
 from aivedio.store import media_assets
 from aivedio.store.objects import keys
-from aivedio.store.queue import Job, write_fenced
+from aivedio.store.queue import Job, lease_left_part, write_fenced
 
 log = get_logger("aivedio.media")
 
 # The decode check the frames pass amounts to (a whole decode under -xerror).
 FULL = "full"
+# Stores of one job within its lease as read by the last check need no check of their own;
+# this much of what was left is not relied on (the statement's own time, clock rates).
+LEASE_MARGIN_SECONDS = 5.0
+
+
+def fenced_deadline(sent: float, lease_left: float | None) -> float:
+    """Until when (monotonic) a lease whose time left was read by a statement sent at
+    ``sent`` surely stays this delivery's (``LEASE_MARGIN_SECONDS`` not relied on)."""
+    return sent + float(lease_left or 0.0) - LEASE_MARGIN_SECONDS
 
 
 @dataclass
@@ -120,9 +129,19 @@ class FastPath:
     """Runs the frames pass and the required set at once; records nothing (the probe
     stage records what it made, ``ProbeStage.start_revision``)."""
 
-    def __init__(self, services: MediaServices, moderation: ModerationStage) -> None:
+    def __init__(
+        self,
+        services: MediaServices,
+        moderation: ModerationStage,
+        *,
+        fenced_until: float = float("-inf"),
+    ) -> None:
         self.services = services
         self.moderation = moderation
+        # Until when (monotonic) this delivery is known to hold its lease, the asset having
+        # been in PROBING: the last check's answer (``_check``), or the probe's move to
+        # PROBING, which checks the lease with it.
+        self._fenced_until = fenced_until
 
     async def make(
         self,
@@ -310,15 +329,8 @@ class FastPath:
         stored is left to the render job (as one the run failed)."""
         if not records:
             return []
-        async with media_assets.connection(self.services.pool, "checking the probe") as conn:
-            got = await write_fenced(
-                conn,
-                job,
-                {"probing": media_assets.still_probing_part(asset["id"])},
-                "checking the probe is still this delivery's",
-            )
-        if not got["probing"]:
-            raise StaleStateError(f"asset {asset['id']} is no longer PROBING: not ours to store")
+        if time.monotonic() >= self._fenced_until:
+            await self._check(job, asset)
         prefix = keys.revision_prefix(asset["tenant_id"], asset["id"], revision)
         stored = []
         for record in records:
@@ -340,6 +352,33 @@ class FastPath:
                 continue
             stored.append(record)
         return stored
+
+    @property
+    def fenced_until(self) -> float:
+        return self._fenced_until
+
+    async def _check(self, job: Job, asset: asyncpg.Record) -> None:
+        """That this delivery holds the job's lease and the asset is in PROBING, and until
+        when the lease surely stays its own: no other delivery can have the job before the
+        lease ends (the reaper waits for that), and only a delivery of this job records a
+        revision. So the stores of one job (the required set, the poster after the frames
+        pass, a playback made again) cost one check, not one each. An asset deleted in
+        between gets no revision (the record's compare-and-set on PROBING fails) and the
+        objects stored meanwhile are the sweeper's GC's, as those of a delivery that died."""
+        sent = time.monotonic()
+        async with media_assets.connection(self.services.pool, "checking the probe") as conn:
+            got = await write_fenced(
+                conn,
+                job,
+                {
+                    "probing": media_assets.still_probing_part(asset["id"]),
+                    "lease_left": lease_left_part(job),
+                },
+                "checking the probe is still this delivery's",
+            )
+        if not got["probing"]:
+            raise StaleStateError(f"asset {asset['id']} is no longer PROBING: not ours to store")
+        self._fenced_until = fenced_deadline(sent, got["lease_left"])
 
     async def _ask(
         self, asset: asyncpg.Record, revision: int, verdict: Verdict, frames: list[Frame]

@@ -22,7 +22,6 @@ again.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -38,10 +37,11 @@ from aivedio.config.media import MediaConfig
 from aivedio.errors import AivedioError, DeferredError, StaleStateError
 from aivedio.logs import get_logger
 from aivedio.pipeline import chunk_pieces, media_objects
-from aivedio.pipeline.fast_path import FastPath, Made, Phases
+from aivedio.pipeline.fast_path import FastPath, Made, Phases, fenced_deadline
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import MIME, PRIMARY, OutputRecord
 from aivedio.pipeline.ffmpeg.verdict import verdict_json
+from aivedio.pipeline.inline_enrichment import InlineEnrichment, hold_seconds
 from aivedio.pipeline.jobs import moderate_spec
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.validate import MediaSummary
@@ -54,7 +54,7 @@ from aivedio.pipeline.upkeep.lifecycle import retire_if_cancelled
 from aivedio.states import Entity
 from aivedio.store import asset_variants, media_assets, outbox, revision_rows
 from aivedio.store.objects import keys
-from aivedio.store.queue import Job, JobSpec
+from aivedio.store.queue import Job, JobSpec, lease_left_part, write_fenced
 from aivedio.store.records import stale, transition, transition_part
 from aivedio.store.together import Part, write_together
 
@@ -91,16 +91,12 @@ class ProbeStage:
             self.services.pool, asset_id, retain_days=retain_days
         ):
             return {"outcome": "cancelled", "source_retained": True}
+        fenced_until = float("-inf")
         if asset["status"] == "QUARANTINED":
-            async with media_assets.connection(self.services.pool, "starting the probe") as conn:
-                # Another delivery of this job may have moved it first: PROBING either way.
-                with contextlib.suppress(StaleStateError):
-                    await transition(
-                        conn, Entity.ASSET, (asset_id,), expected="QUARANTINED", new="PROBING"
-                    )
+            fenced_until = await self._start_probing(job, asset_id)
         try:
             await self.poison.refuse_poison(job, asset_id, seams, known=asset["media_crashes"])
-            return await self._probe(job, asset, seams)
+            return await self._probe(job, asset, seams, fenced_until)
         except DeferredError:
             raise
         except AivedioError as exc:
@@ -109,6 +105,25 @@ class ProbeStage:
                 with anyio.CancelScope(shield=True):
                     await self._probe_failed(asset_id, exc)
             raise
+
+    async def _start_probing(self, job: Job, asset_id: uuid.UUID) -> float:
+        """QUARANTINED → PROBING (another delivery of this job may have moved it first:
+        PROBING either way), the job's lease checked in the same statement: until when
+        (monotonic) this delivery surely holds its lease with the asset in PROBING, so that
+        the fast path's stores before then need no check of their own (``FastPath``)."""
+        sent = time.monotonic()
+        parts = {
+            "move": transition_part(
+                Entity.ASSET, (asset_id,), expected="QUARANTINED", new="PROBING"
+            ),
+            "probing": media_assets.still_probing_part(asset_id),
+            "lease_left": lease_left_part(job),
+        }
+        async with media_assets.connection(self.services.pool, "starting the probe") as conn:
+            got = await write_fenced(conn, job, parts, "starting the probe")
+        if not (got["move"] or got["probing"]):
+            return float("-inf")
+        return fenced_deadline(sent, got["lease_left"])
 
     async def _probe_failed(self, asset_id: uuid.UUID, exc: AivedioError) -> None:
         async with media_assets.connection(
@@ -136,7 +151,9 @@ class ProbeStage:
             detail=exc.detail[:300],
         )
 
-    async def _probe(self, job: Job, asset: asyncpg.Record, seams: WorkerSeams) -> dict[str, Any]:
+    async def _probe(
+        self, job: Job, asset: asyncpg.Record, seams: WorkerSeams, fenced_until: float
+    ) -> dict[str, Any]:
         asset_id: uuid.UUID = asset["id"]
         media = self.services.config.media
         phases = Phases()
@@ -178,7 +195,8 @@ class ProbeStage:
             assert seams.moderation is not None
             revision = int(asset["next_revision"])
             async with self.poison.watch_crashes(job, asset_id, run, seams):
-                made = await FastPath(self.services, seams.moderation).make(
+                fast_path = FastPath(self.services, seams.moderation, fenced_until=fenced_until)
+                made = await fast_path.make(
                     job, run, asset, revision, phases, ask=self._moderates_here()
                 )
             verdict = verdict_json(made.verdict)
@@ -192,6 +210,7 @@ class ProbeStage:
                     sum(p.wall_seconds for p in run.report.processes),
                     made.plan.duration_seconds,
                 )
+            hold = await self._inline_hold(made, seams)
             started = time.monotonic()
             result = await self.start_revision(
                 asset,
@@ -202,11 +221,33 @@ class ProbeStage:
                 media.pipeline_version,
                 made=made.outputs,
                 decision=made.decision,
+                hold=hold,
             )
             phases.add("record", started)
-        started = time.monotonic()
-        await self._after_fast(job, asset, revision, made, seams)
-        phases.add("publish" if _allowed(made.decision) else "verdict", started)
+            started = time.monotonic()
+            held = result.pop("held", None)
+            await self._after_fast(job, asset, revision, made, seams, follows=held is not None)
+            phases.add("publish" if _allowed(made.decision) else "verdict", started)
+            if held is not None:
+                # The enrichment from the same scratch, its render job held meanwhile.
+                started = time.monotonic()
+                pending, key = held
+                enrichment = InlineEnrichment(self.revisions)
+                result.update(
+                    await enrichment.run(
+                        job,
+                        run,
+                        asset,
+                        revision,
+                        made.plan,
+                        pending,
+                        key,
+                        seams,
+                        hold=hold,
+                        fenced_until=fast_path.fenced_until,
+                    )
+                )
+                phases.add("enrichment", started)
         result.update(
             fast_path=True,
             made=[r.variant_type for r in made.outputs],
@@ -221,6 +262,19 @@ class ProbeStage:
             result["moderation_unavailable"] = made.unavailable[:300]
         return result
 
+    async def _inline_hold(self, made: Made, seams: WorkerSeams) -> float:
+        """How long the revision's render job is held while this job makes the enrichment
+        (``inline_enrichment``); 0: it is queued as ever. Only for an allowed revision with
+        its required set made, and not under backlog pressure, where the optional outputs
+        wait for the queue to drain (``render_stage``)."""
+        if not self.services.config.media.enrich_in_probe:
+            return 0.0
+        if not _allowed(made.decision) or made.failed or made.verdict.media is None:
+            return 0.0
+        if made.plan is None or made.plan.chunking is not None or await seams.deferring():
+            return 0.0
+        return hold_seconds(render_timeout(self.services.config, made.verdict.media))
+
     def _moderates_here(self) -> bool:
         """Whether this worker runs the control lane, where moderate jobs run: only then
         does its probe ask the moderator. A media-only node (``slots = 0`` for the other
@@ -229,7 +283,14 @@ class ProbeStage:
         return lane is not None and lane.slots > 0
 
     async def _after_fast(
-        self, job: Job, asset: asyncpg.Record, revision: int, made: Made, seams: WorkerSeams
+        self,
+        job: Job,
+        asset: asyncpg.Record,
+        revision: int,
+        made: Made,
+        seams: WorkerSeams,
+        *,
+        follows: bool = False,
     ) -> None:
         """After the fast path's record, which stored the decision in hand with the
         revision: an allow publishes in this job once the required set is complete (else
@@ -255,7 +316,7 @@ class ProbeStage:
             if here is not None and not made.failed:
                 # Both gates were opened by this job's own statement: no need to read them
                 # back (the publish checks everything again under its lock).
-                if await here.run(asset_id, revision):
+                if await here.run(asset_id, revision, enrichment_follows=follows):
                     return
                 here = None  # it could not publish now: the publish job does
             await publish_when_ready(
@@ -352,6 +413,7 @@ class ProbeStage:
         reprocess: bool = False,
         made: Sequence[OutputRecord] = (),
         decision: Decision | None = None,
+        hold: float = 0.0,
     ) -> dict[str, Any]:
         """The asset PROCESSING (a rebuild: its probe refreshed), a BUILDING revision, a
         variant per output and the jobs that make the rest, in one statement. ``made``:
@@ -449,7 +511,12 @@ class ProbeStage:
         # without a job that will make it.
         lead = [o for o in todo if o not in by_chunks][:1]
         timeout = render_timeout(self.services.config, summary)
-        specs += [render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
+        lead_specs = [render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
+        if hold > 0:  # made by this job meanwhile (``inline_enrichment``)
+            lead_specs = [
+                msgspec.structs.replace(s, held_seconds=hold, held_by=job.id) for s in lead_specs
+            ]
+        specs += lead_specs
         if "playback" in done and (decision is None or decision.decision == "reject"):
             # Moderation starts once the playback exists: a render that records it asks; the
             # playback made here with no decision in hand (the moderator was unavailable, or
@@ -463,8 +530,7 @@ class ProbeStage:
         # The asset's move, the revision, its outputs and jobs: one statement.
         async with media_assets.connection(self.services.pool, "starting a revision") as conn:
             got = await write_together(conn, parts, "starting a revision")
-        if jobs is not None:
-            jobs.made(got)
+        created = jobs.made(got) if jobs is not None else {}
         if not got["asset"] and reprocess:
             raise StaleStateError(f"asset {asset_id} disappeared")
         if not got["asset"]:
@@ -478,7 +544,11 @@ class ProbeStage:
             outputs=plan.outputs,
             job_id=job.id,
         )
-        return {
+        held = [s.idempotency_key for s in lead_specs if s.held_seconds]
+        answer: dict[str, Any] = {}
+        if held and held[0] in created:  # (pending outputs, the held job's key)
+            answer["held"] = ([o for o in todo if o not in by_chunks], held[0])
+        return answer | {
             "outcome": "processing",
             "revision": revision,
             "plan": plan.mode,

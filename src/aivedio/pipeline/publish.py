@@ -78,13 +78,27 @@ class InJobPublish:
     stage: PublishStage
     job: Job
 
-    async def run(self, asset_id: uuid.UUID, revision: int, *, enrich: bool = False) -> bool:
-        """Published (or found nothing to do) here: True; left to a job: False."""
+    async def run(
+        self,
+        asset_id: uuid.UUID,
+        revision: int,
+        *,
+        enrich: bool = False,
+        loaded: asyncpg.Record | None = None,
+        enrichment_follows: bool = False,
+    ) -> bool:
+        """Published (or found nothing to do) here: True; left to a job: False.
+        ``loaded``: the caller's ``publishing.load`` of the revision, read after its own
+        commit (the check that called for this), not read again. ``enrichment_follows``:
+        the caller renders the pending outputs next, their render job held for it, and
+        looks at the revision again after (``inline_enrichment``)."""
         try:
             if enrich:
-                await self.stage.enrich(self.job, asset_id, revision)
+                await self.stage.enrich(self.job, asset_id, revision, loaded)
             else:
-                await self.stage.publish(self.job, asset_id, revision)
+                await self.stage.publish(
+                    self.job, asset_id, revision, loaded, enrichment_follows=enrichment_follows
+                )
         except LeaseLostError:
             raise  # this job is no longer ours: neither is its publish
         except (AivedioError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
@@ -110,30 +124,41 @@ async def enrich_now_or_later(
     revision: int,
     tenant_id: int,
     here: InJobPublish | None,
+    loaded: asyncpg.Record | None = None,
 ) -> None:
     """Revision ``revision`` is published and all its outputs are done: its enrichment, here
-    or by a job."""
-    if here is not None and await here.run(asset_id, revision, enrich=True):
+    or by a job (``loaded``: see ``InJobPublish.run``)."""
+    if here is not None and await here.run(asset_id, revision, enrich=True, loaded=loaded):
         return
     async with acquired(pool) as conn:
         await queue.enqueue_one(conn, publish_spec(asset_id, revision, tenant_id, enrich=True))
 
 
 async def publish_when_ready(
-    pool: Pool, queue: Queue, asset_id: uuid.UUID, revision: int, here: InJobPublish | None = None
+    pool: Pool,
+    queue: Queue,
+    asset_id: uuid.UUID,
+    revision: int,
+    here: InJobPublish | None = None,
+    loaded: asyncpg.Record | None = None,
 ) -> bool:
     """Publish once both gates are open: the required set SUCCEEDED and the moderation
     verdict allow; here (``InJobPublish``) or by enqueueing the publish job. Called by each gate
     after its own commit, so the one that opens last always sees the other (READ
-    COMMITTED); the publish is idempotent and the job key makes the enqueue so."""
-    row = await publishing.gates(pool, asset_id, revision)
+    COMMITTED); the publish is idempotent and the job key makes the enqueue so.
+    ``loaded``: the caller's ``publishing.load`` after its commit, in which it found both
+    gates open (not read again)."""
+    if loaded is not None:
+        row: Any = publishing.gates_of(loaded)
+    else:
+        row = await publishing.gates(pool, asset_id, revision)
     if row is None or row["status"] not in ("BUILDING", "READY"):
         return False
     # READY: published already, maybe by a delivery of this gate's job that died before the
     # enrichment check that follows the commit; the publish (here or a job) checks again.
     if row["moderation_verdict"] != "allow" or not row["complete"]:
         return False
-    if here is not None and await here.run(asset_id, revision):
+    if here is not None and await here.run(asset_id, revision, loaded=loaded):
         return True
     async with acquired(pool) as conn:
         created = await queue.enqueue_one(conn, publish_spec(asset_id, revision, row["tenant_id"]))
@@ -228,8 +253,16 @@ class PublishStage:
 
     # -- publish -------------------------------------------------------------------------------
 
-    async def publish(self, job: Job, asset_id: uuid.UUID, revision_no: int) -> dict[str, Any]:
-        asset, revision, variants = await self._load(asset_id, revision_no)
+    async def publish(
+        self,
+        job: Job,
+        asset_id: uuid.UUID,
+        revision_no: int,
+        loaded: asyncpg.Record | None = None,
+        *,
+        enrichment_follows: bool = False,
+    ) -> dict[str, Any]:
+        asset, revision, variants = await self._load(asset_id, revision_no, loaded)
         if revision is None:
             return {"outcome": "no_such_revision"}
         if revision["status"] == "READY":
@@ -300,10 +333,11 @@ class PublishStage:
             outputs=outputs,
             state="ENRICHED" if enriched else "PLAYABLE",
         )
-        if not complete:
+        if not complete and not enrichment_follows:
             # Outputs still rendering are released later by an enrichment revision. The
             # render that finishes the last one enqueues it; checked here too, after our
             # commit, in case it finished while we published (the later check sees both).
+            # Not when this job renders them next: nothing else renders them meanwhile.
             log.info("enrichment_pending", asset_id=str(asset_id), revision=revision_no)
             pending = await publishing.pending_outputs(self.pool, asset_id, revision_no)
             if pending == 0:
@@ -340,9 +374,11 @@ class PublishStage:
 
     # -- enrichment ----------------------------------------------------------------------------
 
-    async def enrich(self, job: Job, asset_id: uuid.UUID, base_no: int) -> dict[str, Any]:
+    async def enrich(
+        self, job: Job, asset_id: uuid.UUID, base_no: int, loaded: asyncpg.Record | None = None
+    ) -> dict[str, Any]:
         """Publish revision n+1 = everything revision n finished, once all of it is done."""
-        asset, base, variants = await self._load(asset_id, base_no)
+        asset, base, variants = await self._load(asset_id, base_no, loaded)
         if base is None or base["status"] != "READY" or asset["current_revision"] != base_no:
             return {"outcome": "not_current"}
         if any(v["status"] == "PENDING" for v in variants):
@@ -410,11 +446,16 @@ class PublishStage:
     # -- helpers -------------------------------------------------------------------------------
 
     async def _load(
-        self, asset_id: uuid.UUID, revision_no: int
+        self, asset_id: uuid.UUID, revision_no: int, loaded: asyncpg.Record | None = None
     ) -> tuple[asyncpg.Record, Row | None, list[Row]]:
         """The asset, the revision and its outputs in one round trip (the revision and the
-        outputs as JSON objects: only their JSON-typed columns are read)."""
-        asset = await publishing.load(self.pool, asset_id, revision_no)
+        outputs as JSON objects: only their JSON-typed columns are read); ``loaded``: that
+        read, made by the caller after its own commit."""
+        asset = (
+            loaded
+            if loaded is not None
+            else await publishing.load(self.pool, asset_id, revision_no)
+        )
         if asset is None:
             raise StaleStateError(f"asset {asset_id} does not exist")
         return asset, asset["revision_row"], asset["variant_rows"]

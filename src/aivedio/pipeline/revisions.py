@@ -28,7 +28,7 @@ from aivedio.pipeline.media_seams import MediaServices
 from aivedio.pipeline.publish import InJobPublish, enrich_now_or_later, publish_when_ready
 from aivedio.scheduling import decide_retry
 from aivedio.states import Entity
-from aivedio.store import asset_variants, ledger, media_assets, revision_rows
+from aivedio.store import asset_variants, ledger, media_assets, publishing, revision_rows
 from aivedio.store.queue import Job, JobSpec
 from aivedio.store.records import transition
 
@@ -96,16 +96,20 @@ class Revisions:
         ``here``: the render job that checks, with its worker's publish stage: a publish or
         an enrichment the check calls for runs in it (``publish.InJobPublish``)."""
         asked = set() if asked is None else asked
-        rows = await revision_rows.outputs_state(self.services.pool, asset_id, revision)
-        if not rows:
+        state = await self._outputs_state(asset_id, revision, here)
+        if state is None:
             return
-        revision_status, tenant_id = rows[0]["revision_status"], rows[0]["tenant_id"]
-        required = set(rows[0]["required_outputs"])
-        status = {r["variant_type"]: r["status"] for r in rows}
+        revision_status, tenant_id, required, status, verdict, loaded = state
         if revision_status == "READY":
             if all(value != "PENDING" for value in status.values()):
                 await enrich_now_or_later(
-                    self.services.pool, self.services.queue, asset_id, revision, tenant_id, here
+                    self.services.pool,
+                    self.services.queue,
+                    asset_id,
+                    revision,
+                    tenant_id,
+                    here,
+                    loaded,
                 )
             return
         if revision_status != "BUILDING":
@@ -143,7 +147,6 @@ class Revisions:
             return
         # Moderation looks at the playback output: it starts as soon as that exists, in
         # parallel with the rest of the required set; not again once it has a verdict.
-        verdict = rows[0]["moderation_verdict"]
         if status.get("playback") == "SUCCEEDED" and verdict is None:
             await self.ask_moderation(asset_id, revision, tenant_id, asked)
         if verdict == "allow" and all(status.get(name) == "SUCCEEDED" for name in required):
@@ -151,8 +154,43 @@ class Revisions:
             # finishes last sees both gates open and enqueues the publish (idempotent). A
             # verdict not yet allow here is moderation's to act on once it commits.
             await publish_when_ready(
-                self.services.pool, self.services.queue, asset_id, revision, here
+                self.services.pool, self.services.queue, asset_id, revision, here, loaded
             )
+
+    async def _outputs_state(
+        self, asset_id: uuid.UUID, revision: int, here: InJobPublish | None
+    ) -> tuple[str, int, set[str], dict[str, str], str | None, asyncpg.Record | None] | None:
+        """The revision's status, tenant, required set, each output's status and verdict
+        (None when it has no outputs). A job that publishes here reads what its publish or
+        enrichment reads (``publishing.load``) and hands it on (``loaded``): one round trip
+        for the check and the publish, not two."""
+        if here is None:
+            rows = await revision_rows.outputs_state(self.services.pool, asset_id, revision)
+            if not rows:
+                return None
+            first = rows[0]
+            status = {r["variant_type"]: r["status"] for r in rows}
+            return (
+                first["revision_status"],
+                first["tenant_id"],
+                set(first["required_outputs"]),
+                status,
+                first["moderation_verdict"],
+                None,
+            )
+        loaded = await publishing.load(self.services.pool, asset_id, revision)
+        if loaded is None or loaded["revision_row"] is None or not loaded["variant_rows"]:
+            return None
+        row = loaded["revision_row"]
+        status = {v["variant_type"]: v["status"] for v in loaded["variant_rows"]}
+        return (
+            row["status"],
+            loaded["tenant_id"],
+            set(row["required_outputs"]),
+            status,
+            row["moderation_verdict"],
+            loaded,
+        )
 
     async def ask_moderation(
         self, asset_id: uuid.UUID, revision: int, tenant_id: int, asked: set[str]

@@ -10,11 +10,12 @@ cannot express.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+import msgspec
 
 from aivedio.states import Entity
 from aivedio.store.database import Connection, Pool, map_db_errors
@@ -190,6 +191,26 @@ async def fail_asset(
     check_transition(Entity.VARIANT, "PENDING", "FAILED")
     with map_db_errors("failing the asset's pending outputs"):
         return list(await conn.fetch(FAIL_ASSET, asset_id, extra))
+
+
+def succeed_parts(
+    asset_id: uuid.UUID, revision: int, columns: Sequence[Sequence[Any]]
+) -> dict[str, Part]:
+    """``succeed`` as parts of a caller's statement: ``recorded`` moves the rows,
+    ``recorded_types`` answers the variant types moved (``moved``)."""
+    check_transition(Entity.VARIANT, "PENDING", "SUCCEEDED")
+    return {
+        "recorded": Part(SUCCEED, (asset_id, revision, *columns, datetime.now(UTC))),
+        "recorded_types": Part(
+            "SELECT json_agg(variant_type)::text AS types FROM recorded", (), value="types"
+        ),
+    }
+
+
+def moved(got: Mapping[str, Any]) -> list[str]:
+    """The variant types ``succeed_parts`` moved, from the statement's answers."""
+    text = got.get("recorded_types")
+    return [str(name) for name in msgspec.json.decode(text)] if text else []
 
 
 async def succeed(

@@ -35,23 +35,27 @@ _KEYS = (
 )
 _JOBS = (
     "INSERT INTO jobs (id, kind, lane, idempotency_key, tenant_id, payload, status, priority,"
-    " expires_at, estimated_seconds, sort_at, max_attempts, timeout_seconds)"
-    " SELECT k.job_id, i.kind, i.lane, i.idempotency_key, i.tenant_id, i.payload, 'queued',"
+    " expires_at, estimated_seconds, sort_at, max_attempts, timeout_seconds, run_after,"
+    " held_by)"
+    " SELECT k.job_id, i.kind, i.lane, i.idempotency_key, i.tenant_id, i.payload,"
+    " CASE WHEN i.held > 0 THEN 'waiting' ELSE 'queued' END,"
     " i.priority, i.expires_at, i.estimated_seconds, i.sort_at, i.max_attempts,"
-    " i.timeout_seconds"
+    " i.timeout_seconds, now() + make_interval(secs => i.held), i.held_by"
     " FROM {keys} k JOIN unnest($1::text[], $2::text[], $3::text[], $4::bigint[],"
     " $5::jsonb[], $6::int[], $7::timestamptz[], $8::float8[], $9::timestamptz[], $10::int[],"
-    " $11::float8[]) AS i(kind, lane, idempotency_key, tenant_id, payload, priority,"
-    " expires_at, estimated_seconds, sort_at, max_attempts, timeout_seconds)"
+    " $11::float8[], $12::float8[], $13::bigint[]) AS i(kind, lane, idempotency_key,"
+    " tenant_id, payload, priority, expires_at, estimated_seconds, sort_at, max_attempts,"
+    " timeout_seconds, held, held_by)"
     " USING (idempotency_key)"
-    " RETURNING id, idempotency_key, lane"
+    " RETURNING id, idempotency_key, lane, status"
 )
+# A held job wakes nobody: it is due later, its enqueuer does its work meanwhile.
 _NOTIFY = (
     "SELECT pg_notify(CASE WHEN i.lane = ANY($1::text[]) THEN $2::text ELSE '"
     + SHARED_CHANNEL
     + "' END, CASE WHEN count(*) <= 64"
     " THEN i.lane || ':' || string_agg(i.id::text, ',' ORDER BY i.id) ELSE i.lane END)"
-    " FROM {jobs} i GROUP BY i.lane"
+    " FROM {jobs} i WHERE i.status = 'queued' GROUP BY i.lane"
 )
 _MADE = (
     "SELECT json_agg(json_build_array(i.idempotency_key, i.id, i.lane))::text AS made FROM {jobs} i"
@@ -108,6 +112,7 @@ class Enqueuing:
     lanes: list[str]
     private: list[str]
     local: LocalLanes | None = field(default=None, repr=False)
+    held: set[str] = field(default_factory=set)  # keys inserted held (announced to nobody)
 
     def made(self, got: dict[str, Any]) -> dict[str, tuple[int, str]]:
         """The jobs this statement created, by key: (id, lane). Known keys are missing (an
@@ -117,7 +122,8 @@ class Enqueuing:
         rows = msgspec.json.decode(text) if text else []
         created = {str(key): (int(job_id), str(lane)) for key, job_id, lane in rows}
         if self.local is not None:
-            self.local.created(self.private, self.lanes, [lane for _, lane in created.values()])
+            woken = [lane for key, (_, lane) in created.items() if key not in self.held]
+            self.local.created(self.private, self.lanes, woken)
         return created
 
 
@@ -130,9 +136,11 @@ def enqueuing(
     when: str | None = None,
 ) -> Enqueuing:
     """The parts that enqueue ``specs`` (distinct keys, one ``sort_at`` each), named
-    ``{name}_keys``, ``{name}_jobs``, ``{name}_notify`` and ``{name}_made``."""
+    ``{name}_keys``, ``{name}_jobs``, ``{name}_notify`` and ``{name}_made``. A held spec
+    (``held_seconds``) is inserted waiting and announced to nobody."""
     lanes = [s.lane for s in specs]
-    private = local.lanes_for(lanes) if local is not None else []
+    woken = [s.lane for s in specs if not s.held_seconds]  # a held job wakes nobody
+    private = local.lanes_for(woken) if local is not None else []
     keys = f"{name}_keys"
     jobs = f"{name}_jobs"
     parts = {
@@ -151,6 +159,8 @@ def enqueuing(
                 list(sort_ats),
                 [s.max_attempts for s in specs],
                 [s.timeout_seconds for s in specs],
+                [max(s.held_seconds, 0.0) for s in specs],
+                [s.held_by for s in specs],
             ),
         ),
         f"{name}_notify": Part(
@@ -158,4 +168,7 @@ def enqueuing(
         ),
         f"{name}_made": Part(_MADE.format(jobs=jobs), (), value="made"),
     }
-    return Enqueuing(name, parts, [s.idempotency_key for s in specs], lanes, private, local)
+    held = {s.idempotency_key for s in specs if s.held_seconds}
+    return Enqueuing(
+        name, parts, [s.idempotency_key for s in specs], woken, private, local, held=held
+    )

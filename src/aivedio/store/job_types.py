@@ -27,6 +27,12 @@ class JobSpec(msgspec.Struct, frozen=True, kw_only=True):
     timeout_seconds: float = 300.0
     # Due this much later than the default deadline (no effect with ``expires_at``).
     start_later_seconds: float = 0.0
+    # Inserted held back (``waiting``) for this long: its enqueuer does the work meanwhile
+    # and finishes it (``Queue.finish_held_parts``); should the enqueuer die first, the job
+    # comes back by itself when the time is up and does the work.
+    held_seconds: float = 0.0
+    # The job doing its work meanwhile: its lease expiring or given back makes this one due.
+    held_by: int | None = None
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):

@@ -53,6 +53,20 @@ async def gates(pool: Pool, asset_id: uuid.UUID, revision: int) -> asyncpg.Recor
         )
 
 
+def gates_of(loaded: asyncpg.Record) -> dict[str, Any] | None:
+    """``gates`` from a ``load`` of the revision (None when it has no such revision)."""
+    revision = loaded["revision_row"]
+    if revision is None:
+        return None
+    done = {v["variant_type"] for v in loaded["variant_rows"] if v["status"] == "SUCCEEDED"}
+    return {
+        "moderation_verdict": revision["moderation_verdict"],
+        "status": revision["status"],
+        "tenant_id": loaded["tenant_id"],
+        "complete": set(revision["required_outputs"]) <= done,
+    }
+
+
 async def revision_status(pool: Pool, asset_id: uuid.UUID, revision: int) -> Any:
     with map_db_errors("reading a revision"):
         return await pool.fetchval(

@@ -94,6 +94,18 @@ async def write_fenced(
         raise
 
 
+def lease_left_part(job: Job) -> Part:
+    """For ``write_fenced``: the seconds left of ``job``'s lease by the database's clock
+    (``value`` ``seconds_left``). Until then no other delivery can have the job: the reaper gives it
+    back only once ``lease_until`` has passed."""
+    return Part(
+        "SELECT extract(epoch FROM lease_until - now())::float8 AS seconds_left FROM jobs"
+        " WHERE id = $1 AND lease_token = $2 AND status = 'running'",
+        (int(job.id), int(job.lease_token)),
+        value="seconds_left",
+    )
+
+
 def _lease_lost(exc: DatabaseError) -> bool:
     return getattr(exc.__cause__, "sqlstate", None) == LEASE_NOT_HELD
 
@@ -338,6 +350,15 @@ class Queue:
         with map_db_errors("holding jobs back"):
             rows = await (conn or self._pool).fetch(query("hold"), list(keys), seconds)
         return [r["idempotency_key"] for r in rows]
+
+    def finish_held_parts(self, key: str, result: Any) -> dict[str, Part]:
+        """The parts that finish the held job of ``key`` as succeeded with ``result``
+        (``held_done``: 1 when it was still held), to be written with the work it stood
+        for (``write_fenced``), so the job and its work end together."""
+        return {
+            "held_done": Part(query("finish_held"), (key,)),
+            "held_history": Part(query("finish_held_history"), (result,)),
+        }
 
     async def wake_held(self, keys: Sequence[str]) -> int:
         """Make held jobs claimable now (a job whose work is done then finds it done)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +23,17 @@ from aivedio.config.net import NetConfig
 from aivedio.config.outbox import OutboxConfig
 from aivedio.pipeline.upkeep.outbox_relay import OutboxRelay
 from aivedio.pipeline.upkeep.webhook_targets import (
+    RECEIVERS_CHANNEL,
+    ReceiverCache,
     TenantDelivery,
     open_guarded_session,
     receiver_policy,
 )
+from aivedio.store import listening
 from aivedio.store.database import Pool
 from aivedio.store.outbox import emit
+from aivedio.store.webhook_receivers import ActiveReceiver, WebhookReceiverStore
+from aivedio.supervision import Loop
 from tests.integration.pipeline.upkeep.test_outbox_relay import Receiver, open_receiver
 from tests.support.api_rig import Api, open_api
 
@@ -254,3 +260,74 @@ async def test_deleting_a_receiver_stops_its_deliveries(
         sealed = await pool.fetchval("SELECT secrets_ciphertext FROM webhook_receivers")
         assert bytes(sealed) == b""
         await api.json("DELETE", f"/v1/webhooks/{uuid.uuid4()}", expect=404)
+
+
+class CountingReceivers(WebhookReceiverStore):
+    """The real store, counting its reads of every receiver."""
+
+    reads = 0
+
+    async def active(self) -> list[ActiveReceiver]:
+        self.reads += 1
+        return await super().active()
+
+
+async def test_the_relay_reads_the_receivers_again_only_when_a_change_is_announced(
+    config: Config, pool: Pool, tmp_path: Path
+) -> None:
+    async with api_with_receiver(config, pool, tmp_path) as (api, receiver, _net):
+        store = CountingReceivers(pool, api.ctx.cipher)
+        cache = ReceiverCache(store)
+        listening_now, heard = anyio.Event(), [anyio.Event()]
+
+        def on_heard(*args: object) -> None:
+            cache.heard(*args)
+            heard[0].set()
+
+        def on_listening() -> None:
+            cache.listen(True)
+            listening_now.set()
+
+        async def announced() -> None:
+            with anyio.fail_after(10):
+                await heard[0].wait()
+            heard[0] = anyio.Event()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                partial(
+                    listening.run,
+                    Loop("receivers_listen"),
+                    config.database,
+                    {RECEIVERS_CHANNEL: on_heard},
+                    on_listening=on_listening,
+                    on_stopped=cache.stopped,
+                )
+            )
+            with anyio.fail_after(10):
+                await listening_now.wait()
+            assert await cache.active() == [] and store.reads == 1
+            assert await cache.active() == [] and store.reads == 1  # kept: nothing changed
+            created = await api.json(
+                "POST", "/v1/webhooks", expect=201, json={"url": receiver.url()}
+            )
+            await announced()  # the trigger's NOTIFY, at the creation's commit
+            [active] = await cache.active()
+            assert active.url == receiver.url() and store.reads == 2
+            await cache.active()
+            assert store.reads == 2
+            # A rotation's grace: the replaced secret signs until the database's clock says
+            # otherwise, so the receivers are read at every pass meanwhile.
+            await api.json("POST", f"/v1/webhooks/{created['webhook_id']}/rotate-secret")
+            await announced()
+            assert len((await cache.active())[0].secrets) == 2
+            await cache.active()
+            assert store.reads == 4
+            await api.json("DELETE", f"/v1/webhooks/{created['webhook_id']}")
+            await announced()
+            assert await cache.active() == [] and store.reads == 5
+            cache.stopped()  # not listening: nothing would announce a change
+            await cache.active()
+            await cache.active()
+            assert store.reads == 7
+            tg.cancel_scope.cancel()

@@ -81,19 +81,29 @@ async def test_the_probe_job_makes_moderates_and_publishes_the_required_set(
     first, *_ = await rig.revisions(asset_id)
     assert first["moderation_verdict"] == "allow" and first["moderated_at"] is not None
     assert first["status"] in ("READY", "SUPERSEDED")
-    # No moderate job and no publish job: the probe moderated and published; its render
-    # job made the optional outputs (the enrichment).
+    # No moderate job and no publish job: the probe moderated and published, then made the
+    # optional outputs (the enrichment) itself while the revision's render job was held,
+    # and finished that job with them: it never ran.
     kinds = await kinds_of(rig, asset_id)
     assert "moderate" not in kinds
     assert kinds.count("probe") == 1 and kinds.count("render") == 1
+    render = await rig.pool.fetchrow(
+        "SELECT status, attempts, result FROM job_history WHERE kind = 'render'"
+        " AND payload->>'asset_id' = $1",
+        str(asset_id),
+    )
+    assert render["status"] == "succeeded" and render["attempts"] == 0
+    assert render["result"]["outcome"] == "rendered_by_probe"
     result = await probe_result(rig, asset_id)
+    assert result["enrichment"] == "inline" and result["enrich_failed"] == []
+    assert set(result["enriched"]) == set(first["optional_outputs"])
     assert result["fast_path"] is True and result["decision"] == "allow"
     assert sorted(result["made"]) == ["playback", "poster"] and result["failed"] == []
     assert result["frames"] >= 3
     phases = [p["phase"] for p in result["phases"]]
     for phase in ("probe", "decode_check_and_frames", "moderation", "render", "record"):
         assert phase in phases
-    assert phases[-1] == "publish"
+    assert phases[-2:] == ["publish", "enrichment"]
     # A remux's poster is a frame the pass over the source took: the render only copied.
     assert "poster" in phases
     assert "frames" in result["processes"] and "package" in result["processes"]
@@ -233,13 +243,16 @@ async def test_a_second_delivery_of_the_probe_adds_nothing(rig: Rig, source: byt
     outcomes = sorted(r["outcome"] for r in results)
     assert outcomes.count("processing") == 1, results
     assert results[-1]["outcome"] == "already_probed"
+    # One revision from the probe, released once; the delivery that made it went on with
+    # the enrichment (revision 2, released once).
     revisions = await rig.revisions(asset_id)
-    assert [r["revision"] for r in revisions] == [1]
-    assert revisions[0]["status"] == "READY"
-    assert (
-        await rig.pool.fetchval("SELECT count(*) FROM releases WHERE asset_id = $1", asset_id) == 1
+    assert [r["revision"] for r in revisions] == [1, 2]
+    assert revisions[0]["status"] == "SUPERSEDED" and revisions[1]["enriches"] == 1
+    released = await rig.pool.fetch(
+        "SELECT revision FROM releases WHERE asset_id = $1 ORDER BY revision", asset_id
     )
-    assert (await rig.asset(asset_id))["status"] == "PLAYABLE"
+    assert [r["revision"] for r in released] == [1, 2]
+    assert (await rig.asset(asset_id))["status"] == "ENRICHED"
 
 
 async def test_without_the_fast_path_the_queue_path_still_publishes(
@@ -261,6 +274,30 @@ async def test_without_the_fast_path_the_queue_path_still_publishes(
         result = await probe_result(rig, asset_id)
         assert "fast_path" not in result
         assert (await rig.asset(asset_id))["probe"]["decode_check"] == "sampled"
+
+
+async def test_with_the_enrichment_left_to_its_render_job_that_job_makes_it(
+    config: Config, pool: Pool, tmp_path: Path, source: bytes
+) -> None:
+    import msgspec
+
+    async with make_rig(config, pool, tmp_path) as rig:
+        rig.config = msgspec.structs.replace(
+            rig.config, media=msgspec.structs.replace(rig.config.media, enrich_in_probe=False)
+        )
+        asset_id = await rig.quarantine(source)
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig):
+            await rig.wait("SELECT 1 FROM assets WHERE status = 'ENRICHED'")
+            await rig.wait_idle(asset_id)
+        result = await probe_result(rig, asset_id)
+        assert result["fast_path"] is True and "enrichment" not in result
+        render = await rig.pool.fetchrow(
+            "SELECT attempts, result FROM job_history WHERE kind = 'render'"
+            " AND payload->>'asset_id' = $1",
+            str(asset_id),
+        )
+        assert render["attempts"] == 1 and render["result"]["outcome"] == "rendered"
 
 
 async def test_a_delete_during_the_fast_path_publishes_nothing(
@@ -484,7 +521,8 @@ async def test_a_transcodes_ladder_takes_its_top_rung_from_the_published_playbac
     async with running_worker(rig):
         await rig.wait("SELECT 1 FROM assets WHERE status = 'ENRICHED'", timeout=120)
         await rig.wait_idle(asset_id)
-    # The top rung (240p) encoded once, for the playback; the ladder's run encodes the rest.
+    # The top rung (240p) encoded once, for the playback; the ladder's run (the enrichment,
+    # in the probe job) encodes the rest.
     top = [names for names in encoded if names]
     assert top == [["240p"], ["180p"]], encoded
     # And the ladder is whole and aligned, the reused rung with the encoded one.
@@ -555,3 +593,76 @@ async def test_a_tenant_with_normalization_off_keeps_its_audio_on_the_fast_path(
         assert first["plan"]["loudness"]["integrated_lufs"] > -10
         published = await _published_playback(rig, asset_id, tmp_path)
         assert mf.stream_md5(published, "0:a:0") == mf.stream_md5(source, "0:a:0")
+
+
+async def test_an_inline_enrichment_that_lost_its_lease_writes_nothing_and_wakes_its_job(
+    rig: Rig,
+) -> None:
+    # The probe job stalled past its lease (the reaper may have woken the held render job,
+    # which may be rendering this revision): its enrichment, whose lease window has passed,
+    # checks before its first upload, stores nothing and wakes the held job.
+    from types import SimpleNamespace
+
+    from aivedio.errors import LeaseLostError
+    from aivedio.pipeline.inline_enrichment import InlineEnrichment
+    from aivedio.pipeline.media_seams import WorkerSeams
+    from aivedio.store.job_types import JobSpec
+
+    asset_id = await rig.quarantine(b"not read: the run is a stand-in")
+    await rig.enqueue_probe(asset_id)
+    queue = Queue(rig.pool)
+    (job,) = await queue.claim("media", 1, "test", 60)
+    held = JobSpec(
+        kind="render",
+        lane="media",
+        idempotency_key=f"render:{asset_id}:1:hls:v1",
+        payload={"asset_id": str(asset_id), "revision": 1, "variant_type": "hls"},
+        held_seconds=3600,
+        held_by=job.id,
+    )
+    async with rig.pool.acquire() as conn:
+        await queue.enqueue(conn, [held])
+    await rig.pool.execute("UPDATE jobs SET lease_token = lease_token + 1 WHERE id = $1", job.id)
+    asset = await rig.pool.fetchrow("SELECT id, tenant_id FROM assets WHERE id = $1", asset_id)
+    made: list[str] = []
+
+    class Run:
+        layout = SimpleNamespace(out=Path("/nonexistent"))
+        on_done: Any = None
+        report = None
+
+        async def run(self, wants: list[str], plan: Any) -> Any:
+            from aivedio.pipeline.ffmpeg.outputs import OutputFile, OutputRecord
+
+            record = OutputRecord(
+                variant_type="hls",
+                primary="hls/master.m3u8",
+                files=[OutputFile(path="hls/master.m3u8", size=1, sha256="0" * 64, mime="x")],
+                required=False,
+            )
+            await self.on_done(record)
+            made.append(record.variant_type)
+
+    plan = SimpleNamespace(top=SimpleNamespace(copy=True))
+    async with open_media_stage(rig.config, rig.pool, queue, rig.store) as media:
+        enrichment = InlineEnrichment(media.revisions)
+        with pytest.raises(LeaseLostError):
+            await enrichment.run(
+                job,
+                Run(),  # type: ignore[arg-type]
+                asset,
+                1,
+                plan,  # type: ignore[arg-type]
+                ["hls"],
+                held.idempotency_key,
+                WorkerSeams(),
+                hold=3600,
+                fenced_until=float("-inf"),
+            )
+    assert made == []
+    prefix = keys.revision_prefix(rig.tenant_id, asset_id, 1)
+    assert [info async for info in rig.store.list(prefix + "/")] == []
+    status = await rig.pool.fetchval(
+        "SELECT status FROM jobs WHERE idempotency_key = $1", held.idempotency_key
+    )
+    assert status == "queued"  # woken: it renders now, by its own rules

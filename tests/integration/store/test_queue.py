@@ -133,6 +133,60 @@ async def test_held_jobs_wait_until_woken_or_their_time_passes(pool: Pool) -> No
     assert back.idempotency_key == "d"
 
 
+async def test_a_job_enqueued_held_waits_for_its_holder_and_is_finished_by_it(
+    pool: Pool,
+) -> None:
+    queue = Queue(pool)
+    await enqueue(pool, [spec("holder")])
+    (holder,) = await queue.claim("control", 1, OWNER, 30)
+    await enqueue(pool, [spec("held", held_seconds=3600, held_by=holder.id), spec("other")])
+    # Held: not claimable, announced to nobody; the other one is.
+    assert [j.idempotency_key for j in await queue.claim("control", 10, OWNER, 30)] == ["other"]
+    row = await pool.fetchrow("SELECT status, held_by FROM jobs WHERE idempotency_key = 'held'")
+    assert row["status"] == "waiting" and row["held_by"] == holder.id
+    # Its holder finishes it with its work, in one fenced statement.
+    parts = {"work": Part("SELECT 1", ()), **queue.finish_held_parts("held", {"done": 1})}
+    async with pool.acquire() as conn:
+        got = await write_fenced(conn, holder, parts, "finishing")
+    assert got["held_done"] == 1 and got["held_history"] == 1
+    done = await pool.fetchrow(
+        "SELECT status, result FROM job_history WHERE idempotency_key = 'held'"
+    )
+    assert done["status"] == "succeeded" and done["result"] == {"done": 1}
+    # Finishing again finds nothing held: a no-op.
+    async with pool.acquire() as conn:
+        again = await write_fenced(conn, holder, queue.finish_held_parts("held", None), "again")
+    assert again["held_done"] == 0
+
+
+async def test_a_held_job_is_due_once_its_holder_dies_or_is_given_back(pool: Pool) -> None:
+    queue = Queue(pool)
+    await enqueue(pool, [spec("dies"), spec("drained")])
+    dies, drained = await queue.claim("control", 2, OWNER, 30)
+    await enqueue(
+        pool,
+        [
+            spec("held-1", held_seconds=3600, held_by=dies.id),
+            spec("held-2", held_seconds=3600, held_by=drained.id),
+        ],
+    )
+    # The holder's lease expires (its worker died): the reaper makes its held job due now.
+    await pool.execute(
+        "UPDATE jobs SET lease_until = now() - interval '1 second' WHERE id = $1", dies.id
+    )
+    assert [r[0] for r in await queue.reap()] == [dies.id]
+    claimed = await queue.claim("control", 10, OWNER, 30)
+    assert sorted(j.idempotency_key for j in claimed) == ["dies", "held-1"]
+    # A holder given back on drain: its held job is due now too.
+    await queue.release(OWNER, [(drained.id, drained.lease_token)])
+    claimed = await queue.claim("control", 10, OWNER, 30)
+    assert sorted(j.idempotency_key for j in claimed) == ["drained", "held-2"]
+    # A held job that was claimed is its claimer's: its holder can no longer finish it.
+    async with pool.acquire() as conn:
+        got = await write_fenced(conn, None, queue.finish_held_parts("held-2", None), "late")
+    assert got["held_done"] == 0
+
+
 async def test_jobs_made_claimable_again_wake_their_lane(pool: Pool) -> None:
     """A promoted retry, a woken held job and a released lease each wake the lane's
     listeners, from the statement that moved them."""

@@ -300,9 +300,10 @@ async def published(rig: Rig, source: Path, timeout: float = 180) -> tuple[Sampl
     assert asset["status"] in ("PLAYABLE", "ENRICHED"), asset["last_error_detail"]
     plan = msgspec.convert((await rig.revisions(asset_id))[0]["plan"], Plan)
     # Every run that made outputs from the source: the renders, and the probe job that
-    # made the required set itself (the fast path).
+    # made the required set itself (the fast path), and then the enrichment (inline).
     renders = await rig.pool.fetchval(
-        "SELECT count(*) FROM job_history WHERE status = 'succeeded'"
+        "SELECT count(*) + count(*) FILTER (WHERE kind = 'probe'"
+        " AND result->>'enrichment' = 'inline') FROM job_history WHERE status = 'succeeded'"
         " AND payload->>'asset_id' = $1 AND ((kind = 'render'"
         " AND result->>'outcome' = 'rendered') OR (kind = 'probe'"
         " AND (result->>'fast_path')::boolean))",

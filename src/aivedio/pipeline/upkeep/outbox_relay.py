@@ -40,9 +40,9 @@ being unwell; ``Retry-After`` on 429 and 503 replaces the computed delay. Other 
 retried too, because in practice they are a receiver mid-deploy or a rotated secret that
 an operator fixes within the budget; they are logged at error level so someone does.
 
-Tenants' own receivers (``POST /v1/webhooks``) are read at every pass and delivered by the
-same rules, each only its tenant's events, its URL under the fetch's address policy
-(``webhook_targets.py``); a refused URL is a failed attempt (``blocked: ip_denied…``).
+Tenants' own receivers (``POST /v1/webhooks``; read again whenever one may have changed,
+``webhook_targets.ReceiverCache``) are delivered by the same rules, each only its tenant's
+events, its URL under the fetch's address policy; a refused URL is a failed attempt.
 
 Nothing stops the relay. The pass loop and its LISTEN run supervised (``supervision.py``:
 any failure is logged, backed off and reported in the worker's ``/readyz`` until the next
@@ -78,7 +78,14 @@ from aivedio.logs import get_logger, redact_text
 from aivedio.metrics import SupervisionMetrics
 from aivedio.net.fetch import client_url
 from aivedio.net.policy import check_url
-from aivedio.pipeline.upkeep.webhook_targets import Target, TenantDelivery, open_guarded_session
+from aivedio.pipeline.upkeep.webhook_targets import (
+    RECEIVERS_CHANNEL,
+    ReceiverCache,
+    Target,
+    TenantDelivery,
+    open_guarded_session,
+    read_targets,
+)
 from aivedio.providers import standard_webhooks
 from aivedio.scheduling import decide_retry
 from aivedio.store import listening
@@ -248,7 +255,9 @@ class OutboxRelay:
         self.config = config
         self.store = OutboxStore(pool)
         self._tenants = tenants
-        self._receivers = WebhookReceiverStore(pool, tenants.cipher) if tenants else None
+        self._receivers = (
+            ReceiverCache(WebhookReceiverStore(pool, tenants.cipher)) if tenants else None
+        )
         self._guarded_session = guarded_session
         # Both loops supervised (down in the worker's /readyz while they fail); a delivery
         # that cannot be decoded or sent is isolated (dead), never a stuck relay.
@@ -322,7 +331,7 @@ class OutboxRelay:
         if not self._registered:
             await self.register()
         self._backlog = False
-        self._targets = await self._read_targets()
+        self._targets = await read_targets(self._hooks, self._receivers, self._tenants)
         if not self._targets:
             return 0
         for name, target in self._targets.items():
@@ -346,21 +355,6 @@ class OutboxRelay:
             if unfinished:
                 await self._release(list(unfinished.values()), token)
         return len(claimed)
-
-    async def _read_targets(self) -> dict[str, Target]:
-        """The configured webhooks, and every tenant receiver as it is now (secrets rotated
-        or receivers deleted since the last pass included)."""
-        targets = {name: Target(hook) for name, hook in self._hooks.items()}
-        if self._receivers is not None and self._tenants is not None:
-            for r in await self._receivers.active():
-                hook = WebhookConfig(
-                    url=r.url,
-                    secrets=r.secrets,
-                    event_types=r.event_types,
-                    timeout_seconds=self._tenants.timeout_seconds,
-                )
-                targets[r.endpoint] = Target(hook, tenant_id=r.tenant_id, guarded=True)
-        return targets
 
     async def _isolated(
         self, c: Claimed, token: uuid.UUID, unfinished: dict[tuple[str, int], Claimed]
@@ -544,14 +538,19 @@ class OutboxRelay:
     async def _listen(self, database: DatabaseConfig) -> None:
         """LISTEN for new events to wake at once; the poll interval covers any gap."""
 
-        def on_notify(*_args: object) -> None:
-            self._wake.set()
+        cache = self._receivers  # told of changes to the receivers, and of gaps
+        channels = {NOTIFY_CHANNEL: lambda *_: self._wake.set()}
+        if cache is not None:
+            channels[RECEIVERS_CHANNEL] = cache.heard
 
         def on_listening() -> None:
             self._wake.set()  # events emitted before the LISTEN took effect woke nobody
+            if cache is not None:
+                cache.listen(True)
 
+        stopped = cache.stopped if cache is not None else None
         await listening.run(
-            self.listen_loop, database, {NOTIFY_CHANNEL: on_notify}, on_listening=on_listening
+            self.listen_loop, database, channels, on_listening=on_listening, on_stopped=stopped
         )
 
 

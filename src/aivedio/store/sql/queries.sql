@@ -154,8 +154,15 @@ WITH released AS (
     WHERE jobs.id = c.id AND jobs.lease_token = c.token AND jobs.lease_owner = $3
       AND jobs.status = 'running'
     RETURNING jobs.id, jobs.lane
+), unheld AS (
+    -- Jobs held for a released one (store/job_types.py ``held_by``): due now.
+    UPDATE jobs j SET status = 'queued', run_after = now()
+    FROM released r
+    WHERE j.held_by = r.id AND j.status = 'waiting'
+    RETURNING j.lane
 ), notified AS (
-    SELECT pg_notify('aivedio_jobs', l.lane) FROM (SELECT DISTINCT lane FROM released) AS l
+    SELECT pg_notify('aivedio_jobs', l.lane)
+    FROM (SELECT lane FROM released UNION SELECT lane FROM unheld) AS l
 )
 SELECT id, lane, (SELECT count(*) FROM notified) AS lanes_notified FROM released;
 
@@ -196,6 +203,13 @@ WITH expired AS (
           WHERE j.lane = 'media' AND j.kind NOT LIKE 'chunk\_%') m
     WHERE asset_id IS NOT NULL
     ON CONFLICT DO NOTHING
+), unheld AS (
+    -- Jobs held for an expired one (its work, done by it: store/job_types.py ``held_by``):
+    -- it will not finish them, so they are due now (claimed at the next poll).
+    UPDATE jobs j SET status = 'queued', run_after = now()
+    FROM expired e
+    WHERE j.held_by = e.id AND j.status = 'waiting'
+    RETURNING j.id
 ), requeued AS (
     UPDATE jobs j
     SET status = 'queued', lease_owner = NULL, lease_until = NULL, run_after = now(),
@@ -233,6 +247,27 @@ SET status = 'waiting',
 WHERE id IN (SELECT job_id FROM job_keys WHERE idempotency_key = ANY($1::text[]))
   AND status IN ('queued', 'waiting')
 RETURNING idempotency_key;
+
+-- name: finish_held
+-- A held job (inserted waiting, its work done by its enqueuer: store/job_types.py
+-- ``held_seconds``) finished as succeeded, by its key, while it is still held: one that
+-- came back by itself and was claimed meanwhile is its claimer's. Two parts of one
+-- statement (store/together.py): ``held_done`` deletes it, ``held_history`` records it
+-- (FROM held_done). $1 the key, $2 its result.
+DELETE FROM jobs
+WHERE id = (SELECT job_id FROM job_keys WHERE idempotency_key = $1) AND status = 'waiting'
+RETURNING *;
+
+-- name: finish_held_history
+INSERT INTO job_history (id, kind, lane, idempotency_key, tenant_id, payload, status, priority,
+                         expires_at, attempts, max_attempts, timeout_seconds, lease_owner,
+                         lease_token, last_error_class, last_error_detail, result, created_at,
+                         started_at)
+SELECT id, kind, lane, idempotency_key, tenant_id, payload, 'succeeded', priority, expires_at,
+       attempts, max_attempts, timeout_seconds, lease_owner, lease_token, last_error_class,
+       last_error_detail, $1::jsonb, created_at, started_at
+FROM held_done
+RETURNING id;
 
 -- name: wake_held
 -- The lanes' listeners are woken in this round trip, as by an enqueue (store/enqueuing.py).
