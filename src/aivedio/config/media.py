@@ -128,9 +128,10 @@ class MediaConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     fast_path: bool = True
     # On the fast path, the optional outputs made by the probe job after its publish, from
     # the same scratch, their render job held meanwhile (pipeline/inline_enrichment.py):
-    # fewer jobs and statements per asset and ENRICHED sooner, but under a burst each
-    # asset's enrichment takes its media slot before the next asset's probe (PLAYABLE
-    # later for the queue; backlog pressure turns it off by itself). Off: a render job.
+    # fewer jobs and statements per asset and ENRICHED sooner. Only while no other media job
+    # waits for a slot (as the worker's media lane last saw the queue) and not under
+    # backlog pressure: under a burst the next probes, which make assets playable, go
+    # first and the render jobs follow. Off: always a render job.
     enrich_in_probe: bool = True
     tolerances: dict[str, ToleranceConfig] = msgspec.field(default_factory=dict)
     # Plan and outputs.

@@ -3,6 +3,7 @@ the seams it takes from its worker per job (``WorkerSeams``)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -38,6 +39,12 @@ class WorkerSeams:
     metrics: WorkerMetrics | None = None
     publisher: PublishStage | None = None
     moderation: ModerationStage | None = None
+    # Whether the worker believes no media job waits for a slot (``Lane.nothing_waiting``);
+    # None (a stage run without a worker): nothing waits.
+    media_queue_empty: Callable[[], bool] | None = None
+
+    def nothing_waiting(self) -> bool:
+        return self.media_queue_empty is None or self.media_queue_empty()
 
     def here(self, job: Job) -> InJobPublish | None:
         return InJobPublish(self.publisher, job) if self.publisher is not None else None

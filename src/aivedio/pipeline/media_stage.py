@@ -113,11 +113,13 @@ def _seams(ctx: JobContext) -> WorkerSeams:
     metrics = ctx.services.get("metrics")
     publisher = ctx.services.get("publish")
     moderation = ctx.services.get("moderation")
+    queue_empty = ctx.services.get("media_queue_empty")
     return WorkerSeams(
         backlog=backlog if isinstance(backlog, BacklogMonitor) else None,
         metrics=metrics if isinstance(metrics, WorkerMetrics) else None,
         publisher=publisher if isinstance(publisher, PublishStage) else None,
         moderation=moderation if isinstance(moderation, ModerationStage) else None,
+        media_queue_empty=queue_empty if callable(queue_empty) else None,
     )
 
 

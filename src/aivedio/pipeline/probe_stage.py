@@ -265,13 +265,16 @@ class ProbeStage:
     async def _inline_hold(self, made: Made, seams: WorkerSeams) -> float:
         """How long the revision's render job is held while this job makes the enrichment
         (``inline_enrichment``); 0: it is queued as ever. Only for an allowed revision with
-        its required set made, and not under backlog pressure, where the optional outputs
-        wait for the queue to drain (``render_stage``)."""
+        its required set made, with no other media job waiting for a slot (under a burst the
+        next probes, which make assets playable, go first) and not under backlog pressure,
+        where the optional outputs wait for the queue to drain (``render_stage``)."""
         if not self.services.config.media.enrich_in_probe:
             return 0.0
         if not _allowed(made.decision) or made.failed or made.verdict.media is None:
             return 0.0
-        if made.plan is None or made.plan.chunking is not None or await seams.deferring():
+        if made.plan is None or made.plan.chunking is not None or not seams.nothing_waiting():
+            return 0.0
+        if await seams.deferring():
             return 0.0
         return hold_seconds(render_timeout(self.services.config, made.verdict.media))
 

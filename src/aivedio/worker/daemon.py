@@ -139,6 +139,12 @@ class Worker:
             for name, lane in config.worker.lanes.items()
             if lane.slots > 0
         }
+        # Whether no media job waits for this worker (the probe makes the enrichment in its
+        # own slot only then: ``probe_stage``); a worker without a media lane has none.
+        media = self._lanes.get("media")
+        self.context.services.setdefault(
+            "media_queue_empty", media.nothing_waiting if media else lambda: True
+        )
         # Keyed by (job id, lease token): after a lease lapsed under us and we re-claimed the
         # same job, the stale run and the new one are two entries, never one overwriting.
         self._running: dict[tuple[int, int], Running] = {}

@@ -82,6 +82,11 @@ class Lane:
         elif any(job_id not in self.recent for job_id in ids):
             self.poke(news=True)
 
+    def nothing_waiting(self) -> bool:
+        """Whether this worker believes the queue holds no job for this lane: its last claim
+        came back short and no enqueue was heard since (not a read of the database)."""
+        return not self.maybe_more and not self.pledged and not self.heard_in_claim
+
     def claimed(self, ids: set[int]) -> bool:
         """Note a claim's jobs; whether ids announced during it are left for another claim."""
         for job_id in ids:

@@ -300,6 +300,37 @@ async def test_with_the_enrichment_left_to_its_render_job_that_job_makes_it(
         assert render["attempts"] == 1 and render["result"]["outcome"] == "rendered"
 
 
+async def test_with_media_jobs_waiting_the_enrichment_is_left_to_the_render_job(
+    config: Config, pool: Pool, tmp_path: Path, source: bytes
+) -> None:
+    # Under a burst the next probes (which make assets playable) go first: a probe that
+    # finds media jobs waiting for a slot leaves its enrichment to the render job.
+    import msgspec
+
+    from aivedio.config.worker import LaneConfig
+
+    async with make_rig(config, pool, tmp_path) as rig:
+        lanes = {**rig.config.worker.lanes, "media": LaneConfig(slots=1)}
+        worker = msgspec.structs.replace(rig.config.worker, lanes=lanes)
+        rig.config = msgspec.structs.replace(rig.config, worker=worker)
+        first = await rig.quarantine(source)
+        second = await rig.quarantine(source)
+        await rig.enqueue_probe(first)
+        await rig.enqueue_probe(second)  # waits for the one slot while the first runs
+        async with running_worker(rig):
+            await rig.wait("SELECT count(*) = 2 FROM assets WHERE status = 'ENRICHED'")
+            await rig.wait_idle(first)
+            await rig.wait_idle(second)
+        result = await probe_result(rig, first)
+        assert result["fast_path"] is True and "enrichment" not in result, result
+        render = await rig.pool.fetchrow(
+            "SELECT attempts, result FROM job_history WHERE kind = 'render'"
+            " AND payload->>'asset_id' = $1",
+            str(first),
+        )
+        assert render["attempts"] == 1 and render["result"]["outcome"] == "rendered"
+
+
 async def test_a_delete_during_the_fast_path_publishes_nothing(
     rig: Rig, source: bytes, monkeypatch: pytest.MonkeyPatch
 ) -> None:

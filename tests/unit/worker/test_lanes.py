@@ -51,3 +51,15 @@ def test_the_memory_of_claims_is_bounded() -> None:
         lane.claimed(set(range(start, start + 100)))
     assert len(lane.recent) <= 1024
     assert 2999 in lane.recent and 0 not in lane.recent
+
+
+def test_nothing_waits_only_after_a_short_claim_and_until_news() -> None:
+    lane = Lane("media", 2)
+    assert not lane.nothing_waiting()  # a new lane has not looked yet
+    lane.maybe_more = False  # a claim came back short
+    assert lane.nothing_waiting()
+    lane.hear(None)  # an enqueue for the lane
+    assert not lane.nothing_waiting()
+    lane.maybe_more = False
+    lane.pledged = 1  # a job this worker enqueued for itself, not yet claimed
+    assert not lane.nothing_waiting()
