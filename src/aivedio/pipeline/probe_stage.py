@@ -43,6 +43,7 @@ from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import MIME, PRIMARY, OutputRecord
 from aivedio.pipeline.ffmpeg.verdict import verdict_json
 from aivedio.pipeline.jobs import moderate_spec
+from aivedio.pipeline.media import av1
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.validate import MediaSummary
 from aivedio.pipeline.media_poison import PoisonGuard
@@ -149,6 +150,7 @@ class ProbeStage:
             started = time.monotonic()
             run = self.services.equip(MediaRun(self.services.sandbox, source, root), asset)
             run.normalize = normalizes(media, asset)
+            run.av1 = av1.wanted(media, asset["tenant_name"])
             # A crash in the verdict itself is the verdict (INVALID_MEDIA, decoder_crashed);
             # one in the keyframe scans after it fails the attempt and counts as a crash.
             # The fast path's decode check runs with its frames, beside the render.
@@ -286,6 +288,7 @@ class ProbeStage:
             await media_objects.download_source(self.services.store, asset, source)
             run = self.services.equip(MediaRun(self.services.sandbox, source, root), asset)
             run.normalize = normalizes(self.services.config.media, asset)
+            run.av1 = av1.wanted(self.services.config.media, asset["tenant_name"])
             async with self.poison.watch_crashes(job, asset_id, run, seams):
                 report = await run.run(plan_only=True)
             verdict = verdict_json(report.verdict)
@@ -448,7 +451,7 @@ class ProbeStage:
         # its output made spawns jobs for the rest (``_spawn_rest``): no output ever waits
         # without a job that will make it.
         lead = [o for o in todo if o not in by_chunks][:1]
-        timeout = render_timeout(self.services.config, summary)
+        timeout = render_timeout(self.services.config, summary, plan)
         specs += [render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
         if "playback" in done and (decision is None or decision.decision == "reject"):
             # Moderation starts once the playback exists: a render that records it asks; the

@@ -90,7 +90,7 @@ class Finalizing(PacketScans):
                     frame_rate=summary.frame_rate if r.copy else plan.frame_rate,
                     has_audio=summary.audio_codec is not None,
                 )
-                for r in plan.rungs
+                for r in plan.renditions
             ]
             files: list[Path] = []
             for rendition in renditions:
@@ -109,7 +109,7 @@ class Finalizing(PacketScans):
                 required,
                 width=top.width,
                 height=top.height,
-                codec="h264",
+                codec="h264,av1" if plan.av1_rungs else "h264",
             )
         if node == "sprite":
             return await self._finalize_sprite(plan, summary, required)

@@ -43,6 +43,7 @@ class Rung(msgspec.Struct, frozen=True, kw_only=True):
     crf: int
     maxrate_kbps: int
     bufsize_kbps: int
+    codec: str = "h264"  # h264 | av1
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,6 +88,9 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     # filter that normalizes it ("" none: the audio as it is).
     loudness: Loudness | None = None
     audio_filter: str = ""
+    # The AV1 ladder beside the H.264 one (top first; empty: none), every rung encoded
+    # from the same decode, published in the same HLS master (``av1.ladder``).
+    av1_rungs: list[Rung] = msgspec.field(default_factory=list)
 
     @property
     def path(self) -> str:
@@ -107,6 +111,11 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def top(self) -> Rung:
         return self.rungs[0]
+
+    @property
+    def renditions(self) -> list[Rung]:
+        """Every HLS rendition: the H.264 ladder, then the AV1 one."""
+        return [*self.rungs, *self.av1_rungs]
 
 
 def transcode_reasons(s: MediaSummary) -> list[str]:
@@ -195,6 +204,7 @@ def make_plan(
     source_earliest: float | None = None,
     measured: Loudness | None = None,
     normalize: bool = True,
+    av1: bool = False,
 ) -> Plan:
     """The plan for this media. ``measured``: the audio's loudness, normalized when
     ``normalize`` (the tenant's switch) and ``[media.loudness] normalize`` are both on.
@@ -203,7 +213,8 @@ def make_plan(
     starts about 23 ms before the video), from which the HLS muxer measures its cuts.
     ``video_packets`` (decode order) lets a source longer than
     ``chunk_threshold_seconds`` take the chunked path. ``source_earliest`` is recorded as
-    given (``Plan.source_earliest``)."""
+    given (``Plan.source_earliest``). ``av1``: the tenant's revisions get the AV1 ladder
+    (``av1.wanted``); a chunked plan does not (its pieces are H.264 only)."""
     reasons = transcode_reasons(s)
     mode = "transcode" if reasons else "remux"
     short = min(s.display_width, s.display_height)
@@ -318,7 +329,37 @@ def make_plan(
         dynamic_range=colour.dynamic_range(s.colour),
         loudness=measured,
         audio_filter=audio_filter,
+        av1_rungs=av1_rungs(rungs, media) if av1 and chunking is None else [],
     )
+
+
+# SVT-AV1's CRF scale.
+AV1_CRF_RANGE = (1, 63)
+
+
+def av1_rungs(rungs: list[Rung], media: MediaConfig) -> list[Rung]:
+    """The AV1 ladder: a twin of every H.264 rung, at its size, every one encoded (a copied
+    rung's twin takes the top configured rung's settings), named ``av1_<rung>``."""
+    top = max(media.ladder, key=lambda rung: rung.height)
+    config = media.av1
+    twins = []
+    for rung in rungs:
+        base = top if rung.copy else rung
+        crf = min(max(base.crf + config.crf_offset, AV1_CRF_RANGE[0]), AV1_CRF_RANGE[1])
+        maxrate = round(base.maxrate_kbps * config.maxrate_ratio)
+        twins.append(
+            Rung(
+                name=f"av1_{rung.name}",
+                width=rung.width,
+                height=rung.height,
+                copy=False,
+                crf=crf,
+                maxrate_kbps=maxrate,
+                bufsize_kbps=maxrate * 2,
+                codec="av1",
+            )
+        )
+    return twins
 
 
 def audio_treatment(
