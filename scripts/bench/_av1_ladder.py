@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from aivedio.config.media import MediaConfig
+from aivedio.pipeline.ffmpeg.sandbox import SVT_LOG_LEVEL
 from aivedio.pipeline.media import av1
 
 AV1_ON = {"AIVEDIO_MEDIA__AV1__FROM_PIPELINE_VERSION": "1"}
@@ -73,7 +74,7 @@ def run_case(
     out = work / "av1_naive"
     wall = cpu = 0.0
     for argv in naive_commands(src, out, media, frame_rate):
-        w, c, _ = run_measured(argv, env={**os.environ, "SVT_LOG": av1.SVT_LOG_LEVEL})
+        w, c, _ = run_measured(argv, env={**os.environ, "SVT_LOG": SVT_LOG_LEVEL})
         wall += w
         cpu += c
     master = (work / "av1_aivedio" / "hls" / "master.m3u8").read_text()

@@ -21,6 +21,7 @@ from aivedio.config.media import AV1Config
 from aivedio.store.database import Pool
 from tests.e2e.test_player_chromium import RESOURCES_JS, wait_for_playback
 from tests.support import chromium
+from tests.support import media_fixtures as mf
 from tests.support.api_rig import open_api
 from tests.support.media_fixtures import h264_720p
 
@@ -93,3 +94,61 @@ async def test_the_player_plays_av1_where_the_browser_decodes_it_else_h264(
             assert played and not any(name.startswith("av1_") for name in played), played
             state = await without.evaluate("window.aivedioPlayer.errors")
             assert state == [], (state, browser.cdp.console())
+
+
+LEVELS_JS = """(() => {
+  const p = window.aivedioPlayer || {};
+  return {levels: p.levels, hdrDisplay: p.hdrDisplay, codec: p.codec, errors: p.errors};
+})()"""
+
+# What a page on an HDR display is told by matchMedia("(dynamic-range: high)").
+HDR_DISPLAY = """(() => {
+  const asked = window.matchMedia.bind(window);
+  const none = () => {};
+  window.matchMedia = (query) => /dynamic-range:\\s*high/.test(query)
+    ? {matches: true, media: query, onchange: null, addEventListener: none,
+       removeEventListener: none, addListener: none, removeListener: none}
+    : asked(query);
+})();"""
+
+
+@pytest.mark.skipif(
+    not Path(chromium.CHROMIUM).exists(),
+    reason="chromium is not installed (scripts/test installs it: ensure_chromium)",
+)
+@pytest.mark.timeout(240)
+async def test_the_hdr10_rendition_is_offered_only_to_an_hdr_display(
+    config: Config, pool: Pool, tmp_path: Path
+) -> None:
+    av1 = AV1Config(tenants=["acme"], hdr10=True)
+    async with open_api(config, pool, tmp_path, av1=av1) as api:
+        clip = mf.colour_tagged(tmp_path / "clip", transfer="smpte2084", seconds=5)
+        asset_id = await api.publish(clip, timeout=180)
+        play = await api.json("GET", f"/v1/videos/{asset_id}/playback")
+        async with api.http.get(play["master_playlist"]) as resp:
+            master = (await resp.read()).decode()
+        assert "VIDEO-RANGE=PQ" in master and "VIDEO-RANGE=SDR" in master, master
+
+        async with chromium.launch(tmp_path) as browser:
+            # Headless chromium reports an SDR display: the HDR10 level is dropped.
+            page = await browser.new_page()
+            await page.navigate(play["watch_url"])
+            await wait_for_playback(page, browser)
+            state = await page.evaluate(LEVELS_JS)
+            assert state["hdrDisplay"] is False and state["codec"] == "av1", state
+            assert [level["range"] for level in state["levels"]] == ["SDR", "SDR"], state
+            played = await segments_played(page, play["token"], api.base)
+            assert played and not any("hdr10" in name for name in played), played
+            assert state["errors"] == [], (state, browser.cdp.console())
+
+            # On an HDR display it is kept beside the SDR AV1 levels, and hls.js starts on it.
+            hdr = await browser.new_page()
+            await hdr.send("Page.addScriptToEvaluateOnNewDocument", {"source": HDR_DISPLAY})
+            await hdr.navigate(play["watch_url"])
+            await wait_for_playback(hdr, browser)
+            state = await hdr.evaluate(LEVELS_JS)
+            assert state["hdrDisplay"] is True, state
+            assert sorted(level["range"] for level in state["levels"]) == ["PQ", "SDR", "SDR"]
+            played = await segments_played(hdr, play["token"], api.base)
+            assert any("hdr10" in name for name in played), played
+            assert state["errors"] == [], (state, browser.cdp.console())

@@ -107,6 +107,10 @@ class AV1Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     # (added to cpu_seconds, the run's rlimit).
     process_timeout_per_media_second: float = 40.0
     cpu_seconds_per_media_second: float = 40.0
+    # A PQ (HDR10) source's AV1 ladder also gets an HDR10 rendition at the top rung's size:
+    # 10-bit, BT.2020 PQ as the source is (the rest of both ladders is tone-mapped SDR),
+    # with its mastering display and light levels, ``VIDEO-RANGE=PQ`` in the master.
+    hdr10: bool = False
 
 
 class MediaConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -19,7 +19,10 @@
 // Codec choice: a master may list an AV1 ladder beside the H.264 one. The AV1 renditions
 // are kept only when MediaSource.isTypeSupported('video/mp4; codecs="av01…"') says yes for
 // them; then the H.264 ones are removed (hls.js never switches codec mid-stream), else the
-// AV1 ones are. H.264 is the fallback every browser plays.
+// AV1 ones are. H.264 is the fallback every browser plays. An HDR10 rendition
+// (VIDEO-RANGE=PQ) is kept only where the display says it shows high dynamic range
+// (matchMedia "(dynamic-range: high)"): elsewhere its picture would look washed out.
+//   hdrDisplay    what that query answered
 (function () {
   "use strict";
 
@@ -30,6 +33,8 @@
     codec: null,
     av1Supported: null,
     playingCodec: null,
+    hdrDisplay: false,
+    levels: [],
     manifestParsed: false,
     errors: [],
     notes: [],
@@ -116,31 +121,50 @@
     return source.isTypeSupported('video/mp4; codecs="' + codec + '"');
   }
 
+  function hdrDisplay() {
+    return (
+      typeof window.matchMedia === "function" && window.matchMedia("(dynamic-range: high)").matches
+    );
+  }
+
   // The indexes of the levels to drop: the AV1 ones the browser decodes are kept, and then
   // only they; otherwise every AV1 level goes and the H.264 ladder stays.
   function levelsToDrop(levels) {
     var av1 = [];
     var decodable = [];
+    var hdr = hdrDisplay();
+    state.hdrDisplay = hdr;
     levels.forEach(function (level, index) {
       if (!isAv1(level)) return;
       av1.push(index);
-      if (mediaSourceSays(level.videoCodec)) decodable.push(index);
+      var shown = hdr || (level.videoRange || "SDR") === "SDR";
+      if (shown && mediaSourceSays(level.videoCodec)) decodable.push(index);
     });
     state.av1Supported = av1.length ? decodable.length > 0 : null;
     state.codec = decodable.length ? "av1" : "h264";
-    return levels
+    var drop = levels
       .map(function (_level, index) {
         return index;
       })
       .filter(function (index) {
         return decodable.length ? decodable.indexOf(index) < 0 : av1.indexOf(index) >= 0;
       });
+    state.levels = levels
+      .filter(function (_level, index) {
+        return drop.indexOf(index) < 0;
+      })
+      .map(function (level) {
+        return { codec: level.videoCodec, range: level.videoRange || "SDR", height: level.height };
+      });
+    return drop;
   }
 
   function playWithHlsJs() {
     var Hls = window.Hls;
     // Loading starts once the levels of one codec are chosen (MANIFEST_PARSED below).
     var config = { autoStartLoad: false };
+    // On an HDR display hls.js starts on the HDR10 rendition where the master has one.
+    if (hdrDisplay()) config.videoPreference = { preferHDR: true };
     if (settings.hls_worker) config.workerPath = settings.hls_worker;
     else config.enableWorker = false; // an inline worker is a blob:, which the policy refuses
     var hls = new Hls(config);

@@ -20,11 +20,19 @@ from aivedio.pipeline.ffmpeg.outputs import OutputRecord, describe, require_fast
 from aivedio.pipeline.ffmpeg.packet_scans import PacketScans, packet_args
 from aivedio.pipeline.ffmpeg.provenance_read import MIME_OF_KIND
 from aivedio.pipeline.media import hls, keyframes, thumbnails, waveform
-from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media.plan import Plan, Rung
 from aivedio.pipeline.media.signing import Signed, SignRequest, actions_for
 from aivedio.pipeline.media.validate import MediaSummary
 
 log = get_logger("aivedio.media")
+
+
+def _video_range(rung: Rung, plan: Plan) -> str:
+    """A variant's VIDEO-RANGE: said for every variant of a presentation with an HDR10
+    rendition (PQ for it, SDR for the rest), for none otherwise."""
+    if not any(r.dynamic_range == "pq" for r in plan.renditions):
+        return ""
+    return "PQ" if rung.dynamic_range == "pq" else "SDR"
 
 
 class Finalizing(PacketScans):
@@ -89,6 +97,7 @@ class Finalizing(PacketScans):
                     height=r.height,
                     frame_rate=summary.frame_rate if r.copy else plan.frame_rate,
                     has_audio=summary.audio_codec is not None,
+                    video_range=_video_range(r, plan),
                 )
                 for r in plan.renditions
             ]

@@ -41,7 +41,6 @@ from aivedio.config.media import MediaConfig
 from aivedio.errors import ConfigError, ResourceExhaustedError
 from aivedio.logs import get_logger, redact_text
 from aivedio.pipeline.ffmpeg.spawn import Spawned, spawn
-from aivedio.pipeline.media import av1
 
 log = get_logger("aivedio.sandbox")
 
@@ -51,7 +50,8 @@ PIPES_GRACE_SECONDS = 2.0
 # The whole environment of a sandboxed process: the C locale, and SVT-AV1 (the AV1
 # ladder's encoder) logging warnings and errors only instead of a banner per encoder,
 # which would push ffmpeg's own last lines out of the kept stderr tail.
-PROCESS_ENV = {"LC_ALL": "C", "SVT_LOG": av1.SVT_LOG_LEVEL}
+SVT_LOG_LEVEL = "2"  # SVT-AV1's SVT_LOG: 2, warnings and errors
+PROCESS_ENV = {"LC_ALL": "C", "SVT_LOG": SVT_LOG_LEVEL}
 STDOUT_LIMIT_BYTES = 64 * 1024**2
 # stderr text that means the process ran out of something rather than met bad input.
 _EXHAUSTION = re.compile(

@@ -22,9 +22,7 @@ from pathlib import Path
 
 from aivedio.config.media import AV1Config, MediaConfig
 from aivedio.errors import InvalidMediaError
-
-# SVT-AV1's log level (its SVT_LOG variable): 2, warnings and errors.
-SVT_LOG_LEVEL = "2"
+from aivedio.pipeline.media.colour import HdrMetadata
 
 
 def wanted(media: MediaConfig, tenant: str | None) -> bool:
@@ -40,15 +38,56 @@ def pixel_format(config: AV1Config) -> str:
     return "yuv420p10le" if config.bit_depth == 10 else "yuv420p"
 
 
-def encoder_args(*, crf: int, maxrate_kbps: int, gop_frames: int, media: MediaConfig) -> list[str]:
+def encoder_args(
+    *, crf: int, maxrate_kbps: int, gop_frames: int, media: MediaConfig, hdr10_params: str = ""
+) -> list[str]:
     """``libsvtav1`` for one rung: CRF (capped at ``maxrate_kbps`` when set), the preset,
-    a closed GOP of ``gop_frames`` (one segment: see the module's note on keyframes)."""
+    a closed GOP of ``gop_frames`` (one segment: see the module's note on keyframes).
+    ``hdr10_params`` (``hdr10_params``): the HDR10 rendition's, always 10-bit."""
     config = media.av1
     args = ["-c:v", "libsvtav1", "-preset", str(config.preset), "-crf", str(crf)]
     if maxrate_kbps:
         args += ["-maxrate", f"{maxrate_kbps}k"]
-    args += ["-g", str(gop_frames), "-pix_fmt", pixel_format(config)]
+    pix_fmt = "yuv420p10le" if hdr10_params else pixel_format(config)
+    args += ["-g", str(gop_frames), "-pix_fmt", pix_fmt]
+    if hdr10_params:
+        args += ["-svtav1-params", hdr10_params]
     return args
+
+
+def _ratio(text: str) -> float:
+    """ffprobe's ``"13250/50000"`` (or a plain number) as a float; 0 when unreadable."""
+    number, _, denominator = text.partition("/")
+    try:
+        value = float(number) / (float(denominator) if denominator else 1.0)
+    except (ValueError, ZeroDivisionError):
+        return 0.0
+    return value
+
+
+def hdr10_params(hdr: HdrMetadata | None) -> str:
+    """SVT-AV1's parameters for an HDR10 rendition: HDR signalling on, and the source's
+    mastering display (SMPTE ST 2086: chromaticities, then peak and minimum luminance in
+    nits) and content light levels when the probe found them, written into the bitstream
+    as metadata OBUs."""
+    params = ["enable-hdr=1"]
+    mastering = hdr.mastering_display if hdr is not None else None
+    if mastering is not None:
+
+        def xy(point: tuple[str, str]) -> str:
+            return f"({_ratio(point[0]):.4f},{_ratio(point[1]):.4f})"
+
+        luminance = (
+            f"L({_ratio(mastering.max_luminance):.4f},{_ratio(mastering.min_luminance):.4f})"
+        )
+        params.append(
+            f"mastering-display=G{xy(mastering.green)}B{xy(mastering.blue)}"
+            f"R{xy(mastering.red)}WP{xy(mastering.white_point)}{luminance}"
+        )
+    light = hdr.content_light if hdr is not None else None
+    if light is not None:
+        params.append(f"content-light={light.max_content_nits},{light.max_average_nits}")
+    return ":".join(params)
 
 
 def deadline_extra_seconds(media: MediaConfig, duration_seconds: float | None) -> float:

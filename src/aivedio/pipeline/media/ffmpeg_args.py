@@ -210,6 +210,18 @@ def _audio_encode(
     return args
 
 
+def _hdr10_branches(trunk: str, pre: list[str], hdr: list[int], job: EncodeJob) -> list[str]:
+    """The HDR10 renditions (``job.rungs[i]`` for ``i`` in ``hdr``) leave the decode before
+    the colour chain (the tone map the SDR renditions get): 10-bit, the source's PQ
+    picture scaled; the rest goes on as ``[v_sdr]``."""
+    others = len(job.rungs) > len(hdr) or job.proxy or job.poster or job.sprite
+    outs = ("[v_sdr]" if others else "") + "".join(f"[v_h{i}]" for i in hdr)
+    split = ",".join([*pre, f"split={len(hdr) + (1 if others else 0)}"])
+    lines = [f"{trunk}{split}{outs}"]
+    lines += [f"[v_h{i}]{rung_scale(job.rungs[i], 'yuv420p10le')}[o_r{i}]" for i in hdr]
+    return lines
+
+
 def encode_args(
     plan: Plan,
     job: EncodeJob,
@@ -226,12 +238,19 @@ def encode_args(
     pre = []
     if plan.mode == "transcode":
         pre.append(f"fps={plan.frame_rate_expr}")
+    trunk = f"[{plan.video_map}]"
+    graph: list[str] = []
+    hdr = [i for i, rung in enumerate(job.rungs) if rung.dynamic_range == "pq"]
+    if hdr:
+        graph += _hdr10_branches(trunk, pre, hdr, job)
+        trunk, pre = "[v_sdr]", []
     if plan.colour_filter:  # once, before the split: every branch gets the planned colour
         pre.append(plan.colour_filter)
     branches: list[tuple[str, str]] = []  # (label, chain after split)
     shared: dict[str, list[int]] = {}  # a rung chain -> the rungs (indexes) it feeds
     for index, rung in enumerate(job.rungs):
-        shared.setdefault(_rung_chain(rung, media), []).append(index)
+        if index not in hdr:
+            shared.setdefault(_rung_chain(rung, media), []).append(index)
     for chain, indexes in shared.items():
         if len(indexes) > 1:
             chain += f",split={len(indexes)}"
@@ -251,13 +270,12 @@ def encode_args(
             rows=media.sprite_rows,
         )
         branches.append(("sp", chain))
-    graph: list[str] = []
     if branches:
         head = ",".join([*pre, f"split={len(branches)}"]) if len(branches) > 1 or pre else "null"
         if len(branches) == 1 and pre:
             head = ",".join(pre)
         outs = "".join(f"[s_{label}]" for label, _ in branches)
-        graph.append(f"[{plan.video_map}]{head}{outs}")
+        graph.append(f"{trunk}{head}{outs}")
         outputs = {f"r{ixs[0]}": "".join(f"[o_r{i}]" for i in ixs) for ixs in shared.values()}
         graph += [
             f"[s_{label}]{chain}{outputs.get(label, f'[o_{label}]')}" for label, chain in branches
@@ -277,13 +295,16 @@ def encode_args(
     colour = encoded_colour(plan)
     for index, rung in enumerate(job.rungs):
         if rung.codec == "av1":
+            pq = rung.dynamic_range == "pq"
             encoder = av1.encoder_args(
                 crf=rung.crf,
                 maxrate_kbps=rung.maxrate_kbps,
                 gop_frames=plan.gop_frames,
                 media=media,
+                hdr10_params=plan.hdr10_params if pq else "",
             )
-            encoder += colour_args(colour) if colour is not None else []
+            tags = plan.hdr10_colour if pq else colour
+            encoder += colour_args(tags) if tags is not None else []
         else:
             encoder = _x264(rung, media, keys, gop=gop, colour=colour)
         args += ["-map", f"[o_r{index}]", *encoder, "-an"]

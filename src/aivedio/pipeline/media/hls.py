@@ -30,6 +30,8 @@ class Rendition:
     height: int
     frame_rate: float
     has_audio: bool
+    # VIDEO-RANGE (SDR, PQ), written when a presentation has an HDR rendition; "": none.
+    video_range: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +120,7 @@ def master_playlist(hls_dir: Path, renditions: list[Rendition], *, provenance: b
             f"#EXT-X-STREAM-INF:BANDWIDTH={peak},AVERAGE-BANDWIDTH={average},"
             f'CODECS="{codecs}",RESOLUTION={rendition.width}x{rendition.height},'
             f"FRAME-RATE={rendition.frame_rate:.3f}"
+            + (f",VIDEO-RANGE={rendition.video_range}" if rendition.video_range else "")
         )
         lines.append(f"{rendition.name}/index.m3u8")
     return "\n".join(lines) + "\n"

@@ -17,11 +17,12 @@ landscape and 720x1280 portrait). Every rendition splits at the same timestamps:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 
 from aivedio.config.media import MediaConfig
-from aivedio.pipeline.media import colour, loudness
+from aivedio.pipeline.media import av1, colour, loudness
 from aivedio.pipeline.media.chunks import Chunking, make_chunking
 from aivedio.pipeline.media.colour import Colour
 from aivedio.pipeline.media.keyframes import Packet, segment_boundaries
@@ -44,6 +45,8 @@ class Rung(msgspec.Struct, frozen=True, kw_only=True):
     maxrate_kbps: int
     bufsize_kbps: int
     codec: str = "h264"  # h264 | av1
+    # sdr; pq: the HDR10 rendition (the source's PQ picture, not tone-mapped, 10-bit)
+    dynamic_range: str = "sdr"
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,6 +94,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     # The AV1 ladder beside the H.264 one (top first; empty: none), every rung encoded
     # from the same decode, published in the same HLS master (``av1.ladder``).
     av1_rungs: list[Rung] = msgspec.field(default_factory=list)
+    # The HDR10 rendition's colour (the source's, limited range) and SVT-AV1 parameters
+    # (its mastering display and light levels); None: the plan has no HDR10 rendition.
+    hdr10_colour: Colour | None = None
+    hdr10_params: str = ""
 
     @property
     def path(self) -> str:
@@ -329,7 +336,7 @@ def make_plan(
         dynamic_range=colour.dynamic_range(s.colour),
         loudness=measured,
         audio_filter=audio_filter,
-        av1_rungs=av1_rungs(rungs, media) if av1 and chunking is None else [],
+        **_av1_ladder(s, media, rungs, wanted=av1 and chunking is None),
     )
 
 
@@ -360,6 +367,25 @@ def av1_rungs(rungs: list[Rung], media: MediaConfig) -> list[Rung]:
             )
         )
     return twins
+
+
+def _av1_ladder(
+    s: MediaSummary, media: MediaConfig, rungs: list[Rung], *, wanted: bool
+) -> dict[str, Any]:
+    """The plan's AV1 fields: the ladder, and for a PQ source with ``[media.av1] hdr10``
+    the HDR10 rendition (the top rung's size) with its colour and parameters."""
+    if not wanted:
+        return {}
+    twins = av1_rungs(rungs, media)
+    if not (media.av1.hdr10 and colour.dynamic_range(colour.filled(s.colour)) == "pq"):
+        return {"av1_rungs": twins}
+    top = twins[0]
+    hdr10 = msgspec.structs.replace(top, name=f"av1_hdr10_{rungs[0].name}", dynamic_range="pq")
+    return {
+        "av1_rungs": [*twins, hdr10],
+        "hdr10_colour": msgspec.structs.replace(colour.filled(s.colour), range="tv"),
+        "hdr10_params": av1.hdr10_params(s.hdr),
+    }
 
 
 def audio_treatment(

@@ -1,7 +1,9 @@
 """The AV1 ladder through the media DAG, judged from the published files with ffprobe:
 each AV1 rung's codec, profile, size, pixel format and colour tags read from its own
 init + segments, the master playlist's CODECS against what ffprobe reads, the H.264
-fallback beside it, no SUPPLEMENTAL-CODECS, and nothing of it when AV1 is off."""
+fallback beside it, no SUPPLEMENTAL-CODECS, and nothing of it when AV1 is off; the HDR10
+rendition of a PQ source (10-bit, PQ BT.2020, its HDR10 metadata in the bitstream,
+VIDEO-RANGE=PQ beside SDR variants)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from tests.support.hls_check import check_hls, parse_master, unquote
 
 SMALL = MediaConfig(ladder=[RungConfig(height=240), RungConfig(height=144)], segment_seconds=1)
 TEN_BIT = msgspec.structs.replace(SMALL, av1=AV1Config(bit_depth=10, preset=10))
+HDR10 = msgspec.structs.replace(SMALL, av1=AV1Config(hdr10=True, preset=10))
 BT709_TV = ("bt709", "bt709", "bt709", "tv")
 
 # name -> (source, config, whether the run gets the AV1 ladder)
@@ -32,6 +35,7 @@ CASES: dict[str, tuple[Any, MediaConfig, bool]] = {
     "remux": (mf.h264_faststart, SMALL, True),
     "pq_ten_bit": (lambda d: mf.colour_tagged(d, transfer="smpte2084"), TEN_BIT, True),
     "off": (mf.h264_faststart, SMALL, False),
+    "pq_hdr10": (lambda d: mf.colour_tagged(d, transfer="smpte2084"), HDR10, True),
 }
 
 
@@ -97,13 +101,26 @@ def variants(master: Path) -> dict[str, dict[str, str]]:
     }
 
 
+def fraction(text: str) -> float:
+    number, _, denominator = text.partition("/")
+    return float(number) / float(denominator or 1)
+
+
 def expected_av01(stream: dict[str, Any]) -> str:
     """What an ``av01`` CODECS entry must say for what ffprobe read of the bitstream:
     profile (Main 0, High 1, Professional 2), seq_level_idx, tier M, bit depth; the optional
     colour fields only when the colour is not BT.709 limited (the short form's default)."""
     profile = {"Main": 0, "High": 1, "Professional": 2}[stream["profile"]]
     depth = 10 if stream["pix_fmt"].endswith("10le") else 8
-    return f"av01.{profile}.{int(stream['level']):02d}M.{depth:02d}"
+    short = f"av01.{profile}.{int(stream['level']):02d}M.{depth:02d}"
+    if stream.get("color_transfer") != "smpte2084":
+        return short
+    # BT.2020 (9), PQ (16), BT.2020 non-constant (9), limited range; 4:2:0 (subsampled
+    # across and down: 11) and the chroma sample position (AV1's: 0 unknown, 1 vertical,
+    # which ffmpeg calls "left", 2 colocated, "topleft").
+    assert stream["color_primaries"] == "bt2020" and stream["color_space"] == "bt2020nc"
+    position = {"left": 1, "topleft": 2}.get(stream.get("chroma_location", ""), 0)
+    return f"{short}.0.11{position}.09.16.09.0"
 
 
 @pytest.mark.parametrize("name", ["transcode", "remux", "pq_ten_bit"])
@@ -177,3 +194,59 @@ def test_without_av1_the_presentation_is_h264_alone(made: Any) -> None:
     assert "av01" not in m.master.read_text()
     assert not [p for p in m.layout.hls.iterdir() if p.name.startswith("av1_")]
     assert check_hls(m.master) == []
+
+
+def test_a_pq_source_gets_an_hdr10_rendition_beside_the_sdr_ladders(
+    made: Any, tmp_path: Path
+) -> None:
+    m = made("pq_hdr10")
+    plan = m.report.plan
+    hdr = plan.av1_rungs[-1]
+    assert (hdr.name, hdr.dynamic_range) == ("av1_hdr10_240p", "pq")
+    assert [r.dynamic_range for r in plan.renditions].count("pq") == 1
+    joined_hdr = joined(m.layout.hls_rung(hdr), tmp_path)
+    stream = video(joined_hdr)
+    assert stream["codec_name"] == "av1" and stream["pix_fmt"] == "yuv420p10le", stream
+    assert (stream["width"], stream["height"]) == (hdr.width, hdr.height)
+    colour = tuple(
+        stream.get(k) for k in ("color_primaries", "color_transfer", "color_space", "color_range")
+    )
+    assert colour == ("bt2020", "smpte2084", "bt2020nc", "tv"), stream
+    # The source's HDR10 metadata went into the AV1 bitstream (read back by the decoder).
+    frame = mf.ffprobe_json(
+        joined_hdr,
+        *("-select_streams", "v:0", "-read_intervals", "%+#1", "-show_frames"),
+    )["frames"][0]
+    side = {entry["side_data_type"]: entry for entry in frame.get("side_data_list", [])}
+    mastering = side["Mastering display metadata"]
+    source = m.report.verdict.media.hdr.mastering_display
+    assert source is not None
+    wanted = {
+        "red_x": source.red[0],
+        "red_y": source.red[1],
+        "green_x": source.green[0],
+        "blue_y": source.blue[1],
+        "white_point_x": source.white_point[0],
+        "max_luminance": source.max_luminance,
+        "min_luminance": source.min_luminance,
+    }
+    for key, value in wanted.items():  # each as exact as the AV1 metadata's fixed point
+        assert fraction(mastering[key]) == pytest.approx(fraction(value), abs=1e-3), key
+    light = side["Content light level metadata"]
+    assert (light["max_content"], light["max_average"]) == (1000, 400), light
+    # Not tone-mapped: its picture is the source's (PQ), unlike every SDR rendition.
+    listed = variants(m.master)
+    for rung in plan.renditions:
+        attributes = listed[f"{rung.name}/index.m3u8"]
+        if rung is hdr:
+            assert attributes["VIDEO-RANGE"] == "PQ"
+            assert attributes["CODECS"].split(",")[0] == expected_av01(stream)
+        else:
+            assert attributes["VIDEO-RANGE"] == "SDR", attributes
+            sdr = video(joined(m.layout.hls_rung(rung), tmp_path))
+            assert sdr.get("color_transfer") == "bt709", (rung.name, sdr)
+    assert check_hls(m.master) == []
+
+
+def test_a_presentation_without_hdr10_says_no_video_range(made: Any) -> None:
+    assert "VIDEO-RANGE" not in made("pq_ten_bit").master.read_text()

@@ -12,7 +12,14 @@ from aivedio.config.load import Config
 from aivedio.config.media import AV1Config, MediaConfig, RungConfig, validate_media
 from aivedio.errors import ConfigError, InvalidMediaError
 from aivedio.pipeline.media import av1
-from aivedio.pipeline.media.ffmpeg_args import EncodeJob, Layout, encode_args, encode_job
+from aivedio.pipeline.media.colour import ContentLight, HdrMetadata, MasteringDisplay
+from aivedio.pipeline.media.ffmpeg_args import (
+    EncodeJob,
+    Layout,
+    encode_args,
+    encode_job,
+    rung_scale,
+)
 from aivedio.pipeline.media.keyframes import Packet
 from aivedio.pipeline.media.plan import make_plan
 from aivedio.pipeline.media.sniff import MP4
@@ -217,3 +224,89 @@ def test_an_init_segment_without_av1c_is_refused(tmp_path: Path) -> None:
     path.write_bytes(box(b"ftyp", b"iso6") + box(b"avcC", b"\x01\x64\x00\x1f"))
     with pytest.raises(InvalidMediaError):
         av1.codec_string(path)
+
+
+# -- the HDR10 rendition ----------------------------------------------------------------------
+
+MASTERING = MasteringDisplay(
+    red=("35400/50000", "14600/50000"),
+    green=("8500/50000", "39850/50000"),
+    blue=("6550/50000", "2300/50000"),
+    white_point=("15635/50000", "16450/50000"),
+    min_luminance="50/10000",
+    max_luminance="10000000/10000",
+)
+PQ = dict(
+    video_codec="hevc",
+    video_profile="Main 10",
+    pix_fmt="yuv420p10le",
+    color_primaries="bt2020",
+    color_transfer="smpte2084",
+    color_space="bt2020nc",
+    color_range="tv",
+    hdr=HdrMetadata(
+        mastering_display=MASTERING,
+        content_light=ContentLight(max_content_nits=1000, max_average_nits=400),
+    ),
+)
+
+
+def test_a_pq_source_gets_an_hdr10_rendition_only_when_asked() -> None:
+    source = summary(**PQ)
+    assert [r.dynamic_range for r in make_plan(source, media(), av1=True).av1_rungs] == [
+        "sdr",
+        "sdr",
+    ]
+    plan = make_plan(source, media(hdr10=True), av1=True)
+    hdr = plan.av1_rungs[-1]
+    assert (hdr.name, hdr.width, hdr.height, hdr.dynamic_range) == (
+        "av1_hdr10_720p",
+        1280,
+        720,
+        "pq",
+    )
+    assert plan.hdr10_colour is not None and plan.hdr10_colour.transfer == "smpte2084"
+    assert plan.colour is not None and plan.colour.transfer == "bt709"  # the SDR ladders'
+    # An SDR source gets none, hdr10 or not.
+    assert all(
+        r.dynamic_range == "sdr"
+        for r in make_plan(summary(), media(hdr10=True), av1=True).av1_rungs
+    )
+
+
+def test_the_hdr10_parameters_carry_the_mastering_display_and_light_levels() -> None:
+    params = av1.hdr10_params(PQ["hdr"])  # type: ignore[arg-type]
+    assert params == (
+        "enable-hdr=1:mastering-display=G(0.1700,0.7970)B(0.1310,0.0460)"
+        "R(0.7080,0.2920)WP(0.3127,0.3290)L(1000.0000,0.0050):content-light=1000,400"
+    )
+    assert av1.hdr10_params(None) == "enable-hdr=1"
+
+
+def test_the_hdr10_branch_leaves_the_decode_before_the_tone_map(tmp_path: Path) -> None:
+    config = media(hdr10=True)
+    plan = make_plan(summary(**PQ), config, av1=True)
+    assert "tonemap" in plan.colour_filter
+    job = encode_job(plan, {"hls"}, has_audio=False)
+    args = encode_args(
+        plan,
+        job,
+        config,
+        MP4,
+        tmp_path / "in.mp4",
+        Layout(tmp_path),
+        audio_channels=None,
+        audio_rate=None,
+    )
+    graph = args[args.index("-filter_complex") + 1].split(";")
+    hdr_index = len(job.rungs) - 1
+    assert graph[0].endswith(f"split=2[v_sdr][v_h{hdr_index}]") and "tonemap" not in graph[0]
+    assert graph[1] == f"[v_h{hdr_index}]{rung_scale(plan.av1_rungs[-1], 'yuv420p10le')}" + (
+        f"[o_r{hdr_index}]"
+    )
+    assert graph[2].startswith("[v_sdr]") and "tonemap" in graph[2]
+    tail = args[args.index(f"[o_r{hdr_index}]") :]
+    assert tail[tail.index("-svtav1-params") + 1].startswith("enable-hdr=1:mastering-display=")
+    assert tail[tail.index("-pix_fmt") + 1] == "yuv420p10le"
+    assert tail[tail.index("-color_trc") + 1] == "smpte2084"
+    assert tail[tail.index("-color_primaries") + 1] == "bt2020"
