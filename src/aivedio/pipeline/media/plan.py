@@ -12,6 +12,10 @@ landscape and 720x1280 portrait). Every rendition splits at the same timestamps:
   segment duration and nowhere else;
 * remux: the top rung is the source's own bitstream, so its keyframes decide; the cut points
   are computed with the HLS muxer's own rule and lower rungs get keyframes exactly there.
+
+The AV1 ladder (``av1_rungs``, when the tenant or the pipeline version has it) is a twin of
+every rung from the same decode; its rungs split at the same timestamps as each other (a
+GOP of one segment: ``av1.py`` says why), not necessarily as the H.264 ones'.
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     loudness: Loudness | None = None
     audio_filter: str = ""
     # The AV1 ladder beside the H.264 one (top first; empty: none), every rung encoded
-    # from the same decode, published in the same HLS master (``av1.ladder``).
+    # from the same decode, published in the same HLS master (``av1_rungs``).
     av1_rungs: list[Rung] = msgspec.field(default_factory=list)
     # The HDR10 rendition's colour (the source's, limited range) and SVT-AV1 parameters
     # (its mastering display and light levels); None: the plan has no HDR10 rendition.
