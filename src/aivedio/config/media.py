@@ -94,8 +94,8 @@ class AV1Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     from_pipeline_version: int = 0
     # SVT-AV1's speed/quality trade-off, 0 (slowest) to 13. The fast end (8-10) is the
     # one for a ladder made while a viewer may be waiting. 10: at 1080p it took 18-32 %
-    # less CPU than 9 for 0.001 less SSIM and the same bytes, 11 lost three times that
-    # (docs/benchmarks.md, "SVT-AV1 presets").
+    # less CPU than 9 for about 0.001 less SSIM and no more bytes; 11 lost more quality
+    # for less saving (docs/benchmarks.md, "SVT-AV1 presets").
     preset: int = 10
     # Each AV1 rung's CRF (SVT-AV1's 0..63 scale): its H.264 rung's CRF plus this.
     crf_offset: int = 12
