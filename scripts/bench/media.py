@@ -25,10 +25,12 @@ measures in a pass of its own; the worker's fast path measures in its frames pas
 Targets (issue 4): transcode path <= 0.6x naive wall and CPU; remux path's required outputs
 (playback + poster) at RTF <= 0.05; aivedio's overhead (its wall minus its ffmpeg processes'
 wall) <= 5%; peak RSS of any ffmpeg process <= 1 GiB. Issue 29: the HDR tone-mapped ladder
-<= 0.6x naive wall; normalizing adds <= 0.3 s to an 8 s remux's required set.
+<= 0.6x naive wall; normalizing adds <= 0.3 s to an 8 s remux's required set; the H.264 +
+AV1 HLS ladders of the transcode source (``_av1_ladder.py``: one ffmpeg per rung as the
+baseline, the H.264 ladder alone as a peer) <= 0.6x naive wall.
 
 Usage: .venv/bin/python scripts/bench/media.py [--seconds 10] [--size 1920x1080] [--workdir DIR]
-       [--smoke]
+       [--cases transcode,remux,hdr,normalized_remux,av1] [--smoke]
 
 ``--smoke``: 1 s sources at 640x360 (one rung of the ladder on both paths; the naive
 baseline makes only the rungs aivedio makes), and the results checked for sanity instead of
@@ -43,6 +45,7 @@ if sys.path and sys.path[0] and __file__.startswith(sys.path[0]):
     sys.path.pop(0)
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -62,6 +65,21 @@ from aivedio.pipeline.media.colour import Colour
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 from smoke import positive, verdict
+
+
+def _sibling(name: str) -> Any:
+    """A module of scripts/bench by its path (that directory is off sys.path: its queue.py
+    would shadow the standard library's)."""
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", Path(__file__).resolve().parent / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+av1_ladder = _sibling("_av1_ladder")  # the H.264 + AV1 ladders case
 
 AIVEDIO = [sys.executable, "-m", "aivedio"]
 
@@ -375,12 +393,17 @@ def run_naive(src: Path, out: Path, mode: str, media: MediaConfig) -> dict[str, 
 
 
 def run_aivedio(
-    src: Path, out: Path, only: str | None = None, *, normalize: bool = True
+    src: Path,
+    out: Path,
+    only: str | None = None,
+    *,
+    normalize: bool = True,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     argv = [*AIVEDIO, "process", str(src), "--out", str(out)]
     if only:
         argv += ["--only", only]
-    env = {**os.environ, "AIVEDIO_LOG__LEVEL": "warning"}
+    env = {**os.environ, "AIVEDIO_LOG__LEVEL": "warning", **(env or {})}
     if not normalize:
         env["AIVEDIO_MEDIA__LOUDNESS__NORMALIZE"] = "false"
     wall, cpu, done = run_measured(argv, env=env)
@@ -397,6 +420,7 @@ def run_aivedio(
         "peak_rss_bytes": summary["peak_rss_bytes"],
         "plan": summary["plan"]["mode"],
         "audio": summary["plan"]["audio"],
+        "av1_rungs": len(summary["plan"].get("av1_rungs", [])),
         "nodes": {k: v["seconds"] for k, v in summary["nodes"].items()},
         "steps": summary["steps"],
         "processes": [
@@ -449,6 +473,11 @@ def main() -> int:
     parser.add_argument("--size", default="1920x1080", help="the sources' WIDTHxHEIGHT")
     parser.add_argument("--workdir")
     parser.add_argument("--smoke", action="store_true", help="1 s at 640x360; sanity checked")
+    parser.add_argument(
+        "--cases",
+        default=",".join([*PLANS, "av1"]),
+        help="the cases to run, comma-separated (default: all); --smoke runs all",
+    )
     args = parser.parse_args()
     if args.smoke:
         args.seconds, args.size = 1, "640x360"
@@ -467,7 +496,10 @@ def main() -> int:
     }
     try:
         sources = make_sources(work, args.seconds, args.size)
+        cases = set([*PLANS, "av1"] if args.smoke else args.cases.split(","))
         for mode, src in sources.items():
+            if mode not in cases:
+                continue
             duration = float(probe(src)["format"]["duration"])
             ours = run_aivedio(src, work / f"{mode}_aivedio")
             naive = run_naive(src, work / f"{mode}_naive", mode, media)
@@ -499,11 +531,21 @@ def main() -> int:
                 json.dumps({mode: {k: v for k, v in entry.items() if k != "aivedio"}}, indent=1),
                 file=sys.stderr,
             )
+        if "av1" in cases:
+            rate = 24.0  # the sources' (make_sources)
+            results["av1"] = av1_ladder.run_case(
+                sources["transcode"], work, media, rate, run_aivedio, run_measured
+            )
+            shown = {
+                k: v for k, v in results["av1"].items() if k not in ("aivedio", "peer_h264_only")
+            }
+            print(json.dumps({"av1": shown}, indent=1), file=sys.stderr)
     finally:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(results, indent=1))
-    return verdict("media", sanity(results)) if args.smoke else 0
+    problems = sanity(results) + av1_ladder.sanity(results.get("av1"), media)
+    return verdict("media", problems) if args.smoke else 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from aivedio.api.app import run_app
 from aivedio.api.context import ApiContext
 from aivedio.api.tokens import TokenSigner, signer_from
 from aivedio.config.load import Config, StorageConfig
+from aivedio.config.media import AV1Config
 from aivedio.pipeline.services import url_cipher
 from aivedio.store.api_keys import create_key
 from aivedio.store.database import Pool
@@ -100,10 +101,14 @@ async def open_api(
     tmp_path: Path,
     *,
     storage: StorageConfig | None = None,
+    av1: AV1Config | None = None,
     **api: Any,
 ) -> AsyncIterator[Api]:
-    """Serve the API on 127.0.0.1; ``api`` overrides [api] settings."""
+    """Serve the API on 127.0.0.1; ``api`` overrides [api] settings, ``av1`` the
+    [media.av1] ones."""
     cfg = rig_config(config, tmp_path)
+    if av1 is not None:
+        cfg = msgspec.structs.replace(cfg, media=msgspec.structs.replace(cfg.media, av1=av1))
     if storage is not None:
         cfg = msgspec.structs.replace(cfg, storage=storage)
     cfg = msgspec.structs.replace(cfg, api=msgspec.structs.replace(cfg.api, **api))

@@ -10,9 +10,11 @@ Checked, with one human-readable problem string per failure (an empty list means
   ``#EXT-X-MAP`` whose init file exists, every ``#EXTINF`` followed by a segment that exists
   and is non-empty, every duration rounded to the nearest integer <= the target duration,
   ``#EXT-X-ENDLIST``; no URI is absolute, has a scheme, or contains ``..``;
-* every video rendition's segments start with a keyframe and all video renditions start their
-  segments at the same timestamps (within half a frame, 0.02 s when no FRAME-RATE is known),
-  read with ffprobe from init + segment (fMP4 ``tfdt`` makes the times absolute);
+* every video rendition's segments start with a keyframe and all video renditions of one
+  codec family (the video entry of CODECS up to its first dot: ``avc1``, ``av01``; a client
+  switches within one) start their segments at the same timestamps (within half a frame,
+  0.02 s when no FRAME-RATE is known), read with ffprobe from init + segment (fMP4 ``tfdt``
+  makes the times absolute);
 * with ``decode=True``: init + all segments of each rendition decode with
   ``ffmpeg -v error -xerror`` (exit 0, nothing on stderr).
 
@@ -216,8 +218,11 @@ def _check_variant_attributes(label: str, attributes: dict[str, str]) -> list[st
 
 
 class _Rendition:
-    def __init__(self, name: str, path: Path, video: bool, frame_rate: float | None) -> None:
+    def __init__(
+        self, name: str, path: Path, video: bool, frame_rate: float | None, family: str = ""
+    ) -> None:
         self.name = name
+        self.family = family
         self.path = path
         self.video = video
         self.frame_rate = frame_rate
@@ -341,7 +346,17 @@ def _check_keyframes(renditions: list[_Rendition], scratch: Path) -> list[str]:
             starts[rendition.name] = times
     rates = [r.frame_rate for r in renditions if r.video and r.frame_rate]
     tolerance = 0.5 / max(rates) if rates else 0.02
-    names = list(starts)
+    families: dict[str, list[str]] = {}
+    for rendition in renditions:
+        if rendition.name in starts:
+            families.setdefault(rendition.family, []).append(rendition.name)
+    for names in families.values():
+        problems += _check_aligned(names, starts, tolerance)
+    return problems
+
+
+def _check_aligned(names: list[str], starts: dict[str, list[float]], tolerance: float) -> list[str]:
+    problems: list[str] = []
     for other in names[1:]:
         reference, times = starts[names[0]], starts[other]
         if len(times) != len(reference):
@@ -421,7 +436,8 @@ def _check_hls(master_path: Path, *, decode: bool) -> list[str]:
             problems.append(f"{label}: media playlist {uri} missing")
             continue
         rate = _number(attributes.get("FRAME-RATE")) if video else None
-        renditions.append(_Rendition(uri, path, video, rate))
+        family = (unquote(attributes.get("CODECS")) or "").split(".")[0]
+        renditions.append(_Rendition(uri, path, video, rate, family))
     for rendition in renditions:
         problems += _check_media_playlist(rendition)
     with tempfile.TemporaryDirectory(prefix="hls-check-") as tmp:

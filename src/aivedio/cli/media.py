@@ -39,6 +39,7 @@ from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import Sandbox
 from aivedio.pipeline.ffmpeg.verdict import inspect_file, verdict_json
+from aivedio.pipeline.media import av1
 from aivedio.pipeline.media.validate import Declared
 
 
@@ -133,6 +134,7 @@ def cmd_process(config: Config, args: argparse.Namespace) -> int:
             run.provenance_reader = _reader(config, sandbox)
             run.require_provenance = _requires(config, args.provider)
             run.signing = signing
+            run.av1 = av1.wanted(config.media, None)  # no tenant: the pipeline version's
             # The decode check beside the outputs (a failed one discards them all).
             report = await run.run_checked(
                 wants=wants, declared=_declared(args), tolerance=tolerance

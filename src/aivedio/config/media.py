@@ -77,6 +77,43 @@ class LoudnessConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     off_tenants: list[str] = msgspec.field(default_factory=list)
 
 
+# SVT-AV1's presets (ffmpeg ``libsvtav1 -preset``): 0 slowest and best, 13 fastest.
+SVT_AV1_PRESETS = range(0, 14)
+
+
+class AV1Config(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """An AV1 ladder (SVT-AV1) beside the H.264 one, in the same HLS master; off by default.
+
+    A revision gets it when its tenant is in ``tenants``, or for every tenant once
+    ``[media] pipeline_version`` reaches ``from_pipeline_version`` (0: never): turning it on
+    for everyone is a new pipeline version, so ``aivedio reprocess`` rebuilds older assets
+    with it. H.264 stays the fallback every client plays; the player takes AV1 only where
+    the browser's Media Source says it decodes it."""
+
+    tenants: list[str] = msgspec.field(default_factory=list)
+    from_pipeline_version: int = 0
+    # SVT-AV1's speed/quality trade-off, 0 (slowest) to 13. The fast end (8-10) is the
+    # one for a ladder made while a viewer may be waiting. 10: at 1080p it took 18-32 %
+    # less CPU than 9 for about 0.001 less SSIM and no more bytes; 11 lost more quality
+    # for less saving (docs/benchmarks.md, "SVT-AV1 presets").
+    preset: int = 10
+    # Each AV1 rung's CRF (SVT-AV1's 0..63 scale): its H.264 rung's CRF plus this.
+    crf_offset: int = 12
+    # Capped CRF: the AV1 rung's peak is this fraction of its H.264 rung's maxrate (0: none).
+    maxrate_ratio: float = 0.6
+    # 8 or 10 (Main profile, 4:2:0 either way): 10-bit saves some banding for a little CPU.
+    bit_depth: int = 8
+    # What an ffmpeg run that encodes the AV1 ladder may take beyond the H.264 budget, per
+    # second of media: wall time (added to process_timeout_per_media_second) and CPU time
+    # (added to cpu_seconds, the run's rlimit).
+    process_timeout_per_media_second: float = 40.0
+    cpu_seconds_per_media_second: float = 40.0
+    # A PQ (HDR10) source's AV1 ladder also gets an HDR10 rendition at the top rung's size:
+    # 10-bit, BT.2020 PQ as the source is (the rest of both ladders is tone-mapped SDR),
+    # with its mastering display and light levels, ``VIDEO-RANGE=PQ`` in the master.
+    hdr10: bool = False
+
+
 class MediaConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     pipeline_version: int = 1
     ffmpeg: str = "ffmpeg"
@@ -160,6 +197,7 @@ class MediaConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     )
     colour: ColourConfig = msgspec.field(default_factory=ColourConfig)
     loudness: LoudnessConfig = msgspec.field(default_factory=LoudnessConfig)
+    av1: AV1Config = msgspec.field(default_factory=AV1Config)
 
 
 def validate_media(media: MediaConfig) -> None:
@@ -246,6 +284,23 @@ def validate_media(media: MediaConfig) -> None:
         raise ConfigError("config error: media.poster_at_ratio: must be in [0, 1)")
     validate_colour(media.colour)
     validate_loudness(media.loudness)
+    validate_av1(media.av1)
+
+
+def validate_av1(av1: AV1Config) -> None:
+    if av1.preset not in SVT_AV1_PRESETS:
+        raise ConfigError("config error: media.av1.preset: 0 (slowest) to 13 (fastest)")
+    if av1.from_pipeline_version < 0:
+        raise ConfigError("config error: media.av1.from_pipeline_version: 0 (never) or more")
+    if not -23 <= av1.crf_offset <= 40:
+        raise ConfigError("config error: media.av1.crf_offset: -23 to 40")
+    if not 0.0 <= av1.maxrate_ratio <= 4.0:
+        raise ConfigError("config error: media.av1.maxrate_ratio: 0 (uncapped) to 4")
+    if av1.bit_depth not in (8, 10):
+        raise ConfigError("config error: media.av1.bit_depth: 8 or 10")
+    for name in ("process_timeout_per_media_second", "cpu_seconds_per_media_second"):
+        if getattr(av1, name) < 0:
+            raise ConfigError(f"config error: media.av1.{name}: 0 or more")
 
 
 def validate_colour(colour: ColourConfig) -> None:

@@ -43,6 +43,7 @@ from aivedio.pipeline.ffmpeg.outputs import MIME, PRIMARY, OutputRecord
 from aivedio.pipeline.ffmpeg.verdict import verdict_json
 from aivedio.pipeline.inline_enrichment import InlineEnrichment, hold_seconds
 from aivedio.pipeline.jobs import moderate_spec
+from aivedio.pipeline.media import av1
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.validate import MediaSummary
 from aivedio.pipeline.media_poison import PoisonGuard
@@ -166,6 +167,7 @@ class ProbeStage:
             started = time.monotonic()
             run = self.services.equip(MediaRun(self.services.sandbox, source, root), asset)
             run.normalize = normalizes(media, asset)
+            run.av1 = av1.wanted(media, asset["tenant_name"])
             # A crash in the verdict itself is the verdict (INVALID_MEDIA, decoder_crashed);
             # one in the keyframe scans after it fails the attempt and counts as a crash.
             # The fast path's decode check runs with its frames, beside the render.
@@ -265,18 +267,17 @@ class ProbeStage:
     async def _inline_hold(self, made: Made, seams: WorkerSeams) -> float:
         """How long the revision's render job is held while this job makes the enrichment
         (``inline_enrichment``); 0: it is queued as ever. Only for an allowed revision with
-        its required set made, with no other media job waiting for a slot (under a burst the
-        next probes, which make assets playable, go first) and not under backlog pressure,
-        where the optional outputs wait for the queue to drain (``render_stage``)."""
-        if not self.services.config.media.enrich_in_probe:
+        its required set made, no other media job waiting for a slot (under a burst the next
+        probes, which make assets playable, go first), no AV1 (the render job's own budget)
+        and no backlog pressure (the optional outputs wait for the queue: ``render_stage``)."""
+        if not self.services.config.media.enrich_in_probe or not _allowed(made.decision):
             return 0.0
-        if not _allowed(made.decision) or made.failed or made.verdict.media is None:
+        plan, summary = made.plan, made.verdict.media
+        if made.failed or not plan or not summary or plan.chunking is not None or plan.av1_rungs:
             return 0.0
-        if made.plan is None or made.plan.chunking is not None or not seams.nothing_waiting():
+        if not seams.nothing_waiting() or await seams.deferring():
             return 0.0
-        if await seams.deferring():
-            return 0.0
-        return hold_seconds(render_timeout(self.services.config, made.verdict.media))
+        return hold_seconds(render_timeout(self.services.config, summary, plan))
 
     def _moderates_here(self) -> bool:
         """Whether this worker runs the control lane, where moderate jobs run: only then
@@ -350,6 +351,7 @@ class ProbeStage:
             await media_objects.download_source(self.services.store, asset, source)
             run = self.services.equip(MediaRun(self.services.sandbox, source, root), asset)
             run.normalize = normalizes(self.services.config.media, asset)
+            run.av1 = av1.wanted(self.services.config.media, asset["tenant_name"])
             async with self.poison.watch_crashes(job, asset_id, run, seams):
                 report = await run.run(plan_only=True)
             verdict = verdict_json(report.verdict)
@@ -513,7 +515,7 @@ class ProbeStage:
         # its output made spawns jobs for the rest (``_spawn_rest``): no output ever waits
         # without a job that will make it.
         lead = [o for o in todo if o not in by_chunks][:1]
-        timeout = render_timeout(self.services.config, summary)
+        timeout = render_timeout(self.services.config, summary, plan)
         lead_specs = [render_spec(asset_id, tenant_id, revision, o, plan, timeout) for o in lead]
         if hold > 0:  # made by this job meanwhile (``inline_enrichment``)
             lead_specs = [

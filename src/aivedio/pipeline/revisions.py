@@ -22,6 +22,7 @@ from aivedio.errors import AivedioError, NotFoundError, StaleStateError
 from aivedio.logs import get_logger
 from aivedio.pipeline import jobs
 from aivedio.pipeline.jobs import moderate_spec
+from aivedio.pipeline.media import av1
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.validate import MediaSummary
 from aivedio.pipeline.media_seams import MediaServices
@@ -263,7 +264,7 @@ class Revisions:
         summary: MediaSummary,
         outputs: Sequence[str],
     ) -> list[JobSpec]:
-        timeout = render_timeout(self.services.config, summary)
+        timeout = render_timeout(self.services.config, summary, plan)
         return [
             render_spec(asset["id"], asset["tenant_id"], revision, o, plan, timeout)
             for o in outputs
@@ -295,12 +296,15 @@ def render_spec(
     )
 
 
-def render_timeout(config: Config, summary: MediaSummary) -> float:
+def render_timeout(config: Config, summary: MediaSummary, plan: Plan | None = None) -> float:
+    """A render job's lease: three runs' budget (the encode pass, the packaging runs, the
+    uploads) and, when ``plan`` has the AV1 ladder, the AV1 encode's extra time."""
     media = config.media
     per_run = media.process_timeout_seconds + media.process_timeout_per_media_second * max(
         summary.duration_seconds, 0.0
     )
-    return per_run * 3 + 120  # the encode pass, the packaging runs and the uploads
+    extra = av1.deadline_extra_seconds(media, summary.duration_seconds)
+    return per_run * 3 + 120 + (extra if plan is not None and plan.av1_rungs else 0.0)
 
 
 def stopped_since(row: asyncpg.Record | None, revision: asyncpg.Record | Mapping[str, Any]) -> bool:

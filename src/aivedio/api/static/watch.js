@@ -11,6 +11,18 @@
 //   errors        what went wrong (fatal playback errors, failed loads, script errors)
 //   notes         what is worth knowing but not an error (recovered hls.js errors, autoplay)
 //   thumbnails    number of sprite cues parsed; waveform: true once drawn
+//   codec         the ladder hls.js plays: "av1" or "h264" (null before the manifest)
+//   av1Supported  whether Media Source said it decodes the master's AV1 renditions (null:
+//                 the master has none)
+//   playingCodec  the video codec of the level hls.js last switched to
+//
+// Codec choice: a master may list an AV1 ladder beside the H.264 one. The AV1 renditions
+// are kept only when MediaSource.isTypeSupported('video/mp4; codecs="av01…"') says yes for
+// them; then the H.264 ones are removed (hls.js never switches codec mid-stream), else the
+// AV1 ones are. H.264 is the fallback every browser plays. An HDR10 rendition
+// (VIDEO-RANGE=PQ) is kept only where the display says it shows high dynamic range
+// (matchMedia "(dynamic-range: high)"): elsewhere its picture would look washed out.
+//   hdrDisplay    what that query answered
 (function () {
   "use strict";
 
@@ -18,6 +30,11 @@
     mode: null,
     hlsJs: typeof window.Hls === "function",
     hlsAttached: false,
+    codec: null,
+    av1Supported: null,
+    playingCodec: null,
+    hdrDisplay: false,
+    levels: [],
     manifestParsed: false,
     errors: [],
     notes: [],
@@ -94,11 +111,62 @@
     start();
   }
 
+  function isAv1(level) {
+    return /^av01\./.test(level.videoCodec || "");
+  }
+
+  function mediaSourceSays(codec) {
+    var source = window.ManagedMediaSource || window.MediaSource;
+    if (!source || typeof source.isTypeSupported !== "function") return false;
+    return source.isTypeSupported('video/mp4; codecs="' + codec + '"');
+  }
+
+  function hdrDisplay() {
+    return (
+      typeof window.matchMedia === "function" && window.matchMedia("(dynamic-range: high)").matches
+    );
+  }
+
+  // The indexes of the levels to drop: the AV1 ones the browser decodes are kept, and then
+  // only they; otherwise every AV1 level goes and the H.264 ladder stays.
+  function levelsToDrop(levels) {
+    var av1 = [];
+    var decodable = [];
+    var hdr = hdrDisplay();
+    state.hdrDisplay = hdr;
+    levels.forEach(function (level, index) {
+      if (!isAv1(level)) return;
+      av1.push(index);
+      var shown = hdr || (level.videoRange || "SDR") === "SDR";
+      if (shown && mediaSourceSays(level.videoCodec)) decodable.push(index);
+    });
+    state.av1Supported = av1.length ? decodable.length > 0 : null;
+    state.codec = decodable.length ? "av1" : "h264";
+    var drop = levels
+      .map(function (_level, index) {
+        return index;
+      })
+      .filter(function (index) {
+        return decodable.length ? decodable.indexOf(index) < 0 : av1.indexOf(index) >= 0;
+      });
+    state.levels = levels
+      .filter(function (_level, index) {
+        return drop.indexOf(index) < 0;
+      })
+      .map(function (level) {
+        return { codec: level.videoCodec, range: level.videoRange || "SDR", height: level.height };
+      });
+    return drop;
+  }
+
   function playWithHlsJs() {
     var Hls = window.Hls;
     // The page's <track> elements show the captions; hls.js would take their text tracks
-    // over (and clear their cues) for the master playlist's SUBTITLES group.
-    var config = { enableWebVTT: false };
+    // over (and clear their cues) for the master playlist's SUBTITLES group. Loading starts
+    // once the levels of one codec are chosen (MANIFEST_PARSED below).
+    var config = { enableWebVTT: false, autoStartLoad: false };
+    // On an HDR display hls.js starts on the HDR10 rendition where the master has one.
+    if (hdrDisplay()) config.videoPreference = { preferHDR: true };
     if (settings.hls_worker) config.workerPath = settings.hls_worker;
     else config.enableWorker = false; // an inline worker is a blob:, which the policy refuses
     var hls = new Hls(config);
@@ -109,9 +177,21 @@
       state.hlsAttached = true;
       video.setAttribute("data-hls-attached", "true");
     });
-    hls.on(Hls.Events.MANIFEST_PARSED, function () {
+    hls.on(Hls.Events.MANIFEST_PARSED, function (_event, data) {
+      var drop = levelsToDrop(data.levels);
+      if (drop.length < data.levels.length) {
+        // Highest index first: each removal renumbers the levels after it.
+        drop.reverse().forEach(function (index) {
+          hls.removeLevel(index);
+        });
+      }
       state.manifestParsed = true;
+      hls.startLoad();
       start();
+    });
+    hls.on(Hls.Events.LEVEL_SWITCHED, function (_event, data) {
+      var level = hls.levels[data.level];
+      state.playingCodec = level ? level.videoCodec || null : null;
     });
     hls.on(Hls.Events.ERROR, function (_event, data) {
       var what = "hls.js " + data.type + ": " + data.details;

@@ -21,11 +21,19 @@ from aivedio.pipeline.ffmpeg.packet_scans import packet_args
 from aivedio.pipeline.ffmpeg.provenance_read import MIME_OF_KIND
 from aivedio.pipeline.ffmpeg.source_tracks import SourceTracks
 from aivedio.pipeline.media import hls, keyframes, text_tracks, thumbnails, waveform
-from aivedio.pipeline.media.plan import Plan
+from aivedio.pipeline.media.plan import Plan, Rung
 from aivedio.pipeline.media.signing import Signed, SignRequest, actions_for
 from aivedio.pipeline.media.validate import MediaSummary
 
 log = get_logger("aivedio.media")
+
+
+def _video_range(rung: Rung, plan: Plan) -> str:
+    """A variant's VIDEO-RANGE: said for every variant of a presentation with an HDR10
+    rendition (PQ for it, SDR for the rest), for none otherwise."""
+    if not any(r.dynamic_range == "pq" for r in plan.renditions):
+        return ""
+    return "PQ" if rung.dynamic_range == "pq" else "SDR"
 
 
 class Finalizing(SourceTracks):
@@ -90,8 +98,9 @@ class Finalizing(SourceTracks):
                     height=r.height,
                     frame_rate=summary.frame_rate if r.copy else plan.frame_rate,
                     has_audio=summary.audio_codec is not None,
+                    video_range=_video_range(r, plan),
                 )
-                for r in plan.rungs
+                for r in plan.renditions
             ]
             files: list[Path] = []
             for rendition in renditions:
@@ -114,7 +123,7 @@ class Finalizing(SourceTracks):
                 required,
                 width=top.width,
                 height=top.height,
-                codec="h264",
+                codec="h264,av1" if plan.av1_rungs else "h264",
             )
             record.tracks = tracks or None
             return record

@@ -168,6 +168,7 @@ class MediaRun(Finalizing):
                 source_earliest=earliest,
                 measured=measured,
                 normalize=self.normalize,
+                av1=self.av1,
             )
         report.plan = plan
         if plan_only:
@@ -418,7 +419,13 @@ class MediaRun(Finalizing):
                 audio_channels=summary.audio_channels,
                 audio_rate=summary.audio_sample_rate,
             )
-            await self._ffmpeg(f"encode[{','.join(sorted(wants))}]", args, plan.duration_seconds)
+            encodes_av1 = any(rung.codec == "av1" for rung in job.rungs)
+            await self._ffmpeg(
+                f"encode[{','.join(sorted(wants))}]",
+                args,
+                plan.duration_seconds,
+                encodes_av1=encodes_av1,
+            )
         elif job.audio:
             audio_only = EncodeJob(
                 rungs=(), proxy=False, poster=False, sprite=False, pcm=False, audio=True

@@ -82,7 +82,7 @@ class PacketScans(RunProcesses):
         packets that will be muxed, negated (1 ms margin), or 0."""
         inputs: list[tuple[Sniff | None, Path, str | None]] = []
         earliest = 0.0
-        encoded = [r for r in plan.rungs if not r.copy]
+        encoded = [r for r in plan.renditions if not r.copy]
         if plan.top.copy:
             # The source's own packets: known from the probe's scans, when it recorded them;
             # else scanned, the planned streams only (an ignored track may start earlier).

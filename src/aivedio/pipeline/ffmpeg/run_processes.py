@@ -5,6 +5,7 @@ steps on the same processes. ``MediaRun`` plans and runs the DAG on top of this.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from aivedio.pipeline.ffmpeg.chunk_steps import ChunkSteps
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord, Report
 from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
+from aivedio.pipeline.media import av1
 from aivedio.pipeline.media.ffmpeg_args import Layout
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.provenance import Provenance
@@ -62,6 +64,9 @@ class RunProcesses:
         # Whether the plan may normalize the audio's loudness (the tenant's switch; the
         # ``[media.loudness] normalize`` one applies as well).
         self.normalize = True
+        # Whether the plan gets the AV1 ladder (the tenant's or the pipeline version's:
+        # ``av1.wanted``).
+        self.av1 = False
         # C2PA: the outputs signed before they are hashed (None: nothing is signed), and the
         # source's provenance, read by ``inspect`` or given by a caller that skips it.
         self.signing: Signing | None = None
@@ -71,16 +76,28 @@ class RunProcesses:
         self.provenance_reader: ProvenanceReader | None = None
         self.require_provenance = False
 
-    async def _ffmpeg(self, step: str, args: list[str], duration: float) -> RunResult:
+    async def _ffmpeg(
+        self, step: str, args: list[str], duration: float, *, encodes_av1: bool = False
+    ) -> RunResult:
+        """``encodes_av1``: the run encodes AV1 rungs, and gets their wall and CPU time on
+        top of the H.264 budget (``av1.deadline_extra_seconds``, ``av1.cpu_extra_seconds``)."""
         assert self.report is not None
         progress = _ProgressLog(step, duration, job_progress.current.get())
+        deadline = media_deadline(self.media, duration)
+        limits = None
+        if encodes_av1:
+            deadline += av1.deadline_extra_seconds(self.media, duration)
+            base = self.sandbox.limits
+            extra = av1.cpu_extra_seconds(self.media, duration)
+            limits = dataclasses.replace(base, cpu_seconds=base.cpu_seconds + extra)
         try:
             result = await self.sandbox.run(
                 "ffmpeg",
                 args,
                 cwd=self.layout.work,
-                deadline_seconds=media_deadline(self.media, duration),
+                deadline_seconds=deadline,
                 on_progress=progress,
+                limits=limits,
             )
         finally:
             progress.finish()

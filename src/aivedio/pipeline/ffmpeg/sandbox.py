@@ -47,6 +47,11 @@ log = get_logger("aivedio.sandbox")
 STDERR_TAIL_LINES = 40
 # After the process exits, how long its pipes may stay open (held by something it started).
 PIPES_GRACE_SECONDS = 2.0
+# The whole environment of a sandboxed process: the C locale, and SVT-AV1 (the AV1
+# ladder's encoder) logging warnings and errors only instead of a banner per encoder,
+# which would push ffmpeg's own last lines out of the kept stderr tail.
+SVT_LOG_LEVEL = "2"  # SVT-AV1's SVT_LOG: 2, warnings and errors
+PROCESS_ENV = {"LC_ALL": "C", "SVT_LOG": SVT_LOG_LEVEL}
 STDOUT_LIMIT_BYTES = 64 * 1024**2
 # stderr text that means the process ran out of something rather than met bad input.
 _EXHAUSTION = re.compile(
@@ -341,7 +346,7 @@ class Sandbox:
         ffmpeg gets ``-nostdin -hide_banner -nostats -progress pipe:1`` and level-tagged logs
         at ``log_level`` (``warning``, or ``info`` when the caller reads a filter's info
         lines); ffprobe logs errors only, its stdout captured (bounded) on ``capture_stdout``,
-        as is the c2pa reader's. ``limits``: tighter rlimits than ``[media]``'s for this run.
+        as is the c2pa reader's. ``limits``: other rlimits than ``[media]``'s for this run.
         """
         if tool not in self._tools:
             raise ValueError(f"unknown tool {tool!r}")
@@ -372,7 +377,7 @@ class Sandbox:
             _Progress(result, on_progress) if tool == "ffmpeg" else _Capture(capture_stdout)
         )
         process = await spawn(
-            argv, cwd=str(cwd), env={"LC_ALL": "C"}, on_stdout=stdout.feed, on_stderr=stderr.feed
+            argv, cwd=str(cwd), env=PROCESS_ENV, on_stdout=stdout.feed, on_stderr=stderr.feed
         )
         try:
             if isinstance(stdout, _Capture):

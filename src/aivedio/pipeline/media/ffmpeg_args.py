@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aivedio.config.media import MediaConfig
+from aivedio.pipeline.media import av1
 from aivedio.pipeline.media.chunks import NUT, Chunking, forced_keyframes, timing_filter
 from aivedio.pipeline.media.colour import Colour, colour_args
 from aivedio.pipeline.media.loudness import measure_filter
@@ -100,7 +101,7 @@ class Layout:
         if wants is None or "waveform" in wants:
             paths.append(self.waveform)
         if plan is not None and (wants is None or "hls" in wants):
-            paths += [self.hls_rung(rung) for rung in plan.rungs]
+            paths += [self.hls_rung(rung) for rung in plan.renditions]
         for path in paths:
             path.mkdir(parents=True, exist_ok=True)
 
@@ -129,7 +130,7 @@ def encode_job(
     path published: the same encode, made once)."""
     rungs: list[Rung] = []
     if "hls" in wants:
-        rungs = [r for r in plan.rungs if not r.copy and r.name not in encoded]
+        rungs = [r for r in plan.renditions if not r.copy and r.name not in encoded]
     top_encoded = plan.top.copy or plan.top.name in encoded
     if "playback" in wants and not top_encoded and plan.top not in rungs:
         rungs.insert(0, plan.top)
@@ -158,9 +159,20 @@ def encoded_colour(plan: Plan) -> Colour | None:
     )
 
 
-def rung_scale(rung: Rung) -> str:
-    """A rung's size, limited range, 8-bit 4:2:0 (H.264 High), square pixels."""
-    return f"scale={rung.width}:{rung.height}:flags=bicubic:out_range=tv,format=yuv420p,setsar=1"
+def rung_scale(rung: Rung, pixel_format: str = "yuv420p") -> str:
+    """A rung's size, limited range, 4:2:0 (8-bit: H.264 High), square pixels."""
+    return (
+        f"scale={rung.width}:{rung.height}:flags=bicubic:out_range=tv,"
+        f"format={pixel_format},setsar=1"
+    )
+
+
+def _rung_chain(rung: Rung, media: MediaConfig) -> str:
+    """The chain after the split that makes ``rung``'s frames: an AV1 rung at the size of
+    an H.264 one (both 8-bit) has the same chain, so the two share one scale."""
+    if rung.codec == "av1":
+        return rung_scale(rung, av1.pixel_format(media.av1))
+    return rung_scale(rung)
 
 
 def _x264(
@@ -198,6 +210,18 @@ def _audio_encode(
     return args
 
 
+def _hdr10_branches(trunk: str, pre: list[str], hdr: list[int], job: EncodeJob) -> list[str]:
+    """The HDR10 renditions (``job.rungs[i]`` for ``i`` in ``hdr``) leave the decode before
+    the colour chain (the tone map the SDR renditions get): 10-bit, the source's PQ
+    picture scaled; the rest goes on as ``[v_sdr]``."""
+    others = len(job.rungs) > len(hdr) or job.proxy or job.poster or job.sprite
+    outs = ("[v_sdr]" if others else "") + "".join(f"[v_h{i}]" for i in hdr)
+    split = ",".join([*pre, f"split={len(hdr) + (1 if others else 0)}"])
+    lines = [f"{trunk}{split}{outs}"]
+    lines += [f"[v_h{i}]{rung_scale(job.rungs[i], 'yuv420p10le')}[o_r{i}]" for i in hdr]
+    return lines
+
+
 def encode_args(
     plan: Plan,
     job: EncodeJob,
@@ -214,11 +238,23 @@ def encode_args(
     pre = []
     if plan.mode == "transcode":
         pre.append(f"fps={plan.frame_rate_expr}")
+    trunk = f"[{plan.video_map}]"
+    graph: list[str] = []
+    hdr = [i for i, rung in enumerate(job.rungs) if rung.dynamic_range == "pq"]
+    if hdr:
+        graph += _hdr10_branches(trunk, pre, hdr, job)
+        trunk, pre = "[v_sdr]", []
     if plan.colour_filter:  # once, before the split: every branch gets the planned colour
         pre.append(plan.colour_filter)
     branches: list[tuple[str, str]] = []  # (label, chain after split)
+    shared: dict[str, list[int]] = {}  # a rung chain -> the rungs (indexes) it feeds
     for index, rung in enumerate(job.rungs):
-        branches.append((f"r{index}", rung_scale(rung)))
+        if index not in hdr:
+            shared.setdefault(_rung_chain(rung, media), []).append(index)
+    for chain, indexes in shared.items():
+        if len(indexes) > 1:
+            chain += f",split={len(indexes)}"
+        branches.append((f"r{indexes[0]}", chain))
     if job.proxy and plan.proxy is not None:
         branches.append(("px", rung_scale(plan.proxy)))
     if job.poster:
@@ -234,14 +270,16 @@ def encode_args(
             rows=media.sprite_rows,
         )
         branches.append(("sp", chain))
-    graph: list[str] = []
     if branches:
         head = ",".join([*pre, f"split={len(branches)}"]) if len(branches) > 1 or pre else "null"
         if len(branches) == 1 and pre:
             head = ",".join(pre)
         outs = "".join(f"[s_{label}]" for label, _ in branches)
-        graph.append(f"[{plan.video_map}]{head}{outs}")
-        graph += [f"[s_{label}]{chain}[o_{label}]" for label, chain in branches]
+        graph.append(f"{trunk}{head}{outs}")
+        outputs = {f"r{ixs[0]}": "".join(f"[o_r{i}]" for i in ixs) for ixs in shared.values()}
+        graph += [
+            f"[s_{label}]{chain}{outputs.get(label, f'[o_{label}]')}" for label, chain in branches
+        ]
     if job.pcm:
         rate = plan.waveform_sample_rate
         graph.append(
@@ -256,8 +294,20 @@ def encode_args(
     keys = _forced_keyframes(plan)
     colour = encoded_colour(plan)
     for index, rung in enumerate(job.rungs):
-        x264 = _x264(rung, media, keys, gop=gop, colour=colour)
-        args += ["-map", f"[o_r{index}]", *x264, "-an"]
+        if rung.codec == "av1":
+            pq = rung.dynamic_range == "pq"
+            encoder = av1.encoder_args(
+                crf=rung.crf,
+                maxrate_kbps=rung.maxrate_kbps,
+                gop_frames=plan.gop_frames,
+                media=media,
+                hdr10_params=plan.hdr10_params if pq else "",
+            )
+            tags = plan.hdr10_colour if pq else colour
+            encoder += colour_args(tags) if tags is not None else []
+        else:
+            encoder = _x264(rung, media, keys, gop=gop, colour=colour)
+        args += ["-map", f"[o_r{index}]", *encoder, "-an"]
         args += ["-f", "mp4", str(layout.rung_video(rung))]
     if job.proxy and plan.proxy is not None:
         gop_p = str(media.proxy_gop_frames)
@@ -423,7 +473,7 @@ def package_args(
             ]
         )
     if "hls" in wants:
-        for rung in plan.rungs:
+        for rung in plan.renditions:
             directory = layout.hls_rung(rung)
             inputs, maps, tags = rung_io(rung)
             runs.append(

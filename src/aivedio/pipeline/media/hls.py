@@ -2,7 +2,8 @@
 
 ffmpeg 5.1's own master omits ``CODECS`` for copied rungs, adds an audio-only variant and
 reports nominal bandwidth. Here every variant line carries ``CODECS`` read from the
-rendition's own init segment (the ``avcC`` box: profile, constraint flags, level),
+rendition's own init segment (the ``avcC`` box: profile, constraint flags, level; an AV1
+rendition's ``av1C``: profile, level, tier, bit depth),
 ``RESOLUTION``, ``FRAME-RATE``, and ``BANDWIDTH``/``AVERAGE-BANDWIDTH`` measured from the
 segment sizes and durations. Only renditions whose files were all verified are listed.
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from aivedio.errors import InvalidMediaError
+from aivedio.pipeline.media import av1
 
 AAC_LC = "mp4a.40.2"
 _EXTINF = re.compile(r"#EXTINF:([\d.]+)")
@@ -28,6 +30,8 @@ class Rendition:
     height: int
     frame_rate: float
     has_audio: bool
+    # VIDEO-RANGE (SDR, PQ), written when a presentation has an HDR rendition; "": none.
+    video_range: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,14 @@ def avc_codec_string(init_segment: Path) -> str:
         raise InvalidMediaError(f"no avcC box in {init_segment.name}", reasons=["hls_no_avcc"])
     profile, constraints, level = data[at + 5], data[at + 6], data[at + 7]
     return f"avc1.{profile:02X}{constraints:02X}{level:02X}"
+
+
+def video_codec_string(init_segment: Path) -> str:
+    """The video's ``CODECS`` entry from its init segment: ``av01.…`` for an AV1 rendition
+    (``av1.codec_string``), ``avc1.…`` otherwise."""
+    if b"av1C" in init_segment.read_bytes():
+        return av1.codec_string(init_segment)
+    return avc_codec_string(init_segment)
 
 
 def measure(directory: Path, playlist: MediaPlaylist) -> tuple[int, int]:
@@ -100,7 +112,7 @@ def master_playlist(hls_dir: Path, renditions: list[Rendition], *, provenance: b
     for rendition in renditions:
         directory = hls_dir / rendition.name
         playlist = parse_media_playlist(directory / "index.m3u8")
-        codecs = avc_codec_string(directory / playlist.init)
+        codecs = video_codec_string(directory / playlist.init)
         if rendition.has_audio:
             codecs += f",{AAC_LC}"
         peak, average = measure(directory, playlist)
@@ -108,6 +120,7 @@ def master_playlist(hls_dir: Path, renditions: list[Rendition], *, provenance: b
             f"#EXT-X-STREAM-INF:BANDWIDTH={peak},AVERAGE-BANDWIDTH={average},"
             f'CODECS="{codecs}",RESOLUTION={rendition.width}x{rendition.height},'
             f"FRAME-RATE={rendition.frame_rate:.3f}"
+            + (f",VIDEO-RANGE={rendition.video_range}" if rendition.video_range else "")
         )
         lines.append(f"{rendition.name}/index.m3u8")
     return "\n".join(lines) + "\n"

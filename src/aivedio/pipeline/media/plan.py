@@ -12,16 +12,21 @@ landscape and 720x1280 portrait). Every rendition splits at the same timestamps:
   segment duration and nowhere else;
 * remux: the top rung is the source's own bitstream, so its keyframes decide; the cut points
   are computed with the HLS muxer's own rule and lower rungs get keyframes exactly there.
+
+The AV1 ladder (``av1_rungs``, when the tenant or the pipeline version has it) is a twin of
+every rung from the same decode; its rungs split at the same timestamps as each other (a
+GOP of one segment: ``av1.py`` says why), not necessarily as the H.264 ones'.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import msgspec
 
 from aivedio.config.media import MediaConfig
-from aivedio.pipeline.media import colour, loudness
+from aivedio.pipeline.media import av1, colour, loudness
 from aivedio.pipeline.media.chunks import Chunking, make_chunking
 from aivedio.pipeline.media.colour import Colour
 from aivedio.pipeline.media.keyframes import Packet, segment_boundaries
@@ -43,6 +48,9 @@ class Rung(msgspec.Struct, frozen=True, kw_only=True):
     crf: int
     maxrate_kbps: int
     bufsize_kbps: int
+    codec: str = "h264"  # h264 | av1
+    # sdr; pq: the HDR10 rendition (the source's PQ picture, not tone-mapped, 10-bit)
+    dynamic_range: str = "sdr"
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,6 +95,13 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     # filter that normalizes it ("" none: the audio as it is).
     loudness: Loudness | None = None
     audio_filter: str = ""
+    # The AV1 ladder beside the H.264 one (top first; empty: none), every rung encoded
+    # from the same decode, published in the same HLS master (``av1_rungs``).
+    av1_rungs: list[Rung] = msgspec.field(default_factory=list)
+    # The HDR10 rendition's colour (the source's, limited range) and SVT-AV1 parameters
+    # (its mastering display and light levels); None: the plan has no HDR10 rendition.
+    hdr10_colour: Colour | None = None
+    hdr10_params: str = ""
 
     @property
     def path(self) -> str:
@@ -107,6 +122,11 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def top(self) -> Rung:
         return self.rungs[0]
+
+    @property
+    def renditions(self) -> list[Rung]:
+        """Every HLS rendition: the H.264 ladder, then the AV1 one."""
+        return [*self.rungs, *self.av1_rungs]
 
 
 def transcode_reasons(s: MediaSummary) -> list[str]:
@@ -195,6 +215,7 @@ def make_plan(
     source_earliest: float | None = None,
     measured: Loudness | None = None,
     normalize: bool = True,
+    av1: bool = False,
 ) -> Plan:
     """The plan for this media. ``measured``: the audio's loudness, normalized when
     ``normalize`` (the tenant's switch) and ``[media.loudness] normalize`` are both on.
@@ -203,7 +224,8 @@ def make_plan(
     starts about 23 ms before the video), from which the HLS muxer measures its cuts.
     ``video_packets`` (decode order) lets a source longer than
     ``chunk_threshold_seconds`` take the chunked path. ``source_earliest`` is recorded as
-    given (``Plan.source_earliest``)."""
+    given (``Plan.source_earliest``). ``av1``: the tenant's revisions get the AV1 ladder
+    (``av1.wanted``); a chunked plan does not (its pieces are H.264 only)."""
     reasons = transcode_reasons(s)
     mode = "transcode" if reasons else "remux"
     short = min(s.display_width, s.display_height)
@@ -318,7 +340,56 @@ def make_plan(
         dynamic_range=colour.dynamic_range(s.colour),
         loudness=measured,
         audio_filter=audio_filter,
+        **_av1_ladder(s, media, rungs, wanted=av1 and chunking is None),
     )
+
+
+# SVT-AV1's CRF scale.
+AV1_CRF_RANGE = (1, 63)
+
+
+def av1_rungs(rungs: list[Rung], media: MediaConfig) -> list[Rung]:
+    """The AV1 ladder: a twin of every H.264 rung, at its size, every one encoded (a copied
+    rung's twin takes the top configured rung's settings), named ``av1_<rung>``."""
+    top = max(media.ladder, key=lambda rung: rung.height)
+    config = media.av1
+    twins = []
+    for rung in rungs:
+        base = top if rung.copy else rung
+        crf = min(max(base.crf + config.crf_offset, AV1_CRF_RANGE[0]), AV1_CRF_RANGE[1])
+        maxrate = round(base.maxrate_kbps * config.maxrate_ratio)
+        twins.append(
+            Rung(
+                name=f"av1_{rung.name}",
+                width=rung.width,
+                height=rung.height,
+                copy=False,
+                crf=crf,
+                maxrate_kbps=maxrate,
+                bufsize_kbps=maxrate * 2,
+                codec="av1",
+            )
+        )
+    return twins
+
+
+def _av1_ladder(
+    s: MediaSummary, media: MediaConfig, rungs: list[Rung], *, wanted: bool
+) -> dict[str, Any]:
+    """The plan's AV1 fields: the ladder, and for a PQ source with ``[media.av1] hdr10``
+    the HDR10 rendition (the top rung's size) with its colour and parameters."""
+    if not wanted:
+        return {}
+    twins = av1_rungs(rungs, media)
+    if not (media.av1.hdr10 and colour.dynamic_range(colour.filled(s.colour)) == "pq"):
+        return {"av1_rungs": twins}
+    top = twins[0]
+    hdr10 = msgspec.structs.replace(top, name=f"av1_hdr10_{rungs[0].name}", dynamic_range="pq")
+    return {
+        "av1_rungs": [*twins, hdr10],
+        "hdr10_colour": msgspec.structs.replace(colour.filled(s.colour), range="tv"),
+        "hdr10_params": av1.hdr10_params(s.hdr),
+    }
 
 
 def audio_treatment(

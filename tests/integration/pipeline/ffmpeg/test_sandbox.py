@@ -163,7 +163,8 @@ async def test_deadline_kills_the_group_and_counts_as_exhaustion(tmp_path: Path)
     assert limit_of(proc.limits, "Max open files") == ("99", "99")
     assert limit_of(proc.limits, "Max processes") == ("555", "555")
     assert limit_of(proc.limits, "Max core file size") == ("0", "0")
-    assert proc.environ == b"LC_ALL=C\0"  # the environment is cleared
+    # The environment is cleared: the C locale and SVT-AV1's log level alone.
+    assert proc.environ == b"LC_ALL=C\0SVT_LOG=2\0"
     assert proc.netns != os.readlink("/proc/self/ns/net")  # a network namespace of its own
 
 
