@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 import anyio
-import anyio.to_thread
 from aiohttp import web
 
 from aivedio.api.auth import tenant_of
@@ -20,14 +19,12 @@ from aivedio.api.context import ApiContext, context
 from aivedio.api.problems import ApiError
 from aivedio.logs import get_logger
 from aivedio.store import uploads
+from aivedio.store.objects.append import feed_aside
 from aivedio.store.objects.base import MIB, ObjectStore
 from aivedio.store.uploads import UploadSession
 
 log = get_logger("aivedio.api")
 
-# Chunks at least this big are hashed in a worker thread (hashlib releases the GIL), so a
-# large upload does not hold the event loop for a millisecond and more per chunk.
-THREAD_HASH_BYTES = 256 * 1024
 # Request bodies are read this many bytes at a time while streaming into the store.
 CHUNK_BYTES = 1 * MIB
 
@@ -68,10 +65,7 @@ def refuse_ended(session: UploadSession) -> None:
 
 async def hash_chunk(hasher: Any, chunk: bytes) -> None:
     """Feed ``chunk`` to ``hasher``, in a worker thread when it is big."""
-    if len(chunk) >= THREAD_HASH_BYTES:
-        await anyio.to_thread.run_sync(hasher.update, chunk)
-    else:
-        hasher.update(chunk)
+    await feed_aside((hasher,), (chunk,))
 
 
 def status_path(video: uuid.UUID) -> str:

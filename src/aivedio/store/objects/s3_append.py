@@ -19,7 +19,7 @@ answers the object when its size is the expected one.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -28,7 +28,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from aivedio.errors import NotFoundError, TooLargeError, TransientError
-from aivedio.store.objects.append import AppendMark
+from aivedio.store.objects.append import AppendMark, Hasher, feed_aside
 from aivedio.store.objects.base import ObjectInfo, UploadedPart
 from aivedio.store.objects.part_checksums import sha256_b64
 from aivedio.store.objects.s3_upload import MAX_PARTS, _PartBody
@@ -113,8 +113,14 @@ class S3Appender:
         self._offset -= len(tail)  # write() counts them again
         await self.write(tail)
 
-    async def write(self, chunk: bytes) -> None:
+    async def write(self, *chunks: bytes, hashers: Sequence[Hasher] = ()) -> None:
         self._raise_failure()
+        await feed_aside(hashers, chunks)
+        for chunk in chunks:
+            await self._fill(chunk)
+
+    async def _fill(self, chunk: bytes) -> None:
+        """Copy ``chunk`` into part buffers, submitting each one filled."""
         self._offset += len(chunk)
         self._account(len(chunk))
         view = memoryview(chunk).cast("B")
