@@ -111,21 +111,30 @@ async def end_upload(
     return True
 
 
-async def arriving(request: web.Request, idle_seconds: float) -> AsyncIterator[bytes]:
+async def arriving(
+    request: web.Request, idle_seconds: float, *, as_received: bool = False
+) -> AsyncIterator[bytes]:
     """The body's chunks as they arrive, 408 when none comes for ``idle_seconds``: a large
     upload may take hours, but a client that stops sending must not hold a handler (and an
-    open upload) for ever."""
-    chunks = request.content.iter_chunked(CHUNK_BYTES).__aiter__()
+    open upload) for ever. Chunks of up to ``CHUNK_BYTES``, joined from what aiohttp
+    buffered; ``as_received``: each as aiohttp's parser made it, without that copy (for a
+    caller that gathers them itself)."""
+    content = request.content
     while True:
         try:
             with anyio.fail_after(idle_seconds):
-                chunk = await anext(chunks)
-        except StopAsyncIteration:
-            return
+                if as_received:
+                    chunk, end_of_http_chunk = await content.readchunk()
+                else:
+                    chunk, end_of_http_chunk = await content.read(CHUNK_BYTES), False
         except TimeoutError:
             raise ApiError(
                 408, f"the upload sent nothing for {idle_seconds:g} s", "body_timeout"
             ) from None
+        if not chunk:
+            if end_of_http_chunk:
+                continue  # the end of a chunk of a chunked body, not of the body
+            return
         yield chunk
 
 
