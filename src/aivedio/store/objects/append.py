@@ -100,8 +100,8 @@ class Appender(Protocol):
 
     async def write(self, *chunks: bytes, hashers: Sequence[Hasher] = ()) -> None:
         """Append ``chunks`` in order, each fed to every one of ``hashers`` too; returns once
-        the hashers have seen them and the store has room (backpressure). The chunks must
-        not change afterwards (they may be held until the next batch is written)."""
+        the hashers have seen them and the store has room (backpressure). A ``bytes`` chunk
+        may be held, not copied, until a batch is written; a mutable buffer is copied."""
         ...
 
     async def checkpoint(self) -> AppendMark:
