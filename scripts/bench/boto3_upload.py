@@ -39,7 +39,7 @@ def main() -> int:
     parser.add_argument(
         "--sha256",
         action="store_true",
-        help="ask for SHA-256 checksums like aivedio does (default: boto3's)",
+        help="ask for SHA-256 checksums per part (default: boto3's, a CRC32)",
     )
     args = parser.parse_args()
     client = boto3.client(

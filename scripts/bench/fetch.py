@@ -9,9 +9,12 @@ All in one run, for each body size (1 GiB and 4 GiB by default):
 and then on each S3 engine, SeaweedFS (a real distributed object store) and moto's server
 (a mock, single-threaded, objects in memory), both started here:
 
-(b)  the same guarded fetch into S3 (multipart, per-part SHA-256, bounded parts in flight);
-(b') boto3's ``upload_fileobj`` streaming the same HTTP body into the same S3 server;
-(b'') the same with SHA-256 checksums, as the guarded fetch sends;
+(b)  the same guarded fetch into S3 (multipart, per-part CRC32, bounded parts in flight; the
+     object's SHA-256 computed as the body streams);
+(b') boto3's ``upload_fileobj`` streaming the same HTTP body into the same S3 server (boto3's
+     default: a CRC32 per part);
+(b'') the same with SHA-256 checksums per part (what the guarded fetch sent until the parts'
+     check became a CRC32);
 (c)  on SeaweedFS only, its own ``weed upload`` of the file (a') wrote, straight to the
      master and volume server (no S3 gateway, no filer, no HTTPS body): the engine's
      ceiling on this machine.

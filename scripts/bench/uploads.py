@@ -18,7 +18,10 @@ of the same file to the same engine, in one run (issue 27).
 
    MiB/s is size / wall time of the transfer. The API's memory: its RSS (``/proc/PID/
    status`` ``VmRSS``) sampled every 50 ms during the transfer; "peak" is the highest
-   sample, "growth" the peak less the RSS just before. The targets: tus at least 0.8x the
+   sample, "growth" the peak less the RSS just before. CPU: the user + system time of the
+   receiving process during the transfer (``/proc/PID/stat``): the sink or SeaweedFS for the
+   baseline, the API for tus; unlike MiB/s, it does not move with the load of a shared
+   machine. The targets: tus at least 0.8x the
    baseline, and the growth flat (bounded by the part buffers, not the file's size).
 
 Result: a table on stdout and ``var/bench-uploads/result.json``.
@@ -125,13 +128,27 @@ def curl(*args: str) -> tuple[float, str]:
     return seconds, done.stdout
 
 
-def measured(pid: int | None, send: Any) -> dict[str, Any]:
-    if pid is None:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` so far (all its threads), from ``/proc/PID/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(pid: int, send: Any, *, rss: bool = True) -> dict[str, Any]:
+    """Wall time of ``send()``, and the CPU (and, with ``rss``, memory) of the receiving
+    process ``pid`` meanwhile."""
+    cpu = cpu_seconds(pid)
+    if not rss:
         seconds = send()
-        return {"seconds": seconds}
-    with RssSampler(pid) as rss:
+        return {"seconds": seconds, "cpu_seconds": cpu_seconds(pid) - cpu}
+    with RssSampler(pid) as sampler:
         seconds = send()
-    return {"seconds": seconds, "rss_before": rss.before, "rss_peak": rss.peak}
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds(pid) - cpu,
+        "rss_before": sampler.before,
+        "rss_peak": sampler.peak,
+    }
 
 
 # -- the servers -------------------------------------------------------------------------------
@@ -241,6 +258,7 @@ async def one_store(
     env: dict[str, str],
     dsn: str,
     engine: Engine,
+    engine_pid: int,
     path: Path,
     size: int,
     digest: str,
@@ -268,7 +286,9 @@ async def one_store(
         url = client.generate_presigned_url(
             "put_object", Params={"Bucket": BUCKET, "Key": "baseline.bin"}, ExpiresIn=3600
         )
-        row["baseline"] = measured(None, lambda: curl("-o", "/dev/null", "-T", str(path), url)[0])
+        row["baseline"] = measured(
+            engine_pid, lambda: curl("-o", "/dev/null", "-T", str(path), url)[0], rss=False
+        )
         row["baseline_target"] = "SeaweedFS, presigned PUT"
     else:
         sink_port = free_port()
@@ -281,8 +301,9 @@ async def one_store(
         )
         sink.json_line(30)
         row["baseline"] = measured(
-            None,
+            sink.pid,
             lambda: curl("-o", "/dev/null", "-T", str(path), f"http://127.0.0.1:{sink_port}/x")[0],
+            rss=False,
         )
         row["baseline_target"] = "loopback sink (aiohttp, file + fsync)"
         sink.stop()
@@ -361,6 +382,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         env=env,
                         dsn=dsn,
                         engine=engine,
+                        engine_pid=server.pid,
                         path=path,
                         size=size,
                         digest=digest,
@@ -386,14 +408,16 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         f"{result['size_bytes'] // MIB} MiB, {result['machine']}, {result['utc']}",
         f"{'store':6} {'baseline MiB/s':>15} {'tus MiB/s':>10} {'ratio':>6} "
-        f"{'RSS before':>11} {'RSS peak':>9} {'growth':>8}  baseline",
+        f"{'RSS before':>11} {'RSS peak':>9} {'growth':>8} {'CPU base':>9} {'CPU API':>8}"
+        "  baseline",
     ]
     for row in result["rows"]:
         tus = row["tus"]
         lines.append(
             f"{row['store']:6} {row['baseline']['mib_per_s']:15.1f} {tus['mib_per_s']:10.1f} "
             f"{row['ratio']:6.2f} {tus['rss_before'] / MIB:10.1f}M {tus['rss_peak'] / MIB:8.1f}M "
-            f"{row['rss_growth'] / MIB:7.1f}M  {row['baseline_target']}"
+            f"{row['rss_growth'] / MIB:7.1f}M {row['baseline']['cpu_seconds']:8.2f}s "
+            f"{tus['cpu_seconds']:7.2f}s  {row['baseline_target']}"
         )
     return "\n".join(lines)
 

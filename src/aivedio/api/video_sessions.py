@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 import anyio
-import anyio.to_thread
 from aiohttp import web
 
 from aivedio.api.auth import tenant_of
@@ -20,14 +19,12 @@ from aivedio.api.context import ApiContext, context
 from aivedio.api.problems import ApiError
 from aivedio.logs import get_logger
 from aivedio.store import uploads
+from aivedio.store.objects.append import feed_aside
 from aivedio.store.objects.base import MIB, ObjectStore
 from aivedio.store.uploads import UploadSession
 
 log = get_logger("aivedio.api")
 
-# Chunks at least this big are hashed in a worker thread (hashlib releases the GIL), so a
-# large upload does not hold the event loop for a millisecond and more per chunk.
-THREAD_HASH_BYTES = 256 * 1024
 # Request bodies are read this many bytes at a time while streaming into the store.
 CHUNK_BYTES = 1 * MIB
 
@@ -68,10 +65,7 @@ def refuse_ended(session: UploadSession) -> None:
 
 async def hash_chunk(hasher: Any, chunk: bytes) -> None:
     """Feed ``chunk`` to ``hasher``, in a worker thread when it is big."""
-    if len(chunk) >= THREAD_HASH_BYTES:
-        await anyio.to_thread.run_sync(hasher.update, chunk)
-    else:
-        hasher.update(chunk)
+    await feed_aside((hasher,), (chunk,))
 
 
 def status_path(video: uuid.UUID) -> str:
@@ -117,21 +111,30 @@ async def end_upload(
     return True
 
 
-async def arriving(request: web.Request, idle_seconds: float) -> AsyncIterator[bytes]:
+async def arriving(
+    request: web.Request, idle_seconds: float, *, as_received: bool = False
+) -> AsyncIterator[bytes]:
     """The body's chunks as they arrive, 408 when none comes for ``idle_seconds``: a large
     upload may take hours, but a client that stops sending must not hold a handler (and an
-    open upload) for ever."""
-    chunks = request.content.iter_chunked(CHUNK_BYTES).__aiter__()
+    open upload) for ever. Chunks of up to ``CHUNK_BYTES``, joined from what aiohttp
+    buffered; ``as_received``: each as aiohttp's parser made it, without that copy (for a
+    caller that gathers them itself)."""
+    content = request.content
     while True:
         try:
             with anyio.fail_after(idle_seconds):
-                chunk = await anext(chunks)
-        except StopAsyncIteration:
-            return
+                if as_received:
+                    chunk, end_of_http_chunk = await content.readchunk()
+                else:
+                    chunk, end_of_http_chunk = await content.read(CHUNK_BYTES), False
         except TimeoutError:
             raise ApiError(
                 408, f"the upload sent nothing for {idle_seconds:g} s", "body_timeout"
             ) from None
+        if not chunk:
+            if end_of_http_chunk:
+                continue  # the end of a chunk of a chunked body, not of the body
+            return
         yield chunk
 
 

@@ -15,8 +15,13 @@ Rules both stores keep:
   the mark; on S3, parts numbered after the mark are overwritten and never named in the
   completion). So a request refused midway (a checksum mismatch, a lost writer lease) needs
   no cleanup: its caller simply does not record the new mark.
-* **Memory is bounded**: the local store buffers at most ``LOCAL_WRITE_BATCH_BYTES``; S3 at
-  most ``part_size_bytes x (parts_in_flight + 1)`` per appender, whatever the body's size.
+* **Memory is bounded**: the local store holds at most ``LOCAL_WRITE_BATCH_BYTES`` plus one
+  write's chunks; S3 at most ``part_size_bytes x (parts_in_flight + 1)`` per appender,
+  whatever the body's size.
+* **Hashes ride along with the bytes.** ``write`` feeds the chunks to the caller's hashers
+  (the upload's SHA-256, a ``PATCH``'s checksum) in the order written, in the pass that
+  stores them where the store can (the local store: one worker-thread call hashes and
+  writes a batch), and they have seen every chunk once ``write`` returns.
 * **S3 parts are exactly ``part_size_bytes``** except the last (S3's 5 MiB minimum holds for
   every part but the last): bytes that do not fill a part when a request ends are stored as
   a tail object (``AppendMark.tail_key``, under the ``scratch_prefix`` the caller gives) and
@@ -27,9 +32,12 @@ Rules both stores keep:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Protocol, runtime_checkable
 
+import anyio
+import anyio.to_thread
 import msgspec
 
 from aivedio.store.objects.base import DEFAULT_CONTENT_TYPE, ObjectInfo
@@ -49,6 +57,34 @@ class AppendMark(msgspec.Struct, frozen=True, kw_only=True):
     tail_key: str | None = None
 
 
+class Hasher(Protocol):
+    """What ``write`` feeds (``hashlib``'s objects)."""
+
+    def update(self, data: bytes, /) -> None: ...
+
+
+# Chunks at least this big in all are hashed in a worker thread (hashlib releases the GIL),
+# so a large body does not hold the event loop for a millisecond and more per write.
+THREAD_FEED_BYTES = 256 * 1024
+
+
+def feed(hashers: Sequence[Hasher], chunks: Sequence[bytes]) -> None:
+    """Each chunk to each hasher, in order."""
+    for chunk in chunks:
+        for hasher in hashers:
+            hasher.update(chunk)
+
+
+async def feed_aside(hashers: Sequence[Hasher], chunks: Sequence[bytes]) -> None:
+    """``feed``, in a worker thread when the chunks are big."""
+    if not hashers:
+        return
+    if sum(len(chunk) for chunk in chunks) >= THREAD_FEED_BYTES:
+        await anyio.to_thread.run_sync(feed, hashers, chunks)
+    else:
+        feed(hashers, chunks)
+
+
 class Appender(Protocol):
     """Bytes appended at a mark; use from one task, inside ``open_append``'s block."""
 
@@ -62,8 +98,10 @@ class Appender(Protocol):
         """High-water mark of bytes held in memory (tests and the benchmark prove it flat)."""
         ...
 
-    async def write(self, chunk: bytes) -> None:
-        """Append ``chunk``; returns once the store has room (backpressure)."""
+    async def write(self, *chunks: bytes, hashers: Sequence[Hasher] = ()) -> None:
+        """Append ``chunks`` in order, each fed to every one of ``hashers`` too; returns once
+        the hashers have seen them and the store has room (backpressure). A ``bytes`` chunk
+        may be held, not copied, until a batch is written; a mutable buffer is copied."""
         ...
 
     async def checkpoint(self) -> AppendMark:

@@ -1,7 +1,7 @@
 """The S3 object store over aiobotocore (AWS S3 or any S3-compatible endpoint).
 
-Uploads (multipart, bounded concurrency and memory, per-part SHA-256, shielded control
-requests) live in ``s3_upload``; ``S3Upload`` and ``sha256_b64`` are re-exported here.
+Uploads (multipart, bounded concurrency and memory, per-part CRC32, shielded control
+requests) live in ``s3_upload``; appends (per-part SHA-256) in ``s3_append``.
 
 Choices, and the failure each prevents:
 
@@ -67,16 +67,15 @@ from aivedio.store.objects.base import (
     validate_prefix,
     validate_range,
 )
+from aivedio.store.objects.part_checksums import SHA256, check_echoed
 from aivedio.store.objects.s3_append import S3Appender, open_s3_append
-from aivedio.store.objects.s3_upload import CHECKSUM_ALGORITHM as CHECKSUM_ALGORITHM
 from aivedio.store.objects.s3_upload import (
     CONTROL_REQUEST_TIMEOUT_SECONDS as CONTROL_REQUEST_TIMEOUT_SECONDS,
 )
 from aivedio.store.objects.s3_upload import MAX_PARTS as MAX_PARTS
 from aivedio.store.objects.s3_upload import MIN_PART_SIZE_BYTES as MIN_PART_SIZE_BYTES
 from aivedio.store.objects.s3_upload import S3Upload as S3Upload
-from aivedio.store.objects.s3_upload import _etag, check_echoed, validate_part_size
-from aivedio.store.objects.s3_upload import sha256_b64 as sha256_b64
+from aivedio.store.objects.s3_upload import _etag, validate_part_size
 
 DEFAULT_PART_SIZE_BYTES = 8 * MIB
 DEFAULT_PARTS_IN_FLIGHT = 4
@@ -221,7 +220,7 @@ class S3ObjectStore(ObjectStoreConveniences):
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
             # Custom endpoints (MinIO, Ceph, moto) rarely have wildcard DNS for buckets.
-            # Every part and put carries our own ChecksumSHA256, which the store verifies, so
+            # Every part and put carries our own checksum, which the store verifies, so
             # SigV4 need not hash each payload once more (botocore does so on plain-HTTP
             # endpoints, synchronously, on the event loop).
             s3={
@@ -540,7 +539,7 @@ class S3ObjectStore(ObjectStoreConveniences):
                 Bucket=self.bucket,
                 Key=self._full_key(key),
                 ContentType=content_type,
-                ChecksumAlgorithm=CHECKSUM_ALGORITHM,
+                ChecksumAlgorithm=SHA256.algorithm,
             )
         upload_id: str = response["UploadId"]
         return upload_id
@@ -577,10 +576,10 @@ class S3ObjectStore(ObjectStoreConveniences):
                 UploadId=upload_id,
                 PartNumber=number,
                 Body=body,
-                ChecksumAlgorithm=CHECKSUM_ALGORITHM,
+                ChecksumAlgorithm=SHA256.algorithm,
                 ChecksumSHA256=checksum,
             )
-        check_echoed(response, checksum, f"part {number} of {key!r}")
+        check_echoed(response, SHA256, checksum, f"part {number} of {key!r}")
         return str(response["ETag"])
 
     async def presign_get(

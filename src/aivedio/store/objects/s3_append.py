@@ -4,8 +4,8 @@ An appender fills a part-sized buffer (starting with the tail object of its mark
 and, each time it is full, sends it as the next part from a task of its own, while the
 request's body keeps arriving: at most ``parts_in_flight`` parts are in flight, and a writer
 waits for a slot (backpressure), so memory stays near ``part_size_bytes x (parts_in_flight +
-1)``. Each part carries its SHA-256 (``ChecksumSHA256``), as ``S3Upload``'s do, and is sent
-from its buffer without a copy (``_PartBody``).
+1)``. Each part carries its SHA-256 (``ChecksumSHA256``; ``part_checksums.py`` says why not
+the CRC32 of ``S3Upload``'s), and is sent from its buffer without a copy (``_PartBody``).
 
 ``checkpoint`` waits for the parts in flight and stores the bytes that do not fill a part
 as a tail object named for the offset it ends at (a new key each time, so a checkpoint that
@@ -19,7 +19,7 @@ answers the object when its size is the expected one.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -28,9 +28,10 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 
 from aivedio.errors import NotFoundError, TooLargeError, TransientError
-from aivedio.store.objects.append import AppendMark
+from aivedio.store.objects.append import AppendMark, Hasher, feed_aside
 from aivedio.store.objects.base import ObjectInfo, UploadedPart
-from aivedio.store.objects.s3_upload import MAX_PARTS, _PartBody, sha256_b64
+from aivedio.store.objects.part_checksums import sha256_b64
+from aivedio.store.objects.s3_upload import MAX_PARTS, _PartBody
 from aivedio.transfer_cpu import measuring
 
 
@@ -112,8 +113,14 @@ class S3Appender:
         self._offset -= len(tail)  # write() counts them again
         await self.write(tail)
 
-    async def write(self, chunk: bytes) -> None:
+    async def write(self, *chunks: bytes, hashers: Sequence[Hasher] = ()) -> None:
         self._raise_failure()
+        await feed_aside(hashers, chunks)
+        for chunk in chunks:
+            await self._fill(chunk)
+
+    async def _fill(self, chunk: bytes) -> None:
+        """Copy ``chunk`` into part buffers, submitting each one filled."""
         self._offset += len(chunk)
         self._account(len(chunk))
         view = memoryview(chunk).cast("B")
