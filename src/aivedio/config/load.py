@@ -96,6 +96,11 @@ class StorageConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=T
     s3_region: str = "us-east-1"
     s3_access_key_id: str = ""
     s3_secret_access_key: str = ""
+    # The checksum each part (and single put) of a fetch's or an output's upload carries,
+    # which the engine verifies: "sha256" (the default) or "crc32" (a third of the CPU, as
+    # boto3 does by default; store/objects/part_checksums.py). The object's SHA-256 is the
+    # integrity guarantee either way. Resumable uploads always use SHA-256 parts.
+    s3_part_checksum: str = "sha256"
 
 
 class SecurityConfig(_Section, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -257,6 +262,8 @@ def validate(config: Config, *, require_secrets: bool = True) -> None:
             raise ConfigError("config error: storage.url: s3 URLs must be s3://bucket[/prefix]")
     else:
         raise ConfigError("config error: storage.url: scheme must be file or s3")
+    if config.storage.s3_part_checksum not in {"sha256", "crc32"}:  # part_checksums.BY_NAME
+        raise ConfigError("config error: storage.s3_part_checksum: one of sha256, crc32")
     validate_worker(config.worker, config.queue)
     if config.log.level.lower() not in {"debug", "info", "warning", "error"}:
         raise ConfigError("config error: log.level: one of debug, info, warning, error")

@@ -335,3 +335,12 @@ def test_claim_poll_defaults_to_five_poll_intervals_unless_set() -> None:
     assert claim_poll_seconds(base.worker) == 2.5
     env = {**SECRET_ENV, "AIVEDIO_WORKER__CLAIM_POLL_SECONDS": "7"}
     assert claim_poll_seconds(load_config(None, env).worker) == 7.0
+
+
+def test_the_s3_part_checksum_is_sha256_unless_crc32_is_chosen(tmp_path: Path) -> None:
+    assert load_config(None, SECRET_ENV).storage.s3_part_checksum == "sha256"
+    path = write(tmp_path, "[storage]\ns3_part_checksum = 'crc32'\n")
+    assert load_config(path, SECRET_ENV).storage.s3_part_checksum == "crc32"
+    path = write(tmp_path, "[storage]\ns3_part_checksum = 'md5'\n")
+    with pytest.raises(ConfigError, match=r"storage\.s3_part_checksum: one of sha256, crc32"):
+        load_config(path, SECRET_ENV)

@@ -1,6 +1,6 @@
 """The S3 object store over aiobotocore (AWS S3 or any S3-compatible endpoint).
 
-Uploads (multipart, bounded concurrency and memory, per-part CRC32, shielded control
+Uploads (multipart, bounded concurrency and memory, per-part checksums, shielded control
 requests) live in ``s3_upload``; appends (per-part SHA-256) in ``s3_append``.
 
 Choices, and the failure each prevents:
@@ -13,8 +13,7 @@ Choices, and the failure each prevents:
   ``ObjectStoreError`` (not retried).
 * **Closing aborts what is open.** ``aclose`` (and leaving ``async with``) aborts every
   upload neither completed nor aborted, so a shutdown does not strand billed parts.
-* **The key prefix** of ``s3://bucket/prefix`` is added and stripped here; callers only ever
-  see their own keys.
+* **The key prefix** of ``s3://bucket/prefix`` is added and stripped here, unseen by callers.
 * **Presigned URLs are SigV4** (``signature_version = "s3v4"``; botocore would otherwise
   presign with SigV2 against custom endpoints), so the headers they name are signed: a
   presigned PUT binds its Content-Length, Content-Type and SHA-256, and a client cannot
@@ -67,7 +66,7 @@ from aivedio.store.objects.base import (
     validate_prefix,
     validate_range,
 )
-from aivedio.store.objects.part_checksums import SHA256, check_echoed
+from aivedio.store.objects.part_checksums import SHA256, check_echoed, part_checksum_named
 from aivedio.store.objects.s3_append import S3Appender, open_s3_append
 from aivedio.store.objects.s3_upload import (
     CONTROL_REQUEST_TIMEOUT_SECONDS as CONTROL_REQUEST_TIMEOUT_SECONDS,
@@ -194,6 +193,7 @@ class S3ObjectStore(ObjectStoreConveniences):
         connect_timeout_seconds: float = DEFAULT_CONNECT_TIMEOUT_SECONDS,
         read_timeout_seconds: float = DEFAULT_READ_TIMEOUT_SECONDS,
         max_attempts: int = 3,
+        part_checksum: str = "sha256",
     ) -> None:
         validate_part_size(part_size_bytes)
         if not bucket:
@@ -207,6 +207,7 @@ class S3ObjectStore(ObjectStoreConveniences):
         self.prefix = f"{prefix}/" if prefix else ""
         self.part_size_bytes = part_size_bytes
         self.parts_in_flight = parts_in_flight
+        self.part_checksum = part_checksum_named(part_checksum)  # of S3Upload's parts
         self._endpoint_url = endpoint_url or None
         self._region = region
         self._access_key_id = access_key_id or None
@@ -219,10 +220,9 @@ class S3ObjectStore(ObjectStoreConveniences):
             signature_version="s3v4",
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
-            # Custom endpoints (MinIO, Ceph, moto) rarely have wildcard DNS for buckets.
-            # Every part and put carries our own checksum, which the store verifies, so
-            # SigV4 need not hash each payload once more (botocore does so on plain-HTTP
-            # endpoints, synchronously, on the event loop).
+            # Custom endpoints (MinIO, Ceph, moto) rarely have wildcard DNS for buckets. Every
+            # part and put carries our own checksum, which the store verifies, so SigV4 need
+            # not hash each payload again (botocore would, on plain HTTP, on the event loop).
             s3={
                 "addressing_style": "path" if endpoint_url else "auto",
                 "payload_signing_enabled": False,
@@ -247,6 +247,7 @@ class S3ObjectStore(ObjectStoreConveniences):
             region=config.s3_region,
             access_key_id=config.s3_access_key_id or None,
             secret_access_key=config.s3_secret_access_key or None,
+            part_checksum=config.s3_part_checksum,
             **tuning,
         )
 

@@ -12,12 +12,12 @@
   store's task group: never inside the caller's cancel scopes, never outliving the store, no
   bare ``create_task``. The first failing part wins: it cancels its siblings, the driver aborts
   the multipart upload (shielded), and the writer's next ``write`` or ``complete`` raises it.
-* **Every part carries its CRC32** (``ChecksumCRC32``, ``part_checksums.py`` says why not
-  SHA-256), so S3 rejects a part corrupted on the way; a store that echoes a different
-  checksum raises ``ChecksumMismatchError`` too. An object smaller than one part is one
-  ``PutObject`` with the same checksum, and nothing is sent before a full part exists: an
-  abandoned small upload costs no request. The object's own SHA-256 is its writer's to
-  compute and check (the fetch hashes the body as it streams).
+* **Every part carries its checksum** (SHA-256, or CRC32 when ``[storage] s3_part_checksum``
+  says so: ``part_checksums.py``), so S3 rejects a part corrupted on the way; a store that
+  echoes a different checksum raises ``ChecksumMismatchError`` too. An object smaller than
+  one part is one ``PutObject`` with the same checksum, and nothing is sent before a full
+  part exists: an abandoned small upload costs no request. The object's own SHA-256 is its
+  writer's to compute and check (the fetch hashes the body as it streams).
 * **Control requests are shielded and bounded** (``CreateMultipartUpload``, the final
   ``PutObject`` or ``CompleteMultipartUpload``, ``AbortMultipartUpload``): cancelled midway,
   they would leave an upload whose id we never learnt, or an object in an unknown state.
@@ -40,7 +40,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from aivedio.errors import AivedioError, ChecksumMismatchError, TooLargeError, TransientError
 from aivedio.logs import get_logger
 from aivedio.store.objects.base import ABORT_TIMEOUT_SECONDS, ObjectInfo, UploadContextMixin
-from aivedio.store.objects.part_checksums import CRC32, check_echoed
+from aivedio.store.objects.part_checksums import PartChecksum, check_echoed
 from aivedio.transfer_cpu import measuring
 
 log = get_logger("aivedio.store.objects.base")
@@ -50,7 +50,6 @@ MIN_PART_SIZE_BYTES = 5 * 1024 * 1024  # S3's minimum for every part but the las
 # Deadline of a shielded control request (create, final put/complete); past it we give up.
 CONTROL_REQUEST_TIMEOUT_SECONDS = 120.0
 # What each part (and a single put) carries, for the store to verify.
-PART_CHECKSUM = CRC32
 
 
 SEND_PIECE_BYTES = 1024 * 1024  # a part goes to aiohttp in slices of this size
@@ -109,6 +108,7 @@ class UploadingStore(Protocol):
     bucket: str
     part_size_bytes: int
     parts_in_flight: int
+    part_checksum: PartChecksum
     _client: Any
     _live_uploads: weakref.WeakSet[S3Upload]
 
@@ -235,7 +235,7 @@ class S3Upload(UploadContextMixin):
                 Bucket=self._store.bucket,
                 Key=self._full_key,
                 ContentType=self._content_type,
-                ChecksumAlgorithm=PART_CHECKSUM.algorithm,
+                ChecksumAlgorithm=self._store.part_checksum.algorithm,
             )
             self._upload_id = str(response["UploadId"])
             await group.start(self._drive)
@@ -258,7 +258,7 @@ class S3Upload(UploadContextMixin):
     async def _upload_part(self, number: int, buffer: bytearray, size: int) -> None:
         try:
             checksum = await anyio.to_thread.run_sync(
-                measuring("store", PART_CHECKSUM.compute), memoryview(buffer)[:size]
+                measuring("store", self._store.part_checksum.compute), memoryview(buffer)[:size]
             )
             with self._store._map_errors(f"uploading part {number} of {self._key!r}"):
                 response = await self._store._client.upload_part(
@@ -267,14 +267,14 @@ class S3Upload(UploadContextMixin):
                     UploadId=self._upload_id,
                     PartNumber=number,
                     Body=_PartBody(buffer, size),
-                    ChecksumAlgorithm=PART_CHECKSUM.algorithm,
-                    **{PART_CHECKSUM.field: checksum},
+                    ChecksumAlgorithm=self._store.part_checksum.algorithm,
+                    **{self._store.part_checksum.field: checksum},
                 )
             self._check_echo(response, checksum, f"part {number}")
             self._parts[number] = {
                 "PartNumber": number,
                 "ETag": response["ETag"],
-                PART_CHECKSUM.field: checksum,
+                self._store.part_checksum.field: checksum,
             }
             # Acknowledged, so the store has every byte and nothing reads the buffer any
             # more: it can be refilled. (After a failure, nothing is written any more.)
@@ -288,7 +288,7 @@ class S3Upload(UploadContextMixin):
             self._slots.release()
 
     def _check_echo(self, response: Any, checksum: str, what: str) -> None:
-        check_echoed(response, PART_CHECKSUM, checksum, f"{what} of {self._key!r}")
+        check_echoed(response, self._store.part_checksum, checksum, f"{what} of {self._key!r}")
 
     # -- completing ----------------------------------------------------------------------
 
@@ -317,7 +317,9 @@ class S3Upload(UploadContextMixin):
         buffer, size = self._take_part()
         data = bytes(memoryview(buffer)[:size])  # smaller than a part: one copy is cheap
         del buffer
-        checksum = await anyio.to_thread.run_sync(measuring("store", PART_CHECKSUM.compute), data)
+        checksum = await anyio.to_thread.run_sync(
+            measuring("store", self._store.part_checksum.compute), data
+        )
         with (
             self._store._map_errors(f"putting {self._key!r}"),
             anyio.CancelScope(shield=True),
@@ -328,8 +330,8 @@ class S3Upload(UploadContextMixin):
                 Key=self._full_key,
                 Body=data,
                 ContentType=self._content_type,
-                ChecksumAlgorithm=PART_CHECKSUM.algorithm,
-                **{PART_CHECKSUM.field: checksum},
+                ChecksumAlgorithm=self._store.part_checksum.algorithm,
+                **{self._store.part_checksum.field: checksum},
             )
             self._account(-len(data))
             try:

@@ -46,7 +46,7 @@ from aivedio.store.objects.base import (
 )
 from aivedio.store.objects.local import LOCAL_WRITE_BATCH_BYTES
 from aivedio.store.objects.opening import open_object_store
-from aivedio.store.objects.part_checksums import crc32_b64
+from aivedio.store.objects.part_checksums import SHA256, crc32_b64, part_checksum_named
 from aivedio.store.objects.s3 import S3ObjectStore
 from tests.support.s3_server import BUCKET, ENGINES, s3_client, s3_config
 
@@ -567,8 +567,14 @@ async def test_failing_part_aborts_the_upload(s3_store: ObjectStore) -> None:
     await assert_nothing_left(s3_store, "fail/video.mp4")
 
 
-async def test_every_part_carries_its_crc32(s3_store: ObjectStore) -> None:
-    # What we send; whether each engine verifies it: test_the_engine_verifies_each_parts_crc32.
+@pytest.mark.parametrize("algorithm", ["sha256", "crc32"])
+async def test_every_part_carries_its_checksum(s3_store: ObjectStore, algorithm: str) -> None:
+    # What we send; whether each engine verifies it: test_the_engine_verifies_each_parts_crc32
+    # (and the SHA-256 tests above). SHA-256 unless [storage] s3_part_checksum says crc32.
+    assert s3_store.part_checksum == SHA256  # type: ignore[attr-defined]
+    checksum = part_checksum_named(algorithm)
+    s3_store.part_checksum = checksum  # type: ignore[attr-defined]
+    field, compute = checksum.field, checksum.compute
     client = _client(s3_store)
     calls: dict[str, list[dict[str, Any]]] = {}
     for name in ("upload_part", "complete_multipart_upload", "put_object"):
@@ -586,14 +592,14 @@ async def test_every_part_carries_its_crc32(s3_store: ObjectStore) -> None:
     parts = calls["upload_part"]
     assert sorted(call["PartNumber"] for call in parts) == [1, 2, 3]
     for call in parts:
-        assert call["ChecksumAlgorithm"] == "CRC32"
-        assert call["ChecksumCRC32"] == crc32_b64(call["Body"])
+        assert call["ChecksumAlgorithm"] == checksum.algorithm
+        assert call[field] == compute(call["Body"])
     (complete,) = calls["complete_multipart_upload"]
-    sent = {call["PartNumber"]: call["ChecksumCRC32"] for call in parts}
+    sent = {call["PartNumber"]: call[field] for call in parts}
     listed = complete["MultipartUpload"]["Parts"]
-    assert {p["PartNumber"]: p["ChecksumCRC32"] for p in listed} == sent
+    assert {p["PartNumber"]: p[field] for p in listed} == sent
     (put,) = calls["put_object"]
-    assert put["ChecksumCRC32"] == crc32_b64(b"small")
+    assert put[field] == compute(b"small")
 
 
 def test_the_engine_verifies_each_parts_crc32(
@@ -649,17 +655,21 @@ def test_the_engine_verifies_each_parts_crc32(
         client.close()
 
 
-async def test_a_part_whose_bytes_differ_from_its_crc32_aborts_the_upload(
-    s3_store: ObjectStore,
+@pytest.mark.parametrize("algorithm", ["sha256", "crc32"])
+async def test_a_part_whose_bytes_differ_from_its_checksum_aborts_the_upload(
+    s3_store: ObjectStore, algorithm: str
 ) -> None:
-    # A part sent with the CRC32 of other bytes (as if they were corrupted on the way): the
-    # engine refuses it (SeaweedFS) or echoes the other value (moto), either way a
+    # A part sent with the checksum of other bytes (as if they were corrupted on the way):
+    # the engine refuses it (SeaweedFS) or echoes the other value (moto), either way a
     # ChecksumMismatchError, and nothing is left behind.
+    checksum = part_checksum_named(algorithm)
+    s3_store.part_checksum = checksum  # type: ignore[attr-defined]
     client = _client(s3_store)
     real_upload_part = client.upload_part
 
     async def lying_upload_part(**kwargs: Any) -> Any:
-        return await real_upload_part(**{**kwargs, "ChecksumCRC32": crc32_b64(b"other bytes")})
+        lie = checksum.compute(b"other bytes")
+        return await real_upload_part(**{**kwargs, checksum.field: lie})
 
     client.upload_part = lying_upload_part
     with pytest.raises(ChecksumMismatchError):
@@ -713,7 +723,8 @@ async def test_checksum_mismatch_aborts_the_upload(s3_store: ObjectStore, fault:
             raise s3_error("BadDigest", "checksum mismatch", status=400)
         # A s3_store that computes rather than verifies, and saw other bytes than we sent.
         response = await real_upload_part(**kwargs)
-        return {**response, "ChecksumCRC32": crc32_b64(b"other bytes")}
+        checksum = s3_store.part_checksum  # type: ignore[attr-defined]
+        return {**response, checksum.field: checksum.compute(b"other bytes")}
 
     client.upload_part = corrupting_upload_part
     with pytest.raises(ChecksumMismatchError):
