@@ -9,12 +9,12 @@ All in one run, for each body size (1 GiB and 4 GiB by default):
 and then on each S3 engine, SeaweedFS (a real distributed object store) and moto's server
 (a mock, single-threaded, objects in memory), both started here:
 
-(b)  the same guarded fetch into S3 (multipart, per-part CRC32, bounded parts in flight; the
-     object's SHA-256 computed as the body streams);
+(b)  the same guarded fetch into S3 (multipart, bounded parts in flight, the object's
+     SHA-256 computed as the body streams; each part's checksum as ``--part-checksum`` says,
+     ``[storage] s3_part_checksum``: sha256, the default, or crc32);
 (b') boto3's ``upload_fileobj`` streaming the same HTTP body into the same S3 server (boto3's
      default: a CRC32 per part);
-(b'') the same with SHA-256 checksums per part (what the guarded fetch sent until the parts'
-     check became a CRC32);
+(b'') the same with SHA-256 checksums per part (the guarded fetch's default);
 (c)  on SeaweedFS only, its own ``weed upload`` of the file (a') wrote, straight to the
      master and volume server (no S3 gateway, no filer, no HTTPS body): the engine's
      ceiling on this machine.
@@ -24,7 +24,8 @@ the engines run as processes of their own too. Peak RSS is each fetching process
 ``ru_maxrss``. The S3 paths are split into phases: streaming (until every part was sent)
 and completing (the engine assembling the parts).
 
-Usage: .venv/bin/python scripts/bench/fetch.py [--sizes-gib 1 4] [--workdir DIR] [--smoke]
+Usage: .venv/bin/python scripts/bench/fetch.py [--sizes-gib 1 4] [--part-checksum crc32]
+       [--engines SeaweedFS moto] [--workdir DIR] [--smoke]
 
 Every process's stderr is kept under the work directory's ``logs/``; a server that exits
 during the run fails it at once with the end of its log, and so does a fetch or an upload
@@ -253,6 +254,12 @@ def main() -> int:
     parser.add_argument("--part-size-mib", type=int, default=8)
     parser.add_argument("--parts-in-flight", type=int, default=2)
     parser.add_argument(
+        "--part-checksum",
+        choices=["sha256", "crc32"],
+        default="sha256",
+        help="(b)'s [storage] s3_part_checksum: the checksum each S3 part carries",
+    )
+    parser.add_argument(
         "--engines",
         nargs="+",
         choices=["SeaweedFS", "moto"],
@@ -271,6 +278,8 @@ def main() -> int:
             str(args.part_size_mib * MIB),
             "--parts-in-flight",
             str(args.parts_in_flight),
+            "--part-checksum",
+            args.part_checksum,
         ]
     )
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="aivedio-fetch-bench-"))

@@ -42,6 +42,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         s3_endpoint_url=args.s3_endpoint or "",
         s3_access_key_id=ACCESS_KEY_ID,
         s3_secret_access_key=SECRET_ACCESS_KEY,
+        s3_part_checksum=args.part_checksum,
     )
     fetcher = make_fetcher(net)
     try:
@@ -88,6 +89,7 @@ def main() -> int:
     parser.add_argument("--max-bytes", type=int, default=8 << 30)
     parser.add_argument("--part-size-bytes", type=int, default=8 << 20)
     parser.add_argument("--parts-in-flight", type=int, default=2)
+    parser.add_argument("--part-checksum", choices=["sha256", "crc32"], default="sha256")
     args = parser.parse_args()
     tune_allocator()  # as `aivedio worker` does at start
     figures = anyio.run(run, args, backend="asyncio", backend_options={"use_uvloop": True})
