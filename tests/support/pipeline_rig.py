@@ -130,6 +130,14 @@ class Rig:
         async with self.pool.acquire() as conn:
             return (await Queue(self.pool).enqueue_one(conn, spec)).job_id
 
+    async def claimed_probe(self, asset_id: uuid.UUID) -> Job:
+        """The asset's probe job, enqueued and claimed with a real lease: the probe's writes
+        are fenced by it (a made-up job holds no lease)."""
+        job_id = await self.enqueue_probe(asset_id)
+        (job,) = await Queue(self.pool).claim("media", 1, "test", 600)
+        assert job.id == job_id, (job.id, job_id)
+        return job
+
     async def asset(self, asset_id: uuid.UUID) -> dict[str, Any]:
         row = await self.pool.fetchrow("SELECT * FROM assets WHERE id = $1", asset_id)
         assert row is not None

@@ -120,6 +120,10 @@ SELECT status, version, current_revision, delete_version, cancel_version
   FROM assets WHERE id = $1 AND (SELECT count(*) FROM task) >= 0 FOR UPDATE
 """
 
+# A new revision ($2) copied from revision $3, its ``enriches`` $4 (an enrichment's base, or
+# the revision whose storage a track revision shares); COPY_OUTPUTS copies the outputs named
+# in its $4. ``{when}``: " AND " a condition on earlier parts, or nothing. The one copy of
+# both statements (store/track_revisions.py uses them too).
 COPY_REVISION = (
     "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
     " required_outputs, optional_outputs, plan, moderation_verdict,"
@@ -127,7 +131,7 @@ COPY_REVISION = (
     " cancel_version_at_start, enriches)"
     " SELECT asset_id, $2, pipeline_version, 'BUILDING', required_outputs,"
     " optional_outputs, plan, moderation_verdict, moderation_version,"
-    " moderation_reasons, delete_version_at_start, cancel_version_at_start, $3"
+    " moderation_reasons, delete_version_at_start, cancel_version_at_start, $4"
     " FROM asset_revisions WHERE asset_id = $1 AND revision = $3{when} RETURNING 1"
 )
 
@@ -191,7 +195,7 @@ def copy_parts(
     (``revision``, ``outputs``), written once the part called ``after_part`` returned a row."""
     checked = f" AND {after(after_part)}"
     return {
-        "revision": Part(COPY_REVISION.format(when=checked), (asset_id, new_revision, base)),
+        "revision": Part(COPY_REVISION.format(when=checked), (asset_id, new_revision, base, base)),
         "outputs": Part(COPY_OUTPUTS.format(when=checked), (asset_id, new_revision, base, outputs)),
     }
 

@@ -16,7 +16,7 @@ from typing import Any
 import asyncpg
 
 from aivedio.store.database import Pool, map_db_errors
-from aivedio.store.publishing import after
+from aivedio.store.publishing import COPY_OUTPUTS, COPY_REVISION, after
 from aivedio.store.together import Part
 
 BASE = """
@@ -49,27 +49,6 @@ async def base(pool: Pool, tenant_id: int, asset_id: uuid.UUID) -> asyncpg.Recor
     return row
 
 
-COPY_REVISION = (
-    "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
-    " required_outputs, optional_outputs, plan, moderation_verdict,"
-    " moderation_version, moderation_reasons, delete_version_at_start,"
-    " cancel_version_at_start, enriches)"
-    " SELECT asset_id, $2, pipeline_version, 'BUILDING', required_outputs,"
-    " optional_outputs, plan, moderation_verdict, moderation_version,"
-    " moderation_reasons, delete_version_at_start, cancel_version_at_start, $4"
-    " FROM asset_revisions WHERE asset_id = $1 AND revision = $3 AND {when} RETURNING 1"
-)
-
-COPY_OUTPUTS = (
-    "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
-    " mime_type, size_bytes, checksum_alg, checksum, width, height, bitrate, codec,"
-    " status, extra) SELECT gen_random_uuid(), asset_id, $2, variant_type,"
-    " object_key, mime_type, size_bytes, checksum_alg, checksum, width, height,"
-    " bitrate, codec, 'SUCCEEDED', extra FROM asset_variants"
-    " WHERE asset_id = $1 AND revision = $3 AND variant_type = ANY($4::text[])"
-    " AND variant_type <> 'hls' AND {when} RETURNING 1"
-)
-
 INSERT_HLS = (
     "INSERT INTO asset_variants (id, asset_id, revision, variant_type, object_key,"
     " mime_type, size_bytes, checksum_alg, checksum, width, height, bitrate, codec,"
@@ -93,13 +72,15 @@ def copy_parts(
     (``outputs``) and the new ``hls`` output (``hls``: its key, size, sha256, width,
     height, bitrate, codec and extra), written once ``after_part`` returned a row."""
     when = after(after_part)
+    copied = [name for name in outputs if name != "hls"]  # the track revision's hls is new
     return {
         "revision": Part(
-            COPY_REVISION.format(when=when),
+            COPY_REVISION.format(when=f" AND {when}"),
             (asset_id, new_revision, base_revision, storage_revision),
         ),
         "outputs": Part(
-            COPY_OUTPUTS.format(when=when), (asset_id, new_revision, base_revision, outputs)
+            COPY_OUTPUTS.format(when=f" AND {when}"),
+            (asset_id, new_revision, base_revision, copied),
         ),
         "hls": Part(
             INSERT_HLS.format(when=when),

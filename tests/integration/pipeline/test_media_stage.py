@@ -279,8 +279,9 @@ async def test_optional_outputs_made_before_a_crash_are_recorded(
 
     monkeypatch.setattr(media_run.MediaRun, "_finalize", crash_after_two)
     asset_id = await rig.quarantine(source.read_bytes())
+    probe_job = await rig.claimed_probe(asset_id)
     async with open_media_stage(rig.config, rig.pool, Queue(rig.pool), rig.store) as stage:
-        await stage.probe(fake_job({"asset_id": str(asset_id)}, kind="probe"))
+        await stage.probe(probe_job)
         payload = {"asset_id": str(asset_id), "revision": 1, "variant_type": "playback"}
         with pytest.raises(RuntimeError):
             await stage.render(fake_job(payload, "render"))
@@ -317,12 +318,13 @@ async def test_a_failing_required_output_fails_the_revision_and_the_asset(
 
 async def test_a_render_defers_while_another_holds_the_revision(rig: Rig, source: Path) -> None:
     asset_id = await rig.quarantine(source.read_bytes())
+    probe_job = await rig.claimed_probe(asset_id)
     async with open_media_stage(rig.config, rig.pool, Queue(rig.pool), rig.store) as stage:
         assert isinstance(stage, MediaStage)
-        result = await stage.probe(fake_job({"asset_id": str(asset_id)}, kind="probe"))
+        result = await stage.probe(probe_job)
         assert result["outcome"] == "processing"
         # A second run of the probe job (at-least-once delivery) changes nothing.
-        again = await stage.probe(fake_job({"asset_id": str(asset_id)}, kind="probe"))
+        again = await stage.probe(probe_job)
         assert again == {"outcome": "already_probed", "status": "PROCESSING"}
         assert await rig.pool.fetchval("SELECT count(*) FROM asset_revisions") == 1
         payload = {"asset_id": str(asset_id), "revision": 1, "variant_type": "playback"}
@@ -342,8 +344,9 @@ async def test_a_retried_render_whose_output_was_made_gives_the_rest_their_own_j
     """The revision's one render job made its output, then its worker died before the rest:
     the retry finds its output done and must leave no pending output without a job."""
     asset_id = await rig.quarantine(source.read_bytes())
+    probe_job = await rig.claimed_probe(asset_id)
     async with open_media_stage(rig.config, rig.pool, Queue(rig.pool), rig.store) as stage:
-        await stage.probe(fake_job({"asset_id": str(asset_id)}, kind="probe"))
+        await stage.probe(probe_job)
         # The lead job's first run recorded playback and died: simulated by the record alone.
         await rig.pool.execute(
             "UPDATE asset_variants SET status = 'SUCCEEDED' WHERE asset_id = $1"
@@ -371,9 +374,10 @@ async def test_a_last_attempt_failing_before_the_lock_leaves_no_output_without_a
     is FAILED and every other pending output gets a job of its own, as after a failure under
     the lock."""
     asset_id = await rig.quarantine(source.read_bytes())
+    probe_job = await rig.claimed_probe(asset_id)
     async with open_media_stage(rig.config, rig.pool, Queue(rig.pool), rig.store) as stage:
         assert isinstance(stage, MediaStage)
-        await stage.probe(fake_job({"asset_id": str(asset_id)}, kind="probe"))
+        await stage.probe(probe_job)
         lead = "SELECT payload->>'variant_type' FROM jobs WHERE kind = 'render'"
         assert [r[0] for r in await rig.pool.fetch(lead)] == ["playback"]
 
