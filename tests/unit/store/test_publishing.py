@@ -40,7 +40,7 @@ def test_an_enrichments_copy_waits_for_the_named_check() -> None:
     assert list(copy) == ["revision", "outputs"]
     for part in copy.values():
         assert "AND EXISTS (SELECT 1 FROM no_rebuild) RETURNING 1" in part.sql
-    assert tuple(copy["revision"].args) == (ASSET, 3, 2)
+    assert tuple(copy["revision"].args) == (ASSET, 3, 2, 2)  # copied from 2, enriching 2
     assert tuple(copy["outputs"].args) == (ASSET, 3, 2, ["hls"])
     together_sql(
         {
