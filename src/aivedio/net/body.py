@@ -27,6 +27,8 @@ from aivedio.transfer_cpu import measured
 
 Sink = Callable[[bytes], Awaitable[None]]
 
+_BATCH_BYTES = 1 << 20
+
 
 class FetchResult(msgspec.Struct, frozen=True, kw_only=True):
     url: str  # for logs: scheme, host, port and a path hash
@@ -100,16 +102,36 @@ async def read_body(
     if length is not None and start + length > cap:
         raise TooLargeError(f"Content-Length {start + length} exceeds the cap of {cap} bytes")
     hasher = state.hasher
+    # Chunks are as small as a TLS record: they are hashed, and their CPU accounted, a batch
+    # at a time (two clock reads per batch, not per chunk, cost a quarter of the hashing),
+    # then handed to the sink one by one. A batch is at most ``_BATCH_BYTES`` behind the
+    # socket, and what was received before an error is given to the sink before it is raised.
+    batch: list[bytes] = []
+    batched = 0
+
+    async def flush() -> None:
+        nonlocal batched
+        chunks = batch.copy()
+        batch.clear()
+        batched = 0
+        with measured("fetch"):
+            for chunk in chunks:
+                hasher.update(chunk)
+        for chunk in chunks:
+            state.received += len(chunk)
+            await sink(chunk)
+        if progress is not None and chunks:
+            progress(state.received)
 
     async def take(chunk: bytes) -> None:
-        state.received += len(chunk)
-        if state.received > cap:
+        nonlocal batched
+        if state.received + batched + len(chunk) > cap:
+            await flush()
             raise TooLargeError(f"body exceeds the cap of {cap} bytes")
-        with measured("fetch"):
-            hasher.update(chunk)
-        await sink(chunk)
-        if progress is not None:
-            progress(state.received)
+        batch.append(chunk)
+        batched += len(chunk)
+        if batched >= _BATCH_BYTES:
+            await flush()
 
     try:
         try:
@@ -123,9 +145,14 @@ async def read_body(
                         continue  # the end of a chunk of a chunked body, not of the body
                     break
                 await take(chunk)
+            await flush()
         except aiohttp.ClientError:
             for chunk in unread_buffer(response.content):
                 await take(chunk)
+            await flush()
+            raise
+        except TimeoutError:
+            await flush()
             raise
     except aiohttp.ClientPayloadError:
         raise BodyInterruptedError(
