@@ -22,10 +22,12 @@ and then on each S3 engine, SeaweedFS (a real distributed object store) and moto
 The server is the simulated provider in a process of its own (``python -m aivedio.sim``);
 the engines run as processes of their own too. Peak RSS is each fetching process's
 ``ru_maxrss``. The S3 paths are split into phases: streaming (until every part was sent)
-and completing (the engine assembling the parts).
+and completing (the engine assembling the parts). On each engine the three S3 paths run
+``--rounds`` times (2 by default), in alternating order, each after an ``os.sync()``; each
+path's figure is the mean of its rounds.
 
 Usage: .venv/bin/python scripts/bench/fetch.py [--sizes-gib 1 4] [--part-checksum crc32]
-       [--engines SeaweedFS moto] [--workdir DIR] [--smoke]
+       [--engines SeaweedFS moto] [--rounds 2] [--workdir DIR] [--smoke]
 
 Every process's stderr is kept under the work directory's ``logs/``; a server that exits
 during the run fails it at once with the end of its log, and so does a fetch or an upload
@@ -267,11 +269,20 @@ def main() -> int:
         help="S3 engines to run (b), (b') and (b'') on",
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="S3 rounds per engine and size, in alternating order; each path's mean is shown",
+    )
+    parser.add_argument(
         "--smoke", action="store_true", help="one 8 MiB body in 5 MiB parts; sanity, not speed"
     )
     args = parser.parse_args()
     if args.smoke:
         args.sizes_gib, args.part_size_mib = [8 * MIB / GIB], 5  # 5 MiB: S3's smallest part
+        args.rounds = 2  # both orders, as a full run does
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     TUNING.extend(
         [
             "--part-size-bytes",
@@ -354,18 +365,47 @@ def s3_paths(
         log(f"{name}: warming {engine} up with a discarded upload")
         boto3_upload(children, server, endpoint, f"{base}/warmup.bin")
         delete(endpoint, f"{base}/warmup.bin")
-    paths: dict[str, Any] = {}
-    log(f"{name}: (b) guarded fetch into {engine}")
-    paths["b"] = guarded(children, server, f"s3://{BUCKET}", endpoint, f"{base}/guarded.bin")
-    delete(endpoint, f"{base}/guarded.bin")
-    log(f"{name}: (b') boto3 upload_fileobj into {engine}")
-    paths["b_prime"] = boto3_upload(children, server, endpoint, f"{base}/boto3.bin")
-    delete(endpoint, f"{base}/boto3.bin")
-    log(f"{name}: (b'') boto3 upload_fileobj with SHA-256 checksums into {engine}")
-    key = f"{base}/boto3-sha256.bin"
-    paths["b_sha"] = boto3_upload(children, server, endpoint, key, "--sha256")
-    delete(endpoint, key)
-    return paths
+    runs: dict[str, list[dict[str, Any]]] = {path: [] for path in S3_PATHS}
+    for round_ in range(args.rounds):
+        # Alternate the order (b, b', b'' then b'', b', b): whoever runs first or last in a
+        # round, after the engine's files grew or while the page cache writes back what the
+        # previous path stored, does so as often as the others.
+        order = S3_PATHS if round_ % 2 == 0 else S3_PATHS[::-1]
+        for path in order:
+            key = f"{base}/{path}-{round_}.bin"
+            log(f"{name}: {S3_LABELS[path]} into {engine}, round {round_ + 1}/{args.rounds}")
+            os.sync()  # the previous path's writes on disk, not still being written back
+            if path == "b":
+                figures = guarded(children, server, f"s3://{BUCKET}", endpoint, key)
+            else:
+                flags = ("--sha256",) if path == "b_sha" else ()
+                figures = boto3_upload(children, server, endpoint, key, *flags)
+            delete(endpoint, key)
+            runs[path].append(figures)
+    return {path: combined(figures) for path, figures in runs.items()}
+
+
+S3_PATHS = ("b", "b_prime", "b_sha")
+S3_LABELS = {
+    "b": "(b) guarded fetch",
+    "b_prime": "(b') boto3 upload_fileobj",
+    "b_sha": "(b'') boto3 upload_fileobj with SHA-256 checksums",
+}
+
+
+def combined(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One path's rounds as one figure: the mean time, streaming time and CPU, the largest
+    peak RSS; each round's own figures kept under ``rounds``."""
+    out = dict(runs[0])
+    for field in ("seconds", "stream_seconds", "cpu_seconds"):
+        if all(field in f for f in runs):
+            out[field] = sum(float(f[field]) for f in runs) / len(runs)
+    if all("peak_rss_bytes" in f for f in runs):
+        out["peak_rss_bytes"] = max(f["peak_rss_bytes"] for f in runs)
+    if any(f["bytes"] != out["bytes"] for f in runs):
+        out["bytes"] = -1  # sanity() fails it
+    out["rounds"] = runs
+    return out
 
 
 def size_label(size_gib: float) -> str:
