@@ -28,6 +28,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -408,7 +409,9 @@ class PublishStage:
             "no_rebuild": publishing.no_rebuild_check(asset_id, base_no),
         }
         # The copy reads the last check, so it waits for the lock and the checks.
-        copy = publishing.copy_parts(asset_id, new_no, base_no, outputs, after_part="no_rebuild")
+        copy = publishing.copy_parts(
+            asset_id, new_no, base_no, outputs, datetime.now(UTC), after_part="no_rebuild"
+        )
         outcomes = {
             NOT_CURRENT: "not_current",
             DELETED: "deleted",

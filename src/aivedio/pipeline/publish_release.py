@@ -72,34 +72,29 @@ async def release(
     fenced by the job's lease (``job`` None: by no lease, for a track added through the
     API, which holds none), undone whole by any check or compare-and-set that fails (raised as
     NotPublishable, PointerMoved, TransientError, StaleStateError, or Unmet for a check
-    of the caller's own). ``copy``: writes made under the lock that the release must
-    see (an enrichment's new revision), so a statement before it, in one transaction
-    with it; as is a first publish that makes the asset ENRICHED at once (a row changes
-    once per statement)."""
+    of the caller's own). ``copy``: the new revision, inserted READY by its part ``ready``,
+    and its outputs (an enrichment's or a track revision's copy of the revision it
+    builds on), parts of the same statement. A first publish that makes the asset ENRICHED
+    at once needs a second statement, in one transaction with it (a row changes once per
+    statement)."""
     asset_id: uuid.UUID = asset["id"]
     head: dict[str, Part] = {"lock": publishing.lock_part(asset_id), **checks}
-    parts: dict[str, Part] = {} if copy else head
     # The first write reads the last check, and so waits for the lock and the checks
     # whatever order PostgreSQL runs the parts in (the task before the asset, as cancel
-    # locks them: no deadlock with it).
+    # locks them: no deadlock with it). A copy's parts wait for it themselves; its new
+    # revision is inserted READY (its ``ready`` part).
     checked = publishing.after(list(head)[-1])
-    parts["ready"] = transition_part(
-        Entity.REVISION,
-        (asset_id, revision_no),
-        expected="BUILDING",
-        new="READY",
-        values={"published_at": _now(), "published_outputs": outputs},
-        when=None if copy else checked,
-    )
-    later = _switch(
-        parts,
-        asset_id,
-        asset["status"],
-        previous,
-        revision_no,
-        enriched,
-        when=None if copy else checked,
-    )
+    parts: dict[str, Part] = {**head, **(copy or {})}
+    if "ready" not in parts:
+        parts["ready"] = transition_part(
+            Entity.REVISION,
+            (asset_id, revision_no),
+            expected="BUILDING",
+            new="READY",
+            values={"published_at": _now(), "published_outputs": outputs},
+            when=checked,
+        )
+    later = _switch(parts, asset_id, asset["status"], previous, revision_no, enriched, when=checked)
     payload: dict[str, Any] = {
         "asset_id": str(asset_id),
         "revision": revision_no,
@@ -131,17 +126,14 @@ async def release(
     parts["switched"] = publishing.switched_check()
     try:
         async with acquired(pool) as conn:
-            if not copy and not later:
+            if not later:
                 got = await write_fenced(conn, job, parts, "recording the release")
             else:
                 async with fenced(conn, job):
-                    if copy:
-                        await write_together(conn, {**head, **copy}, "recording the revision")
                     got = await write_together(conn, parts, "recording the release")
-                    if later:
-                        await transition(
-                            conn, Entity.ASSET, (asset_id,), expected="PLAYABLE", new="ENRICHED"
-                        )
+                    await transition(
+                        conn, Entity.ASSET, (asset_id,), expected="PLAYABLE", new="ENRICHED"
+                    )
     except DatabaseError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == UNIQUE_VIOLATION and copy:
             # A revision took the enrichment's number since the load (a rebuild that

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -167,7 +168,7 @@ async def _attempt(
         "no_rebuild": publishing.no_rebuild_check(asset_id, base_no),
     }
     copy = track_revisions.copy_parts(
-        asset_id, new_no, base_no, storage, outputs, hls, after_part="no_rebuild"
+        asset_id, new_no, base_no, storage, outputs, hls, datetime.now(UTC), after_part="no_rebuild"
     )
     try:
         await release(

@@ -11,6 +11,7 @@ pointer's move, the release row and the task's link. Every call runs inside
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -121,17 +122,20 @@ SELECT status, version, current_revision, delete_version, cancel_version
 """
 
 # A new revision ($2) copied from revision $3, its ``enriches`` $4 (an enrichment's base, or
-# the revision whose storage a track revision shares); COPY_OUTPUTS copies the outputs named
-# in its $4. ``{when}``: " AND " a condition on earlier parts, or nothing. The one copy of
-# both statements (store/track_revisions.py uses them too).
+# the revision whose storage a track revision shares), inserted READY: published at $5 with
+# the outputs $6, by the release statement it is a part of (it names the part ``ready``, as
+# the publish of a BUILDING revision names its transition). COPY_OUTPUTS copies the outputs
+# named in its $4. ``{when}``: " AND " a condition on earlier parts, or nothing. The one copy
+# of both statements (store/track_revisions.py uses them too).
 COPY_REVISION = (
     "INSERT INTO asset_revisions (asset_id, revision, pipeline_version, status,"
     " required_outputs, optional_outputs, plan, moderation_verdict,"
     " moderation_version, moderation_reasons, delete_version_at_start,"
-    " cancel_version_at_start, enriches)"
-    " SELECT asset_id, $2, pipeline_version, 'BUILDING', required_outputs,"
+    " cancel_version_at_start, enriches, published_at, published_outputs)"
+    " SELECT asset_id, $2, pipeline_version, 'READY', required_outputs,"
     " optional_outputs, plan, moderation_verdict, moderation_version,"
-    " moderation_reasons, delete_version_at_start, cancel_version_at_start, $4"
+    " moderation_reasons, delete_version_at_start, cancel_version_at_start, $4,"
+    " $5::timestamptz, $6::text[]"
     " FROM asset_revisions WHERE asset_id = $1 AND revision = $3{when} RETURNING 1"
 )
 
@@ -189,13 +193,23 @@ def move_pointer_part(
 
 
 def copy_parts(
-    asset_id: uuid.UUID, new_revision: int, base: int, outputs: list[str], *, after_part: str
+    asset_id: uuid.UUID,
+    new_revision: int,
+    base: int,
+    outputs: list[str],
+    published_at: datetime,
+    *,
+    after_part: str,
 ) -> dict[str, Part]:
-    """An enrichment's new revision, a copy of ``base``, and the copies of ``outputs``
-    (``revision``, ``outputs``), written once the part called ``after_part`` returned a row."""
+    """An enrichment's new revision, a copy of ``base`` published at ``published_at`` with
+    ``outputs`` (``ready``), and the copies of ``outputs`` (``outputs``), written once the
+    part called ``after_part`` returned a row."""
     checked = f" AND {after(after_part)}"
     return {
-        "revision": Part(COPY_REVISION.format(when=checked), (asset_id, new_revision, base, base)),
+        "ready": Part(
+            COPY_REVISION.format(when=checked),
+            (asset_id, new_revision, base, base, published_at, outputs),
+        ),
         "outputs": Part(COPY_OUTPUTS.format(when=checked), (asset_id, new_revision, base, outputs)),
     }
 

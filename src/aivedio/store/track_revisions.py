@@ -11,6 +11,7 @@ output that names the tracks. Every call runs inside ``map_db_errors``.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -65,18 +66,20 @@ def copy_parts(
     storage_revision: int,
     outputs: list[str],
     hls: dict[str, Any],
+    published_at: datetime,
     *,
     after_part: str,
 ) -> dict[str, Part]:
-    """The track revision (``revision``), the base's published outputs but ``hls``
-    (``outputs``) and the new ``hls`` output (``hls``: its key, size, sha256, width,
-    height, bitrate, codec and extra), written once ``after_part`` returned a row."""
+    """The track revision, published at ``published_at`` with ``outputs`` (``ready``), the
+    base's published outputs but ``hls`` (``outputs``) and the new ``hls`` output (``hls``:
+    its key, size, sha256, width, height, bitrate, codec and extra), written once
+    ``after_part`` returned a row."""
     when = after(after_part)
     copied = [name for name in outputs if name != "hls"]  # the track revision's hls is new
     return {
-        "revision": Part(
+        "ready": Part(
             COPY_REVISION.format(when=f" AND {when}"),
-            (asset_id, new_revision, base_revision, storage_revision),
+            (asset_id, new_revision, base_revision, storage_revision, published_at, outputs),
         ),
         "outputs": Part(
             COPY_OUTPUTS.format(when=f" AND {when}"),

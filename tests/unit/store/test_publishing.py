@@ -4,6 +4,7 @@ parts, and the checks wait for what they read."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 from aivedio.store import publishing
 from aivedio.store.together import Part, together_sql
@@ -36,11 +37,13 @@ def test_a_pointer_move_without_a_condition_is_unconditional() -> None:
 
 
 def test_an_enrichments_copy_waits_for_the_named_check() -> None:
-    copy = publishing.copy_parts(ASSET, 3, 2, ["hls"], after_part="no_rebuild")
-    assert list(copy) == ["revision", "outputs"]
+    at = datetime.now(UTC)
+    copy = publishing.copy_parts(ASSET, 3, 2, ["hls"], at, after_part="no_rebuild")
+    assert list(copy) == ["ready", "outputs"]  # the copy is the release's READY revision
     for part in copy.values():
         assert "AND EXISTS (SELECT 1 FROM no_rebuild) RETURNING 1" in part.sql
-    assert tuple(copy["revision"].args) == (ASSET, 3, 2, 2)  # copied from 2, enriching 2
+    assert tuple(copy["ready"].args) == (ASSET, 3, 2, 2, at, ["hls"])  # from 2, enriching 2
+    assert "'READY'" in copy["ready"].sql
     assert tuple(copy["outputs"].args) == (ASSET, 3, 2, ["hls"])
     together_sql(
         {
