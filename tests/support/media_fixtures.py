@@ -899,13 +899,34 @@ def tail_corrupted(directory: Path) -> Path:
     with _scratch(directory) as tmp:
         src = Path(tmp) / "src.mp4"
         _h264_mp4(src, width=320, height=240, seconds=3, fps=24, audio=True, faststart=True)
-        data = bytearray(src.read_bytes())
+        _corrupt_tail(src, out)
+    return out
+
+
+def tail_corrupted_hevc(directory: Path) -> Path:
+    """``tail_corrupted``, in HEVC (libx265) + AAC: a source the plan transcodes."""
+    out = _fresh(directory, "tail_corrupted_hevc.mp4")
+    with _scratch(directory) as tmp:
+        src = Path(tmp) / "src.mp4"
+        run_ffmpeg(
+            *("-f", "lavfi", "-i", "testsrc2=s=320x240:r=24:d=3"),
+            *("-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000:duration=3"),
+            *("-c:v", "libx265", "-preset", "ultrafast", "-pix_fmt", "yuv420p"),
+            *("-x265-params", "log-level=error", "-c:a", "aac", "-b:a", "64k"),
+            *("-movflags", "+faststart", str(src)),
+        )
+        _corrupt_tail(src, out)
+    return out
+
+
+def _corrupt_tail(src: Path, out: Path) -> None:
+    """``src`` with the last 25% of its ``mdat`` payload overwritten, as ``out``."""
+    data = bytearray(src.read_bytes())
     [mdat] = [box for box in iter_boxes(data) if box.type == "mdat"]
     start = mdat.payload + (mdat.end - mdat.payload) * 3 // 4
     data[start : mdat.end] = random.Random(TAIL_CORRUPTION_SEED).randbytes(mdat.end - start)
     out.write_bytes(bytes(data))
     _assert_moov_position(out, moov_first=True)
-    return out
 
 
 # -- H.264 SPS rewriting ----------------------------------------------------------------------

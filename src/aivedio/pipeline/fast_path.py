@@ -21,6 +21,12 @@ two things at once:
   revision prefix and read back (size, SHA-256) once this delivery has checked that it
   still holds the job's lease and the asset is still PROBING.
 
+A transcode decodes the whole source for its playback anyway: there the frames and the
+decode check ride along that encode pass (``frames_rider``, under ``-xerror``) instead of a
+pass of their own decoding the source a second time on the same two cores. Should no such
+pass run (a chunked plan) or it fail, the frames pass runs after it, and the render stores
+nothing before that pass's verdict.
+
 Guarantees. A failed decode check cancels the render and the asset is INVALID_MEDIA; no
 frame of it reaches the moderator; nothing is recorded, so nothing can be published. The
 moderator's decision in hand is stored with the revision; only an allow opens the gate, a
@@ -54,7 +60,9 @@ from aivedio.pipeline.ffmpeg.frames import (
     STILLS,
     Frame,
     PosterShot,
+    frames_rider,
     read_loudness,
+    rider_frames,
     source_frames,
 )
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
@@ -176,6 +184,24 @@ class FastPath:
         # Normalizing: measured before the render (below); otherwise the frames pass's own
         # audio decode measures it, for the record (the audio is published as it is).
         normalizing = run.normalizes_audio(summary)
+        checking = self.services.config.media.decode_check != "none"
+        measure = summary.audio_stream_index is not None and not normalizing
+        # A transcode decodes the source for its playback anyway: the stills and the decode
+        # check ride along that decode (``frames_rider``) instead of a pass of their own
+        # that would decode it a second time beside it. Should the plan make no such pass
+        # after all (a chunked plan), or that pass fail, the frames pass runs after it.
+        rides = self._rides(summary)
+        rendered = anyio.Event()
+        if rides:
+            scratch.mkdir(parents=True, exist_ok=True)
+            run.rider = frames_rider(
+                summary,
+                self.moderation.config,
+                scratch,
+                run.layout.work,
+                check=checking,
+                measure=measure,
+            )
 
         async def render() -> None:
             started = time.monotonic()
@@ -196,6 +222,10 @@ class FastPath:
                 # A remux's poster comes from the frames pass: not a second decode here.
                 adopt = poster is not None and plan.mode == "remux" and "poster" in wants
                 await run.run(wants=[w for w in wants if not (adopt and w == "poster")], plan=plan)
+                run.rider = None  # taken by that pass, or by none: never by a later run
+                rendered.set()
+                if rides and not run.rider_ran:
+                    await framed.wait()  # nothing of a source that may not decode is stored
                 stored.extend(await self._store(job, run, asset, revision, finalized))
                 phases.add("render", started)
                 if adopt and poster is not None:
@@ -220,26 +250,30 @@ class FastPath:
         unavailable = ""
         frames: list[Frame] = []
         runs: list[RunResult] = []
-        checking = self.services.config.media.decode_check != "none"
         with scope:
             async with anyio.create_task_group() as group:
                 group.start_soon(render)
                 started = time.monotonic()
                 try:
                     scratch.mkdir(parents=True, exist_ok=True)
-                    frames = await source_frames(
-                        self.services.sandbox,
-                        run.sniff,
-                        run.source,
-                        summary,
-                        self.moderation.config,
-                        scratch,
-                        check=checking,
-                        poster=poster,
-                        measure=summary.audio_stream_index is not None and not normalizing,
-                        record=runs,
-                    )
-                    loudness = await read_loudness(scratch)
+                    if rides:
+                        await rendered.wait()
+                    if rides and run.rider_ran:
+                        frames = await rider_frames(scratch, summary)
+                    else:
+                        frames = await source_frames(
+                            self.services.sandbox,
+                            run.sniff,
+                            run.source,
+                            summary,
+                            self.moderation.config,
+                            scratch,
+                            check=checking,
+                            poster=poster,
+                            measure=measure,
+                            record=runs,
+                        )
+                    loudness = await read_loudness(scratch) if measure else None
                     measured.extend([loudness] if loudness is not None else [])
                     framed.set()
                 except InvalidMediaError as exc:
@@ -304,6 +338,13 @@ class FastPath:
         again = await self._store(job, run, asset, revision, finalized)
         stored[:] = [r for r in stored if r.variant_type != "playback"] + again
         return True
+
+    def _rides(self, summary: MediaSummary) -> bool:
+        """Whether the plan will transcode in one pass here (not chunked), so that the
+        frames ride along its decode."""
+        media = self.services.config.media
+        chunked = 0 < media.chunk_threshold_seconds < summary.duration_seconds
+        return bool(transcode_reasons(summary)) and not chunked
 
     def _poster_shot(self, summary: MediaSummary, scratch: Path) -> PosterShot | None:
         """The poster the frames pass takes when the plan will be a remux (the plan copies

@@ -154,6 +154,53 @@ async def test_a_failed_decode_check_on_the_fast_path_publishes_nothing(
         assert await kinds_of(rig, asset_id) == ["probe"]
 
 
+async def test_a_transcode_on_the_fast_path_decodes_its_source_once(
+    rig: Rig, media_cache: MediaCache
+) -> None:
+    asset_id = await rig.quarantine(media_cache.get("hevc", mf.hevc_mkv).read_bytes())
+    await rig.enqueue_probe(asset_id)
+    async with running_worker(rig):
+        await rig.wait("SELECT 1 FROM assets WHERE status = 'ENRICHED'", timeout=120)
+        await rig.wait_idle(asset_id)
+    result = await probe_result(rig, asset_id)
+    assert result["fast_path"] is True and result["decision"] == "allow"
+    assert sorted(result["made"]) == ["playback", "poster"] and result["failed"] == []
+    # The stills and the decode check rode along the playback's encode pass: no frames
+    # pass of their own decoded the source a second time, and the check was a whole one.
+    assert result["frames"] >= 3
+    assert "frames" not in result["processes"], result["processes"]
+    assert [step for step in result["processes"] if step.startswith("encode[")]
+    assert (await rig.asset(asset_id))["probe"]["decode_check"] == "full"
+    first, *_ = await rig.revisions(asset_id)
+    assert first["moderation_verdict"] == "allow"
+
+
+async def test_a_transcode_whose_tail_does_not_decode_publishes_nothing(
+    config: Config, pool: Pool, tmp_path: Path, media_cache: MediaCache
+) -> None:
+    body = media_cache.get("tail_hevc", mf.tail_corrupted_hevc).read_bytes()
+    allow = {"decision": "allow", "reasons": [], "version": "m1"}
+    async with (
+        moderator_server([allow]) as (url, seen),
+        make_rig(config, pool, tmp_path, backend="http", url=url) as rig,
+    ):
+        asset_id = await rig.quarantine(body)
+        await rig.enqueue_probe(asset_id)
+        async with running_worker(rig):
+            await rig.wait("SELECT 1 FROM assets WHERE status = 'INVALID_MEDIA'", timeout=120)
+            await rig.wait_idle(asset_id)
+        asset = await rig.asset(asset_id)
+        assert asset["probe"]["reasons"] == ["decode_failed"]
+        assert asset["probe"]["decode_check"] == "full"
+        assert asset["current_revision"] is None
+        assert await rig.revisions(asset_id) == []
+        assert await rig.variants(asset_id) == {}
+        assert seen == []  # no frame of an invalid source reached the moderator
+        # Nothing of it was stored either: the render waited for the check's verdict.
+        prefix = keys.revision_prefix(rig.tenant_id, asset_id, 1)
+        assert [info.key async for info in rig.store.list(prefix + "/")] == []
+
+
 async def test_a_moderator_that_times_out_keeps_the_asset_private(
     config: Config, pool: Pool, tmp_path: Path, source: bytes
 ) -> None:

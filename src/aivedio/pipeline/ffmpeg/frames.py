@@ -28,6 +28,8 @@ muxer (``measure``): the source's loudness, measured by the decode that was made
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,11 +41,13 @@ from aivedio.pipeline.ffmpeg.probe import raise_decode_failed
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
 from aivedio.pipeline.media.ffmpeg_args import POSTER_JPEG_QUALITY
 from aivedio.pipeline.media.loudness import MEASURED, Loudness, measure_filter, parse_measurement
+from aivedio.pipeline.media.rider import RIDER_VIDEO, Rider
 from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.media.validate import MediaSummary
 
 # The scene frames' times, as the metadata filter prints them (in the scratch directory).
 SCENE_TIMES = "scene_times.txt"
+_RELATIVE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_./-]*/")
 STILLS = ("first", "middle", "last")
 JPEG_QUALITY = "4"
 # The pass over the source looks for the last frame this many frames (at the average
@@ -103,9 +107,9 @@ def _scale(config: ModerationConfig) -> str:
     return f"scale='min({config.frame_width},iw)':-2"
 
 
-def _scene_branch(config: ModerationConfig) -> str:
+def _scene_branch(config: ModerationConfig, files: str = "") -> str:
     select = f"select='gt(scene,{config.scene_threshold})'"
-    return f"{select},metadata=mode=print:file={SCENE_TIMES},{_scale(config)}"
+    return f"{select},metadata=mode=print:file={files}{SCENE_TIMES},{_scale(config)}"
 
 
 def _scene_output(config: ModerationConfig, scratch: Path) -> list[str]:
@@ -168,6 +172,67 @@ def playback_frames_args(
     return [*inputs, "-filter_complex", ";".join(graph), *outputs]
 
 
+@dataclass(frozen=True, slots=True)
+class FramesGraph:
+    """The stills' (and scenes', poster's, loudness's) part of a filter graph and its
+    outputs, fed by the video at ``video_in`` and the audio at ``audio_in`` (labels)."""
+
+    graph: list[str]
+    outputs: list[str]
+
+
+def frames_graph(
+    video_in: str,
+    audio_in: str | None,
+    summary: MediaSummary,
+    config: ModerationConfig,
+    scratch: Path,
+    *,
+    poster: PosterShot | None = None,
+    measure: bool = False,
+    files: str = "",
+) -> FramesGraph:
+    """The video from ``video_in`` split into the three stills and the scene branch (and
+    ``poster``'s); the audio from ``audio_in`` decoded into the null muxer (through
+    ``ebur128`` when ``measure``: ``read_loudness``). Used by the pass over the source
+    (``source_frames_args``) and, riding along its decode, by a transcode's render
+    (``frames_rider``). ``files``: where the printed times and loudness go, relative to the
+    process's working directory (``scratch`` itself by default)."""
+    times = still_times(video_seconds(summary), last_window(summary))
+    scale = _scale(config)
+    branches = ["first", "middle", "last"] + (["scenes"] if config.max_scene_frames else [])
+    branches += ["poster"] if poster is not None else []
+    # The video's own clock from 0 (setpts): a container that starts late, or an audio
+    # track longer than the video, must not move the stills' times past its last frame.
+    # Each still's branch ends at its frame (trim), the last one's keeps overwriting its
+    # file (-update 1) until the final frame: nothing is held in memory, nothing reversed.
+    graph = [
+        f"{video_in}setpts=PTS-STARTPTS,split={len(branches)}"
+        + "".join(f"[v_{b}]" for b in branches),
+        f"[v_first]trim=end_frame=1,{scale}[first]",
+        f"[v_middle]trim=start={times['middle']:.3f},trim=end_frame=1,{scale}[middle]",
+        f"[v_last]trim=start={times['last']:.3f},{scale}[last]",
+    ]
+    outputs = [
+        *_still_output("first", scratch, one=True),
+        *_still_output("middle", scratch, one=True),
+        *_still_output("last", scratch, one=False),
+    ]
+    if config.max_scene_frames:
+        graph.append(f"[v_scenes]{_scene_branch(config, files)}[scene]")
+        outputs += _scene_output(config, scratch)
+    if poster is not None:
+        graph.append(f"[v_poster]trim=start={poster.seconds:.3f},trim=end_frame=1[poster]")
+        outputs += ["-map", "[poster]", "-frames:v", "1", "-q:v", POSTER_JPEG_QUALITY]
+        outputs += ["-update", "1", "-f", "image2", str(poster.path)]
+    if audio_in is not None and measure:
+        graph.append(f"[{audio_in}]{measure_filter(files + MEASURED)}[loudness]")
+        outputs += ["-map", "[loudness]", "-f", "null", "-"]
+    elif audio_in is not None:
+        outputs += ["-map", audio_in, "-f", "null", "-"]
+    return FramesGraph(graph, outputs)
+
+
 def source_frames_args(
     sniff: Sniff,
     source: Path,
@@ -181,53 +246,62 @@ def source_frames_args(
     poster: PosterShot | None = None,
     measure: bool = False,
 ) -> list[str]:
-    """The fast path's pass over the source: one opening, decoded whole, split into the
-    three stills and the scene branch (and ``poster``'s); the audio decoded into the null
-    muxer (through ``ebur128`` when ``measure``: ``read_loudness``). ``check``: under
-    ``-xerror`` (the decode check), so any decode error fails the
-    process. Streams are named by absolute index: the stream validated is the stream
-    decoded and looked at."""
+    """The fast path's pass over the source: one opening, decoded whole, into
+    ``frames_graph``. ``check``: under ``-xerror`` (the decode check), so any decode error
+    fails the process. Streams are named by absolute index: the stream validated is the
+    stream decoded and looked at."""
     video, audio = summary.video_stream_index, summary.audio_stream_index
-    times = still_times(video_seconds(summary), last_window(summary))
-    scale = _scale(config)
-    branches = ["first", "middle", "last"] + (["scenes"] if config.max_scene_frames else [])
-    branches += ["poster"] if poster is not None else []
-    # The video's own clock from 0 (setpts): a container that starts late, or an audio
-    # track longer than the video, must not move the stills' times past its last frame.
-    # Each still's branch ends at its frame (trim), the last one's keeps overwriting its
-    # file (-update 1) until the final frame: nothing is held in memory, nothing reversed.
-    graph = [
-        f"[0:{video}]setpts=PTS-STARTPTS,split={len(branches)}"
-        + "".join(f"[v_{b}]" for b in branches),
-        f"[v_first]trim=end_frame=1,{scale}[first]",
-        f"[v_middle]trim=start={times['middle']:.3f},trim=end_frame=1,{scale}[middle]",
-        f"[v_last]trim=start={times['last']:.3f},{scale}[last]",
-    ]
-    outputs = [
-        *_still_output("first", scratch, one=True),
-        *_still_output("middle", scratch, one=True),
-        *_still_output("last", scratch, one=False),
-    ]
-    if config.max_scene_frames:
-        graph.append(f"[v_scenes]{_scene_branch(config)}[scene]")
-        outputs += _scene_output(config, scratch)
-    if poster is not None:
-        graph.append(f"[v_poster]trim=start={poster.seconds:.3f},trim=end_frame=1[poster]")
-        outputs += ["-map", "[poster]", "-frames:v", "1", "-q:v", POSTER_JPEG_QUALITY]
-        outputs += ["-update", "1", "-f", "image2", str(poster.path)]
-    if audio is not None and measure:
-        graph.append(f"[0:{audio}]{measure_filter(MEASURED)}[loudness]")
-        outputs += ["-map", "[loudness]", "-f", "null", "-"]
-    elif audio is not None:
-        outputs += ["-map", f"0:{audio}", "-f", "null", "-"]
+    frames = frames_graph(
+        f"[0:{video}]",
+        None if audio is None else f"0:{audio}",
+        summary,
+        config,
+        scratch,
+        poster=poster,
+        measure=measure,
+    )
     opening = input_args(sniff, source, max_streams=max_streams, max_pixels=max_pixels)
     return [
         *(["-xerror"] if check else []),
         *opening,
         "-filter_complex",
-        ";".join(graph),
-        *outputs,
+        ";".join(frames.graph),
+        *frames.outputs,
     ]
+
+
+def frames_rider(
+    summary: MediaSummary,
+    config: ModerationConfig,
+    scratch: Path,
+    work: Path,
+    *,
+    check: bool = True,
+    measure: bool = False,
+) -> Rider:
+    """``frames_graph`` riding along a render's encode pass (``MediaRun.rider``), whose
+    working directory is ``work``: the stills from the video that pass decodes, the audio
+    decoded beside it, under ``-xerror`` with ``check``, so that pass is the decode check
+    too. A transcode's required set and its frames from one decode of the source."""
+    files = f"{os.path.relpath(scratch, work)}/"
+    if not _RELATIVE.fullmatch(files):  # a filter argument: nothing to escape in it
+        raise ValueError(f"frames directory {files!r} is not a plain relative path")
+    audio = summary.audio_stream_index
+    frames = frames_graph(
+        RIDER_VIDEO,
+        None if audio is None else f"0:{audio}",
+        summary,
+        config,
+        scratch,
+        measure=measure,
+        files=files,
+    )
+    return Rider(frames.graph, frames.outputs, xerror=check)
+
+
+async def rider_frames(scratch: Path, summary: MediaSummary) -> list[Frame]:
+    """The frames a ``frames_rider`` took."""
+    return await read_frames(scratch, still_times(video_seconds(summary), last_window(summary)))
 
 
 async def source_frames(

@@ -409,6 +409,8 @@ class MediaRun(Finalizing):
                 rungs=(), proxy=False, poster=False, sprite=False, pcm=False, audio=False
             )
         if not job.empty:
+            # A rider goes with the first pass that decodes the video, and only with it.
+            rider, self.rider = (self.rider, None) if job.rungs else (None, self.rider)
             args = encode_args(
                 plan,
                 job,
@@ -418,6 +420,7 @@ class MediaRun(Finalizing):
                 self.layout,
                 audio_channels=summary.audio_channels,
                 audio_rate=summary.audio_sample_rate,
+                rider=rider,
             )
             encodes_av1 = any(rung.codec == "av1" for rung in job.rungs)
             await self._ffmpeg(
@@ -426,6 +429,7 @@ class MediaRun(Finalizing):
                 plan.duration_seconds,
                 encodes_av1=encodes_av1,
             )
+            self.rider_ran = self.rider_ran or rider is not None
         elif job.audio:
             audio_only = EncodeJob(
                 rungs=(), proxy=False, poster=False, sprite=False, pcm=False, audio=True

@@ -22,6 +22,7 @@ from aivedio.pipeline.media import av1
 from aivedio.pipeline.media.ffmpeg_args import Layout
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.provenance import Provenance
+from aivedio.pipeline.media.rider import Rider
 from aivedio.pipeline.media.signing import Signing
 from aivedio.pipeline.media.sniff import Sniff
 from aivedio.pipeline.media.validate import MediaSummary
@@ -75,6 +76,11 @@ class RunProcesses:
         # whether the verdict requires the source to have valid provenance.
         self.provenance_reader: ProvenanceReader | None = None
         self.require_provenance = False
+        # Outputs that ride along the next encode pass's decode (the fast path's stills
+        # and decode check on a transcode: ``Rider``), taken by that pass; ``rider_ran``:
+        # the pass that took them succeeded.
+        self.rider: Rider | None = None
+        self.rider_ran = False
 
     async def _ffmpeg(
         self, step: str, args: list[str], duration: float, *, encodes_av1: bool = False

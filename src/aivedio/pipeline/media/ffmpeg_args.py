@@ -23,6 +23,7 @@ from aivedio.pipeline.media.chunks import NUT, Chunking, forced_keyframes, timin
 from aivedio.pipeline.media.colour import Colour, colour_args
 from aivedio.pipeline.media.loudness import measure_filter
 from aivedio.pipeline.media.plan import AUDIO_MAX_RATE, Plan, Rung
+from aivedio.pipeline.media.rider import Rider
 from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.media.thumbnails import sprite_filter
 
@@ -232,8 +233,10 @@ def encode_args(
     *,
     audio_channels: int | None,
     audio_rate: int | None,
+    rider: Rider | None = None,
 ) -> list[str]:
-    """One ffmpeg invocation: decode once, split, encode every branch of ``job``."""
+    """One ffmpeg invocation: decode once, split, encode every branch of ``job`` (and
+    ``rider``'s outputs from the same decode)."""
     args = input_args(sniff, source, max_streams=media.max_streams, max_pixels=media.max_pixels)
     pre = []
     if plan.mode == "transcode":
@@ -270,6 +273,8 @@ def encode_args(
             rows=media.sprite_rows,
         )
         branches.append(("sp", chain))
+    if rider is not None:
+        branches.append(("fm", "null"))  # into RIDER_VIDEO, "[o_fm]"
     if branches:
         head = ",".join([*pre, f"split={len(branches)}"]) if len(branches) > 1 or pre else "null"
         if len(branches) == 1 and pre:
@@ -286,6 +291,8 @@ def encode_args(
             f"[{plan.audio_map}]aresample={rate},aformat=sample_fmts=s16:channel_layouts=mono"
             "[o_wave]"
         )
+    if rider is not None:
+        graph += rider.graph
     if graph:
         args += ["-filter_complex", ";".join(graph)]
     # Remux: the copied rung's cut points decide, so lower rungs may have no keyframe but
@@ -329,6 +336,10 @@ def encode_args(
         else:
             args += _audio_encode(media, audio_channels, audio_rate, plan.audio_filter)
         args += ["-f", "mp4", str(layout.audio)]
+    if rider is not None:
+        args += rider.outputs
+        if rider.xerror:
+            args = ["-xerror", *args]
     return args
 
 

@@ -23,6 +23,7 @@ from aivedio.pipeline.media.ffmpeg_args import (
     poster_seek_args,
 )
 from aivedio.pipeline.media.plan import Plan, Rung
+from aivedio.pipeline.media.rider import RIDER_VIDEO, Rider
 from aivedio.pipeline.media.sniff import MATROSKA, MP4, Sniff
 
 MEDIA = MediaConfig()
@@ -614,3 +615,33 @@ def test_a_plan_recorded_without_colour_writes_no_colour_tags(layout: Layout) ->
     args = encode(make_plan("transcode"), layout)
     assert "-color_primaries" not in args
     assert all("-color_trc" not in run for run in package(make_plan("remux"), layout))
+
+
+def test_a_rider_takes_the_decoded_video_after_the_split_and_runs_under_xerror(
+    layout: Layout,
+) -> None:
+    plan = make_plan("transcode")
+    job = encode_job(plan, {"playback", "poster"}, has_audio=True)
+    rider = Rider(
+        graph=[f"{RIDER_VIDEO}trim=end_frame=1[still]"],
+        outputs=["-map", "[still]", "-frames:v", "1", str(layout.root / "frames" / "s.jpg")],
+        xerror=True,
+    )
+    args = encode_args(
+        plan, job, MEDIA, MP4, SOURCE, layout, audio_channels=2, audio_rate=48000, rider=rider
+    )
+    without = encode_args(plan, job, MEDIA, MP4, SOURCE, layout, audio_channels=2, audio_rate=48000)
+    assert args[0] == "-xerror" and "-xerror" not in without
+    assert len(inputs(args)) == 1  # the same one decode
+    graph = filter_graph(args)
+    # One more branch of the one split, after the fps filter, fed to the rider's chain.
+    assert re.search(r"^\[0:0\]fps=30000/1001,split=3(\[s_\w+\]){3};", graph), graph
+    assert "[s_fm]null[o_fm]" in graph and f"{RIDER_VIDEO}trim=end_frame=1[still]" in graph
+    assert args[-len(rider.outputs) :] == rider.outputs
+    quiet = Rider(graph=rider.graph, outputs=rider.outputs, xerror=False)
+    assert (
+        encode_args(
+            plan, job, MEDIA, MP4, SOURCE, layout, audio_channels=2, audio_rate=48000, rider=quiet
+        )[0]
+        != "-xerror"
+    )

@@ -11,10 +11,11 @@ import pytest
 from aivedio.config.media import LoudnessConfig, MediaConfig, validate_loudness
 from aivedio.config.moderation import ModerationConfig
 from aivedio.errors import ConfigError
-from aivedio.pipeline.ffmpeg.frames import source_frames_args
+from aivedio.pipeline.ffmpeg.frames import frames_rider, source_frames_args
 from aivedio.pipeline.media import loudness
 from aivedio.pipeline.media import plan as plan_mod
 from aivedio.pipeline.media.loudness import Loudness
+from aivedio.pipeline.media.rider import RIDER_VIDEO
 from aivedio.pipeline.media.sniff import MP4
 from tests.unit.pipeline.media.test_validate import summary
 
@@ -125,3 +126,22 @@ def test_the_frames_pass_measures_the_audio_it_decodes() -> None:
 def test_loudness_config_errors_name_their_key(change: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError, match=f"media.loudness.{key}"):
         validate_loudness(LoudnessConfig(**change))  # type: ignore[arg-type]
+
+
+def test_riding_along_a_render_the_stills_and_the_loudness_go_to_the_frames_directory() -> None:
+    s = summary(audio_stream_index=3)
+    rider = frames_rider(
+        s, ModerationConfig(), Path("/job/frames"), Path("/job/work"), check=True, measure=True
+    )
+    graph = ";".join(rider.graph)
+    assert rider.xerror
+    assert graph.startswith(f"{RIDER_VIDEO}setpts=PTS-STARTPTS,split=")
+    # The render's working directory is work/: what the filters print goes to frames/.
+    assert f"[0:3]{loudness.measure_filter('../frames/' + loudness.MEASURED)}[loudness]" in graph
+    assert "file=../frames/scene_times.txt" in graph
+    assert "/job/frames/first.jpg" in rider.outputs
+    quiet = frames_rider(s, ModerationConfig(), Path("/job/frames"), Path("/job/work"), check=False)
+    assert not quiet.xerror and "ebur128" not in ";".join(quiet.graph)
+    assert "0:3" in quiet.outputs  # the audio still decoded, into the null muxer
+    with pytest.raises(ValueError, match="plain relative path"):
+        frames_rider(s, ModerationConfig(), Path("/job/fr:ames"), Path("/job/work"))
