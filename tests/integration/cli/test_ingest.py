@@ -20,6 +20,7 @@ import pytest
 
 from aivedio.crypto import UrlCipher
 from aivedio.store.database import Pool
+from aivedio.store.tenants import create_tenant
 from tests.conftest import TEST_KEY
 
 pytestmark = pytest.mark.anyio
@@ -55,6 +56,14 @@ async def ingest(database: str, *extra: str, tenant: str = "acme") -> Run:
     return await aivedio(database, *base, *extra)
 
 
+async def acme(pool: Pool) -> None:
+    """The tenant "acme", made as ``aivedio tenants create acme`` makes it (its own run of
+    the command, a process start of a second or two, is test_tenant_create_is_idempotent's)."""
+    async with pool.acquire() as conn:
+        _, created = await create_tenant(conn, "acme")
+    assert created
+
+
 async def test_tenant_create_is_idempotent(database: str, pool: Pool) -> None:
     first = await aivedio(database, "tenants", "create", "acme")
     assert first.code == 0, first.stderr
@@ -68,7 +77,7 @@ async def test_tenant_create_is_idempotent(database: str, pool: Pool) -> None:
 
 
 async def test_ingest_records_the_output_and_enqueues_its_fetch(database: str, pool: Pool) -> None:
-    assert (await aivedio(database, "tenants", "create", "acme")).code == 0
+    await acme(pool)
     run = await ingest(database)
     assert run.code == 0, run.stderr
     recorded = run.json()
@@ -89,7 +98,7 @@ async def test_ingest_records_the_output_and_enqueues_its_fetch(database: str, p
 async def test_ingest_twice_returns_the_same_ids_and_creates_nothing(
     database: str, pool: Pool
 ) -> None:
-    assert (await aivedio(database, "tenants", "create", "acme")).code == 0
+    await acme(pool)
     first = (await ingest(database)).json()
     second_run = await ingest(database)
     assert second_run.code == 0, second_run.stderr
@@ -102,7 +111,7 @@ async def test_ingest_twice_returns_the_same_ids_and_creates_nothing(
 
 
 async def test_signed_url_is_stored_only_encrypted(database: str, pool: Pool) -> None:
-    assert (await aivedio(database, "tenants", "create", "acme")).code == 0
+    await acme(pool)
     recorded = (await ingest(database)).json()
     payloads = await pool.fetch("SELECT payload::text AS p FROM jobs")
     assert payloads and all("SECRET" not in row["p"] for row in payloads)
@@ -142,7 +151,7 @@ async def test_unknown_tenant_fails_naming_it(database: str, pool: Pool) -> None
     ],
 )
 async def test_bad_expires_at_is_bad_usage(database: str, pool: Pool, value: str) -> None:
-    assert (await aivedio(database, "tenants", "create", "acme")).code == 0
+    await acme(pool)
     run = await ingest(database, "--expires-at", value)
     assert run.code == 2
     assert run.stdout == ""
@@ -151,7 +160,7 @@ async def test_bad_expires_at_is_bad_usage(database: str, pool: Pool, value: str
 
 
 async def test_expires_at_is_stored_on_the_output_and_the_job(database: str, pool: Pool) -> None:
-    assert (await aivedio(database, "tenants", "create", "acme")).code == 0
+    await acme(pool)
     expected = datetime.now(UTC).replace(microsecond=0) + timedelta(days=30)
     run = await ingest(database, "--expires-at", expected.isoformat())
     assert run.code == 0, run.stderr
@@ -180,7 +189,7 @@ async def test_an_out_of_range_output_field_is_bad_usage_naming_its_flag(
     database: str, pool: Pool, flags: tuple[str, str], named: str
 ) -> None:
     # --size 2^62 overflowed the claim order (a traceback) before sizes were bounded.
-    assert (await aivedio(database, "tenants", "create", "acme")).code == 0
+    await acme(pool)
     run = await ingest(database, *flags)
     assert (run.code, run.stdout) == (2, ""), run.stderr
     assert named in run.stderr and "Traceback" not in run.stderr
@@ -192,7 +201,7 @@ async def test_an_output_of_a_provider_whose_api_was_shut_down_is_refused(
 ) -> None:
     # The provider "sim" is configured with the openai adapter: its Videos API shut down on
     # 2026-09-24, so it has no new outputs to take.
-    assert (await aivedio(database, "tenants", "create", "acme")).code == 0
+    await acme(pool)
     config = tmp_path / "aivedio.toml"
     config.write_text('[providers.sim]\nadapter = "openai"\napi_key = "k"\n', encoding="utf-8")
     run = await ingest(database, "--config", str(config))

@@ -291,10 +291,20 @@ async def test_authorization_is_kept_on_a_same_host_redirect(rig: Rig) -> None:
     assert all(h.get("Authorization") == "Bearer s" for h in rig.sim.seen_headers)
 
 
+# A body cut short is resumed (max_resumes, 5) before the fetch fails; the waits between the
+# resumes double from resume_backoff_seconds (1 s: 15 s in all), shortened here to 0.15 s in
+# all: what these tests check is the failure each body ends in after every resume.
+BRISK_RESUMES = 0.01
+
+
 async def test_a_stalled_body_hits_the_idle_read_deadline(rig: Rig) -> None:
     rig.sim.add_output("t1", 0, size=1 << 20, faults=Faults(stall_after_bytes=4096))
     with pytest.raises(TransientError, match="idle read deadline"):
-        await fetch(rig, rig.sim.signed_url("t1", 0), rig.fetcher(idle_read_timeout_seconds=0.5))
+        await fetch(
+            rig,
+            rig.sim.signed_url("t1", 0),
+            rig.fetcher(idle_read_timeout_seconds=0.5, resume_backoff_seconds=BRISK_RESUMES),
+        )
 
 
 async def test_a_slow_drip_is_stopped_by_the_total_deadline(rig: Rig) -> None:
@@ -336,7 +346,9 @@ async def test_a_gzip_encoded_body_is_refused_not_inflated(rig: Rig) -> None:
 async def test_a_truncated_body_is_detected(rig: Rig) -> None:
     rig.sim.add_output("t1", 0, size=1 << 20, faults=Faults(truncate_at_bytes=50_000))
     with pytest.raises(TransientError, match="truncated"):
-        await fetch(rig, rig.sim.signed_url("t1", 0))
+        await fetch(
+            rig, rig.sim.signed_url("t1", 0), rig.fetcher(resume_backoff_seconds=BRISK_RESUMES)
+        )
 
 
 @pytest.mark.parametrize(

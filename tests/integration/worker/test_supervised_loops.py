@@ -33,7 +33,7 @@ from aivedio.pipeline.upkeep.outbox_relay import open_outbox_relay
 from aivedio.store import database
 from aivedio.store.database import Pool
 from aivedio.store.queue import Queue
-from aivedio.supervision import Conditions
+from aivedio.supervision import Conditions, Loop
 from aivedio.worker import daemon as worker_module
 from aivedio.worker.daemon import Worker
 from aivedio.worker.kinds import default_registry
@@ -61,9 +61,28 @@ REGISTRY = default_registry()
 WORKER_LOOPS = ("claim:control", "heartbeat", "maintenance", "ack_flush", "backlog", "listen")
 
 
+# The backoff after each failure, scaled down: each test here meets nine failure classes in
+# turn, waiting out a backoff (0.25 s to 1 s, a streak's second failure longer) for each
+# before the loop works again. What is checked is that the loop fails, says so, backs off and
+# recovers, not the backoff's schedule (tests/unit/test_supervision.py holds that); every
+# event still carries the delay its Loop computed.
+BACKOFF_SCALE = 0.1
+
+
+@pytest.fixture(autouse=True)
+def _brisk_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    failed = Loop.failed
+
+    def scaled(self: Loop, exc: BaseException) -> float:
+        return failed(self, exc) * BACKOFF_SCALE
+
+    monkeypatch.setattr(Loop, "failed", scaled)
+
+
 def quick(config: Config) -> Config:
     """Every loop on a short cadence, so each failure class is met within a second."""
-    cfg = make_config(config.database.url, heartbeat_interval_seconds=0.1)
+    # (The maintenance promotes due waits every claim_poll_seconds, 1 s by default here.)
+    cfg = make_config(config.database.url, heartbeat_interval_seconds=0.1, claim_poll_seconds=0.2)
     backlog = msgspec.structs.replace(cfg.backlog, check_interval_seconds=0.1)
     return msgspec.structs.replace(cfg, backlog=backlog)
 
