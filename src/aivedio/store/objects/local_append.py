@@ -6,7 +6,8 @@ lists and aborts pending uploads (the reaper of expired sessions, the stale uplo
 handles it unchanged. Each appender opens the file, truncates it to its mark (bytes written
 after the mark by a request that was refused or cut off do not count), and writes in batches
 of at least ``LOCAL_WRITE_BATCH_BYTES``: the chunks are held as they came (no copy) and one
-worker-thread call feeds the caller's hashers and writes them, so a batch costs one thread
+worker-thread call feeds the caller's hashers and writes them (one ``writev``: one system
+call and one release of the GIL per batch, not one per chunk), so a batch costs one thread
 hop and the event loop reads on meanwhile. At a checkpoint the file is fsynced: a mark is
 recorded only after its bytes are on disk. ``finish`` publishes the file as the object with
 the store's own commit (fsync, one atomic rename).
@@ -23,7 +24,7 @@ from typing import BinaryIO, Protocol
 from aivedio.errors import NotFoundError, TransientError
 from aivedio.store.objects.append import AppendMark, Hasher, feed, feed_aside
 from aivedio.store.objects.base import ObjectInfo
-from aivedio.store.objects.local_disk import in_thread, moving_bytes
+from aivedio.store.objects.local_disk import in_thread, moving_bytes, write_all
 from aivedio.store.objects.local_upload import LOCAL_WRITE_BATCH_BYTES
 
 
@@ -69,7 +70,8 @@ class LocalAppender:
         """Open the append file and cut it back to ``offset`` (thread)."""
         if not self._store._tmp_path(self._append_id, "upload").exists():
             raise NotFoundError(f"no append of {self._key!r} under that id")
-        file = open(self._store._tmp_path(self._append_id, "part"), "r+b")  # noqa: SIM115
+        # Unbuffered: the batches go to the descriptor in one os.writev each (write_all).
+        file = open(self._store._tmp_path(self._append_id, "part"), "r+b", buffering=0)  # noqa: SIM115
         size = os.fstat(file.fileno()).st_size
         if size < offset:
             file.close()
@@ -101,7 +103,7 @@ class LocalAppender:
         """One thread call: the new chunks into the hashers, every held one into the file."""
         feed(hashers, chunks)
         assert self.file is not None
-        self.file.writelines(held)
+        write_all(self.file.fileno(), held)
 
     async def checkpoint(self) -> AppendMark:
         held, self._held, self._held_bytes = self._held, [], 0
@@ -110,24 +112,19 @@ class LocalAppender:
 
     def _sync(self, held: list[bytes]) -> None:
         assert self.file is not None
-        self.file.writelines(held)
-        self.file.flush()
+        write_all(self.file.fileno(), held)
         os.fsync(self.file.fileno())
 
     async def finish(self) -> ObjectInfo:
         file, self.file = self.file, None
         assert file is not None
-        tail = b"".join(self._held)  # less than a batch: the commit's own thread call writes it
-        self._held, self._held_bytes = [], 0
-        return await moving_bytes(
-            f"publishing {self._key!r}",
-            self._store._commit,
-            self._append_id,
-            file,
-            self._key,
-            self._content_type,
-            tail,
-        )
+        held, self._held, self._held_bytes = self._held, [], 0
+        return await moving_bytes(f"publishing {self._key!r}", self._publish, file, held)
+
+    def _publish(self, file: BinaryIO, held: list[bytes]) -> ObjectInfo:
+        """The last held chunks (less than a batch) and the store's commit: one thread call."""
+        write_all(file.fileno(), held)
+        return self._store._commit(self._append_id, file, self._key, self._content_type)
 
     def close(self) -> None:
         if self.file is not None:
