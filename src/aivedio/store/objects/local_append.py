@@ -21,6 +21,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
+import anyio
+
 from aivedio.errors import NotFoundError, TransientError
 from aivedio.store.objects.append import AppendMark, Hasher, feed, feed_aside
 from aivedio.store.objects.base import ObjectInfo
@@ -93,17 +95,12 @@ class LocalAppender:
             await feed_aside(hashers, taken)
             return
         held, self._held, self._held_bytes = self._held, [], 0
-        await moving_bytes(
-            f"appending to {self._key!r}", self._hash_and_write, hashers, taken, held
-        )
-
-    def _hash_and_write(
-        self, hashers: Sequence[Hasher], chunks: list[bytes], held: list[bytes]
-    ) -> None:
-        """One thread call: the new chunks into the hashers, every held one into the file."""
-        feed(hashers, chunks)
         assert self.file is not None
-        write_all(self.file.fileno(), held)
+        fd = self.file.fileno()
+        # Two worker threads at once: the hashing and the write of a batch overlap.
+        async with anyio.create_task_group() as group:
+            group.start_soon(moving_bytes, f"hashing for {self._key!r}", feed, hashers, taken)
+            await moving_bytes(f"appending to {self._key!r}", write_all, fd, held)
 
     async def checkpoint(self) -> AppendMark:
         held, self._held, self._held_bytes = self._held, [], 0
