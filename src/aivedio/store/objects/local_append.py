@@ -6,8 +6,7 @@ lists and aborts pending uploads (the reaper of expired sessions, the stale uplo
 handles it unchanged. Each appender opens the file, truncates it to its mark (bytes written
 after the mark by a request that was refused or cut off do not count), and writes in batches
 of at least ``LOCAL_WRITE_BATCH_BYTES``: the chunks are held as they came (no copy) and one
-worker-thread call feeds the caller's hashers and writes them (one ``writev``: one system
-call and one release of the GIL per batch, not one per chunk), so a batch costs one thread
+worker-thread call feeds the caller's hashers and writes them, so a batch costs one thread
 hop and the event loop reads on meanwhile. At a checkpoint the file is fsynced: a mark is
 recorded only after its bytes are on disk. ``finish`` publishes the file as the object with
 the store's own commit (fsync, one atomic rename).
@@ -21,12 +20,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-import anyio
-
 from aivedio.errors import NotFoundError, TransientError
 from aivedio.store.objects.append import AppendMark, Hasher, feed, feed_aside
 from aivedio.store.objects.base import ObjectInfo
-from aivedio.store.objects.local_disk import in_thread, moving_bytes, write_all
+from aivedio.store.objects.local_disk import in_thread, moving_bytes
 from aivedio.store.objects.local_upload import LOCAL_WRITE_BATCH_BYTES
 
 
@@ -72,8 +69,7 @@ class LocalAppender:
         """Open the append file and cut it back to ``offset`` (thread)."""
         if not self._store._tmp_path(self._append_id, "upload").exists():
             raise NotFoundError(f"no append of {self._key!r} under that id")
-        # Unbuffered: the batches go to the descriptor in one os.writev each (write_all).
-        file = open(self._store._tmp_path(self._append_id, "part"), "r+b", buffering=0)  # noqa: SIM115
+        file = open(self._store._tmp_path(self._append_id, "part"), "r+b")  # noqa: SIM115
         size = os.fstat(file.fileno()).st_size
         if size < offset:
             file.close()
@@ -95,12 +91,17 @@ class LocalAppender:
             await feed_aside(hashers, taken)
             return
         held, self._held, self._held_bytes = self._held, [], 0
+        await moving_bytes(
+            f"appending to {self._key!r}", self._hash_and_write, hashers, taken, held
+        )
+
+    def _hash_and_write(
+        self, hashers: Sequence[Hasher], chunks: list[bytes], held: list[bytes]
+    ) -> None:
+        """One thread call: the new chunks into the hashers, every held one into the file."""
+        feed(hashers, chunks)
         assert self.file is not None
-        fd = self.file.fileno()
-        # Two worker threads at once: the hashing and the write of a batch overlap.
-        async with anyio.create_task_group() as group:
-            group.start_soon(moving_bytes, f"hashing for {self._key!r}", feed, hashers, taken)
-            await moving_bytes(f"appending to {self._key!r}", write_all, fd, held)
+        self.file.writelines(held)
 
     async def checkpoint(self) -> AppendMark:
         held, self._held, self._held_bytes = self._held, [], 0
@@ -109,19 +110,24 @@ class LocalAppender:
 
     def _sync(self, held: list[bytes]) -> None:
         assert self.file is not None
-        write_all(self.file.fileno(), held)
+        self.file.writelines(held)
+        self.file.flush()
         os.fsync(self.file.fileno())
 
     async def finish(self) -> ObjectInfo:
         file, self.file = self.file, None
         assert file is not None
-        held, self._held, self._held_bytes = self._held, [], 0
-        return await moving_bytes(f"publishing {self._key!r}", self._publish, file, held)
-
-    def _publish(self, file: BinaryIO, held: list[bytes]) -> ObjectInfo:
-        """The last held chunks (less than a batch) and the store's commit: one thread call."""
-        write_all(file.fileno(), held)
-        return self._store._commit(self._append_id, file, self._key, self._content_type)
+        tail = b"".join(self._held)  # less than a batch: the commit's own thread call writes it
+        self._held, self._held_bytes = [], 0
+        return await moving_bytes(
+            f"publishing {self._key!r}",
+            self._store._commit,
+            self._append_id,
+            file,
+            self._key,
+            self._content_type,
+            tail,
+        )
 
     def close(self) -> None:
         if self.file is not None:

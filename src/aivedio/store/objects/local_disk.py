@@ -58,28 +58,6 @@ async def moving_bytes(action: str, func: Callable[P, T], *args: P.args, **kwarg
     return await in_thread(action, measuring("store", func), *args, **kwargs)
 
 
-# At most this many buffers in one writev (Linux's IOV_MAX).
-IOV_MAX = 1024
-
-
-def write_all(fd: int, chunks: list[bytes]) -> None:
-    """Write ``chunks`` in order at the descriptor's offset, a writev per ``IOV_MAX`` of them
-    (one system call, and one release of the GIL, for a batch instead of one per chunk);
-    a short write (a signal, a full disk's last bytes) goes on from where it stopped."""
-    pending: list[bytes | memoryview] = list(chunks)
-    while pending:
-        written = os.writev(fd, pending[:IOV_MAX])
-        if not written:
-            raise OSError(errno.EIO, "writev wrote nothing")
-        done = 0
-        while done < len(pending) and written >= len(pending[done]):
-            written -= len(pending[done])
-            done += 1
-        del pending[:done]
-        if written:
-            pending[0] = memoryview(pending[0])[written:]
-
-
 def file_etag(st: os.stat_result) -> str:
     return f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
 
