@@ -227,7 +227,6 @@ async def _append(
 # time): one batch is hashed and written (a worker thread, on the local store) while the
 # event loop reads the next.
 BATCH_BYTES = 4 * MIB
-READ_BUFFER_BYTES = 1 * MIB
 
 
 async def _stream(
@@ -289,10 +288,6 @@ async def _read(
     lease = ctx.config.api.resumable_lease_seconds
     renewed = time.monotonic()
     content = request.content
-    # aiohttp stops reading the socket past twice this many buffered bytes and starts again
-    # under it; at its default (64 KiB) that was a pause and a resume for every chunk (about
-    # 250 KB each, uvloop's read size). Bounded all the same: one PATCH streams per upload.
-    content.set_read_chunk_size(READ_BUFFER_BYTES)
     batch: list[bytes] = []
     batched = 0
     cut: str | None = None
