@@ -533,7 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command in ("worker", "fetch", "api"):
+    if args.command in ("worker", "fetch"):
         from aivedio.memory import tune_allocator
 
         tune_allocator()

@@ -159,21 +159,3 @@ def test_a_listing_prints_every_field_as_json_lines_with_json(
     assert capsys.readouterr().out == '{"id": 1, "kind": "fetch", "hidden": "x"}\n'
     common.emit(rows, ("id", "kind"), as_json=False)
     assert capsys.readouterr().out == "id  kind\n 1  fetch\n"
-
-
-@pytest.mark.parametrize(
-    ("command", "tuned"), [("api", True), ("worker", True), ("migrate", False)]
-)
-def test_the_streaming_processes_pin_the_allocator(
-    monkeypatch: pytest.MonkeyPatch, command: str, tuned: bool
-) -> None:
-    """``aivedio api`` streams request bodies (tus PATCHes) as the worker streams fetches:
-    both pin glibc's thresholds (memory.py says why), a one-shot command does not."""
-    from aivedio import memory
-
-    calls: list[bool] = []
-    monkeypatch.setattr(memory, "tune_allocator", lambda: calls.append(True) or True)
-    monkeypatch.setenv("AIVEDIO_URL_ENCRYPTION_KEY", "not base64!")  # stops it at the config
-    monkeypatch.delenv("AIVEDIO_CONFIG", raising=False)
-    assert cli.main([command]) == common.EXIT_USAGE
-    assert calls == ([True] if tuned else [])
