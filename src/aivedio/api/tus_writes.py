@@ -37,10 +37,11 @@ from aiohttp import http_exceptions, web
 from anyio.streams.memory import MemoryObjectSendStream
 
 from aivedio.api.context import ApiContext, context
+from aivedio.api.idle_watch import IdleWatch
 from aivedio.api.problems import ApiError
 from aivedio.api.resumable_sessions import appending_store, scratch_prefix
 from aivedio.api.tus_protocol import CHECKSUM_MISMATCH, OFFSET_CONTENT_TYPE
-from aivedio.api.video_sessions import arriving, fail_upload, hash_object
+from aivedio.api.video_sessions import fail_upload, hash_object
 from aivedio.errors import NotFoundError
 from aivedio.logs import get_logger
 from aivedio.pipeline.jobs import probe_spec
@@ -241,12 +242,14 @@ async def _stream(
     """Feed the body to the appender and the hashes; None when it arrived whole, else why
     it stopped (what arrived was written, and hashed).
 
-    Two tasks: this one reads the body into a batch, the other hands each full batch to the
+    Three tasks: this one reads the body into a batch, another hands each full batch to the
     appender with the hashers (``Appender.write``), one batch at a time, so the hashing and
     the writing (a worker thread) overlap the reading (the event loop) instead of taking
-    turns with it, and no chunk is hashed on the event loop."""
+    turns with it, and no chunk is hashed on the event loop; the third is the body's idle
+    watchdog (``IdleWatch``)."""
     hashers = tuple(hasher for hasher in (whole, body) if hasher is not None)
     send, receive = anyio.create_memory_object_stream[list[bytes]]()
+    watch = IdleWatch(ctx.config.api.body_read_timeout_seconds)
 
     async def keep() -> None:
         async with receive:
@@ -256,8 +259,14 @@ async def _stream(
     try:
         async with anyio.create_task_group() as group:
             group.start_soon(keep)
+            group.start_soon(watch.watch)
             async with send:
-                cut = await _read(request, ctx, session, writer, send, appender.offset, length)
+                try:
+                    cut = await _read(
+                        request, ctx, session, writer, send, watch, appender.offset, length
+                    )
+                finally:
+                    watch.stop()
     except BaseExceptionGroup as failed:
         raise _first(failed) from None
     return cut
@@ -269,35 +278,48 @@ async def _read(
     session: UploadSession,
     writer: uuid.UUID,
     send: MemoryObjectSendStream[list[bytes]],
+    watch: IdleWatch,
     offset: int,
     length: int,
 ) -> str | None:
-    """The body into batches for ``send``; what ``_stream`` answers. A body cut short still
-    sends what arrived of it."""
+    """The body into batches for ``send``, each read watched by ``watch`` (one idle
+    deadline for the body, not one per chunk); what ``_stream`` answers. A body cut short
+    still sends what arrived of it."""
     lease = ctx.config.api.resumable_lease_seconds
     renewed = time.monotonic()
+    content = request.content
     batch: list[bytes] = []
     batched = 0
     cut: str | None = None
     try:
-        idle_seconds = ctx.config.api.body_read_timeout_seconds
-        async for chunk in arriving(request, idle_seconds, as_received=True):
-            if offset + len(chunk) > length:
-                raise ApiError(413, f"the body passes the upload's length {length}", "too_large")
-            offset += len(chunk)
-            batch.append(chunk)
-            batched += len(chunk)
-            if batched >= BATCH_BYTES:
-                await send.send(batch)
-                batch, batched = [], 0
-            if time.monotonic() - renewed > lease / 3:
-                renewed = time.monotonic()
-                if not await resumable_uploads.renew_writer(ctx.pool, session.id, writer, lease):
-                    raise ApiError(409, "the upload's writer lease was lost; HEAD it and resume")
-    except ApiError as exc:
-        if exc.status != 408:
-            raise
-        cut = "the body stopped arriving"
+        with watch.scope:
+            while True:
+                # The chunks as aiohttp's parser made them: no copy, the batch joins none.
+                chunk, end_of_http_chunk = await watch.readchunk(content)
+                if not chunk:
+                    if end_of_http_chunk:
+                        continue  # the end of a chunk of a chunked body, not of the body
+                    break
+                if offset + len(chunk) > length:
+                    raise ApiError(
+                        413, f"the body passes the upload's length {length}", "too_large"
+                    )
+                offset += len(chunk)
+                batch.append(chunk)
+                batched += len(chunk)
+                if batched >= BATCH_BYTES:
+                    await send.send(batch)
+                    batch, batched = [], 0
+                if time.monotonic() - renewed > lease / 3:
+                    renewed = time.monotonic()
+                    if not await resumable_uploads.renew_writer(
+                        ctx.pool, session.id, writer, lease
+                    ):
+                        raise ApiError(
+                            409, "the upload's writer lease was lost; HEAD it and resume"
+                        )
+        if watch.expired:
+            cut = "the body stopped arriving"
     except BODY_ENDED as exc:
         cut = f"the body ended early ({type(exc).__name__})"
     if batch:

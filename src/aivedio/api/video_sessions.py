@@ -16,6 +16,7 @@ from aiohttp import web
 
 from aivedio.api.auth import tenant_of
 from aivedio.api.context import ApiContext, context
+from aivedio.api.idle_watch import body_timeout
 from aivedio.api.problems import ApiError
 from aivedio.logs import get_logger
 from aivedio.store import uploads
@@ -111,29 +112,20 @@ async def end_upload(
     return True
 
 
-async def arriving(
-    request: web.Request, idle_seconds: float, *, as_received: bool = False
-) -> AsyncIterator[bytes]:
+async def arriving(request: web.Request, idle_seconds: float) -> AsyncIterator[bytes]:
     """The body's chunks as they arrive, 408 when none comes for ``idle_seconds``: a large
     upload may take hours, but a client that stops sending must not hold a handler (and an
     open upload) for ever. Chunks of up to ``CHUNK_BYTES``, joined from what aiohttp
-    buffered; ``as_received``: each as aiohttp's parser made it, without that copy (for a
-    caller that gathers them itself)."""
+    buffered. (A tus ``PATCH`` reads through ``idle_watch.IdleWatch`` instead: one deadline
+    for the body rather than one per read.)"""
     content = request.content
     while True:
         try:
             with anyio.fail_after(idle_seconds):
-                if as_received:
-                    chunk, end_of_http_chunk = await content.readchunk()
-                else:
-                    chunk, end_of_http_chunk = await content.read(CHUNK_BYTES), False
+                chunk = await content.read(CHUNK_BYTES)
         except TimeoutError:
-            raise ApiError(
-                408, f"the upload sent nothing for {idle_seconds:g} s", "body_timeout"
-            ) from None
+            raise body_timeout(idle_seconds) from None
         if not chunk:
-            if end_of_http_chunk:
-                continue  # the end of a chunk of a chunked body, not of the body
             return
         yield chunk
 

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.to_thread
@@ -34,6 +35,7 @@ from aivedio.store.queue import Queue
 from aivedio.store.uploads import reap_expired_uploads, session_prefix
 from tests.support.api_rig import Api, open_api
 from tests.support.cutting_proxy import CuttingProxy, cutting_proxy
+from tests.support.edge_client import raw_post
 from tests.support.s3_server import s3_config
 
 pytestmark = [pytest.mark.anyio, pytest.mark.integration]
@@ -326,6 +328,42 @@ async def test_an_idle_upload_expires_and_the_reaper_removes_it(api2: Api) -> No
     prefix = session_prefix(api2.rig.tenant_id, video)
     assert [info.key async for info in api2.rig.store.list(prefix)] == []
     assert await api2.rig.store.list_multipart_uploads(prefix) == []
+
+
+@pytest.mark.parametrize("kind", ["local", "seaweedfs"])
+async def test_a_patch_whose_body_stalls_keeps_what_arrived_unless_checksummed(
+    config: Config, pool: Pool, tmp_path: Path, request: pytest.FixtureRequest, kind: str
+) -> None:
+    """A PATCH that stops sending midway (its connection still open) is ended by the body's
+    idle watchdog after ``body_read_timeout_seconds``: what arrived is kept and answered as
+    the offset (tus resumes from there), unless the PATCH carried a checksum, which a cut
+    body cannot meet (400, nothing kept). Then the rest completes the upload whole."""
+    data = os.urandom(PART + 3 * MIB)
+    arrived = PART + 1 * MIB  # a whole part and a tail on S3
+    async with serve(config, pool, tmp_path, request, kind, body_read_timeout_seconds=1.0) as api:
+        url = await create(api, len(data))
+        path = urlsplit(url).path
+        head = {**TUS, **api.auth(), **OCTETS, "Upload-Offset": "0"}
+        checksummed = {**head, "Upload-Checksum": f"sha256 {sha256_b64(data)}"}
+        pieces = [data[:arrived]]
+        answer = await raw_post(
+            api.base, path, checksummed, pieces, content_length=len(data), method="PATCH"
+        )
+        assert answer.status == 400, answer
+        assert answer.json()["error"]["code"] == "incomplete_body"  # type: ignore[index]
+        await writer_gone(api, video_of(url))
+        assert await offset_of(api, url) == 0
+        answer = await raw_post(
+            api.base, path, head, pieces, content_length=len(data), method="PATCH"
+        )
+        assert answer.status == 204, answer
+        assert int(answer.headers["upload-offset"]) == arrived
+        await writer_gone(api, video_of(url))
+        assert await offset_of(api, url) == arrived
+        status, headers, _ = await patch(api, url, arrived, data[arrived:])
+        assert (status, headers["Upload-Offset"]) == (204, str(len(data)))
+        row = await asset_row(api.rig.pool, video_of(url))
+        assert row["source_sha256"] == hashlib.sha256(data).hexdigest() and row["jobs"] == 1
 
 
 # -- credentials ---------------------------------------------------------------------------------
