@@ -47,9 +47,11 @@ intro
 """
 
 
-def clip_with_mov_text(directory: Path, srt: str, *, seconds: float = 4.0) -> Path:
+def clip_with_mov_text(
+    directory: Path, srt: str, *, seconds: float = 4.0, pix_fmt: str = "yuv420p"
+) -> Path:
     """An MP4 (H.264 + AAC, 320x240, 24 fps) with a ``mov_text`` stream made from ``srt``,
-    tagged English."""
+    tagged English. ``pix_fmt`` ``yuv444p``: a source the plan transcodes."""
     directory.mkdir(parents=True, exist_ok=True)
     source = directory / "source.srt"
     source.write_text(srt)
@@ -59,7 +61,7 @@ def clip_with_mov_text(directory: Path, srt: str, *, seconds: float = 4.0) -> Pa
         *("-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=48000:duration={seconds}"),
         *("-i", str(source)),
         *("-map", "0:v", "-map", "1:a", "-map", "2:s"),
-        *("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-g", "24"),
+        *("-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", pix_fmt, "-g", "24"),
         *("-c:a", "aac", "-b:a", "64k", "-c:s", "mov_text"),
         *("-metadata:s:s:0", "language=eng", "-movflags", "+faststart"),
         str(out),

@@ -394,6 +394,30 @@ def _check_decode(rendition: _Rendition, scratch: Path) -> list[str]:
     return []
 
 
+def _check_subtitle_playlist(label: str, path: Path) -> list[str]:
+    """A subtitle media playlist: complete, and every WebVTT segment it names present and
+    starting with the WebVTT signature."""
+    lines = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    problems = []
+    if not lines or lines[0] != "#EXTM3U":
+        problems.append(f"{label}: subtitle playlist does not start with #EXTM3U")
+    if "#EXT-X-ENDLIST" not in lines:
+        problems.append(f"{label}: subtitle playlist has no #EXT-X-ENDLIST")
+    segments = [line for line in lines if not line.startswith("#")]
+    if not segments:
+        problems.append(f"{label}: subtitle playlist names no segment")
+    for uri in segments:
+        unsafe = _uri_problem(uri)
+        segment = path.parent / uri
+        if unsafe:
+            problems.append(f"{label}: segment URI {uri!r} {unsafe}")
+        elif not segment.is_file():
+            problems.append(f"{label}: subtitle segment {uri} missing")
+        elif not segment.read_text().startswith("WEBVTT"):
+            problems.append(f"{label}: subtitle segment {uri} is not WebVTT")
+    return problems
+
+
 def check_hls(master_path: Path, *, decode: bool = True) -> list[str]:
     """Every problem found in the HLS presentation under ``master_path``; [] when it is fine."""
     try:
@@ -434,6 +458,9 @@ def _check_hls(master_path: Path, *, decode: bool) -> list[str]:
         path = base / uri
         if not path.is_file():
             problems.append(f"{label}: media playlist {uri} missing")
+            continue
+        if attributes.get("TYPE") == "SUBTITLES":  # WebVTT segments, no fMP4 to check
+            problems += _check_subtitle_playlist(label, path)
             continue
         rate = _number(attributes.get("FRAME-RATE")) if video else None
         family = (unquote(attributes.get("CODECS")) or "").split(".")[0]

@@ -121,9 +121,11 @@ class ChunkStage:
     async def _assembly_run(
         self, root: Path, asset: asyncpg.Record, summary: MediaSummary, plan: Plan
     ) -> MediaRun:
-        """The assembly's run: the source at hand when a copied rung comes from it, or when
-        outputs are signed (the source is the signed outputs' parent ingredient)."""
-        if any(rung.copy for rung in plan.rungs) or self.services.signing is not None:
+        """The assembly's run: the source at hand when a copied rung comes from it, when
+        outputs are signed (the source is the signed outputs' parent ingredient), or when
+        it has subtitle streams of its own (published as text tracks with the HLS output)."""
+        needs_source = any(rung.copy for rung in plan.rungs) or bool(summary.text_streams)
+        if needs_source or self.services.signing is not None:
             run = await self._source_run(root, asset, summary)
         else:
             run = self._run(root, summary, source_present=False)

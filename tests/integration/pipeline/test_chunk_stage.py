@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import itertools
 import math
+import re
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
@@ -33,6 +34,7 @@ from aivedio.pipeline.revisions import will_retry
 from aivedio.store.database import Pool
 from aivedio.store.objects import keys
 from aivedio.store.queue import Queue
+from tests.support.caption_media import clip_with_mov_text
 from tests.support.hls_check import check_hls
 from tests.support.media_fixtures import MediaCache, counted_av, read_counters, tone_hz
 from tests.support.pipeline_rig import Rig, fake_job, make_rig, registry_without, running_worker
@@ -336,6 +338,40 @@ async def test_a_chunk_failing_twice_then_succeeding_changes_nothing(
     chunk_made = {n: d for n, d in first.items() if n.startswith("hls/") or n == "playback.mp4"}
     assert chunk_made and all(second[n] == d for n, d in chunk_made.items())
     assert check_hls(tmp_path / "b" / "hls" / "master.m3u8") == []
+
+
+async def test_a_chunked_sources_own_subtitles_are_published_as_a_track(
+    rig: Rig, tmp_path: Path
+) -> None:
+    rig = short_chunks(rig)
+    srt = (
+        "1\n00:00:01,000 --> 00:00:02,500\nEarly cue\n\n"
+        "2\n00:00:09,000 --> 00:00:10,500\nLate <b>cue</b>\n"
+    )
+    # A transcode: every rung is encoded from the chunks, so the assembly reads the source
+    # for its subtitle stream alone.
+    clip = clip_with_mov_text(tmp_path / "clip", srt, seconds=12.0, pix_fmt="yuv444p")
+    async with running_worker(rig):
+        asset_id = await publish(rig, clip)
+    plan = msgspec.convert((await rig.revisions(asset_id))[0]["plan"], Plan)
+    assert (plan.path, plan.mode) == ("chunked", "transcode")
+    assert not any(rung.copy for rung in plan.rungs)
+    # The assembly had the source at hand for its subtitle stream: the track is published
+    # with the HLS output, cleaned WebVTT at the times of the source's cues.
+    local = tmp_path / "published"
+    names = await download_revision(rig, asset_id, local)
+    vtts = [n for n in names if n.startswith("hls/") and n.endswith(".vtt")]
+    assert len(vtts) == 1, sorted(names)
+    vtt = (local / vtts[0]).read_text()
+    assert re.findall(r"^(\S+) --> (\S+)", vtt, re.M) == [
+        ("00:00:01.000", "00:00:02.500"),
+        ("00:00:09.000", "00:00:10.500"),
+    ]
+    assert "Early cue" in vtt and "Late <b>cue</b>" in vtt
+    master = (local / "hls" / "master.m3u8").read_text()
+    media = [line for line in master.splitlines() if line.startswith("#EXT-X-MEDIA:")]
+    assert len(media) == 1 and "TYPE=SUBTITLES" in media[0] and 'LANGUAGE="eng"' in media[0]
+    assert check_hls(local / "hls" / "master.m3u8") == []
 
 
 async def test_renditions_from_one_decode_match_those_encoded_one_by_one(

@@ -10,8 +10,9 @@ subtitles are as untrusted as a sidecar). A stream that fails to convert or to c
 left out with a warning: a broken subtitle stream never fails the video. At most
 ``MAX_SOURCE_TRACKS`` streams are published; the ones past it are logged.
 
-The chunked assembly never has the source at hand, so it publishes no source tracks (a
-sidecar can still be attached later, ``POST /v1/videos/{id}/tracks``).
+The chunked assembly downloads the source for them when it has such streams (it reads
+the source for nothing else when its rungs are all encoded from the chunks); a run without
+the source at hand publishes no source tracks and says so in the log.
 """
 
 from __future__ import annotations
