@@ -127,10 +127,20 @@ async def test_the_probe_job_makes_moderates_and_publishes_the_required_set(
     assert entry["seconds"] >= 0 and entry["event"] == "done"
 
 
+@pytest.mark.parametrize(
+    ("name", "make", "path"),
+    [("tail", mf.tail_corrupted, "remux"), ("tail_hevc", mf.tail_corrupted_hevc, "transcode")],
+)
 async def test_a_failed_decode_check_on_the_fast_path_publishes_nothing(
-    config: Config, pool: Pool, tmp_path: Path, media_cache: MediaCache
+    config: Config,
+    pool: Pool,
+    tmp_path: Path,
+    media_cache: MediaCache,
+    name: str,
+    make: Any,
+    path: str,
 ) -> None:
-    body = media_cache.get("tail", mf.tail_corrupted).read_bytes()
+    body = media_cache.get(name, make).read_bytes()
     allow = {"decision": "allow", "reasons": [], "version": "m1"}
     async with (
         moderator_server([allow]) as (url, seen),
@@ -139,7 +149,7 @@ async def test_a_failed_decode_check_on_the_fast_path_publishes_nothing(
         asset_id = await rig.quarantine(body)
         await rig.enqueue_probe(asset_id)
         async with running_worker(rig):
-            await rig.wait("SELECT 1 FROM assets WHERE status = 'INVALID_MEDIA'")
+            await rig.wait("SELECT 1 FROM assets WHERE status = 'INVALID_MEDIA'", timeout=120)
             await rig.wait_idle(asset_id)
         asset = await rig.asset(asset_id)
         assert asset["probe"]["reasons"] == ["decode_failed"]
@@ -152,6 +162,11 @@ async def test_a_failed_decode_check_on_the_fast_path_publishes_nothing(
         events = [e["event_type"] for e in await rig.events(asset_id)]
         assert events == ["asset.invalid"]
         assert await kinds_of(rig, asset_id) == ["probe"]
+        if path == "transcode":
+            # The check rode along the render's encode pass, and the render stored nothing
+            # of a source whose check had not passed.
+            prefix = keys.revision_prefix(rig.tenant_id, asset_id, 1)
+            assert [info.key async for info in rig.store.list(prefix + "/")] == []
 
 
 async def test_a_transcode_on_the_fast_path_decodes_its_source_once(
@@ -173,32 +188,6 @@ async def test_a_transcode_on_the_fast_path_decodes_its_source_once(
     assert (await rig.asset(asset_id))["probe"]["decode_check"] == "full"
     first, *_ = await rig.revisions(asset_id)
     assert first["moderation_verdict"] == "allow"
-
-
-async def test_a_transcode_whose_tail_does_not_decode_publishes_nothing(
-    config: Config, pool: Pool, tmp_path: Path, media_cache: MediaCache
-) -> None:
-    body = media_cache.get("tail_hevc", mf.tail_corrupted_hevc).read_bytes()
-    allow = {"decision": "allow", "reasons": [], "version": "m1"}
-    async with (
-        moderator_server([allow]) as (url, seen),
-        make_rig(config, pool, tmp_path, backend="http", url=url) as rig,
-    ):
-        asset_id = await rig.quarantine(body)
-        await rig.enqueue_probe(asset_id)
-        async with running_worker(rig):
-            await rig.wait("SELECT 1 FROM assets WHERE status = 'INVALID_MEDIA'", timeout=120)
-            await rig.wait_idle(asset_id)
-        asset = await rig.asset(asset_id)
-        assert asset["probe"]["reasons"] == ["decode_failed"]
-        assert asset["probe"]["decode_check"] == "full"
-        assert asset["current_revision"] is None
-        assert await rig.revisions(asset_id) == []
-        assert await rig.variants(asset_id) == {}
-        assert seen == []  # no frame of an invalid source reached the moderator
-        # Nothing of it was stored either: the render waited for the check's verdict.
-        prefix = keys.revision_prefix(rig.tenant_id, asset_id, 1)
-        assert [info.key async for info in rig.store.list(prefix + "/")] == []
 
 
 async def test_a_moderator_that_times_out_keeps_the_asset_private(
