@@ -63,8 +63,8 @@ from aivedio.pipeline.ffmpeg.frames import (
     frames_rider,
     read_loudness,
     rider_frames,
-    source_frames,
 )
+from aivedio.pipeline.ffmpeg.frames_halves import source_pass
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord
 from aivedio.pipeline.ffmpeg.sandbox import RunResult
@@ -261,7 +261,7 @@ class FastPath:
                     if rides and run.rider_ran:
                         frames = await rider_frames(scratch, summary)
                     else:
-                        frames = await source_frames(
+                        frames = await source_pass(
                             self.services.sandbox,
                             run.sniff,
                             run.source,

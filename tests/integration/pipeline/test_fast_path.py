@@ -501,13 +501,13 @@ async def test_frames_without_all_three_stills_are_never_shown_to_the_moderator(
     # picture) must not be judged on it: the moderate job looks at the playback instead.
     from aivedio.pipeline import fast_path
 
-    real = fast_path.source_frames
+    real = fast_path.source_pass
 
     async def first_only(*args: Any, **kwargs: Any) -> Any:
         frames = await real(*args, **kwargs)
         return [f for f in frames if f.kind == "first"]
 
-    monkeypatch.setattr(fast_path, "source_frames", first_only)
+    monkeypatch.setattr(fast_path, "source_pass", first_only)
     allow = {"decision": "allow", "reasons": [], "version": "m1"}
     async with (
         moderator_server([allow]) as (url, seen),

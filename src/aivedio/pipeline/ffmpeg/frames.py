@@ -17,6 +17,8 @@ stderr). Two ways to take them:
   are the playback's own (the same bitstream); for a transcode they are what it was
   encoded from. The same pass takes a remux's poster (``PosterShot``): the frame at the
   poster's time, at the source's size, which the render would otherwise decode again.
+  ``frames_halves`` runs it as two processes, one per core, each over half of the video
+  (``frames_graph_part``), and falls back to this one pass when they fail.
 
 Every still is scaled to at most ``frame_width`` wide and written as a JPEG in the scratch
 directory; ``read_frames`` collects them with their times.
@@ -198,31 +200,64 @@ def frames_graph(
     (``source_frames_args``) and, riding along its decode, by a transcode's render
     (``frames_rider``). ``files``: where the printed times and loudness go, relative to the
     process's working directory (``scratch`` itself by default)."""
+    return frames_graph_part(
+        video_in, audio_in, summary, config, scratch, poster=poster, measure=measure, files=files
+    )
+
+
+def frames_graph_part(
+    video_in: str,
+    audio_in: str | None,
+    summary: MediaSummary,
+    config: ModerationConfig,
+    scratch: Path,
+    *,
+    start: float = 0.0,
+    stop: float | None = None,
+    poster: PosterShot | None = None,
+    measure: bool = False,
+    files: str = "",
+) -> FramesGraph:
+    """``frames_graph`` for the part of the video from ``start`` (where ``video_in``'s first
+    frame is, on the video's own clock) to ``stop`` (None: to its end), as one of the
+    pass's halves (``frames_halves``) takes it: the stills whose times fall in the part (the
+    last one only in the part that reaches the end), the scene branch over its frames; a
+    part with a ``stop`` keeps the frame at ``stop`` for the scene branch and none after."""
     times = still_times(video_seconds(summary), last_window(summary))
+
+    def within(seconds: float) -> bool:
+        return seconds >= start and (stop is None or seconds < stop)
+
     scale = _scale(config)
-    branches = ["first", "middle", "last"] + (["scenes"] if config.max_scene_frames else [])
-    branches += ["poster"] if poster is not None else []
+    stills = [k for k in ("first", "middle") if within(times[k])]
+    stills += ["last"] if stop is None else []
+    branches = stills + (["scenes"] if config.max_scene_frames else [])
+    shot = poster is not None and within(poster.seconds)
+    branches += ["poster"] if shot else []
     # The video's own clock from 0 (setpts): a container that starts late, or an audio
     # track longer than the video, must not move the stills' times past its last frame.
     # Each still's branch ends at its frame (trim), the last one's keeps overwriting its
     # file (-update 1) until the final frame: nothing is held in memory, nothing reversed.
-    graph = [
-        f"{video_in}setpts=PTS-STARTPTS,split={len(branches)}"
-        + "".join(f"[v_{b}]" for b in branches),
-        f"[v_first]trim=end_frame=1,{scale}[first]",
-        f"[v_middle]trim=start={times['middle']:.3f},trim=end_frame=1,{scale}[middle]",
-        f"[v_last]trim=start={times['last']:.3f},{scale}[last]",
-    ]
-    outputs = [
-        *_still_output("first", scratch, one=True),
-        *_still_output("middle", scratch, one=True),
-        *_still_output("last", scratch, one=False),
-    ]
+    # A part that stops keeps half a frame past ``stop``: its outputs all end there, and
+    # with them the process.
+    rate = summary.frame_rate if summary.frame_rate > 0 else 30.0
+    head = f"{video_in}setpts=PTS-STARTPTS"
+    head += f",trim=end={stop - start + 0.5 / rate:.6f}" if stop is not None else ""
+    split = f",split={len(branches)}" + "".join(f"[v_{b}]" for b in branches)
+    graph = [head + split]
+    outputs: list[str] = []
+    for still in stills:
+        at = max(times[still] - start, 0.0)
+        one = still != "last"
+        begin = f"trim=start={at:.3f}," if at > 0 else ""
+        graph.append(f"[v_{still}]{begin}{'trim=end_frame=1,' if one else ''}{scale}[{still}]")
+        outputs += _still_output(still, scratch, one=one)
     if config.max_scene_frames:
         graph.append(f"[v_scenes]{_scene_branch(config, files)}[scene]")
         outputs += _scene_output(config, scratch)
-    if poster is not None:
-        graph.append(f"[v_poster]trim=start={poster.seconds:.3f},trim=end_frame=1[poster]")
+    if shot and poster is not None:
+        at = max(poster.seconds - start, 0.0)
+        graph.append(f"[v_poster]trim=start={at:.3f},trim=end_frame=1[poster]")
         outputs += ["-map", "[poster]", "-frames:v", "1", "-q:v", POSTER_JPEG_QUALITY]
         outputs += ["-update", "1", "-f", "image2", str(poster.path)]
     if audio_in is not None and measure:
