@@ -57,9 +57,8 @@ starts inherits them; the runs are ``chunked:1,chunked:2,single:1`` (the single 
 such node), the decode-only pass runs on the first node, and each run records what the
 workers and every process below them were allowed to run on (``/proc/PID/status``), failing
 a smoke run where one ran elsewhere. PostgreSQL, the provider and this script are not
-pinned. The report adds docs/capacity.md's model predicted from the single pass alone (its
-CPU and the share of its node it got, ``a_priori``) against each chunked run, and the target
-of 1.6x for 2 workers.
+pinned. The report adds docs/capacity.md's model predicted from the single pass's CPU
+(``a_priori``) against each chunked run, and the target of 1.6x for 2 workers.
 
 ``--smoke``: an 8 s 320x240 source in 4 s chunks, ``chunked:1,single:1`` (with ``--pin``
 ``chunked:1,chunked:2,single:1``), no waiting for a quiet machine, under
@@ -1037,29 +1036,19 @@ CAPACITY_PIECE_CORES = 1.87
 MODEL_TOLERANCE = 0.15  # issue 25: the model within 15% of the measured figures
 
 
-def a_priori(
-    single_cpu_s: float, single_wall_s: float, chunks: int, workers: int, node_cores: float
-) -> dict[str, float]:
-    """docs/capacity.md's model of N single-slot workers, each on a node of ``node_cores``,
-    from the single pass on one such node alone (its CPU and wall time): the serial part
-    plus the chunk encodes, each ``single_cpu_s x ratio / chunks`` of CPU at min(node
-    cores, piece cores) x ``share``, the part of those cores the single pass itself got
-    (its CPU over its wall time; 1 on a node nothing else uses). ``whole`` counts the
-    encodes in whole rounds (a worker takes a whole chunk: 9 chunks on 2 workers is 5
-    rounds), ``spread`` as the formula was first written (the CPU spread evenly, 4.5
-    rounds), ``share1`` whole rounds with the share taken as 1 (the formula before
-    2026-12-07)."""
-    cores = min(node_cores, CAPACITY_PIECE_CORES)
-    share = min(1.0, single_cpu_s / single_wall_s / cores) if single_wall_s > 0 else 1.0
-    cpu_s = single_cpu_s * CAPACITY_CHUNKED_CPU_RATIO / chunks
-    piece_s = cpu_s / (cores * share)
-    rounds = -(-chunks // workers)
+def a_priori(single_cpu_s: float, chunks: int, workers: int, node_cores: float) -> dict[str, float]:
+    """docs/capacity.md's model of N single-slot workers, each on a node of ``node_cores``:
+    the serial part plus the chunk encodes, each ``single_cpu_s x ratio / chunks`` of CPU at
+    min(node cores, piece cores); ``whole`` counts them in whole rounds (a worker takes a
+    whole chunk: 9 chunks on 2 workers is 5 rounds), ``spread`` as the formula was first
+    written (the CPU spread evenly, 4.5 rounds)."""
+    piece_s = (
+        single_cpu_s * CAPACITY_CHUNKED_CPU_RATIO / chunks / min(node_cores, CAPACITY_PIECE_CORES)
+    )
     return {
-        "whole": CAPACITY_SERIAL_S + rounds * piece_s,
+        "whole": CAPACITY_SERIAL_S + -(-chunks // workers) * piece_s,
         "spread": CAPACITY_SERIAL_S + max(piece_s, chunks * piece_s / workers),
-        "share1": CAPACITY_SERIAL_S + rounds * cpu_s / cores,
         "piece_s": piece_s,
-        "share": share,
     }
 
 
@@ -1100,7 +1089,7 @@ def model(result: dict[str, Any], counts: tuple[int, ...] = (1, 2, 4, 8, 16, 37)
     if pin and single is not None:
         out_["node_cores"] = pin["cores_per_node"]
         out_["a_priori"] = {
-            w: a_priori(single["cpu_s"], single["wall_s"], r["chunks"], w, pin["cores_per_node"])
+            w: a_priori(single["cpu_s"], r["chunks"], w, pin["cores_per_node"])
             for (path, w), r in runs.items()
             if path == "chunked"
         }
@@ -1151,11 +1140,10 @@ def report_model(m: dict[str, Any]) -> None:
         verdict = "within" if abs(off) <= MODEL_TOLERANCE else "NOT within"
         out(
             f"  {w} node(s) of {m['node_cores']} core(s), docs/capacity.md's model from the "
-            f"single pass alone (its CPU at the {p.get('share', 1.0):.2f} of its core it got: "
-            f"{p['piece_s']:.1f} s per chunk encode): predicted {p['whole']:.1f} s in whole "
-            f"rounds ({p['spread']:.1f} s spread evenly; "
-            f"{p.get('share1', p['whole']):.1f} s at a share of 1), measured {t:.1f} s: "
-            f"{off:+.1%}, {verdict} {MODEL_TOLERANCE:.0%}"
+            f"single pass's CPU ({p['piece_s']:.1f} s per chunk encode): predicted "
+            f"{p['whole']:.1f} s in whole "
+            f"rounds ({p['spread']:.1f} s spread evenly), measured {t:.1f} s: {off:+.1%}, "
+            f"{verdict} {MODEL_TOLERANCE:.0%}"
         )
     fitted = m.get("fitted")
     for w, p in (fitted or {}).get("predicted_s", {}).items():
