@@ -23,7 +23,8 @@ from aivedio.pipeline.media.chunks import (
     concat_list,
     split_args,
 )
-from aivedio.pipeline.media.ffmpeg_args import EncodeJob, Layout, encode_args, pieces_args
+from aivedio.pipeline.media.ffmpeg_args import EncodeJob, encode_args, pieces_args
+from aivedio.pipeline.media.layout import Layout
 from aivedio.pipeline.media.plan import Plan, Rung
 from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.media.validate import MediaSummary

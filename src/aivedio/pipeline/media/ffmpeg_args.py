@@ -14,13 +14,14 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from aivedio.config.media import MediaConfig
 from aivedio.pipeline.media import av1
 from aivedio.pipeline.media.chunks import NUT, Chunking, forced_keyframes, timing_filter
 from aivedio.pipeline.media.colour import Colour, colour_args
+from aivedio.pipeline.media.layout import Layout
 from aivedio.pipeline.media.loudness import measure_filter
 from aivedio.pipeline.media.plan import AUDIO_MAX_RATE, Plan, Rung
 from aivedio.pipeline.media.rider import Rider
@@ -28,83 +29,6 @@ from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.media.thumbnails import sprite_filter
 
 KEYFRAME_EPSILON = 0.0005  # force a key on the frame AT the cut, never the one after
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Where things live in a job's scratch directory (``out/`` mirrors the object keys)."""
-
-    root: Path
-    # Made once: every path of a render's argv and checks is under one of the two.
-    work: Path = field(init=False, repr=False)
-    out: Path = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "work", self.root / "work")
-        object.__setattr__(self, "out", self.root / "out")
-
-    def rung_video(self, rung: Rung) -> Path:
-        return self.work / f"rung_{rung.name}.mp4"
-
-    @property
-    def proxy_video(self) -> Path:
-        return self.work / "proxy_video.mp4"
-
-    @property
-    def audio(self) -> Path:
-        return self.work / "audio.m4a"
-
-    @property
-    def pcm(self) -> Path:
-        return self.work / "waveform.pcm"
-
-    @property
-    def playback(self) -> Path:
-        return self.out / "playback.mp4"
-
-    @property
-    def proxy(self) -> Path:
-        return self.out / "proxy.mp4"
-
-    @property
-    def poster(self) -> Path:
-        return self.out / "poster.jpg"
-
-    @property
-    def sprites(self) -> Path:
-        return self.out / "sprites"
-
-    @property
-    def waveform(self) -> Path:
-        return self.out / "waveform"
-
-    @property
-    def hls(self) -> Path:
-        return self.out / "hls"
-
-    def hls_rung(self, rung: Rung) -> Path:
-        return self.hls / rung.name
-
-    @property
-    def keyframes(self) -> Path:
-        return self.out / "keyframes.json"
-
-    def make_dirs(self, plan: Plan | None = None, wants: Collection[str] | None = None) -> None:
-        """The directories the argv of this module writes into for ``wants`` (every output
-        when None; ``work/``, the processes' cwd, always): the builders stay pure. A probe
-        wants nothing and gets ``work/`` alone: each directory made and removed again costs
-        the worker a tenth of a millisecond on ext4."""
-        paths = [self.work]
-        if wants is None or wants:
-            paths.append(self.out)
-        if wants is None or "sprite" in wants:
-            paths.append(self.sprites)
-        if wants is None or "waveform" in wants:
-            paths.append(self.waveform)
-        if plan is not None and (wants is None or "hls" in wants):
-            paths += [self.hls_rung(rung) for rung in plan.renditions]
-        for path in paths:
-            path.mkdir(parents=True, exist_ok=True)
 
 
 @dataclass(frozen=True, slots=True)
