@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import uuid
 
+from aivedio.config.media import MediaConfig
 from aivedio.pipeline import jobs
+from aivedio.pipeline.media import av1
 from aivedio.pipeline.media.chunks import CHUNK_OUTPUTS
 from aivedio.pipeline.media.plan import Plan, Rung
 from aivedio.store import media_pieces
@@ -41,6 +43,15 @@ def chunk_outputs(plan: Plan) -> list[str]:
 
 def piece_timeout(plan: Plan, media_seconds: float, per_run: float, per_second: float) -> float:
     return (per_run + per_second * max(media_seconds, 0.0)) * 2 + 120
+
+
+def video_piece_timeout(plan: Plan, media_seconds: float, media: MediaConfig) -> float:
+    """A video piece's lease: two runs' budget and, when the plan has the AV1 ladder, the
+    AV1 encode's extra wall time (the piece may be an AV1 one, and a first attempt encodes
+    its chunk's AV1 pieces with its own)."""
+    extra = av1.deadline_extra_seconds(media, media_seconds) if plan.av1_rungs else 0.0
+    per_run, per_second = media.process_timeout_seconds, media.process_timeout_per_media_second
+    return piece_timeout(plan, media_seconds, per_run, per_second) + extra
 
 
 def piece_key(kind: str, asset_id: uuid.UUID, revision: int, plan: Plan, piece: str) -> str:

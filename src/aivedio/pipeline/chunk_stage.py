@@ -58,6 +58,7 @@ from aivedio.pipeline.chunk_pieces import (
     piece_spec,
     piece_timeout,
     video_piece,
+    video_piece_timeout,
 )
 from aivedio.pipeline.ffmpeg.media_run import MediaRun
 from aivedio.pipeline.ffmpeg.outputs import OutputRecord
@@ -253,7 +254,7 @@ class ChunkStage:
             manifest = hashlib.sha256("".join(d for _, d, _ in made).encode()).hexdigest()
             assert plan.chunking is not None
             specs: list[JobSpec] = []
-            rungs = [r for r in plan.rungs if not r.copy]
+            rungs = [r for r in plan.renditions if not r.copy]  # H.264 first, then AV1
             async with media_assets.connection(
                 self.services.pool, "recording the chunks", transaction=True
             ) as conn:
@@ -289,16 +290,12 @@ class ChunkStage:
                             plan.chunking.frames[index],
                         )
                     )
-                    span = plan.chunking.chunk_seconds
+                    # The last chunk may be half as long again as the others.
+                    span = max(plan.chunking.chunk_seconds, plan.chunking.span(index))
+                    timeout = video_piece_timeout(plan, span, self.services.config.media)
                     for rung in rungs:
                         name = video_piece(rung, index)
                         rows.append((asset_id, revision, name, "PENDING", None, None, None, None))
-                        timeout = piece_timeout(
-                            plan,
-                            span,
-                            self.services.config.media.process_timeout_seconds,
-                            self.services.config.media.process_timeout_per_media_second,
-                        )
                         later = plan.chunking.starts[index] - plan.chunking.origin
                         specs.append(
                             piece_spec(
@@ -362,7 +359,7 @@ class ChunkStage:
                     else:
                         _, rung_name, index_text = piece.split(":")
                         index = int(index_text)
-                        rung = next(r for r in plan.rungs if r.name == rung_name)
+                        rung = next(r for r in plan.renditions if r.name == rung_name)
                         run = self._run(root, summary, source_present=False)
                         steps = run.chunk_steps(plan)
                         rungs = [rung]
@@ -495,7 +492,7 @@ class ChunkStage:
         """The job keys of the same chunk's other renditions still pending. A first attempt
         holds back those not running yet (for as long as it may take: they come back by
         themselves if it dies) and encodes them from its one decode of the chunk."""
-        names = [video_piece(r, index) for r in plan.rungs if not r.copy and r != rung]
+        names = [video_piece(r, index) for r in plan.renditions if not r.copy and r != rung]
         pending = await media_pieces.pending_among(self.services.pool, asset_id, revision, names)
         return [piece_key(ENCODE_KIND, asset_id, revision, plan, name) for name in pending]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 from aivedio.config.media import MediaConfig
 from aivedio.errors import RenderError
@@ -23,12 +24,23 @@ from aivedio.pipeline.media.chunks import (
     concat_list,
     split_args,
 )
-from aivedio.pipeline.media.ffmpeg_args import EncodeJob, Layout, encode_args, pieces_args
+from aivedio.pipeline.media.ffmpeg_args import EncodeJob, encode_args, pieces_args
+from aivedio.pipeline.media.layout import Layout
 from aivedio.pipeline.media.plan import Plan, Rung
 from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.media.validate import MediaSummary
 
-RunFfmpeg = Callable[[str, list[str], float], Awaitable[RunResult]]
+
+class RunFfmpeg(Protocol):
+    """Runs one checked ffmpeg step over ``duration`` seconds of media; ``encodes_av1``:
+    it encodes AV1 renditions and gets their budget on top (``av1.deadline_extra_seconds``,
+    ``av1.cpu_extra_seconds``)."""
+
+    def __call__(
+        self, step: str, args: list[str], duration: float, *, encodes_av1: bool = False
+    ) -> Awaitable[RunResult]: ...
+
+
 RunFfprobe = Callable[[str, list[str]], Awaitable[str]]
 AUDIO_ONLY = EncodeJob(rungs=(), proxy=False, poster=False, sprite=False, pcm=False, audio=True)
 
@@ -63,13 +75,12 @@ class ChunkSteps:
 
     @property
     def encoded_rungs(self) -> list[Rung]:
-        """The rungs made from chunks (a copied top rung comes from the source itself)."""
-        return [rung for rung in self.plan.rungs if not rung.copy]
+        """The renditions made from chunks, the H.264 ones first, then the AV1 ones (a
+        copied top rung comes from the source itself)."""
+        return [rung for rung in self.plan.renditions if not rung.copy]
 
     def span(self, index: int) -> float:
-        c = self.chunking
-        stop = c.grid_end if index + 1 == c.count else c.grid_starts[index + 1]
-        return stop - c.grid_starts[index]
+        return self.chunking.span(index)
 
     async def count_packets(self, sniff: Sniff, path: Path) -> int:
         text = await self.ffprobe(
@@ -126,7 +137,10 @@ class ChunkSteps:
             output.parent.mkdir(parents=True, exist_ok=True)
         args = pieces_args(self.plan, self.chunking, index, outputs, self.media, chunk)
         names = "+".join(rung.name for rung in rungs)
-        await self.ffmpeg(f"encode[{names}:{index}]", args, self.span(index))
+        encodes_av1 = any(rung.codec == "av1" for rung in rungs)
+        await self.ffmpeg(
+            f"encode[{names}:{index}]", args, self.span(index), encodes_av1=encodes_av1
+        )
         expected = self.chunking.output_frames(index, self.plan.frame_rate)
         made: list[tuple[Path, int]] = []
         for rung, output in outputs:

@@ -19,7 +19,7 @@ from aivedio.pipeline.ffmpeg.outputs import OutputRecord, Report
 from aivedio.pipeline.ffmpeg.provenance_read import ProvenanceReader
 from aivedio.pipeline.ffmpeg.sandbox import RunResult, Sandbox, media_deadline
 from aivedio.pipeline.media import av1
-from aivedio.pipeline.media.ffmpeg_args import Layout
+from aivedio.pipeline.media.layout import Layout
 from aivedio.pipeline.media.plan import Plan
 from aivedio.pipeline.media.provenance import Provenance
 from aivedio.pipeline.media.rider import Rider

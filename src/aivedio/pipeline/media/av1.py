@@ -10,7 +10,12 @@ Two things differ from H.264 and are the reason this module exists:
   one segment (``-g``): every AV1 rung has keyframes on the same frames, which is what
   switching between them needs. The client switches within one codec family (the player
   takes the AV1 ladder or the H.264 one), so the two ladders need not cut at the same
-  frames;
+  frames. On the chunked path each chunk is an encode of its own, so its keyframes fall
+  every GOP from the chunk's first frame, wherever that is: a chunk's GOP
+  (``chunk_gop_frames``) splits its frames into the fewest GOPs of at most one segment, and
+  its AV1 renditions are cut at every keyframe (``EVERY_KEYFRAME_SECONDS``), so each segment
+  is one GOP: none longer than a segment, none a sliver left at a chunk's end, and every
+  rendition of the ladder cut at the same frames (``chunked_keyframes``);
 * the master playlist's ``CODECS``: ``av01.P.LLT.DD`` is read from the rendition's own init
   segment (its ``av1C`` box: profile, level, tier, bit depth, chroma) and its ``colr`` box
   (the colour the rendition is tagged with), never assumed from the settings.
@@ -18,11 +23,18 @@ Two things differ from H.264 and are the reason this module exists:
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from aivedio.config.media import AV1Config, MediaConfig
 from aivedio.errors import InvalidMediaError
+from aivedio.pipeline.media.chunks import Chunking
 from aivedio.pipeline.media.colour import HdrMetadata
+
+# ``-hls_time`` for a rendition cut at every keyframe: ffmpeg's HLS muxer cuts at the first
+# keyframe at least (segments so far) x ``hls_time`` in, so any time under one frame makes
+# every keyframe start a segment.
+EVERY_KEYFRAME_SECONDS = 0.001
 
 
 def wanted(media: MediaConfig, tenant: str | None) -> bool:
@@ -53,6 +65,29 @@ def encoder_args(
     if hdr10_params:
         args += ["-svtav1-params", hdr10_params]
     return args
+
+
+def chunk_gop_frames(frames: int, gop_frames: int) -> int:
+    """The GOP (``-g``) of a chunk's AV1 pieces, the chunk making ``frames`` output frames:
+    its frames in the fewest GOPs of at most ``gop_frames`` (one segment), as equal as a
+    fixed GOP allows (the last shorter by less than one frame per GOP). A chunk that spans
+    whole segments keeps ``gop_frames``; one that does not never ends in a GOP of a frame
+    or two, which would be a segment of its own."""
+    gop = max(gop_frames, 1)
+    groups = max(1, math.ceil(frames / gop))
+    return max(1, math.ceil(frames / groups))
+
+
+def chunked_keyframes(chunking: Chunking, rate: float, gop_frames: int) -> list[float]:
+    """Where the AV1 renditions of a chunked plan have their keyframes, in output seconds
+    (the joined rendition's own timeline, before the HLS offset): every chunk's GOP from
+    its first frame. Cut at every keyframe, these are their segments' starts."""
+    times: list[float] = []
+    for index, start in enumerate(chunking.grid_starts):
+        frames = chunking.output_frames(index, rate)
+        gop = chunk_gop_frames(frames, gop_frames)
+        times += [start + k * gop / rate for k in range(math.ceil(frames / gop))]
+    return times
 
 
 def _ratio(text: str) -> float:

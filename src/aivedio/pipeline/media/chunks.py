@@ -60,6 +60,11 @@ class Chunking(msgspec.Struct, frozen=True, kw_only=True):
     def count(self) -> int:
         return len(self.starts)
 
+    def span(self, index: int) -> float:
+        """Seconds of output chunk ``index`` makes (its snapped span)."""
+        stop = self.grid_end if index + 1 == self.count else self.grid_starts[index + 1]
+        return stop - self.grid_starts[index]
+
     def output_frames(self, index: int, rate: float) -> int:
         """Output frames chunk ``index`` makes: the whole grid steps in its snapped span."""
         stop = self.grid_end if index + 1 == self.count else self.grid_starts[index + 1]

@@ -14,13 +14,14 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from aivedio.config.media import MediaConfig
 from aivedio.pipeline.media import av1
 from aivedio.pipeline.media.chunks import NUT, Chunking, forced_keyframes, timing_filter
 from aivedio.pipeline.media.colour import Colour, colour_args
+from aivedio.pipeline.media.layout import Layout
 from aivedio.pipeline.media.loudness import measure_filter
 from aivedio.pipeline.media.plan import AUDIO_MAX_RATE, Plan, Rung
 from aivedio.pipeline.media.rider import Rider
@@ -28,83 +29,6 @@ from aivedio.pipeline.media.sniff import MP4, Sniff, input_args
 from aivedio.pipeline.media.thumbnails import sprite_filter
 
 KEYFRAME_EPSILON = 0.0005  # force a key on the frame AT the cut, never the one after
-
-
-@dataclass(frozen=True, slots=True)
-class Layout:
-    """Where things live in a job's scratch directory (``out/`` mirrors the object keys)."""
-
-    root: Path
-    # Made once: every path of a render's argv and checks is under one of the two.
-    work: Path = field(init=False, repr=False)
-    out: Path = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "work", self.root / "work")
-        object.__setattr__(self, "out", self.root / "out")
-
-    def rung_video(self, rung: Rung) -> Path:
-        return self.work / f"rung_{rung.name}.mp4"
-
-    @property
-    def proxy_video(self) -> Path:
-        return self.work / "proxy_video.mp4"
-
-    @property
-    def audio(self) -> Path:
-        return self.work / "audio.m4a"
-
-    @property
-    def pcm(self) -> Path:
-        return self.work / "waveform.pcm"
-
-    @property
-    def playback(self) -> Path:
-        return self.out / "playback.mp4"
-
-    @property
-    def proxy(self) -> Path:
-        return self.out / "proxy.mp4"
-
-    @property
-    def poster(self) -> Path:
-        return self.out / "poster.jpg"
-
-    @property
-    def sprites(self) -> Path:
-        return self.out / "sprites"
-
-    @property
-    def waveform(self) -> Path:
-        return self.out / "waveform"
-
-    @property
-    def hls(self) -> Path:
-        return self.out / "hls"
-
-    def hls_rung(self, rung: Rung) -> Path:
-        return self.hls / rung.name
-
-    @property
-    def keyframes(self) -> Path:
-        return self.out / "keyframes.json"
-
-    def make_dirs(self, plan: Plan | None = None, wants: Collection[str] | None = None) -> None:
-        """The directories the argv of this module writes into for ``wants`` (every output
-        when None; ``work/``, the processes' cwd, always): the builders stay pure. A probe
-        wants nothing and gets ``work/`` alone: each directory made and removed again costs
-        the worker a tenth of a millisecond on ext4."""
-        paths = [self.work]
-        if wants is None or wants:
-            paths.append(self.out)
-        if wants is None or "sprite" in wants:
-            paths.append(self.sprites)
-        if wants is None or "waveform" in wants:
-            paths.append(self.waveform)
-        if plan is not None and (wants is None or "hls" in wants):
-            paths += [self.hls_rung(rung) for rung in plan.renditions]
-        for path in paths:
-            path.mkdir(parents=True, exist_ok=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +95,8 @@ def rung_scale(rung: Rung, pixel_format: str = "yuv420p") -> str:
 def _rung_chain(rung: Rung, media: MediaConfig) -> str:
     """The chain after the split that makes ``rung``'s frames: an AV1 rung at the size of
     an H.264 one (both 8-bit) has the same chain, so the two share one scale."""
+    if rung.dynamic_range == "pq":  # the HDR10 rendition: always 10-bit
+        return rung_scale(rung, "yuv420p10le")
     if rung.codec == "av1":
         return rung_scale(rung, av1.pixel_format(media.av1))
     return rung_scale(rung)
@@ -188,6 +114,27 @@ def _x264(
     if colour is not None:
         args += colour_args(colour)
     return args + keyframes
+
+
+def _video_encoder(
+    rung: Rung, plan: Plan, media: MediaConfig, keys: list[str], *, gop: int, av1_gop: int
+) -> list[str]:
+    """A rendition's encoder with its colour tags: x264 with ``keys`` forced (``gop`` its
+    cap), or SVT-AV1 with a fixed GOP of ``av1_gop`` frames (its keyframes cannot be
+    forced); the HDR10 rendition tagged with the source's colour, the rest with the plan's."""
+    colour = encoded_colour(plan)
+    if rung.codec != "av1":
+        return _x264(rung, media, keys, gop=gop, colour=colour)
+    pq = rung.dynamic_range == "pq"
+    encoder = av1.encoder_args(
+        crf=rung.crf,
+        maxrate_kbps=rung.maxrate_kbps,
+        gop_frames=av1_gop,
+        media=media,
+        hdr10_params=plan.hdr10_params if pq else "",
+    )
+    tags = plan.hdr10_colour if pq else colour
+    return encoder + (colour_args(tags) if tags is not None else [])
 
 
 def _forced_keyframes(plan: Plan) -> list[str]:
@@ -301,19 +248,7 @@ def encode_args(
     keys = _forced_keyframes(plan)
     colour = encoded_colour(plan)
     for index, rung in enumerate(job.rungs):
-        if rung.codec == "av1":
-            pq = rung.dynamic_range == "pq"
-            encoder = av1.encoder_args(
-                crf=rung.crf,
-                maxrate_kbps=rung.maxrate_kbps,
-                gop_frames=plan.gop_frames,
-                media=media,
-                hdr10_params=plan.hdr10_params if pq else "",
-            )
-            tags = plan.hdr10_colour if pq else colour
-            encoder += colour_args(tags) if tags is not None else []
-        else:
-            encoder = _x264(rung, media, keys, gop=gop, colour=colour)
+        encoder = _video_encoder(rung, plan, media, keys, gop=gop, av1_gop=plan.gop_frames)
         args += ["-map", f"[o_r{index}]", *encoder, "-an"]
         args += ["-f", "mp4", str(layout.rung_video(rung))]
     if job.proxy and plan.proxy is not None:
@@ -371,38 +306,64 @@ def pieces_args(
 ) -> list[str]:
     """Several renditions of one chunk from one decode: the chunk's frames re-timed once,
     then split, each branch scaled and encoded as its own ``(chunk, rendition)`` encode
-    would be (the same frames into the same x264 settings)."""
+    would be (the same frames into the same encoder settings). An AV1 rendition's GOP is
+    the chunk's (``av1.chunk_gop_frames``): its keyframes fall every GOP from the chunk's
+    first frame; an HDR10 one leaves before the colour chain, as in ``encode_args``."""
     timing = timing_filter(chunking, index, plan.frame_rate_expr)
-    if plan.colour_filter:
-        timing = f"{timing},{plan.colour_filter}"
-    colour = encoded_colour(plan)
     gop = 1_000_000 if plan.mode == "remux" else max(plan.gop_frames * 10, 250)
     cuts = plan.cut_points if plan.mode == "remux" else None
     keys = forced_keyframes(chunking, index, segment_seconds=plan.segment_seconds, cut_points=cuts)
+    frames = chunking.output_frames(index, plan.frame_rate)
+    av1_gop = av1.chunk_gop_frames(frames, plan.gop_frames)
 
     # passthrough: the timing filter made exactly the frames wanted, at the chunk's own
     # times; a filter_complex output would otherwise be filled with copies from time 0.
     tail = ["-fps_mode", "passthrough", "-an", "-f", "mp4"]
+    args = input_args(NUT, chunk)
     if len(rungs) == 1:
-        rung, output = rungs[0]
-        return [
-            *input_args(NUT, chunk),
-            "-map",
-            "0:v:0",
-            "-vf",
-            f"{timing},{rung_scale(rung)}",
-            *_x264(rung, media, keys, gop=gop, colour=colour),
-            *tail,
-            str(output),
-        ]
-    branches = "".join(f"[s{i}]" for i in range(len(rungs)))
-    graph = [f"[0:v:0]{timing},split={len(rungs)}{branches}"]
-    graph += [f"[s{i}]{rung_scale(rung)}[o{i}]" for i, (rung, _) in enumerate(rungs)]
-    args = [*input_args(NUT, chunk), "-filter_complex", ";".join(graph)]
+        rung = rungs[0][0]
+        colour = [plan.colour_filter] if plan.colour_filter and rung.dynamic_range != "pq" else []
+        args += ["-map", "0:v:0", "-vf", ",".join([timing, *colour, _rung_chain(rung, media)])]
+    else:
+        graph = _pieces_graph(plan, timing, [rung for rung, _ in rungs], media)
+        args += ["-filter_complex", ";".join(graph)]
     for i, (rung, output) in enumerate(rungs):
-        x264 = _x264(rung, media, keys, gop=gop, colour=colour)
-        args += ["-map", f"[o{i}]", *x264, *tail, str(output)]
+        maps = ["-map", f"[o{i}]"] if len(rungs) > 1 else []
+        encoder = _video_encoder(rung, plan, media, keys, gop=gop, av1_gop=av1_gop)
+        args += [*maps, *encoder, *tail, str(output)]
     return args
+
+
+def _pieces_graph(plan: Plan, timing: str, rungs: list[Rung], media: MediaConfig) -> list[str]:
+    """The filter graph of ``pieces_args``, ``[o{i}]`` for ``rungs[i]``: the re-timed frames,
+    the HDR10 branches split off before the colour chain, the rest coloured once, then
+    split; renditions with the same chain (an AV1 rung and its 8-bit H.264 twin) share it."""
+    hdr = [i for i, rung in enumerate(rungs) if rung.dynamic_range == "pq"]
+    sdr = [i for i, rung in enumerate(rungs) if rung.dynamic_range != "pq"]
+    colour = [plan.colour_filter] if plan.colour_filter else []
+    graph: list[str] = []
+    trunk, pre = "[0:v:0]", [timing, *colour]
+    if hdr:
+        outs = ("[v_sdr]" if sdr else "") + "".join(f"[v_h{i}]" for i in hdr)
+        graph.append(f"[0:v:0]{timing},split={len(hdr) + (1 if sdr else 0)}{outs}")
+        graph += [f"[v_h{i}]{_rung_chain(rungs[i], media)}[o{i}]" for i in hdr]
+        trunk, pre = "[v_sdr]", colour
+    shared: dict[str, list[int]] = {}  # a chain -> the renditions (indexes) it feeds
+    for i in sdr:
+        shared.setdefault(_rung_chain(rungs[i], media), []).append(i)
+
+    def outputs(indexes: list[int]) -> str:
+        fan = f",split={len(indexes)}" if len(indexes) > 1 else ""
+        return fan + "".join(f"[o{i}]" for i in indexes)
+
+    if len(shared) == 1:
+        ((chain, indexes),) = shared.items()
+        graph.append(f"{trunk}{','.join([*pre, chain])}{outputs(indexes)}")
+    elif shared:
+        labels = "".join(f"[s{indexes[0]}]" for indexes in shared.values())
+        graph.append(f"{trunk}{','.join([*pre, f'split={len(shared)}'])}{labels}")
+        graph += [f"[s{ixs[0]}]{chain}{outputs(ixs)}" for chain, ixs in shared.items()]
+    return graph
 
 
 def package_args(
@@ -499,7 +460,7 @@ def package_args(
                     "-f",
                     "hls",
                     "-hls_time",
-                    f"{plan.segment_seconds:g}",
+                    _hls_time(plan, rung),
                     "-hls_playlist_type",
                     "vod",
                     "-hls_segment_type",
@@ -514,6 +475,15 @@ def package_args(
                 ]
             )
     return runs
+
+
+def _hls_time(plan: Plan, rung: Rung) -> str:
+    """``-hls_time`` for a rendition: the plan's segment, where its keyframes are; every
+    keyframe for an AV1 rendition of a chunked plan, whose keyframes fall every GOP from
+    each chunk's first frame (``av1.chunk_gop_frames``), not on the segment grid."""
+    if rung.codec == "av1" and plan.chunking is not None:
+        return f"{av1.EVERY_KEYFRAME_SECONDS:g}"
+    return f"{plan.segment_seconds:g}"
 
 
 def merge_runs(runs: list[list[str]]) -> list[str]:

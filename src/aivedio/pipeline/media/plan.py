@@ -14,8 +14,9 @@ landscape and 720x1280 portrait). Every rendition splits at the same timestamps:
   are computed with the HLS muxer's own rule and lower rungs get keyframes exactly there.
 
 The AV1 ladder (``av1_rungs``, when the tenant or the pipeline version has it) is a twin of
-every rung from the same decode; its rungs split at the same timestamps as each other (a
-GOP of one segment: ``av1.py`` says why), not necessarily as the H.264 ones'.
+every rung from the same decode (on the chunked path, the same decode of each chunk); its
+rungs split at the same timestamps as each other (a GOP of one segment, or of a chunk's
+share of one: ``av1.py`` says why), not necessarily as the H.264 ones'.
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ def make_plan(
     ``video_packets`` (decode order) lets a source longer than
     ``chunk_threshold_seconds`` take the chunked path. ``source_earliest`` is recorded as
     given (``Plan.source_earliest``). ``av1``: the tenant's revisions get the AV1 ladder
-    (``av1.wanted``); a chunked plan does not (its pieces are H.264 only)."""
+    (``av1.wanted``), on either path (a chunked plan's AV1 pieces are encoded per chunk)."""
     reasons = transcode_reasons(s)
     mode = "transcode" if reasons else "remux"
     short = min(s.display_width, s.display_height)
@@ -340,7 +341,7 @@ def make_plan(
         dynamic_range=colour.dynamic_range(s.colour),
         loudness=measured,
         audio_filter=audio_filter,
-        **_av1_ladder(s, media, rungs, wanted=av1 and chunking is None),
+        **_av1_ladder(s, media, rungs, wanted=av1),
     )
 
 

@@ -90,12 +90,14 @@ def test_the_plan_has_an_av1_twin_of_every_rung_only_when_asked() -> None:
     assert [r.name for r in plan.renditions] == ["720p", "360p", "av1_720p", "av1_360p"]
 
 
-def test_a_chunked_plan_has_no_av1_ladder() -> None:
+def test_a_chunked_plan_has_the_av1_ladder_a_single_pass_would() -> None:
     source = summary(duration_seconds=120.0, video_codec="hevc", video_profile="Main")
     config = msgspec.structs.replace(media(), chunk_threshold_seconds=60.0, chunk_seconds=20.0)
     packets = [Packet(pts=i / 30, dts=i / 30, pos=None, key=i % 60 == 0) for i in range(3600)]
     plan = make_plan(source, config, video_packets=packets, av1=True)
-    assert plan.chunking is not None and plan.av1_rungs == []
+    single = make_plan(source, config, av1=True)
+    assert plan.chunking is not None and single.chunking is None
+    assert plan.av1_rungs and plan.av1_rungs == single.av1_rungs
 
 
 # -- the encode -------------------------------------------------------------------------------
