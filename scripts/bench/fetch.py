@@ -23,11 +23,12 @@ The server is the simulated provider in a process of its own (``python -m aivedi
 the engines run as processes of their own too. Peak RSS is each fetching process's
 ``ru_maxrss``. The S3 paths are split into phases: streaming (until every part was sent)
 and completing (the engine assembling the parts). On each engine the three S3 paths run
-``--rounds`` times (2 by default), in alternating order, each after an ``os.sync()``; each
-path's figure is the mean of its rounds.
+``--rounds`` times (3 by default), each round after a discarded warm-up upload and in a
+rotated order (each path once in each place over three rounds), each path after an
+``os.sync()``; each path's figure is the mean of its rounds.
 
 Usage: .venv/bin/python scripts/bench/fetch.py [--sizes-gib 1 4] [--part-checksum crc32]
-       [--engines SeaweedFS moto] [--rounds 2] [--workdir DIR] [--smoke]
+       [--engines SeaweedFS moto] [--rounds 3] [--workdir DIR] [--smoke]
 
 Every process's stderr is kept under the work directory's ``logs/``; a server that exits
 during the run fails it at once with the end of its log, and so does a fetch or an upload
@@ -271,8 +272,8 @@ def main() -> int:
     parser.add_argument(
         "--rounds",
         type=int,
-        default=2,
-        help="S3 rounds per engine and size, in alternating order; each path's mean is shown",
+        default=3,
+        help="S3 rounds per engine and size, each after a warm-up, in rotated order (3)",
     )
     parser.add_argument(
         "--smoke", action="store_true", help="one 8 MiB body in 5 MiB parts; sanity, not speed"
@@ -358,19 +359,20 @@ def s3_paths(
 ) -> dict[str, Any]:
     """(b), (b') and (b'') into one engine, each object deleted once measured."""
     name, base = size_label(size_gib), f"bench/{size_gib:g}"
-    if not args.smoke:
-        # moto keeps objects in its own memory, SeaweedFS grows its volumes: the first
-        # upload of a size pays page faults, heap or file growth. Warm the engine up with a
-        # discarded upload so that neither measured path pays for being first.
-        log(f"{name}: warming {engine} up with a discarded upload")
-        boto3_upload(children, server, endpoint, f"{base}/warmup.bin")
-        delete(endpoint, f"{base}/warmup.bin")
     runs: dict[str, list[dict[str, Any]]] = {path: [] for path in S3_PATHS}
     for round_ in range(args.rounds):
-        # Alternate the order (b, b', b'' then b'', b', b): whoever runs first or last in a
-        # round, after the engine's files grew or while the page cache writes back what the
-        # previous path stored, does so as often as the others.
-        order = S3_PATHS if round_ % 2 == 0 else S3_PATHS[::-1]
+        if not args.smoke:
+            # moto keeps objects in its own memory, SeaweedFS grows its volumes: an upload
+            # right after a large one pays page faults, heap or volume growth (the path
+            # first after a single warm-up ran 5 s slower than in its other round at 4 GiB).
+            # Every round starts with a discarded upload, so each path takes that slot once.
+            log(f"{name}: warming {engine} up with a discarded upload, round {round_ + 1}")
+            boto3_upload(children, server, endpoint, f"{base}/warmup-{round_}.bin")
+            delete(endpoint, f"{base}/warmup-{round_}.bin")
+        # Rotate the order ((b), (b'), (b'') then (b'), (b''), (b), ...): over three rounds
+        # each path runs once in each place, after the warm-up, between the others and
+        # last, while the page cache writes back what the previous one stored.
+        order = S3_PATHS[round_ % 3 :] + S3_PATHS[: round_ % 3]
         for path in order:
             key = f"{base}/{path}-{round_}.bin"
             log(f"{name}: {S3_LABELS[path]} into {engine}, round {round_ + 1}/{args.rounds}")
