@@ -54,9 +54,12 @@ HEAD, TAIL = "head", "tail"
 def halves_pay(summary: MediaSummary, cores: int | None = None) -> bool:
     """Whether the pass runs in halves: two cores or more for this process, and a video long
     enough (``HALVES_MIN_SECONDS``)."""
-    if cores is None:
-        cores = len(os.sched_getaffinity(0))
-    return cores >= 2 and video_seconds(summary) >= HALVES_MIN_SECONDS
+    return usable_cores(cores) >= 2 and video_seconds(summary) >= HALVES_MIN_SECONDS
+
+
+def usable_cores(cores: int | None = None) -> int:
+    """``cores``, or the CPUs this process may run on."""
+    return cores if cores is not None else len(os.sched_getaffinity(0))
 
 
 def cut_seconds(summary: MediaSummary) -> float:
@@ -76,10 +79,15 @@ def halves_args(
     check: bool = True,
     poster: PosterShot | None = None,
     measure: bool = False,
+    cores: int | None = None,
 ) -> tuple[list[str], list[str]]:
     """The head's and the tail's ffmpeg arguments; each writes into ``scratch/head`` or
-    ``scratch/tail`` (its working directory), the poster to ``poster.path``."""
+    ``scratch/tail`` (its working directory), the poster to ``poster.path``. Each half's
+    video decoder gets half the cores: frame threads beyond them only contend (on two
+    cores, one thread each: the pass 0.78-0.82 s against 0.87-0.93 s with ffmpeg's own
+    count, and 0.95-0.99 s whole, 8 s of 1080p H.264)."""
     cut = cut_seconds(summary)
+    threads = ["-threads", str(max(1, usable_cores(cores) // 2))]
     video, audio = summary.video_stream_index, summary.audio_stream_index
     opening = input_args(sniff, source, max_streams=max_streams, max_pixels=max_pixels)
     xerror = ["-xerror"] if check else []
@@ -103,11 +111,19 @@ def halves_args(
         poster=poster,
         measure=measure,
     )
-    head_args = [*xerror, *opening, "-filter_complex", ";".join(head.graph), *head.outputs]
+    head_args = [
+        *xerror,
+        *threads,
+        *opening,
+        "-filter_complex",
+        ";".join(head.graph),
+        *head.outputs,
+    ]
     # The tail's audio comes from a second opening of the file, whole from its start.
     audio_opening = [] if audio is None else opening
     tail_args = [
         *xerror,
+        *threads,
         "-ss",
         f"{cut:.6f}",
         *opening,

@@ -17,6 +17,7 @@ from aivedio.pipeline.ffmpeg.frames import Frame, PosterShot, read_loudness, sou
 from aivedio.pipeline.ffmpeg.frames_halves import (
     HALVES_MIN_SECONDS,
     cut_seconds,
+    halves_args,
     halves_frames,
     halves_pay,
     source_pass,
@@ -91,6 +92,21 @@ async def test_only_a_long_enough_video_on_two_cores_is_passed_over_in_halves(
     assert not halves_pay(summary(HALVES_MIN_SECONDS - 0.5), cores=2)
     assert not halves_pay(summary(60.0), cores=1)
     assert cut_seconds(probed) == pytest.approx(3.0, abs=0.05)
+    # Each half's video decoder gets half the cores (ffmpeg's own count would contend).
+    source = cut_in_the_middle(media)
+    for cores, threads in ((2, "1"), (3, "1"), (8, "4")):
+        for args in halves_args(
+            sniff_file(source),
+            source,
+            probed,
+            ModerationConfig(),
+            tmp_path,
+            max_streams=8,
+            max_pixels=1 << 24,
+            cores=cores,
+        ):
+            assert args[args.index("-threads") + 1] == threads
+            assert args.index("-threads") < args.index("-i")
 
 
 @pytest.mark.parametrize("poster_at", [0.6, 4.5], ids=["poster-in-head", "poster-in-tail"])
