@@ -10,7 +10,7 @@ import base64
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -74,16 +74,19 @@ async def _admin(sql: str) -> None:
 class _Databases:
     """Fresh clones of the template, one per test, each made while the test before runs.
 
-    Cloning the migrated template is a good part of a second per test on a busy machine; a
-    thread clones the next test's database while a test runs, so a test seldom waits for
-    it. Each test still gets a database of its own, cloned from the template, never used
-    before, and dropped after it. (Drops stay in the test's teardown: one run beside a test
-    waits on that test's connections and took seconds.)"""
+    Cloning the migrated template and dropping a used database each take a good part of a
+    second on a busy machine (a drop waits for a checkpoint), so one thread does both beside
+    the tests: it clones the next test's database while a test runs, and drops a finished
+    test's database while the next one runs, so a test seldom waits for either. Each test
+    still gets a database of its own, cloned from the template, never used before, and
+    dropped after it (its connections ended by FORCE, whatever of the test still holds
+    one); a drop that fails fails the session's end, naming the database."""
 
     def __init__(self, template: str) -> None:
         self.template = template
         self._maker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="clone-db")
         self._next = self._maker.submit(self._clone)
+        self._drops: list[Future[None]] = []
 
     def _clone(self) -> str:
         import asyncio
@@ -92,19 +95,30 @@ class _Databases:
         asyncio.run(_admin(f"CREATE DATABASE {name} TEMPLATE {self.template}"))
         return name
 
+    @staticmethod
+    def _drop(name: str) -> None:
+        import asyncio
+
+        asyncio.run(_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+
     def take(self) -> str:
         name = self._next.result()
         self._next = self._maker.submit(self._clone)
         return name
 
-    def close(self) -> None:
-        import asyncio
+    def give_back(self, name: str) -> None:
+        """Drop ``name`` beside the next test (before the clone after that one)."""
+        self._drops = [d for d in self._drops if not d.done() or d.exception() is not None]
+        self._drops.append(self._maker.submit(self._drop, name))
 
+    def close(self) -> None:
         try:
             spare = self._next.result()
+            self._drops.append(self._maker.submit(self._drop, spare))
         finally:
             self._maker.shutdown(wait=True)
-        asyncio.run(_admin(f"DROP DATABASE IF EXISTS {spare} WITH (FORCE)"))
+        for drop in self._drops:
+            drop.result()  # a database left behind is this session's failure, said here
 
 
 @pytest.fixture(scope="session")
@@ -137,11 +151,9 @@ def _databases(template_db: str) -> Iterator[_Databases]:
 @pytest.fixture
 def database(_databases: _Databases) -> Iterator[str]:
     """A fresh, migrated database for one test: its DSN."""
-    import asyncio
-
     name = _databases.take()
     yield dsn_for(name)
-    asyncio.run(_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    _databases.give_back(name)
 
 
 @pytest.fixture

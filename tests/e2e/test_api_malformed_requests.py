@@ -89,7 +89,9 @@ def served(database: str, tmp_path: Path) -> Iterator[Served]:
     config = tmp_path / "aivedio.toml"
     config.write_text(
         f'[database]\nurl = "{database}"\n[storage]\nurl = "file://{tmp_path}/objects"\n'
-        '[api]\nport = 0\n[log]\nformat = "json"\nlevel = "debug"\n'
+        # No drain delay: its stop is not what this test is about (test_api_drain.py), and
+        # the default 5 s of it was most of this test's teardown.
+        '[api]\nport = 0\ndrain_delay_seconds = 0\n[log]\nformat = "json"\nlevel = "debug"\n'
     )
     tenant = aivedio(config, "tenants", "create", "acme")
     created = aivedio(config, "keys", "create", "--tenant", "acme")

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
     len(os.sched_getaffinity(0)) < 2 or shutil.which("taskset") is None,
     reason="--pin needs two CPUs and taskset",
 )
-@pytest.mark.parametrize("script", PINNED)
+@pytest.mark.parametrize("script", sorted(PINNED))
 def test_pinned_benchmark_smoke_run_keeps_each_worker_on_its_cpus(script: str) -> None:
-    stdout = run_smoke(script, "--pin")
+    stdout = run_smoke(script, *PINNED[script])
     assert "worker-2: CPUs " in stdout, stdout[-3000:]  # the second node's worker, where it ran

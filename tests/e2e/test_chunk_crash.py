@@ -1,6 +1,6 @@
 """A worker SIGKILLed in the middle of a chunk encode loses only that chunk's attempt.
 
-Two real ``aivedio worker`` processes share a 70 s source cut into three chunks. When one
+Two real ``aivedio worker`` processes share a 36 s source cut into three chunks. When one
 of them holds the lease of a ``chunk_encode`` job and its ffmpeg is running, it is
 SIGKILLed and a replacement started: the lease is reaped, that piece alone runs again, and
 the asset is published from a complete, verified set with nothing left under ``work/``.
@@ -33,7 +33,7 @@ from tests.support.processes import WorkerProcess
 pytestmark = pytest.mark.anyio
 
 FPS = 24
-SECONDS = 70
+SECONDS = 36
 
 CONFIG = """
 [database]
@@ -62,9 +62,9 @@ backoff_max_seconds = 0.2
 [media]
 scratch_dir = "{scratch}"
 segment_seconds = 1.0
-chunk_threshold_seconds = 60.0
-chunk_seconds = 20.0
-# Slow enough (about 2 s of CPU per 20 s chunk at 180p) that the kill lands mid-encode.
+chunk_threshold_seconds = 30.0
+chunk_seconds = 12.0
+# Slow enough (over 1 s of CPU per 12 s chunk at 180p) that the kill lands mid-encode.
 x264_preset = "medium"
 required_outputs = ["playback", "poster"]
 optional_outputs = ["hls", "keyframes"]

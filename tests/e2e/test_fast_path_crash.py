@@ -83,8 +83,8 @@ def media_cache(tmp_path_factory: pytest.TempPathFactory) -> MediaCache:
 
 @pytest.fixture(scope="module")
 def long_source(media_cache: MediaCache) -> bytes:
-    # Long enough (a whole decode of 40 s of 480p) that a kill lands while it runs.
-    path = media_cache.get("h264-40s", h264_moov_at_end, width=854, height=480, seconds=40)
+    # Long enough (a whole decode of 24 s of 480p) that a kill lands while it runs.
+    path = media_cache.get("h264-24s", h264_moov_at_end, width=854, height=480, seconds=24)
     return path.read_bytes()
 
 

@@ -673,6 +673,13 @@ class Run:
 
     def stop_rest(self) -> None:
         self.sampler.stop()
+        if self.s3_proc is not None and self.s3_proc.alive():
+            # SIGKILLed, not told to stop: the store was checked above and its directory is
+            # thrown away by the next run, and a graceful stop of SeaweedFS takes 10-15 s (its
+            # filer waits out the S3 gateway's metadata stream), which was this run's tail.
+            self.s3_proc.expect_exit()
+            self.s3_proc.signal(signal.SIGKILL)
+            self.s3_proc.reap(10)
         stop_all([p for p in self.procs if p.alive()], 10)
         if self.pg is not None:
             self.pg.stop()

@@ -131,12 +131,16 @@ UPDATE outbox_deliveries
 RETURNING 1
 """
 
+# $4 the delay, from now (the attempt's end); $7 the retry window, from the first attempt's
+# start: the next attempt is due after the delay, and never past the window's end however
+# long this attempt took. Returns the seconds until it is due.
 MARK_RETRY = """
 UPDATE outbox_deliveries
-   SET next_attempt_at = now() + make_interval(secs => $4), lease_token = NULL,
-       last_status = $5, last_error = $6
+   SET next_attempt_at = least(now() + make_interval(secs => $4),
+                               first_attempt_at + make_interval(secs => $7)),
+       lease_token = NULL, last_status = $5, last_error = $6
  WHERE endpoint = $1 AND outbox_event_id = $2 AND lease_token = $3
-RETURNING 1
+RETURNING greatest(extract(epoch FROM next_attempt_at - now()), 0)::float8
 """
 
 MARK_DEAD = """
@@ -283,11 +287,15 @@ class OutboxStore:
         lease_token: uuid.UUID,
         *,
         delay_seconds: float,
+        window_seconds: float,
         status: int | None,
         error: str,
-    ) -> bool:
+    ) -> float | None:
+        """Due again after ``delay_seconds`` from now, but no later than ``window_seconds``
+        after the first attempt started. The seconds until it is due; None when the lease was
+        lost meanwhile."""
         with map_db_errors("recording an outbox delivery retry"):
-            done = await self.pool.fetchval(
+            due_in: float | None = await self.pool.fetchval(
                 MARK_RETRY,
                 c.endpoint,
                 c.outbox_event_id,
@@ -295,8 +303,9 @@ class OutboxStore:
                 float(delay_seconds),
                 status,
                 error,
+                float(window_seconds),
             )
-        return done is not None
+        return due_in
 
     async def dead(
         self, c: Claimed, lease_token: uuid.UUID, *, status: int | None, error: str

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.anyio
 
 FPS = 24
 RATE = 48000
-LONG = 60  # seconds: the long source
+LONG = 40  # seconds: the long source, ten chunks of about 4 s
 SHORT = 20  # seconds: the short ones, four chunks of about 5 s with ``short_chunks``
 
 
@@ -216,10 +216,10 @@ def longest_silence_ms(samples: array.array[int]) -> float:
 async def test_a_long_source_through_the_chunked_path_gives_exact_frames_in_sync(
     rig: Rig, media_cache: MediaCache, tmp_path: Path
 ) -> None:
-    # Keyframes every 47 frames: most fall off the 1 s segment grid (47/24 s apart). A
-    # minute in chunks of about 6 s: ten chunks, nine boundaries to check.
+    # Keyframes every 47 frames: most fall off the 1 s segment grid (47/24 s apart). 40 s in
+    # chunks of about 4 s: ten chunks, nine boundaries to check.
     source = media_cache.get(f"counted_{LONG}", counted_av, seconds=LONG, fps=FPS, keyint=47)
-    rig = chunked(rig, chunk_threshold_seconds=30.0, chunk_seconds=6.0)
+    rig = chunked(rig, chunk_threshold_seconds=30.0, chunk_seconds=4.0)
     async with running_worker(rig):
         asset_id = await publish(rig, source)
     asset = await rig.asset(asset_id)

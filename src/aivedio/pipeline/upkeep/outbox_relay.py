@@ -26,19 +26,19 @@ and a receiver holding either accepts. A webhook still configured with the depre
 ``X-Aivedio-Signature: v1=<hex HMAC-SHA256(secret, "<timestamp>." + body)>``.
 ``X-Aivedio-Event-Type`` and ``X-Aivedio-Delivery-Attempt`` are informational, unsigned.
 
-The schedule. 2xx is delivered. Anything else is retried with full-jitter exponential
-backoff (uniform in ``[0, min(backoff_max_seconds, base · 2^(n-1))]``) for
-``retry_for_seconds`` after the first attempt (24 h by default, as Mux does: a receiver down
-for an afternoon gets its events without anyone's help); the delay that would overshoot the
-window is cut so that the last attempt lands at its end. Then the delivery is dead (kept, with
-its last status and error, for an operator's replay: ``aivedio webhooks deliveries retry``).
-An optional ``max_attempts`` caps the count as well. The window is measured by the database's
-clock from the delivery's ``first_attempt_at``, so time spent waiting behind an earlier event
-of the same asset is not counted. Timeouts, connection errors, 408, 429 and 5xx are the receiver
-being unwell; ``Retry-After`` on 429 and 503 replaces the computed delay. Other 4xx and 3xx
-(redirects are not followed: a signed body goes where the operator said, nowhere else) are
-retried too, because in practice they are a receiver mid-deploy or a rotated secret that
-an operator fixes within the budget; they are logged at error level so someone does.
+The schedule. 2xx is delivered. Anything else is retried with full-jitter exponential backoff
+(uniform in ``[0, min(backoff_max_seconds, base · 2^(n-1))]``) for ``retry_for_seconds`` after
+the first attempt (24 h by default, as Mux does: a receiver down for an afternoon gets its
+events without anyone's help); the delay that would overshoot the window is cut so that the last
+attempt lands at its end (however long the attempt before took). Then the delivery is dead
+(kept, with its last status and error, for an operator's replay: ``aivedio webhooks deliveries
+retry``). An optional ``max_attempts`` caps the count as well. The window is measured by the
+database's clock from the delivery's ``first_attempt_at``, so time spent waiting behind an
+earlier event of the same asset is not counted. Timeouts, connection errors, 408, 429 and 5xx
+are the receiver being unwell; ``Retry-After`` on 429 and 503 replaces the computed delay. Other
+4xx and 3xx (redirects are not followed: a signed body goes where the operator said, nowhere
+else) are retried too, because in practice they are a receiver mid-deploy or a rotated secret
+that an operator fixes within the budget; they are logged at error level so someone does.
 
 Tenants' own receivers (``POST /v1/webhooks``; read again whenever one may have changed,
 ``webhook_targets.ReceiverCache``) are delivered by the same rules, each only its tenant's
@@ -423,7 +423,7 @@ class OutboxRelay:
         try:
             # Shielded: a stop arriving now must not turn a delivered request into a resend.
             with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT_SECONDS):
-                await self._record(c, token, attempt, outcome)
+                await self._record(c, token, attempt, outcome, hook.retry_for_seconds)
         except DatabaseError as exc:
             # The lease runs out and the delivery is sent again: at least once, as promised.
             log.warning(
@@ -471,7 +471,7 @@ class OutboxRelay:
             return Attempt(None, redact_text(f"{type(exc).__name__}: {exc}"))
 
     async def _record(
-        self, c: Claimed, token: uuid.UUID, attempt: Attempt, outcome: Outcome
+        self, c: Claimed, token: uuid.UUID, attempt: Attempt, outcome: Outcome, window: float
     ) -> None:
         fields = {
             "event_id": str(c.event_id),
@@ -488,16 +488,17 @@ class OutboxRelay:
             if held:
                 log.info("outbox_delivered", **fields)
         elif outcome.kind == "retry":
-            held = await self.store.retry(
+            due_in = await self.store.retry(
                 c,
                 token,
                 delay_seconds=outcome.delay_seconds,
+                window_seconds=window,
                 status=attempt.status,
                 error=attempt.error,
             )
-            due = anyio.current_time() + outcome.delay_seconds
+            due = anyio.current_time() + (outcome.delay_seconds if due_in is None else due_in)
             self._next_due = due if self._next_due is None else min(self._next_due, due)
-            if held:
+            if held := due_in is not None:
                 report = log.error if attempt.receiver_rejected else log.warning
                 report(
                     "outbox_delivery_retry",

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import aiohttp
@@ -79,6 +80,7 @@ class Receiver:
     received: list[Received] = field(default_factory=list)
     rule: Callable[[Received, int], Answer] = lambda _r, _n: 200
     slow_seconds: float = 1.0
+    slow_status: int = 200  # what "slow" answers once it has waited
 
     def url(self, name: str = "hook") -> str:
         return f"{self.base_url}/{name}"
@@ -95,7 +97,7 @@ class Receiver:
         answer = self.rule(received, nth)
         if answer == "slow":
             await anyio.sleep(self.slow_seconds)
-            answer = 200
+            answer = self.slow_status
         if isinstance(answer, tuple):
             return web.Response(status=answer[0], headers=answer[1])
         assert isinstance(answer, int)
@@ -328,8 +330,8 @@ async def test_past_its_window_a_delivery_is_dead_after_one_last_attempt(pool: P
             await relay.deliver_once()
             [row] = await deliveries(pool)
             assert row["first_attempt_at"] is not None
-            window = (row["next_attempt_at"] - row["first_attempt_at"]).total_seconds()
-            assert 0.0 < window <= 0.5 + 0.1
+            # Due exactly at the window's end, by the recorded times (not the wall clock).
+            assert row["next_attempt_at"] - row["first_attempt_at"] == timedelta(seconds=0.5)
             await passes(relay, 2)  # not due yet: nothing sent
             assert receiver.ids() == [event_id]
             await anyio.sleep(0.6)
@@ -341,6 +343,27 @@ async def test_past_its_window_a_delivery_is_dead_after_one_last_attempt(pool: P
     assert (row["attempts"], row["last_status"]) == (2, 500)
     [dead] = [e for e in logs if e["event"] == "outbox_delivery_dead"]
     assert dead["reason"] == "retried for 0.5s"
+
+
+async def test_a_slow_attempt_does_not_push_the_last_attempt_past_the_window(
+    pool: Pool,
+) -> None:
+    async with open_receiver() as receiver:
+        receiver.slow_seconds, receiver.slow_status = 0.3, 500
+        receiver.rule = lambda _r, _n: "slow"
+        config = msgspec.structs.replace(
+            outbox_config(receiver, retry_for_seconds=0.5),
+            backoff_base_seconds=60.0,
+            backoff_max_seconds=600.0,
+        )
+        async with open_relay(config, pool, rand=lambda: 1.0) as relay:
+            await emit_one(pool)
+            await relay.deliver_once()
+    [row] = await deliveries(pool)
+    assert row["last_status"] == 500
+    # The window's end as the first attempt's start fixed it, not 0.3 s later (the attempt's
+    # own length): the last attempt lands at the end of the window, never past it.
+    assert row["next_attempt_at"] - row["first_attempt_at"] == timedelta(seconds=0.5)
 
 
 async def test_retry_after_on_429_sets_the_next_attempt(pool: Pool) -> None:
