@@ -48,6 +48,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -389,6 +390,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         work=work,
                     )
                 )
+            # Its data directory is thrown away: SIGKILL, not the graceful stop (about 15 s).
+            server.stop(signum=signal.SIGKILL)
             children.stop()
     finally:
         admin = await asyncpg.connect(args.server_dsn)
