@@ -80,6 +80,17 @@ def stream_md5(path: Path, stream: str) -> str:
     return proc.stdout.decode().strip()
 
 
+def picture_md5(image: Path) -> str:
+    """The decoded picture's MD5 (two JPEGs of the same frame, whatever their bytes)."""
+    done = subprocess.run(
+        ["ffmpeg", "-v", "error", "-i", str(image), "-f", "md5", "-"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
 def ffprobe_streams(path: Path) -> list[dict[str, Any]]:
     streams: list[dict[str, Any]] = ffprobe_json(path).get("streams", [])
     return streams

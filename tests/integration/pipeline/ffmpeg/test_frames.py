@@ -61,7 +61,7 @@ async def test_the_last_still_is_the_final_frame(cache: MediaCache, tmp_path: Pa
     seek = ["-sseof", "-1", "-i", str(source), "-vf", "scale='min(480,iw)':-2"]
     jpeg = ["-q:v", frames_module.JPEG_QUALITY, "-update", "1", str(tmp_path / "final.jpg")]
     subprocess.run(["ffmpeg", "-v", "error", *seek, *jpeg], check=True)
-    assert frame_md5(tmp_path / "last.jpg") == frame_md5(tmp_path / "final.jpg")
+    assert mf.picture_md5(tmp_path / "last.jpg") == mf.picture_md5(tmp_path / "final.jpg")
 
 
 async def test_a_picture_shorter_than_its_sound_still_gets_its_middle_and_last_stills(
@@ -130,18 +130,7 @@ async def test_the_pass_takes_a_remuxs_poster_as_the_renders_seek_would(
     report = await run.run(wants=["poster"])
     assert report.plan is not None and report.plan.poster_seconds == at
     assert "poster" in report.outputs and shot.path.read_bytes()[:2] == b"\xff\xd8"
-    assert frame_md5(shot.path) == frame_md5(run.layout.poster)
-
-
-def frame_md5(jpeg: Path) -> str:
-    """The decoded picture's MD5 (two JPEGs of the same frame, whatever their bytes)."""
-    done = subprocess.run(
-        ["ffmpeg", "-v", "error", "-i", str(jpeg), "-f", "md5", "-"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
+    assert mf.picture_md5(shot.path) == mf.picture_md5(run.layout.poster)
 
 
 async def test_a_poster_another_pass_made_is_adopted_and_one_it_did_not_is_made_here(

@@ -3,7 +3,6 @@ poster and loudness as one pass, and a source the halves fail on passed over who
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import msgspec
@@ -68,13 +67,7 @@ async def summary_of(sandbox: Sandbox, path: Path) -> MediaSummary:
 def picture_md5(jpeg: bytes, tmp_path: Path) -> str:
     path = tmp_path / "picture.jpg"
     path.write_bytes(jpeg)
-    done = subprocess.run(
-        ["ffmpeg", "-v", "error", "-i", str(path), "-f", "md5", "-"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
+    return mf.picture_md5(path)
 
 
 async def test_only_a_long_enough_video_on_two_cores_is_passed_over_in_halves(
