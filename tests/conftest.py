@@ -111,6 +111,14 @@ class _Databases:
         self._drops = [d for d in self._drops if not d.done() or d.exception() is not None]
         self._drops.append(self._maker.submit(self._drop, name))
 
+    def settle(self) -> None:
+        """Wait until the thread has nothing left to do (the next clone made, every drop
+        done): it opens and closes sockets meanwhile, which a test counting this process's
+        file descriptors would take for its own."""
+        self._next.result()
+        for drop in self._drops:
+            drop.result()
+
     def close(self) -> None:
         try:
             spare = self._next.result()
@@ -141,11 +149,24 @@ def template_db() -> Iterator[str]:
     asyncio.run(_admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
+_SESSION_DATABASES: list[_Databases] = []  # this worker's, once a test asked for one
+
+
 @pytest.fixture(scope="session")
 def _databases(template_db: str) -> Iterator[_Databases]:
     databases = _Databases(template_db)
+    _SESSION_DATABASES.append(databases)
     yield databases
+    _SESSION_DATABASES.remove(databases)
     databases.close()
+
+
+@pytest.fixture
+def settled_databases() -> None:
+    """The databases' thread idle (``_Databases.settle``), for tests that compare this
+    process's open file descriptors before and after; a no-op where no test used one."""
+    for databases in _SESSION_DATABASES:
+        databases.settle()
 
 
 @pytest.fixture

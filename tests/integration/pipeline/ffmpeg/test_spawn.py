@@ -15,7 +15,9 @@ import pytest
 
 from aivedio.pipeline.ffmpeg.spawn import spawn
 
-pytestmark = pytest.mark.anyio
+# The databases' thread (tests/conftest.py) may still be dropping the previous file's last
+# database when these tests start: its sockets would count as this process's descriptors.
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("settled_databases")]
 
 ENV = {"LC_ALL": "C", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
