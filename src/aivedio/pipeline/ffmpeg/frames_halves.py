@@ -190,9 +190,8 @@ async def halves_frames(
     tail = await read_frames(scratch / TAIL, {k: times[k] for k in ("middle", "last")})
     scenes = [f for f in head if f.kind == "scene"]
     scenes += [Frame(f.kind, f.seconds + cut, f.jpeg) for f in tail if f.kind == "scene"]
+    # The head has the first still, the tail the middle and the last: already in order.
     stills = [f for f in head + tail if f.kind != "scene"]
-    order = {"first": 0, "middle": 1, "last": 2}
-    stills.sort(key=lambda f: order.get(f.kind, 3))
     return stills + scenes[: config.max_scene_frames]
 
 
